@@ -1,0 +1,369 @@
+//! [`Config`]: everything pgcoord needs to know, validated once, up front.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ident::{Ident, QualifiedName};
+
+/// The longest lock name or owner, in bytes (the columns are `varchar(255)`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Suffix of the fencing-token sequence derived from the lock table's name.
+pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
+
+/// A validated configuration. Build one with [`Config::builder`]; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) owner: String,
+    pub(crate) lock_table: QualifiedName,
+    pub(crate) lock_sequence: QualifiedName,
+    pub(crate) lease_channel: Ident,
+    pub(crate) payload_table: QualifiedName,
+    pub(crate) lease: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) ping_interval: Duration,
+    pub(crate) ping_timeout: Duration,
+    pub(crate) pool_size: u32,
+    pub(crate) pool_timeout: Duration,
+}
+
+impl Config {
+    /// A builder with every default set; only the connection must be given.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder::default()
+    }
+
+    /// The connection settings, with pgcoord's application_name, keepalives and connect timeout
+    /// applied (on a copy: the caller's value is never changed).
+    pub fn pg_config(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+    /// This process's owner identity, stored with every lease it holds.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+    /// The lease table.
+    pub fn lock_table(&self) -> &QualifiedName {
+        &self.lock_table
+    }
+    /// The fencing-token sequence: the lock table's name with `_rvn` appended.
+    pub fn lock_sequence(&self) -> &QualifiedName {
+        &self.lock_sequence
+    }
+    /// The channel on which released leases are announced to waiters.
+    pub fn lease_channel(&self) -> &Ident {
+        &self.lease_channel
+    }
+    /// The payload-store table.
+    pub fn payload_table(&self) -> &QualifiedName {
+        &self.payload_table
+    }
+    /// How long a lease lasts on the server's clock after each grant or renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+    /// How often held leases are renewed; `None` when automatic heartbeats are off.
+    pub fn heartbeat(&self) -> Option<Duration> {
+        (!self.heartbeat.is_zero()).then_some(self.heartbeat)
+    }
+    /// How often a session holding advisory locks is pinged.
+    pub fn ping_interval(&self) -> Duration {
+        self.ping_interval
+    }
+    /// How long a ping may stay unanswered before its session counts as lost.
+    pub fn ping_timeout(&self) -> Duration {
+        self.ping_timeout
+    }
+    /// The most connections the pool opens.
+    pub fn pool_size(&self) -> u32 {
+        self.pool_size
+    }
+    /// How long a caller waits for a pooled connection before [`ErrorKind::Unavailable`].
+    pub fn pool_timeout(&self) -> Duration {
+        self.pool_timeout
+    }
+}
+
+enum Connection {
+    Unset,
+    Dsn(String),
+    Pg(Box<tokio_postgres::Config>),
+}
+
+/// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
+pub struct ConfigBuilder {
+    connection: Connection,
+    owner: Option<String>,
+    schema: Option<String>,
+    lock_table: String,
+    lease_channel: Option<String>,
+    payload_table: String,
+    lease: Duration,
+    heartbeat: Duration,
+    ping_interval: Duration,
+    ping_timeout: Duration,
+    pool_size: u32,
+    pool_timeout: Duration,
+    application_name: Option<String>,
+    connect_timeout: Duration,
+}
+
+impl Default for ConfigBuilder {
+    fn default() -> Self {
+        ConfigBuilder {
+            connection: Connection::Unset,
+            owner: None,
+            schema: None,
+            lock_table: "pgcoord_locks".into(),
+            lease_channel: None,
+            payload_table: "pgcoord_payloads".into(),
+            lease: Duration::from_secs(20),
+            heartbeat: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(15),
+            ping_timeout: Duration::from_secs(5),
+            pool_size: 10,
+            pool_timeout: Duration::from_secs(30),
+            application_name: None,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConfigBuilder {
+    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`). No default: a DSN or
+    /// [`pg_config`](Self::pg_config) is required.
+    pub fn dsn(mut self, dsn: impl Into<String>) -> Self {
+        self.connection = Connection::Dsn(dsn.into());
+        self
+    }
+
+    /// Connect with a `tokio_postgres::Config`. pgcoord copies it; the caller's value is not
+    /// changed.
+    pub fn pg_config(mut self, config: &tokio_postgres::Config) -> Self {
+        self.connection = Connection::Pg(Box::new(config.clone()));
+        self
+    }
+
+    /// The owner identity stored with every lease this process holds; at most 255 bytes and
+    /// unique per lock manager. Default: host name, process id and a random suffix.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// The schema of pgcoord's tables when their names are not qualified. Default: none, so
+    /// `search_path` decides (usually `public`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The lease table, `name` or `schema.name`; its sequence is the same name with `_rvn`
+    /// appended, so the name part is at most 59 bytes. Default: `pgcoord_locks`.
+    pub fn lock_table(mut self, table: impl Into<String>) -> Self {
+        self.lock_table = table.into();
+        self
+    }
+
+    /// The channel that announces released leases to waiters. Default: the lock table's
+    /// unqualified name.
+    pub fn lease_channel(mut self, channel: impl Into<String>) -> Self {
+        self.lease_channel = Some(channel.into());
+        self
+    }
+
+    /// The payload-store table, `name` or `schema.name`. Default: `pgcoord_payloads`.
+    pub fn payload_table(mut self, table: impl Into<String>) -> Self {
+        self.payload_table = table.into();
+        self
+    }
+
+    /// How long a lease lasts on the server's clock after each grant or renewal; whole
+    /// milliseconds, at least 1 ms. Default: 20 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often held leases are renewed; at most half the lease, or zero to turn automatic
+    /// heartbeats off. Default: 5 s.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// How often a session holding advisory locks is pinged. Default: 15 s.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
+        self
+    }
+
+    /// How long a ping may stay unanswered before its session counts as lost. Default: 5 s.
+    pub fn ping_timeout(mut self, timeout: Duration) -> Self {
+        self.ping_timeout = timeout;
+        self
+    }
+
+    /// The most connections the pool opens (dedicated connections are not counted). Default: 10.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long to wait for a pooled connection. Default: 30 s.
+    pub fn pool_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_timeout = timeout;
+        self
+    }
+
+    /// The application_name of every connection, so its sessions can be found in
+    /// `pg_stat_activity`. Default: the one in the connection settings, else `pgcoord`.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = Some(name.into());
+        self
+    }
+
+    /// How long to wait for a new connection. Default: the one in the connection settings,
+    /// else 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Validates every value and returns the configuration, or the first error found.
+    pub fn build(self) -> Result<Config> {
+        let mut pg = match self.connection {
+            Connection::Unset => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    "no connection: call dsn() or pg_config()",
+                ));
+            }
+            Connection::Dsn(dsn) => tokio_postgres::Config::from_str(&dsn).map_err(|e| {
+                Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
+            })?,
+            Connection::Pg(pg) => *pg,
+        };
+        match self.application_name {
+            Some(name) => {
+                pg.application_name(&name);
+            }
+            None if pg.get_application_name().is_none() => {
+                pg.application_name("pgcoord");
+            }
+            None => {}
+        }
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(self.connect_timeout);
+        }
+        // Keepalives find a peer that vanished without closing the socket.
+        pg.keepalives(true)
+            .keepalives_idle(Duration::from_secs(30))
+            .keepalives_interval(Duration::from_secs(10))
+            .keepalives_retries(3);
+
+        let owner = match self.owner {
+            Some(owner) => validate_name("owner", owner)?,
+            None => default_owner(),
+        };
+
+        let schema = self.schema.as_deref().map(Ident::new).transpose()?;
+        let lock_table = QualifiedName::parse(&self.lock_table, SEQUENCE_SUFFIX.len())?
+            .in_schema(schema.as_ref());
+        let lock_sequence = lock_table.suffixed(SEQUENCE_SUFFIX)?;
+        let lease_channel = match &self.lease_channel {
+            Some(channel) => Ident::new(channel)?,
+            None => lock_table.name().clone(),
+        };
+        let payload_table =
+            QualifiedName::parse(&self.payload_table, 0)?.in_schema(schema.as_ref());
+
+        if self.lease < Duration::from_millis(1) {
+            return Err(Error::new(
+                ErrorKind::DurationTooSmall,
+                format!("lease {:?} is shorter than 1 ms", self.lease),
+            ));
+        }
+        if self.heartbeat > self.lease / 2 {
+            return Err(Error::new(
+                ErrorKind::DurationTooSmall,
+                format!(
+                    "lease {:?} is too small for heartbeat {:?}: the heartbeat must be at most half the lease",
+                    self.lease, self.heartbeat
+                ),
+            ));
+        }
+        for (what, value) in [
+            ("ping interval", self.ping_interval),
+            ("ping timeout", self.ping_timeout),
+            ("pool timeout", self.pool_timeout),
+            ("connect timeout", self.connect_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::DurationTooSmall,
+                    format!("{what} must not be zero"),
+                ));
+            }
+        }
+        if self.pool_size == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "pool size must be at least 1",
+            ));
+        }
+        Ok(Config {
+            pg,
+            owner,
+            lock_table,
+            lock_sequence,
+            lease_channel,
+            payload_table,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
+            ping_interval: self.ping_interval,
+            ping_timeout: self.ping_timeout,
+            pool_size: self.pool_size,
+            pool_timeout: self.pool_timeout,
+        })
+    }
+}
+
+/// Checks a lock name or owner: 1 to 255 bytes.
+pub fn validate_name(what: &str, name: String) -> Result<String> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidName,
+            format!(
+                "{what} must be 1 to {MAX_NAME_BYTES} bytes, got {} bytes",
+                name.len()
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+fn default_owner() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let suffix = format!("-{}-{:08x}", std::process::id(), random_u64() as u32);
+    let mut host_end = host.len().min(MAX_NAME_BYTES - suffix.len());
+    while !host.is_char_boundary(host_end) {
+        host_end -= 1;
+    }
+    format!("{}{suffix}", &host[..host_end])
+}
+
+/// A random number from std's per-instance hash keys; enough for suffixes and jitter.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    hasher.finish()
+}

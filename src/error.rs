@@ -1,0 +1,243 @@
+//! The one error type of pgcoord, with kinds callers match on.
+//!
+//! Every failure is classified once, where it happens: from the SQLSTATE a server sent, from the
+//! state of the connection, or from the validation of an input. Callers ask [`Error::kind`] or a
+//! predicate such as [`Error::is_unavailable`]; they never match on message strings.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+
+/// A `Result` whose error is pgcoord's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, for callers to match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock is held by someone else (fail-if-locked), or the wait for it ended without it.
+    /// [`Error::holder`] tells who holds it, when known.
+    NotAcquired,
+    /// The lock was lost or already released: its row is gone, its fencing token changed, its
+    /// deadline passed, or the session holding it ended.
+    LockLost,
+    /// The lock, row or payload looked up does not exist.
+    NotFound,
+    /// The object to create already exists.
+    AlreadyExists,
+    /// A duration is zero or too small for its role (for example a heartbeat longer than half the
+    /// lease).
+    DurationTooSmall,
+    /// A table, schema or channel name is not a valid identifier.
+    InvalidIdentifier,
+    /// A lock name or owner is empty or longer than 255 bytes.
+    InvalidName,
+    /// A configuration value other than a duration, name or identifier is invalid.
+    InvalidConfig,
+    /// A payload is larger than what can be sent.
+    PayloadTooLarge,
+    /// The operation did not finish before its deadline.
+    Timeout,
+    /// The database cannot be reached: connection refused or closed, server shutting down, pool
+    /// timeout.
+    Unavailable,
+    /// A serialization failure or deadlock persisted through every retry.
+    FailedPrecondition,
+    /// A remote handler returned an error in a round trip.
+    Remote,
+    /// Anything else; the source says what.
+    Other,
+}
+
+/// Who holds a lock that could not be acquired, as far as the database said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The owner identity of the holder.
+    pub owner: String,
+    /// The holder's fencing token.
+    pub token: i64,
+    /// How long the holder's lease has left on the server's clock, unless it is renewed.
+    pub remaining: Duration,
+}
+
+/// The error type of every pgcoord operation.
+pub struct Error(Box<Inner>);
+
+struct Inner {
+    kind: ErrorKind,
+    message: String,
+    holder: Option<Holder>,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl Error {
+    /// An error of `kind` with a message saying what was wrong.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error(Box::new(Inner {
+            kind,
+            message: message.into(),
+            holder: None,
+            source: None,
+        }))
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Error {
+        self.0.source = Some(source.into());
+        self
+    }
+
+    /// A [`ErrorKind::NotAcquired`] error naming the current holder, when known.
+    pub fn not_acquired(name: &str, holder: Option<Holder>) -> Error {
+        let message = match &holder {
+            Some(h) => format!(
+                "lock {name:?} is held by {:?} (token {}, {:?} left)",
+                h.owner, h.token, h.remaining
+            ),
+            None => format!("lock {name:?} was not acquired"),
+        };
+        let mut error = Error::new(ErrorKind::NotAcquired, message);
+        error.0.holder = holder;
+        error
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.0.kind
+    }
+
+    /// The holder of a lock that could not be acquired, when the database said who it is.
+    pub fn holder(&self) -> Option<&Holder> {
+        self.0.holder.as_ref()
+    }
+
+    /// The SQLSTATE the server sent, when this error came from the server.
+    pub fn code(&self) -> Option<&SqlState> {
+        // The database error may sit under another pgcoord error (a retry that gave up).
+        let source = self.0.source.as_deref()?;
+        if let Some(db) = source.downcast_ref::<tokio_postgres::Error>() {
+            return db.code();
+        }
+        source.downcast_ref::<Error>().and_then(Error::code)
+    }
+
+    /// True for [`ErrorKind::NotAcquired`].
+    pub fn is_not_acquired(&self) -> bool {
+        self.kind() == ErrorKind::NotAcquired
+    }
+
+    /// True for [`ErrorKind::LockLost`]: the lock was lost or already released.
+    pub fn is_lock_lost(&self) -> bool {
+        self.kind() == ErrorKind::LockLost
+    }
+
+    /// True for [`ErrorKind::NotFound`].
+    pub fn is_not_found(&self) -> bool {
+        self.kind() == ErrorKind::NotFound
+    }
+
+    /// True for [`ErrorKind::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        self.kind() == ErrorKind::Timeout
+    }
+
+    /// True for [`ErrorKind::Unavailable`]: the database could not be reached.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind() == ErrorKind::Unavailable
+    }
+
+    /// True when retrying the same statement may succeed: a serialization failure or deadlock.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.code(),
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+        )
+    }
+}
+
+/// Classifies a database error by its SQLSTATE and the state of the connection.
+pub fn classify(error: &tokio_postgres::Error) -> ErrorKind {
+    if error.is_closed() {
+        return ErrorKind::Unavailable;
+    }
+    let Some(code) = error.code() else {
+        // No SQLSTATE: the failure happened on the client side of the wire. An I/O source means
+        // the connection broke; anything else (a type conversion, say) is a plain error.
+        let io = error
+            .source()
+            .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some());
+        return if io {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Other
+        };
+    };
+    let class = &code.code()[..2];
+    match class {
+        // connection_exception, operator_intervention (admin_shutdown, crash_shutdown,
+        // cannot_connect_now), insufficient_resources (too_many_connections, ...).
+        "08" | "53" => ErrorKind::Unavailable,
+        "57" if *code == SqlState::QUERY_CANCELED => ErrorKind::Timeout,
+        "57" => ErrorKind::Unavailable,
+        "40" => ErrorKind::FailedPrecondition,
+        _ if *code == SqlState::LOCK_NOT_AVAILABLE => ErrorKind::Timeout,
+        _ if *code == SqlState::UNDEFINED_TABLE => ErrorKind::NotFound,
+        _ if *code == SqlState::DUPLICATE_TABLE => ErrorKind::AlreadyExists,
+        _ => ErrorKind::Other,
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Error {
+        let kind = classify(&error);
+        let message = match error.as_db_error() {
+            Some(db) => format!("database error {}: {}", db.code().code(), db.message()),
+            None => format!("database error: {error}"),
+        };
+        Error::new(kind, message).with_source(error)
+    }
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for Error {
+    fn from(error: bb8::RunError<tokio_postgres::Error>) -> Error {
+        match error {
+            bb8::RunError::User(e) => e.into(),
+            bb8::RunError::TimedOut => Error::new(
+                ErrorKind::Unavailable,
+                "timed out waiting for a pooled connection",
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.0.kind)
+            .field("message", &self.0.message);
+        if let Some(h) = &self.0.holder {
+            d.field("holder", h);
+        }
+        if let Some(s) = &self.0.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.message)
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0
+            .source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}

@@ -1,0 +1,386 @@
+//! Lease statements: acquire, renew (batched), release, inspect, and the fencing guard.
+//!
+//! Each function is one statement, decided on the server's clock, and safe to call from any
+//! number of processes at once. The runtime that holds leases and decides when to call these is
+//! `LockManager` in `pgcoord-actors`. Statements are sent with `query_typed`, so each costs one
+//! round trip and no prepare.
+//!
+//! Invariants the statements keep:
+//! - a grant happens only where the row is free or expired on the server's clock, and is not
+//!   reserved for another waiter;
+//! - every grant draws a new fencing token from the table's `NO CYCLE` sequence; it stays the
+//!   same for the whole tenure;
+//! - renew and release touch a row only where name **and** token match; renew never inserts,
+//!   never steals, and never revives an expired lease.
+
+use std::time::Duration;
+
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+use tracing::instrument;
+
+use crate::config::{Config, validate_name};
+use crate::error::{Error, ErrorKind, Holder, Result};
+
+/// A lease granted by [`LeaseTable::try_acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token of this tenure.
+    pub token: i64,
+    /// The lock's data after the grant (kept from an earlier holder unless replaced).
+    pub data: Option<Vec<u8>>,
+}
+
+/// The outcome of one acquire attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lease is ours.
+    Granted(Grant),
+    /// Someone else holds it (or has reserved the next grant); the holder when known.
+    Held(Option<Holder>),
+}
+
+/// What [`LeaseTable::get`] and [`LeaseTable::list`] report about a lock. Inspection only: it
+/// grants nothing and may be stale by the time it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The lock's name.
+    pub name: String,
+    /// The holder's owner identity; `None` while the lock is free (a kept row).
+    pub owner: Option<String>,
+    /// The holder's fencing token; `None` while free.
+    pub token: Option<i64>,
+    /// The lock's data.
+    pub data: Option<Vec<u8>>,
+    /// Time left on the holder's lease by the server's clock; `None` while free, zero once
+    /// expired.
+    pub remaining: Option<Duration>,
+}
+
+impl LeaseInfo {
+    /// True while an owner holds an unexpired lease.
+    pub fn is_held(&self) -> bool {
+        self.remaining.is_some_and(|r| !r.is_zero())
+    }
+}
+
+/// The lease statements for one configured table, rendered once.
+#[derive(Debug, Clone)]
+pub struct LeaseTable {
+    acquire: String,
+    enqueue: String,
+    dequeue: String,
+    holder: String,
+    renew: String,
+    release: String,
+    get: String,
+    list: String,
+    fence: String,
+    sequence: String,
+    channel: String,
+}
+
+/// Milliseconds left until `expires_at` on the server's clock, never negative.
+const REMAINING_MS: &str =
+    "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
+
+impl LeaseTable {
+    /// Renders the statements for `config`'s lock table, sequence and lease channel.
+    pub fn new(config: &Config) -> LeaseTable {
+        let t = config.lock_table.quoted();
+        LeaseTable {
+            // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence.
+            acquire: format!(
+                "INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                 VALUES ($1, $2, nextval($6::regclass), $3, now(), now() + $4 * interval '1 millisecond')
+                 ON CONFLICT (name) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = EXCLUDED.token,
+                     data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+                     waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
+                     waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
+                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
+                 RETURNING l.token, l.data"
+            ),
+            // $1 name, $2 owner, $3 reservation ms. Takes the reservation when it is free or
+            // lapsed, and reports the holder either way.
+            enqueue: format!(
+                "UPDATE {t} AS l SET
+                     waiter = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
+                                   THEN $2 ELSE l.waiter END,
+                     waiter_until = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
+                                   THEN clock_timestamp() + $3 * interval '1 millisecond' ELSE l.waiter_until END
+                 WHERE l.name = $1
+                 RETURNING l.owner, l.token, {REMAINING_MS}"
+            ),
+            dequeue: format!(
+                "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
+            ),
+            holder: format!(
+                "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
+            ),
+            // $1 names, $2 tokens, $3 lease ms. One statement for every lease of a process; all
+            // rows get the same expiry (the statement's start), which tests rely on.
+            renew: format!(
+                "UPDATE {t} AS l SET expires_at = now() + $3 * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::int8[]) AS h(name, token)
+                 WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
+                 RETURNING l.name, l.token"
+            ),
+            // $1 name, $2 token, $3 keep row, $4 channel.
+            release: format!(
+                "WITH deleted AS (
+                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3 RETURNING name
+                 ), kept AS (
+                     UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL
+                     WHERE name = $1 AND token = $2 AND $3 RETURNING name
+                 ), freed AS (
+                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
+                 )
+                 SELECT freed.name, pg_notify($4, freed.name)::text FROM freed"
+            ),
+            get: format!(
+                "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
+                 FROM {t} AS l WHERE l.name = $1"
+            ),
+            list: format!(
+                "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
+                 FROM {t} AS l ORDER BY l.name"
+            ),
+            // FOR KEY SHARE conflicts with the token change of a takeover and with release, not
+            // with renewals, so the holder keeps renewing while a guarded transaction runs.
+            fence: format!(
+                "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+                 FOR KEY SHARE"
+            ),
+            sequence: config.lock_sequence.quoted(),
+            channel: config.lease_channel.as_str().to_owned(),
+        }
+    }
+
+    /// The channel on which releases are announced; its payload is the lock name.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// One attempt to take `name` for `owner` for `lease`. With `replace_data`, `data` replaces
+    /// what a kept row holds; otherwise existing data is kept and `data` only fills an empty one.
+    #[instrument(skip(self, client, data), level = "debug")]
+    pub async fn try_acquire(
+        &self,
+        client: &impl GenericClient,
+        name: &str,
+        owner: &str,
+        data: Option<&[u8]>,
+        replace_data: bool,
+        lease: Duration,
+    ) -> Result<Attempt> {
+        check_name(name)?;
+        check_name(owner)?;
+        let rows = client
+            .query_typed(
+                &self.acquire,
+                &[
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&data, Type::BYTEA),
+                    (&millis(lease)?, Type::INT8),
+                    (&replace_data, Type::BOOL),
+                    (&self.sequence, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => Attempt::Granted(Grant {
+                token: row.try_get(0)?,
+                data: row.try_get(1)?,
+            }),
+            None => Attempt::Held(None),
+        })
+    }
+
+    /// Reserves the next grant of `name` for `owner` (unless another waiter has a live
+    /// reservation) for `hold_for`, and returns the current holder. `Ok(None)` when the row is
+    /// gone or free: try again at once.
+    pub async fn enqueue(
+        &self,
+        client: &impl GenericClient,
+        name: &str,
+        owner: &str,
+        hold_for: Duration,
+    ) -> Result<Option<Holder>> {
+        let rows = client
+            .query_typed(
+                &self.enqueue,
+                &[
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&millis(hold_for)?, Type::INT8),
+                ],
+            )
+            .await?;
+        holder_from(rows.first())
+    }
+
+    /// Gives up `owner`'s reservation of `name`, when it has one.
+    pub async fn dequeue(
+        &self,
+        client: &impl GenericClient,
+        name: &str,
+        owner: &str,
+    ) -> Result<()> {
+        client
+            .execute_typed(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
+            .await?;
+        Ok(())
+    }
+
+    /// The current holder of `name`, if any.
+    pub async fn holder(&self, client: &impl GenericClient, name: &str) -> Result<Option<Holder>> {
+        let rows = client
+            .query_typed(&self.holder, &[(&name, Type::TEXT)])
+            .await?;
+        holder_from(rows.first())
+    }
+
+    /// Renews every `(name, token)` lease for another `lease`, in one statement. Returns the
+    /// leases renewed; any other was lost (row gone, token changed, or already expired).
+    #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
+    pub async fn renew(
+        &self,
+        client: &impl GenericClient,
+        held: &[(String, i64)],
+        lease: Duration,
+    ) -> Result<Vec<(String, i64)>> {
+        let (names, tokens): (Vec<&str>, Vec<i64>) =
+            held.iter().map(|(n, t)| (n.as_str(), *t)).unzip();
+        let rows = client
+            .query_typed(
+                &self.renew,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&millis(lease)?, Type::INT8),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// Releases `name` if `token` still holds it, deleting the row or, with `keep`, keeping it
+    /// (and its data) free. Waiters everywhere are woken through the lease channel. A
+    /// [`ErrorKind::LockLost`] error when the lease was no longer held with that token.
+    #[instrument(skip(self, client), level = "debug")]
+    pub async fn release(
+        &self,
+        client: &impl GenericClient,
+        name: &str,
+        token: i64,
+        keep: bool,
+    ) -> Result<()> {
+        let rows = client
+            .query_typed(
+                &self.release,
+                &[
+                    (&name, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&keep, Type::BOOL),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("lock {name:?} was already released or lost (token {token})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.
+    pub async fn get(&self, client: &impl GenericClient, name: &str) -> Result<LeaseInfo> {
+        check_name(name)?;
+        let rows = client
+            .query_typed(&self.get, &[(&name, Type::TEXT)])
+            .await?;
+        match rows.first() {
+            Some(row) => info_from(row),
+            None => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("lock {name:?} not found"),
+            )),
+        }
+    }
+
+    /// Every lock in the table, by name.
+    pub async fn list(&self, client: &impl GenericClient) -> Result<Vec<LeaseInfo>> {
+        let rows = client.query_typed(&self.list, &[]).await?;
+        rows.iter().map(info_from).collect()
+    }
+
+    /// The fencing guard: succeeds only while `name` is held with `token`, and — run inside the
+    /// caller's transaction — keeps the lease from being taken over or released until that
+    /// transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`] otherwise.
+    /// Keep guarded transactions short: a contender waits for them.
+    pub async fn fence(&self, client: &impl GenericClient, name: &str, token: i64) -> Result<()> {
+        let rows = client
+            .query_typed(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])
+            .await?;
+        if rows.is_empty() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("lock {name:?} is no longer held with token {token}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    // validate_name takes ownership to hand the string back; names here are borrowed.
+    if name.is_empty() || name.len() > crate::config::MAX_NAME_BYTES {
+        validate_name("lock name or owner", name.to_owned())?;
+    }
+    Ok(())
+}
+
+fn millis(d: Duration) -> Result<i64> {
+    let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    if ms < 1 {
+        return Err(Error::new(
+            ErrorKind::DurationTooSmall,
+            format!("duration {d:?} is shorter than 1 ms"),
+        ));
+    }
+    Ok(ms)
+}
+
+fn holder_from(row: Option<&tokio_postgres::Row>) -> Result<Option<Holder>> {
+    let Some(row) = row else { return Ok(None) };
+    let owner: Option<String> = row.try_get(0)?;
+    let token: Option<i64> = row.try_get(1)?;
+    let remaining: Option<i64> = row.try_get(2)?;
+    Ok(match (owner, token, remaining) {
+        (Some(owner), Some(token), Some(ms)) if ms > 0 => Some(Holder {
+            owner,
+            token,
+            remaining: Duration::from_millis(ms as u64),
+        }),
+        _ => None,
+    })
+}
+
+fn info_from(row: &tokio_postgres::Row) -> Result<LeaseInfo> {
+    let remaining: Option<i64> = row.try_get(4)?;
+    Ok(LeaseInfo {
+        name: row.try_get(0)?,
+        owner: row.try_get(1)?,
+        token: row.try_get(2)?,
+        data: row.try_get(3)?,
+        remaining: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+    })
+}

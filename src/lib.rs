@@ -1,0 +1,30 @@
+//! pgcoord: coordination for services that already run PostgreSQL — leases with fencing tokens,
+//! advisory locks and signals — without Redis, etcd or ZooKeeper.
+//!
+//! This crate is the core: it says what is true in the database, as plain async functions on
+//! `Send` futures usable from any tokio runtime. It has no timers and holds nothing; the actix
+//! runtime that holds leases and decides when to renew them is the `pgcoord-actors` crate.
+//!
+//! Layout:
+//! - [`config`] — [`Config`], built and validated once.
+//! - [`error`] — [`Error`] and its [`ErrorKind`]s, classified from SQLSTATE and connection state.
+//! - [`ident`] — validation and quoting of table, schema and channel names.
+//! - [`db`] — the connection pool, dedicated connections, retry of transient conflicts.
+//! - [`schema`] — the migrations in `migrations/`, for default or custom names.
+//! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
+//! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod db;
+#[cfg(feature = "embedded")]
+pub mod embedded;
+pub mod error;
+pub mod ident;
+pub mod lease;
+pub mod schema;
+
+pub use config::{Config, ConfigBuilder};
+pub use db::Pool;
+pub use error::{Error, ErrorKind, Holder, Result};
+pub use lease::{LeaseInfo, LeaseTable};

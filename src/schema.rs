@@ -1,0 +1,125 @@
+//! The tables pgcoord needs: migrations for default and custom names.
+//!
+//! The files in `migrations/` are plain SQL written for the default names, usable as they are
+//! by psql, sqlx-cli or refinery. [`sql`] renders them for a [`Config`] by replacing each quoted
+//! default name with the configured, validated and quoted one; for the default configuration the
+//! result is exactly the files.
+
+use tokio_postgres::Client;
+use tracing::{info, instrument};
+
+use crate::config::Config;
+use crate::error::Result;
+
+/// The migrations, in order: file name and SQL text for the default names.
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_locks.sql",
+        include_str!("../migrations/0001_locks.sql"),
+    ),
+    (
+        "0002_payloads.sql",
+        include_str!("../migrations/0002_payloads.sql"),
+    ),
+];
+
+/// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
+/// EXISTS` is not safe against itself running in two sessions at once.
+const MIGRATION_LOCK_KEY: i64 = 0x7067_636f_6f72_6401;
+
+/// The SQL of every migration, rendered for `config`'s table names, preceded by `CREATE SCHEMA IF
+/// NOT EXISTS` for each configured schema.
+pub fn sql(config: &Config) -> String {
+    let mut out = String::new();
+    let mut schemas: Vec<_> = [config.lock_table.schema(), config.payload_table.schema()]
+        .into_iter()
+        .flatten()
+        .collect();
+    schemas.dedup();
+    for schema in schemas {
+        out.push_str(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {};\n",
+            schema.quoted()
+        ));
+    }
+    for (_, text) in MIGRATIONS {
+        out.push_str(&render(text, config));
+    }
+    out
+}
+
+/// Replaces each quoted default name in `text` with the configured one, in a single pass so a
+/// replacement is never itself replaced.
+fn render(text: &str, config: &Config) -> String {
+    let names = [
+        ("pgcoord_locks", config.lock_table.quoted()),
+        ("pgcoord_locks_rvn", config.lock_sequence.quoted()),
+        ("pgcoord_payloads", config.payload_table.quoted()),
+    ];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after
+            .find('"')
+            .expect("migrations quote every identifier in pairs");
+        let ident = &after[..close];
+        match names.iter().find(|(default, _)| *default == ident) {
+            Some((_, configured)) => out.push_str(configured),
+            None => out.push_str(&rest[open..open + close + 2]),
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Creates whatever of pgcoord's schema is missing; safe to run any number of times, from any
+/// number of processes at once. All of it or none of it is applied.
+#[instrument(skip_all, fields(lock_table = %config.lock_table))]
+pub async fn migrate(client: &Client, config: &Config) -> Result<()> {
+    // A multi-statement simple query is one implicit transaction, so the advisory lock is held
+    // to the end and a failure leaves nothing half-created.
+    let script = format!(
+        "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});\n{}",
+        sql(config)
+    );
+    client.batch_execute(&script).await?;
+    info!("pgcoord schema is up to date");
+    Ok(())
+}
+
+/// Creates pgcoord's tables and sequence; an [`ErrorKind::AlreadyExists`] error when any of them
+/// exists already, and then nothing is created.
+///
+/// [`ErrorKind::AlreadyExists`]: crate::ErrorKind::AlreadyExists
+#[instrument(skip_all, fields(lock_table = %config.lock_table))]
+pub async fn create_tables(client: &Client, config: &Config) -> Result<()> {
+    let script = sql(config)
+        .replace("CREATE TABLE IF NOT EXISTS", "CREATE TABLE")
+        .replace("CREATE SEQUENCE IF NOT EXISTS", "CREATE SEQUENCE");
+    // Sequences report duplicate_table (42P07) too, which classifies as AlreadyExists.
+    client.batch_execute(&script).await?;
+    Ok(())
+}
+
+/// Creates what is missing and ignores what exists, like pglock's `TryCreateTable`; the same as
+/// [`migrate`].
+pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
+    migrate(client, config).await
+}
+
+/// Drops pgcoord's tables and sequence (schemas are left alone). For tests and teardown; never
+/// call it from normal application startup.
+#[instrument(skip_all, fields(lock_table = %config.lock_table))]
+pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
+    let script = format!(
+        "DROP TABLE IF EXISTS {}, {}; DROP SEQUENCE IF EXISTS {};",
+        config.lock_table.quoted(),
+        config.payload_table.quoted(),
+        config.lock_sequence.quoted()
+    );
+    client.batch_execute(&script).await?;
+    Ok(())
+}

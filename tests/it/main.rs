@@ -1,0 +1,38 @@
+//! Integration tests of the core against a real PostgreSQL: the shared throwaway cluster, or
+//! `DATABASE_URL` when it is set.
+
+mod config;
+mod embedded;
+mod errors;
+mod ident;
+
+mod schema;
+
+use pgcoord::embedded::{test_pg_config, unique_name};
+use pgcoord::{Config, ConfigBuilder};
+use tokio_postgres::Client;
+
+/// A builder pointed at the test database, with its own tables and lease channel.
+pub fn builder() -> ConfigBuilder {
+    let pg = test_pg_config().expect("test database");
+    let table = unique_name("locks");
+    Config::builder()
+        .pg_config(&pg)
+        .lock_table(&table)
+        .payload_table(unique_name("payloads"))
+}
+
+/// A dedicated client for `config`, driven on its own task.
+pub async fn connect(config: &Config) -> Client {
+    pgcoord::db::connect_spawned(config).await.expect("connect")
+}
+
+/// A configuration with its own, migrated tables, and a client to inspect them.
+pub async fn setup() -> (Config, Client) {
+    let config = builder().build().expect("config");
+    let client = connect(&config).await;
+    pgcoord::schema::migrate(&client, &config)
+        .await
+        .expect("migrate");
+    (config, client)
+}

@@ -1,0 +1,170 @@
+//! Migrations: idempotent, exactly the objects of migrations/, custom names in custom schemas.
+
+use pgcoord::{Config, ErrorKind, schema};
+use tokio_postgres::Client;
+
+/// A fresh database, so the objects in it are only the ones a test creates.
+async fn fresh_database() -> (tokio_postgres::Config, Client) {
+    let (config, admin) = super::setup().await;
+    let name = pgcoord::embedded::unique_name("db");
+    admin
+        .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+        .await
+        .unwrap();
+    let mut pg = config.pg_config().clone();
+    pg.dbname(&name);
+    let (client, conn) = pg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    (pg, client)
+}
+
+/// Every relation in `schema`, with its kind.
+async fn objects(client: &Client, schema: &str) -> Vec<(String, String)> {
+    client
+        .query(
+            "SELECT c.relname::text, c.relkind::text FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[test]
+fn default_rendering_is_exactly_the_files() {
+    let config = Config::builder().dsn("host=localhost").build().unwrap();
+    let files: String = schema::MIGRATIONS.iter().map(|(_, sql)| *sql).collect();
+    let on_disk: String = ["0001_locks.sql", "0002_payloads.sql"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(format!("{}/migrations/{f}", env!("CARGO_MANIFEST_DIR")))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(schema::sql(&config), files);
+    assert_eq!(files, on_disk);
+}
+
+#[tokio::test]
+async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
+    // The files applied by hand, as a migration tool would...
+    let (_, by_hand) = fresh_database().await;
+    for (_, sql) in schema::MIGRATIONS {
+        by_hand.batch_execute(sql).await.unwrap();
+    }
+    // ...and migrate() with the default names, three times.
+    let (pg, migrated) = fresh_database().await;
+    let config = Config::builder().pg_config(&pg).build().unwrap();
+    for _ in 0..3 {
+        schema::migrate(&migrated, &config).await.unwrap();
+    }
+    let expected = objects(&by_hand, "public").await;
+    assert_eq!(objects(&migrated, "public").await, expected);
+    let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "pgcoord_locks",
+            "pgcoord_locks_pkey",
+            "pgcoord_locks_rvn",
+            "pgcoord_locks_token_key",
+            "pgcoord_payloads",
+            "pgcoord_payloads_pkey"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn concurrent_migrations_do_not_conflict() {
+    let config = super::builder()
+        .schema(pgcoord::embedded::unique_name("conc"))
+        .build()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let config = config.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = super::connect(&config).await;
+            schema::migrate(&client, &config).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
+    let schema_name = pgcoord::embedded::unique_name("app");
+    let config = super::builder()
+        .schema(&schema_name)
+        .lock_table("Leases")
+        .payload_table("blobs")
+        .build()
+        .unwrap();
+    let client = super::connect(&config).await;
+    schema::create_tables(&client, &config).await.unwrap();
+    let names: Vec<String> = objects(&client, &schema_name)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "Leases",
+            "Leases_pkey",
+            "Leases_rvn",
+            "Leases_token_key",
+            "blobs",
+            "blobs_pkey"
+        ]
+    );
+
+    let err = schema::create_tables(&client, &config).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    schema::try_create_tables(&client, &config).await.unwrap();
+
+    // Drop one table: create_tables still refuses (atomically: nothing half-created)...
+    client
+        .batch_execute(&format!("DROP TABLE {}", config.payload_table().quoted()))
+        .await
+        .unwrap();
+    assert_eq!(
+        schema::create_tables(&client, &config)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::AlreadyExists
+    );
+    assert_eq!(objects(&client, &schema_name).await.len(), 4);
+    // ...while try_create_tables fills in what is missing.
+    schema::try_create_tables(&client, &config).await.unwrap();
+    assert_eq!(objects(&client, &schema_name).await.len(), 6);
+
+    schema::drop_tables(&client, &config).await.unwrap();
+    assert!(objects(&client, &schema_name).await.is_empty());
+    schema::drop_tables(&client, &config).await.unwrap();
+}
+
+#[tokio::test]
+async fn sequence_never_wraps() {
+    let (config, client) = super::setup().await;
+    let seq = config.lock_sequence().quoted();
+    client
+        .batch_execute(&format!("SELECT setval('{seq}', 9223372036854775807)"))
+        .await
+        .unwrap();
+    let err = client
+        .query_one(&format!("SELECT nextval('{seq}')"), &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED)
+    );
+}
