@@ -1,0 +1,114 @@
+//! [`Lease`]: a held lease, released when dropped.
+
+use std::sync::Arc;
+
+use actix::Addr;
+use pgcoord::{Error, ErrorKind, LeaseTable, Result};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_postgres::GenericClient;
+
+use crate::manager::LockManager;
+use crate::messages::{LossReason, Release};
+
+/// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
+/// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.
+pub struct Lease {
+    pub(crate) name: String,
+    pub(crate) token: i64,
+    pub(crate) data: Option<Vec<u8>>,
+    pub(crate) manager: Addr<LockManager>,
+    pub(crate) table: Arc<LeaseTable>,
+    pub(crate) lost: watch::Receiver<Option<LossReason>>,
+    pub(crate) released: bool,
+}
+
+impl Lease {
+    /// The lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The fencing token of this tenure: strictly greater than every earlier grant's in the same
+    /// table, constant until the lease ends.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The lock's data as of the grant.
+    pub fn data(&self) -> Option<&[u8]> {
+        self.data.as_deref()
+    }
+
+    /// The lock's data decoded from MessagePack; `None` when there is none.
+    pub fn value<T: DeserializeOwned>(&self) -> Result<Option<T>> {
+        self.data
+            .as_deref()
+            .map(|bytes| {
+                rmp_serde::from_slice(bytes).map_err(|e| {
+                    Error::new(ErrorKind::Other, format!("cannot decode lock data: {e}"))
+                        .with_source(e)
+                })
+            })
+            .transpose()
+    }
+
+    /// Why the lease was lost, once it has been.
+    pub fn loss(&self) -> Option<LossReason> {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the lease is lost; pending forever while it is held.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let mut lost = self.lost.clone();
+        async move {
+            match lost.wait_for(Option::is_some).await {
+                Ok(reason) => reason.expect("waited for Some"),
+                // The manager is gone, and with it the heartbeats: the lease will expire.
+                Err(_) => LossReason::DeadlinePassed,
+            }
+        }
+    }
+
+    /// The fencing guard: run inside your own transaction, it fails with
+    /// [`ErrorKind::LockLost`] unless this lease is still held with this token, and keeps it from
+    /// being taken over or released until the transaction ends. Writes in that transaction are
+    /// exclusive. Keep such transactions short.
+    pub async fn fence(&self, client: &impl GenericClient) -> Result<()> {
+        self.table.fence(client, &self.name, self.token).await
+    }
+
+    /// Releases the lease. [`ErrorKind::LockLost`] when it was already lost.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        let release = Release {
+            name: self.name.clone(),
+            token: self.token,
+        };
+        self.manager
+            .send(release)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}")))?
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            self.manager.do_send(Release {
+                name: self.name.clone(),
+                token: self.token,
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("lost", &self.loss())
+            .finish()
+    }
+}

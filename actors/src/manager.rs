@@ -1,0 +1,375 @@
+//! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::dev::{MessageResponse, OneshotSender};
+use actix::prelude::*;
+use pgcoord::{Config, Error, ErrorKind, LeaseInfo, LeaseTable, Pool, Result};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info_span, warn};
+
+use crate::acquire::{AcquireJob, Outcome, Reply};
+use crate::lease::Lease;
+use crate::messages::*;
+use crate::wake::{Queues, spawn_listener};
+
+/// One lease this process holds.
+struct Held {
+    token: i64,
+    keep_on_release: bool,
+    /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
+    /// Past it the server may give the lease away, so it is reported lost.
+    deadline: Instant,
+    lost: watch::Sender<Option<LossReason>>,
+}
+
+/// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of
+/// them in one statement per heartbeat, watches each one's monotonic deadline, releases them,
+/// and broadcasts [`LockLost`] exactly once per lost lease. Start it inside an actix System with
+/// [`LockManager::new`] and `.start()`.
+pub struct LockManager {
+    config: Config,
+    pool: Pool,
+    table: Arc<LeaseTable>,
+    queues: Arc<Queues>,
+    held: HashMap<String, Held>,
+    subscribers: Vec<Recipient<LockLost>>,
+    listener: Option<JoinHandle<()>>,
+    renewing: bool,
+    stats: ManagerStats,
+}
+
+impl LockManager {
+    /// A manager for `config`'s lock table. Its tables must exist (see `pgcoord::schema`).
+    pub fn new(config: Config) -> LockManager {
+        LockManager {
+            pool: pgcoord::db::pool(&config),
+            table: Arc::new(LeaseTable::new(&config)),
+            queues: Arc::default(),
+            held: HashMap::new(),
+            subscribers: Vec::new(),
+            listener: None,
+            renewing: false,
+            stats: ManagerStats::default(),
+            config,
+        }
+    }
+
+    /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
+    /// absorb clock-rate differences and the sweep's granularity.
+    fn margin(&self) -> Duration {
+        (self.config.lease() / 10).max(Duration::from_millis(1))
+    }
+
+    /// Runs the heartbeat: one renew statement for every held lease.
+    fn renew_all(&mut self, ctx: &mut Context<Self>) {
+        if self.renewing || self.held.is_empty() {
+            return;
+        }
+        self.renewing = true;
+        self.stats.renew_statements += 1;
+        let snapshot: Vec<(String, i64)> = self
+            .held
+            .iter()
+            .map(|(name, h)| (name.clone(), h.token))
+            .collect();
+        let (pool, table, lease) = (self.pool.clone(), self.table.clone(), self.config.lease());
+        let sent = Instant::now();
+        let renew = async move {
+            let client = pool.get().await?;
+            let renewed = table.renew(&*client, &snapshot, lease).await?;
+            Ok::<_, Error>((snapshot, renewed))
+        };
+        ctx.spawn(renew.into_actor(self).map(move |result, act, _| {
+            act.renewing = false;
+            match result {
+                Ok((snapshot, renewed)) => {
+                    let deadline = sent + act.config.lease() - act.margin();
+                    let renewed: std::collections::HashSet<_> = renewed.into_iter().collect();
+                    for (name, token) in snapshot {
+                        if renewed.contains(&(name.clone(), token)) {
+                            if let Some(held) = act.held.get_mut(&name).filter(|h| h.token == token) {
+                                held.deadline = deadline;
+                            }
+                        } else {
+                            act.lose(&name, token, LossReason::TakenOver);
+                        }
+                    }
+                }
+                Err(e) => warn!(
+                    error = %e,
+                    leases = act.held.len(),
+                    "lease renewal failed; leases not renewed in time are reported lost at their deadline"
+                ),
+            }
+        }));
+    }
+
+    /// Reports every lease whose deadline has passed.
+    fn sweep_deadlines(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<(String, i64)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.deadline <= now)
+            .map(|(name, h)| (name.clone(), h.token))
+            .collect();
+        for (name, token) in expired {
+            self.lose(&name, token, LossReason::DeadlinePassed);
+            // A renewal may still land after we gave up: free the row so it does not linger.
+            let (pool, table) = (self.pool.clone(), self.table.clone());
+            tokio::spawn(async move {
+                if let Ok(client) = pool.get().await {
+                    let _ = table.release(&*client, &name, token, false).await;
+                }
+            });
+        }
+    }
+
+    /// Forgets a held lease and tells its holder and every subscriber, once.
+    fn lose(&mut self, name: &str, token: i64, reason: LossReason) {
+        if self.held.get(name).is_none_or(|h| h.token != token) {
+            return;
+        }
+        let held = self.held.remove(name).expect("checked above");
+        self.stats.lost += 1;
+        warn!(lease = name, token, ?reason, "lease lost");
+        let _ = held.lost.send(Some(reason));
+        let lost = LockLost {
+            key: LockKey::Lease(name.to_owned()),
+            token,
+            reason,
+        };
+        self.subscribers
+            .retain(|s| s.try_send(lost.clone()).is_ok() || s.connected());
+        self.queues.wake(name);
+    }
+
+    /// Records a granted lease and hands its handle to the caller; a caller that went away
+    /// gets nothing, and the handle's drop releases the lease at once.
+    fn granted(
+        &mut self,
+        request: &Acquire,
+        grant: pgcoord::lease::Grant,
+        sent: Instant,
+        reply: Option<Reply>,
+        ctx: &mut Context<Self>,
+    ) {
+        let (lost_tx, lost_rx) = watch::channel(None);
+        self.stats.granted += 1;
+        self.held.insert(
+            request.name.clone(),
+            Held {
+                token: grant.token,
+                keep_on_release: request.keep_on_release,
+                deadline: sent + self.config.lease() - self.margin(),
+                lost: lost_tx,
+            },
+        );
+        let lease = Lease {
+            name: request.name.clone(),
+            token: grant.token,
+            data: grant.data,
+            manager: ctx.address(),
+            table: self.table.clone(),
+            lost: lost_rx,
+            released: false,
+        };
+        if let Some(reply) = reply
+            && let Err(Ok(lease)) = reply.send(Ok(lease))
+        {
+            debug!(lease = lease.name(), "caller gave up; releasing");
+            drop(lease);
+        }
+    }
+}
+
+impl Actor for LockManager {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.listener = Some(spawn_listener(
+            self.config.clone(),
+            self.config.lease_channel().clone(),
+            self.queues.clone(),
+        ));
+        if let Some(heartbeat) = self.config.heartbeat() {
+            ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
+        }
+        let sweep = (self.margin() / 2).max(Duration::from_millis(1));
+        ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(listener) = self.listener.take() {
+            listener.abort();
+        }
+        // Release what is still held. The runtime may be shutting down with the System, in
+        // which case the leases simply expire on the server.
+        let runtime = tokio::runtime::Handle::try_current();
+        for (name, held) in self.held.drain() {
+            let (pool, table) = (self.pool.clone(), self.table.clone());
+            let _ = held.lost.send(Some(LossReason::DeadlinePassed));
+            let Ok(runtime) = &runtime else {
+                warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
+                continue;
+            };
+            runtime.spawn(async move {
+                if let Ok(client) = pool.get().await {
+                    let _ = table
+                        .release(&*client, &name, held.token, held.keep_on_release)
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+/// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
+/// caller that gives up cancels it.
+pub struct AcquireResponse(Option<AcquireJob>, Option<Error>);
+
+impl MessageResponse<LockManager, Acquire> for AcquireResponse {
+    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
+        let job = match self {
+            AcquireResponse(Some(job), None) => job,
+            AcquireResponse(_, error) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(error.expect("an error when there is no job")));
+                }
+                return;
+            }
+        };
+        let request = job.request.clone();
+        let span = info_span!("acquire", lease = %request.name);
+        let wait = async move {
+            let mut reply = reply;
+            let outcome = job.run(&mut reply).await;
+            (outcome, reply)
+        };
+        let wait = tracing::Instrument::instrument(wait, span);
+        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
+            move |(outcome, reply), act, ctx| match outcome {
+                Outcome::Granted { grant, sent } => act.granted(&request, grant, sent, reply, ctx),
+                Outcome::Failed(error) => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+                Outcome::Cancelled => {
+                    debug!(lease = %request.name, "acquire cancelled by its caller")
+                }
+            },
+        ));
+    }
+}
+
+impl Handler<Acquire> for LockManager {
+    type Result = AcquireResponse;
+
+    fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
+        if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
+            return AcquireResponse(None, Some(e));
+        }
+        AcquireResponse(
+            Some(AcquireJob {
+                request,
+                pool: self.pool.clone(),
+                table: self.table.clone(),
+                queues: self.queues.clone(),
+                owner: self.config.owner().to_owned(),
+                lease: self.config.lease(),
+                poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+            }),
+            None,
+        )
+    }
+}
+
+impl Handler<Release> for LockManager {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(&mut self, Release { name, token }: Release, _: &mut Context<Self>) -> Self::Result {
+        let keep = match self.held.get(&name) {
+            Some(held) if held.token == token => held.keep_on_release,
+            _ => {
+                let error = Error::new(
+                    ErrorKind::LockLost,
+                    format!("lease {name:?} (token {token}) was already released or lost"),
+                );
+                return Box::pin(actix::fut::ready(Err(error)));
+            }
+        };
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        let statement_name = name.clone();
+        let release = async move {
+            let client = pool.get().await?;
+            table.release(&*client, &statement_name, token, keep).await
+        };
+        Box::pin(release.into_actor(self).map(move |result, act, _| {
+            match &result {
+                // Gone on the server before we released it: that is a loss, reported once.
+                Err(e) if e.is_lock_lost() => act.lose(&name, token, LossReason::TakenOver),
+                Err(e) => {
+                    warn!(lease = %name, error = %e, "release failed; the lease expires on its own")
+                }
+                Ok(()) => {}
+            }
+            // Released or not, this process no longer holds it.
+            if act.held.get(&name).is_some_and(|h| h.token == token) {
+                act.held.remove(&name);
+            }
+            act.queues.wake(&name);
+            result
+        }))
+    }
+}
+
+impl Handler<Get> for LockManager {
+    type Result = ResponseFuture<Result<LeaseInfo>>;
+
+    fn handle(&mut self, Get(name): Get, _: &mut Context<Self>) -> Self::Result {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        Box::pin(async move { table.get(&*pool.get().await?, &name).await })
+    }
+}
+
+impl Handler<List> for LockManager {
+    type Result = ResponseFuture<Result<Vec<LeaseInfo>>>;
+
+    fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        Box::pin(async move { table.list(&*pool.get().await?).await })
+    }
+}
+
+impl Handler<RenewNow> for LockManager {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(&mut self, _: RenewNow, ctx: &mut Context<Self>) -> Self::Result {
+        self.renew_all(ctx);
+        Box::pin(actix::fut::ready(Ok(())))
+    }
+}
+
+impl Handler<SubscribeLockLost> for LockManager {
+    type Result = ();
+
+    fn handle(&mut self, SubscribeLockLost(recipient): SubscribeLockLost, _: &mut Context<Self>) {
+        self.subscribers.push(recipient);
+    }
+}
+
+impl Handler<GetStats> for LockManager {
+    type Result = ManagerStats;
+
+    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> ManagerStats {
+        ManagerStats {
+            held: self.held.len(),
+            ..self.stats.clone()
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The messages `LockManager` answers, and the `LockLost` broadcast.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::{LeaseInfo, Result};
+use serde::Serialize;
+
+use crate::lease::Lease;
+
+/// Acquire a lease. Waits until it is free unless [`fail_if_locked`](Acquire::fail_if_locked);
+/// a [`timeout`](Acquire::timeout) bounds the wait. Dropping the request (or letting actix's
+/// `send(..).timeout(..)` expire) cancels the wait; a lease granted after the caller gave up is
+/// released at once, so none is left behind that nobody holds.
+#[derive(Debug, Clone)]
+pub struct Acquire {
+    pub(crate) name: String,
+    pub(crate) data: Option<Vec<u8>>,
+    pub(crate) replace_data: bool,
+    pub(crate) keep_on_release: bool,
+    pub(crate) fail_if_locked: bool,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Message for Acquire {
+    type Result = Result<Lease>;
+}
+
+impl Acquire {
+    /// Acquire the lease `name` (1 to 255 bytes), waiting as long as it takes.
+    pub fn new(name: impl Into<String>) -> Acquire {
+        Acquire {
+            name: name.into(),
+            data: None,
+            replace_data: false,
+            keep_on_release: false,
+            fail_if_locked: false,
+            timeout: None,
+        }
+    }
+
+    /// Data stored with the lock. A kept row's existing data wins unless
+    /// [`replace_data`](Self::replace_data) is set. Default: none.
+    pub fn data(mut self, data: impl Into<Vec<u8>>) -> Acquire {
+        self.data = Some(data.into());
+        self
+    }
+
+    /// Typed data, stored as MessagePack (`rmp_serde::to_vec_named`); read it back with
+    /// [`Lease::value`] or [`crate::Get`].
+    pub fn value<T: Serialize>(self, value: &T) -> Result<Acquire> {
+        let bytes = rmp_serde::to_vec_named(value).map_err(|e| {
+            pgcoord::Error::new(
+                pgcoord::ErrorKind::Other,
+                format!("cannot encode data: {e}"),
+            )
+            .with_source(e)
+        })?;
+        Ok(self.data(bytes))
+    }
+
+    /// Replace the data of a kept row instead of reusing it. Default: off.
+    pub fn replace_data(mut self) -> Acquire {
+        self.replace_data = true;
+        self
+    }
+
+    /// On release, keep the row and its data, free for the next holder. Default: the row is
+    /// deleted.
+    pub fn keep_on_release(mut self) -> Acquire {
+        self.keep_on_release = true;
+        self
+    }
+
+    /// Try once: fail with [`pgcoord::ErrorKind::NotAcquired`] (naming the holder) when the
+    /// lease is taken. Default: wait.
+    pub fn fail_if_locked(mut self) -> Acquire {
+        self.fail_if_locked = true;
+        self
+    }
+
+    /// Give up waiting after `timeout`, with [`pgcoord::ErrorKind::NotAcquired`]. Default: wait
+    /// as long as it takes.
+    pub fn timeout(mut self, timeout: Duration) -> Acquire {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
+/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Release {
+    /// The lease's name.
+    pub name: String,
+    /// The fencing token of the tenure to end.
+    pub token: i64,
+}
+
+/// Inspect one lock (held or kept). Grants nothing. [`pgcoord::ErrorKind::NotFound`] when
+/// there is no row.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<LeaseInfo>")]
+pub struct Get(pub String);
+
+/// Inspect every lock in the table. Grants nothing.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<LeaseInfo>>")]
+pub struct List;
+
+/// Renew every held lease now, in one statement; for configurations with heartbeats off.
+/// Leases that could not be renewed are reported through [`LockLost`].
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct RenewNow;
+
+/// Register for [`LockLost`] broadcasts.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SubscribeLockLost(pub Recipient<LockLost>);
+
+/// Counters of what the manager has done, for tests and monitoring.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "ManagerStats")]
+pub struct GetStats;
+
+/// What [`GetStats`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct ManagerStats {
+    /// Leases held now.
+    pub held: usize,
+    /// Renew statements sent (one per heartbeat tick with leases held).
+    pub renew_statements: u64,
+    /// Leases granted.
+    pub granted: u64,
+    /// Leases reported lost.
+    pub lost: u64,
+}
+
+/// Which lock was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKey {
+    /// A lease, by name.
+    Lease(String),
+}
+
+/// Why a lock was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lease's row is gone or carries another token: it expired and was taken over, or was
+    /// deleted.
+    TakenOver,
+    /// No renewal was confirmed before the holder's own deadline (the database may be
+    /// unreachable); the server may give the lease away from now on.
+    DeadlinePassed,
+}
+
+/// Broadcast to every subscriber, exactly once per lost lock.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct LockLost {
+    /// The lock.
+    pub key: LockKey,
+    /// The fencing token of the lost tenure.
+    pub token: i64,
+    /// Why it was lost.
+    pub reason: LossReason,
+}
