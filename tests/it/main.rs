@@ -5,6 +5,7 @@ mod config;
 mod embedded;
 mod errors;
 mod ident;
+mod lease;
 
 mod schema;
 

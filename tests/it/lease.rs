@@ -1,0 +1,218 @@
+//! Lease statements on their own: tokens, renewal, release, reservation and the fencing guard.
+
+use std::time::Duration;
+
+use pgcoord::lease::{Attempt, Grant};
+use pgcoord::{ErrorKind, LeaseTable};
+use tokio_postgres::Client;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn grant(
+    table: &LeaseTable,
+    client: &Client,
+    name: &str,
+    owner: &str,
+    lease: Duration,
+) -> Grant {
+    match table
+        .try_acquire(client, name, owner, None, false, lease)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted(grant) => grant,
+        Attempt::Held(holder) => panic!("{name} held by {holder:?}"),
+    }
+}
+
+#[tokio::test]
+async fn tokens_strictly_increase_and_survive_a_server_restart() {
+    let server = pgcoord::embedded::TempPostgres::start().unwrap();
+    let config = pgcoord::Config::builder()
+        .pg_config(&server.pg_config())
+        .build()
+        .unwrap();
+    let client = super::connect(&config).await;
+    pgcoord::schema::migrate(&client, &config).await.unwrap();
+    let table = LeaseTable::new(&config);
+    let mut last = 0;
+    for i in 0..20 {
+        let g = grant(&table, &client, &format!("n{}", i % 3), "me", LEASE).await;
+        assert!(g.token > last);
+        last = g.token;
+        table
+            .release(&client, &format!("n{}", i % 3), g.token, false)
+            .await
+            .unwrap();
+    }
+    drop(client);
+    server.restart().unwrap();
+    let client = super::connect(&config).await;
+    let after = grant(&table, &client, "n0", "me", LEASE).await;
+    assert!(after.token > last, "{} after {last}", after.token);
+}
+
+#[tokio::test]
+async fn renew_never_inserts_steals_or_revives() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let a = grant(&table, &client, "a", "me", LEASE).await;
+    let short = grant(&table, &client, "short", "me", Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = vec![
+        ("a".to_string(), a.token),
+        ("short".to_string(), short.token),
+        ("missing".to_string(), 1),
+        ("a".to_string(), a.token + 1000),
+    ];
+    let renewed = table.renew(&client, &held, LEASE).await.unwrap();
+    assert_eq!(renewed, vec![("a".to_string(), a.token)]);
+    assert_eq!(
+        table.get(&client, "missing").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let info = table.get(&client, "short").await.unwrap();
+    assert_eq!(
+        info.remaining,
+        Some(Duration::ZERO),
+        "expired stays expired"
+    );
+    assert!(!info.is_held());
+}
+
+#[tokio::test]
+async fn release_needs_the_current_token_and_wakes_listeners() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "me", LEASE).await;
+    let err = table
+        .release(&client, "job", g.token + 1, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    assert!(table.get(&client, "job").await.unwrap().is_held());
+    // The release announces the name on the lease channel.
+    let (lclient, mut conn) = pgcoord::db::connect(&config).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    lclient
+        .batch_execute(&format!("LISTEN {}", config.lease_channel().quoted()))
+        .await
+        .unwrap();
+    table.release(&client, "job", g.token, false).await.unwrap();
+    let name = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
+    assert_eq!(name.as_deref(), Some("job"));
+}
+
+#[tokio::test]
+async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "releaser", LEASE).await;
+    let holder = table
+        .enqueue(&client, "job", "waiter", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
+    // A second waiter cannot take the reservation while it is live.
+    table.enqueue(&client, "job", "late", LEASE).await.unwrap();
+    table.release(&client, "job", g.token, false).await.unwrap();
+    // The row was deleted with its reservation, so test the kept-row case too.
+    let g = grant(&table, &client, "kept", "releaser", LEASE).await;
+    table
+        .enqueue(&client, "kept", "waiter", LEASE)
+        .await
+        .unwrap();
+    table.enqueue(&client, "kept", "late", LEASE).await.unwrap();
+    table.release(&client, "kept", g.token, true).await.unwrap();
+    for other in ["releaser", "late"] {
+        let attempt = table
+            .try_acquire(&client, "kept", other, None, false, LEASE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(attempt, Attempt::Held(_)),
+            "{other} must not jump the queue"
+        );
+    }
+    grant(&table, &client, "kept", "waiter", LEASE).await;
+}
+
+#[tokio::test]
+async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let other = super::connect(&config).await;
+    let short = Duration::from_millis(300);
+    let g = grant(&table, &client, "job", "me", short).await;
+
+    // A guarded transaction keeps the lease from being taken over until it ends...
+    let tx = client.transaction().await.unwrap();
+    table.fence(&tx, "job", g.token).await.unwrap();
+    // ...while the holder can still renew.
+    let renewed = table
+        .renew(&other, &[("job".into(), g.token)], short)
+        .await
+        .unwrap();
+    assert_eq!(renewed.len(), 1);
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let takeover = tokio::spawn({
+        let table = table.clone();
+        async move {
+            table
+                .try_acquire(&other, "job", "thief", None, false, LEASE)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !takeover.is_finished(),
+        "takeover waits for the guarded transaction"
+    );
+    tx.commit().await.unwrap();
+    let Attempt::Granted(new) = takeover.await.unwrap().unwrap() else {
+        panic!("expired lease should be taken over after the guard ends")
+    };
+
+    // The stale token is rejected from now on.
+    let tx = client.transaction().await.unwrap();
+    let err = table.fence(&tx, "job", g.token).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    tx.rollback().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    table.fence(&tx, "job", new.token).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_names_and_durations_are_rejected_before_sql() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let long = "x".repeat(256);
+    for (name, owner) in [
+        ("", "me"),
+        (long.as_str(), "me"),
+        ("ok", ""),
+        ("ok", long.as_str()),
+    ] {
+        let err = table
+            .try_acquire(&client, name, owner, None, false, LEASE)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidName);
+    }
+    let err = table
+        .try_acquire(&client, "ok", "me", None, false, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DurationTooSmall);
+    assert!(table.list(&client).await.unwrap().is_empty());
+}
