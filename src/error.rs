@@ -25,6 +25,8 @@ pub enum ErrorKind {
     LockLost,
     /// The lock, row or payload looked up does not exist.
     NotFound,
+    /// This process already holds the lock (locks never stack).
+    AlreadyHeld,
     /// The object to create already exists.
     AlreadyExists,
     /// A duration is zero or too small for its role (for example a heartbeat longer than half the

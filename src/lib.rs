@@ -11,10 +11,12 @@
 //! - [`ident`] — validation and quoting of table, schema and channel names.
 //! - [`db`] — the connection pool, dedicated connections, retry of transient conflicts.
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
+//! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
 //! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
 #![deny(missing_docs)]
 
+pub mod advisory;
 pub mod config;
 pub mod db;
 #[cfg(feature = "embedded")]

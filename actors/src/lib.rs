@@ -2,10 +2,11 @@
 //! database; the actors here decide when to ask, and own everything with a lifetime.
 //!
 //! Layout:
-//! - [`manager`] — [`LockManager`]: held leases, the heartbeat (one renew statement per tick for
+//! - [`manager`] — [`LockManager`]: held leases and advisory sessions, the heartbeat (one renew statement per tick for
 //!   all of them), monotonic deadlines, waiters, `LockLost` broadcasts.
 //! - [`messages`] — the typed messages: [`Acquire`], [`Release`], [`Get`], [`List`],
 //!   [`RenewNow`], [`SubscribeLockLost`], [`GetStats`], and the [`LockLost`] broadcast.
+//! - [`advisory`] — advisory locks on dedicated, pinged sessions ([`AdvisoryLock`], [`AdvisoryUnlock`]).
 //! - [`lease`] — [`Lease`], the handle of a held lease: token, data, fencing guard, loss signal;
 //!   released when dropped.
 //! - [`with_lock`] — run work under a lease, cancelled when the lease is lost.
@@ -14,6 +15,7 @@
 #![deny(missing_docs)]
 
 mod acquire;
+pub mod advisory;
 pub mod lease;
 pub mod manager;
 pub mod messages;

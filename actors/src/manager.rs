@@ -31,13 +31,14 @@ struct Held {
 /// and broadcasts [`LockLost`] exactly once per lost lease. Start it inside an actix System with
 /// [`LockManager::new`] and `.start()`.
 pub struct LockManager {
-    config: Config,
+    pub(crate) config: Config,
     pool: Pool,
     table: Arc<LeaseTable>,
     queues: Arc<Queues>,
     held: HashMap<String, Held>,
     subscribers: Vec<Recipient<LockLost>>,
     listener: Option<JoinHandle<()>>,
+    pub(crate) sessions: HashMap<i64, crate::advisory::Session>,
     renewing: bool,
     stats: ManagerStats,
 }
@@ -52,6 +53,7 @@ impl LockManager {
             held: HashMap::new(),
             subscribers: Vec::new(),
             listener: None,
+            sessions: HashMap::new(),
             renewing: false,
             stats: ManagerStats::default(),
             config,
@@ -140,12 +142,17 @@ impl LockManager {
         let _ = held.lost.send(Some(reason));
         let lost = LockLost {
             key: LockKey::Lease(name.to_owned()),
-            token,
+            token: Some(token),
             reason,
         };
+        self.broadcast(lost);
+        self.queues.wake(name);
+    }
+
+    /// Sends `lost` to every subscriber, forgetting those that are gone.
+    pub(crate) fn broadcast(&mut self, lost: LockLost) {
         self.subscribers
             .retain(|s| s.try_send(lost.clone()).is_ok() || s.connected());
-        self.queues.wake(name);
     }
 
     /// Records a granted lease and hands its handle to the caller; a caller that went away
@@ -199,6 +206,9 @@ impl Actor for LockManager {
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
+        ctx.run_interval(self.config.ping_interval(), |act, ctx| {
+            act.ping_sessions(ctx)
+        });
         let sweep = (self.margin() / 2).max(Duration::from_millis(1));
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
     }
@@ -207,6 +217,8 @@ impl Actor for LockManager {
         if let Some(listener) = self.listener.take() {
             listener.abort();
         }
+        // Closing an advisory session releases its locks on the server.
+        self.sessions.clear();
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();
@@ -371,5 +383,13 @@ impl Handler<GetStats> for LockManager {
             held: self.held.len(),
             ..self.stats.clone()
         }
+    }
+}
+
+impl Handler<Shutdown> for LockManager {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }

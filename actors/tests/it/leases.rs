@@ -341,7 +341,7 @@ async fn a_lease_taken_away_is_reported_lost_exactly_once() {
         assert_eq!(received[0].key, LockKey::Lease("job".into()));
         assert_eq!(
             (received[0].token, received[0].reason),
-            (held.token(), LossReason::TakenOver)
+            (Some(held.token()), LossReason::TakenOver)
         );
     }
     assert_eq!(held.loss(), Some(LossReason::TakenOver));

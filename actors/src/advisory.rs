@@ -1,0 +1,216 @@
+//! Advisory locks in `LockManager`: one dedicated session per held key, pinged on a timer.
+//!
+//! Each lock gets its own connection, so a failing session loses exactly one lock and a blocked
+//! wait never delays another lock's pings. The cost is one server connection per held key (see
+//! docs/BENCHMARKS.md). Sessions are pinged every `ping_interval`; a ping that fails or stays
+//! unanswered for `ping_timeout` closes the session and reports the lock lost.
+
+use std::sync::Arc;
+
+use actix::dev::{MessageResponse, OneshotSender};
+use actix::prelude::*;
+use pgcoord::advisory::{self, Mode};
+use pgcoord::{Error, ErrorKind, Result};
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+use tracing::{debug, warn};
+
+use crate::manager::LockManager;
+use crate::messages::{AdvisoryLock, AdvisoryUnlock, LockKey, LockLost, LossReason};
+
+/// The dedicated session holding one advisory lock. Dropping it closes the connection, which
+/// releases the lock on the server.
+pub(crate) struct Session {
+    client: Arc<Client>,
+    mode: Mode,
+    driver: JoinHandle<()>,
+    pinging: bool,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl LockManager {
+    /// Pings every session not already being pinged.
+    pub(crate) fn ping_sessions(&mut self, ctx: &mut Context<Self>) {
+        let timeout = self.config.ping_timeout();
+        let due: Vec<(i64, Arc<Client>)> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| !s.pinging)
+            .map(|(&key, session)| {
+                session.pinging = true;
+                (key, session.client.clone())
+            })
+            .collect();
+        for (key, client) in due {
+            let ping = async move { advisory::ping(&client, timeout).await };
+            ctx.spawn(
+                ping.into_actor(self)
+                    .map(move |result, act: &mut LockManager, _| {
+                        if let Some(session) = act.sessions.get_mut(&key) {
+                            session.pinging = false;
+                        }
+                        if let Err(e) = result {
+                            let reason = if e.is_timeout() {
+                                LossReason::Stalled
+                            } else {
+                                LossReason::ConnectionLost
+                            };
+                            act.lose_advisory(key, reason, &e);
+                        }
+                    }),
+            );
+        }
+    }
+
+    fn lose_advisory(&mut self, key: i64, reason: LossReason, error: &Error) {
+        if self.sessions.remove(&key).is_none() {
+            return;
+        }
+        warn!(key, ?reason, error = %error, "advisory lock lost; its session is closed");
+        self.broadcast(LockLost {
+            key: LockKey::Advisory(key),
+            token: None,
+            reason,
+        });
+    }
+}
+
+/// The reply to [`AdvisoryLock`]: waits on the lock's own session, cancelling the wait on the
+/// server when the caller gives up.
+pub struct AdvisoryResponse(Option<(AdvisoryLock, pgcoord::Config)>, Option<Error>);
+
+impl Handler<AdvisoryLock> for LockManager {
+    type Result = AdvisoryResponse;
+
+    fn handle(&mut self, request: AdvisoryLock, _: &mut Context<Self>) -> AdvisoryResponse {
+        if self.sessions.contains_key(&request.key) {
+            let error = Error::new(
+                ErrorKind::AlreadyHeld,
+                format!(
+                    "advisory lock {} is already held by this manager",
+                    request.key
+                ),
+            );
+            return AdvisoryResponse(None, Some(error));
+        }
+        AdvisoryResponse(Some((request, self.config.clone())), None)
+    }
+}
+
+impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
+    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<()>>>) {
+        let (request, config) = match self {
+            AdvisoryResponse(Some(job), None) => job,
+            AdvisoryResponse(_, error) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(error.expect("an error when there is no request")));
+                }
+                return;
+            }
+        };
+        let AdvisoryLock { key, mode, wait } = request;
+        let attempt = async move {
+            let mut reply = reply;
+            let (client, connection) = match pgcoord::db::connect(&config).await {
+                Ok(pair) => pair,
+                Err(e) => return (Err(e), reply),
+            };
+            let driver = tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    debug!(error = %e, "advisory session ended");
+                }
+            });
+            let locking = async {
+                match wait {
+                    None if advisory::try_lock(&client, key, mode).await? => Ok(()),
+                    None => Err(Error::new(
+                        ErrorKind::NotAcquired,
+                        format!("advisory lock {key} is held elsewhere"),
+                    )),
+                    Some(timeout) => advisory::lock(&client, key, mode, timeout).await,
+                }
+            };
+            let gone = async {
+                if let Some(reply) = reply.as_mut() {
+                    reply.closed().await
+                }
+            };
+            let cancel = client.cancel_token();
+            let result = tokio::select! {
+                result = locking => result,
+                _ = gone => {
+                    // Dropping the wait does not stop it on the server: cancel it there, then
+                    // close the session so nothing it might still get is kept.
+                    let _ = cancel.cancel_query(NoTls).await;
+                    Err(Error::new(ErrorKind::Timeout, "caller gave up"))
+                }
+            };
+            let session = result.map(|()| Session {
+                client: Arc::new(client),
+                mode,
+                driver,
+                pinging: false,
+            });
+            (session, reply)
+        };
+        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(attempt).map(
+            move |(session, reply), act, _| {
+                match (session, reply) {
+                    (Ok(session), Some(reply)) if !reply.is_closed() => {
+                        act.sessions.insert(key, session);
+                        let _ = reply.send(Ok(()));
+                    }
+                    // Nobody to hand it to: dropping the session releases it.
+                    (Ok(_), _) => {
+                        debug!(key, "advisory lock granted after its caller left; released")
+                    }
+                    (Err(e), Some(reply)) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    (Err(_), None) => {}
+                }
+            },
+        ));
+    }
+}
+
+impl Handler<AdvisoryUnlock> for LockManager {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(
+        &mut self,
+        AdvisoryUnlock(key): AdvisoryUnlock,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let Some(session) = self.sessions.remove(&key) else {
+            let error = Error::new(
+                ErrorKind::LockLost,
+                format!("advisory lock {key} is not held (lost or released)"),
+            );
+            return Box::pin(actix::fut::ready(Err(error)));
+        };
+        let unlock = async move {
+            let result = advisory::unlock(&session.client, key, session.mode).await;
+            drop(session);
+            result
+        };
+        Box::pin(unlock.into_actor(self).map(move |result, act, _| {
+            if let Err(e) = &result
+                && e.is_lock_lost()
+            {
+                // The session no longer held it: that is a loss nobody was told about.
+                act.broadcast(LockLost {
+                    key: LockKey::Advisory(key),
+                    token: None,
+                    reason: LossReason::ConnectionLost,
+                });
+            }
+            result
+        }))
+    }
+}

@@ -1,0 +1,311 @@
+//! Advisory locks through the LockManager: contention, modes, waits, cancellation, and lost
+//! sessions (terminated and black-holed).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord::embedded::unique_name;
+use pgcoord_actors::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_postgres::Client;
+
+use super::{Collector, Setup};
+
+const FAST: Duration = Duration::from_millis(200);
+
+/// A key no other test uses, small enough that pg_locks shows it as objid with classid 0.
+fn key() -> i64 {
+    pgcoord::advisory::key_for_name(&unique_name("key")) & 0x7fff_ffff
+}
+
+async fn setup() -> (Setup, Client) {
+    Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await
+}
+
+fn manager_with(setup: &Setup, owner: &str, pg: &tokio_postgres::Config) -> Addr<LockManager> {
+    let config = setup
+        .builder(owner)
+        .pg_config(pg)
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .build()
+        .unwrap();
+    LockManager::new(config).start()
+}
+
+/// Sessions holding (granted) or waiting for (not granted) the advisory key.
+async fn locks(admin: &Client, key: i64) -> (i64, i64) {
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) FROM pg_locks
+             WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[actix_rt::test]
+async fn two_managers_contend_and_locks_never_stack() {
+    let (setup, admin) = setup().await;
+    let (a, b, k) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+        key(),
+    );
+    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    assert_eq!(
+        b.send(AdvisoryLock::new(k))
+            .await
+            .unwrap()
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotAcquired
+    );
+    assert_eq!(
+        a.send(AdvisoryLock::new(k))
+            .await
+            .unwrap()
+            .unwrap_err()
+            .kind(),
+        ErrorKind::AlreadyHeld
+    );
+    assert_eq!(locks(&admin, k).await, (1, 0), "held once, not stacked");
+    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    assert_eq!(
+        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+    b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    assert_eq!(locks(&admin, k).await, (0, 0));
+}
+
+#[actix_rt::test]
+async fn shared_holders_exclude_an_exclusive_one() {
+    let (setup, _) = setup().await;
+    let (a, b, c, k) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+        manager_with(&setup, "c", &setup.pg),
+        key(),
+    );
+    a.send(AdvisoryLock::new(k).shared())
+        .await
+        .unwrap()
+        .unwrap();
+    b.send(AdvisoryLock::new(k).shared())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = c.send(AdvisoryLock::new(k)).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    c.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let err = a
+        .send(AdvisoryLock::new(k).shared())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+}
+
+#[actix_rt::test]
+async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
+    let (setup, admin) = setup().await;
+    let (a, b, k) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+        key(),
+    );
+    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let started = Instant::now();
+    let err = b
+        .send(AdvisoryLock::new(k).wait(Duration::from_millis(300)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert_eq!(locks(&admin, k).await, (1, 0), "no wait left on the server");
+
+    let waiting = b.send(AdvisoryLock::new(k).wait(Duration::from_secs(10)));
+    let a2 = a.clone();
+    actix_rt::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        a2.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    });
+    waiting.await.unwrap().unwrap();
+    assert_eq!(locks(&admin, k).await, (1, 0));
+}
+
+#[actix_rt::test]
+async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
+    let (setup, admin) = setup().await;
+    let (a, b, k) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+        key(),
+    );
+    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let gave_up = b
+        .send(AdvisoryLock::new(k).wait(Duration::from_secs(60)))
+        .timeout(Duration::from_millis(300))
+        .await;
+    assert!(matches!(gave_up, Err(MailboxError::Timeout)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        locks(&admin, k).await,
+        (1, 0),
+        "the server-side wait was cancelled"
+    );
+    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        locks(&admin, k).await,
+        (0, 0),
+        "the abandoned waiter took nothing"
+    );
+}
+
+#[actix_rt::test]
+async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_new_holder() {
+    let (setup, admin) = setup().await;
+    let (a, b, k) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+        key(),
+    );
+    let lost = Collector::subscribe(&a).await;
+    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let killed = Instant::now();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
+            &[&k],
+        )
+        .await
+        .unwrap();
+    while lost.received().is_empty() {
+        assert!(
+            killed.elapsed() < FAST * 2 + Duration::from_millis(300),
+            "reported within interval plus timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("terminated session reported after {:?}", killed.elapsed());
+    let received = lost.received();
+    assert_eq!(
+        (received[0].key.clone(), received[0].reason),
+        (LockKey::Advisory(k), LossReason::ConnectionLost)
+    );
+    b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    assert_eq!(
+        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+    assert_eq!(locks(&admin, k).await, (1, 0), "the new holder keeps it");
+    assert_eq!(lost.received().len(), 1, "reported once");
+}
+
+/// A TCP proxy to the test database that can be told to stop forwarding while keeping both
+/// sockets open, as a network partition looks to a client.
+async fn black_hole_proxy(pg: &tokio_postgres::Config) -> (u16, Arc<AtomicBool>) {
+    let upstream = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => {
+            format!("{host}:{}", pg.get_ports().first().copied().unwrap_or(5432))
+        }
+        _ => panic!("the proxy needs a TCP database"),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let holed = Arc::new(AtomicBool::new(false));
+    let flag = holed.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = TcpStream::connect(&upstream).await.unwrap();
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            for (mut from, mut to) in [
+                (
+                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                ),
+                (Box::new(sr), Box::new(cw)),
+            ] {
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n) = from.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        if flag.load(Ordering::SeqCst) {
+                            // Swallow everything, keep the sockets open.
+                            std::future::pending::<()>().await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    (port, holed)
+}
+
+#[actix_rt::test]
+async fn a_black_holed_session_is_reported_stalled() {
+    let (setup, _) = setup().await;
+    let (port, holed) = black_hole_proxy(&setup.pg).await;
+    // Config::host and ::port append, so build the proxied settings afresh.
+    let mut via_proxy = tokio_postgres::Config::new();
+    via_proxy.host("127.0.0.1").port(port);
+    via_proxy.user(setup.pg.get_user().unwrap_or("postgres"));
+    via_proxy.dbname(setup.pg.get_dbname().unwrap_or("postgres"));
+    if let Some(password) = setup.pg.get_password() {
+        via_proxy.password(password);
+    }
+    let (a, k) = (manager_with(&setup, "a", &via_proxy), key());
+    let lost = Collector::subscribe(&a).await;
+    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    holed.store(true, Ordering::SeqCst);
+    let cut = Instant::now();
+    while lost.received().is_empty() {
+        assert!(cut.elapsed() < Duration::from_secs(5), "not reported");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        cut.elapsed() < FAST * 2 + Duration::from_millis(300),
+        "within interval plus timeout: {:?}",
+        cut.elapsed()
+    );
+    eprintln!("black-holed session reported after {:?}", cut.elapsed());
+    assert_eq!(lost.received()[0].reason, LossReason::Stalled);
+    assert_eq!(
+        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+}
+
+#[actix_rt::test]
+async fn stopping_the_manager_releases_every_lock() {
+    let (setup, admin) = setup().await;
+    let a = manager_with(&setup, "a", &setup.pg);
+    let keys = [key(), key(), key()];
+    for k in keys {
+        a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    }
+    a.send(Shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for k in keys {
+        assert_eq!(locks(&admin, k).await, (0, 0));
+    }
+}

@@ -1,0 +1,119 @@
+//! Advisory lock statements on a pinned session, key derivation, and the ping.
+//!
+//! An advisory lock belongs to the session that took it and is released by the server the
+//! instant that session ends. These functions therefore take the dedicated client of one session
+//! (see [`crate::db::connect`]); never call them on a pooled connection, whose session — and
+//! locks — the next borrower would inherit.
+//!
+//! Keys are `i64`s. [`key_for_name`] derives one from a name with 64-bit FNV-1a over the name's
+//! UTF-8 bytes, read as a two's-complement `i64`: offset basis `0xcbf29ce484222325`, prime
+//! `0x100000001b3`, for each byte `hash ^= byte; hash *= prime` (wrapping). It is fixed and
+//! documented here so other languages compute the same key; it never changes between releases.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tokio_postgres::types::Type;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Exclusive or shared, as PostgreSQL's `pg_advisory_lock` and `pg_advisory_lock_shared`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// One holder at a time.
+    Exclusive,
+    /// Any number of shared holders, excluding exclusive ones.
+    Shared,
+}
+
+/// The advisory key of `name`: 64-bit FNV-1a of its UTF-8 bytes (see the module docs).
+pub fn key_for_name(name: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash as i64
+}
+
+/// Takes the lock if it is free, at once; `false` when someone else holds it.
+pub async fn try_lock(client: &Client, key: i64, mode: Mode) -> Result<bool> {
+    let sql = match mode {
+        Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
+        Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
+    };
+    let row = client.query_typed_one(sql, &[(&key, Type::INT8)]).await?;
+    Ok(row.try_get(0)?)
+}
+
+/// Waits for the lock for at most `timeout`, enforced by the server with `lock_timeout` so the
+/// wait ends there too; [`ErrorKind::NotAcquired`] when it expires. To give up earlier, cancel
+/// with the client's `cancel_token()`: the wait then fails with [`ErrorKind::Timeout`].
+pub async fn lock(client: &Client, key: i64, mode: Mode, timeout: Duration) -> Result<()> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
+    let sql = match mode {
+        Mode::Exclusive => "SELECT pg_advisory_lock($1)::text",
+        Mode::Shared => "SELECT pg_advisory_lock_shared($1)::text",
+    };
+    client
+        .query_typed(
+            "SELECT set_config('lock_timeout', $1, false)",
+            &[(&ms, Type::TEXT)],
+        )
+        .await?;
+    let result = client.query_typed(sql, &[(&key, Type::INT8)]).await;
+    client.batch_execute("RESET lock_timeout").await?;
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+            Err(Error::new(
+                ErrorKind::NotAcquired,
+                format!("advisory lock {key} not acquired within {timeout:?}"),
+            )
+            .with_source(e))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Releases the lock; [`ErrorKind::LockLost`] when this session did not hold it (PostgreSQL's
+/// unlock returned false).
+pub async fn unlock(client: &Client, key: i64, mode: Mode) -> Result<()> {
+    let sql = match mode {
+        Mode::Exclusive => "SELECT pg_advisory_unlock($1)",
+        Mode::Shared => "SELECT pg_advisory_unlock_shared($1)",
+    };
+    let row = client.query_typed_one(sql, &[(&key, Type::INT8)]).await?;
+    if !row.try_get::<_, bool>(0)? {
+        return Err(Error::new(
+            ErrorKind::LockLost,
+            format!("advisory lock {key} was not held by this session"),
+        ));
+    }
+    Ok(())
+}
+
+/// One round trip on the session; [`ErrorKind::Timeout`] when unanswered within `timeout`.
+pub async fn ping(client: &Client, timeout: Duration) -> Result<()> {
+    match tokio::time::timeout(timeout, client.simple_query("")).await {
+        Ok(result) => result.map(drop).map_err(Error::from),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!("session did not answer a ping within {timeout:?}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_for_name;
+
+    #[test]
+    fn fnv1a_keys_are_the_published_values() {
+        // FNV-1a 64 reference values: "" and "a".
+        assert_eq!(key_for_name("") as u64, 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_for_name("a") as u64, 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(key_for_name("foobar") as u64, 0x8594_4171_f739_67e8);
+    }
+}
