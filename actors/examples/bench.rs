@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::embedded::TempPostgres;
 use pgcoord::{Config, LeaseTable};
-use pgcoord_actors::{Acquire, LockManager};
+use pgcoord_actors::{Acquire, AdvisoryLock, AdvisoryUnlock, LockManager};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -183,6 +183,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| fairness: acquisitions per contender (min/mean) | {counts:?} | | {:.2} |",
         min / mean
+    );
+
+    // Advisory: the raw pair on one connection against the runtime (a new session per lock).
+    let n = pairs / 10;
+    let started = Instant::now();
+    for key in 0..n as i64 {
+        admin
+            .execute("SELECT pg_advisory_lock($1)", &[&key])
+            .await?;
+        admin
+            .execute("SELECT pg_advisory_unlock($1)", &[&key])
+            .await?;
+    }
+    let raw = started.elapsed() / n as u32;
+    let started = Instant::now();
+    for key in 0..n as i64 {
+        manager.send(AdvisoryLock::new(key)).await??;
+        manager.send(AdvisoryUnlock(key)).await??;
+    }
+    let ours = started.elapsed() / n as u32;
+    row(
+        "advisory lock+unlock (mean)",
+        format!("{ours:.2?}"),
+        format!("{raw:.2?}"),
+        ours.as_secs_f64() / raw.as_secs_f64(),
     );
     Ok(())
 }
