@@ -3,21 +3,15 @@
 //! Run with `cargo run --example quickstart`. It uses `DATABASE_URL` when set, and otherwise
 //! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
 
-use pgcoord::embedded::TempPostgres;
 use pgcoord::{Config, schema};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Keep the throwaway server alive until the end of main.
-    let (_server, pg) = match std::env::var("DATABASE_URL") {
-        Ok(url) => (None, url.parse()?),
-        Err(_) => {
-            let server = TempPostgres::start()?;
-            println!("started a throwaway PostgreSQL on port {}", server.port());
-            let pg = server.pg_config();
-            (Some(server), pg)
-        }
-    };
+    // Keep the throwaway server (if one was started) alive until the end of main.
+    let (server, pg) = pgcoord::embedded::from_env_or_start()?;
+    if let Some(server) = &server {
+        println!("started a throwaway PostgreSQL on port {}", server.port());
+    }
     let config = Config::builder().pg_config(&pg).build()?;
     println!("owner identity: {}", config.owner());
 

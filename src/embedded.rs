@@ -350,3 +350,24 @@ pub fn unique_name(prefix: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// Connection settings for examples: `DATABASE_URL` when it is set, else a new throwaway cluster,
+/// returned too so the caller keeps it alive (it is removed when dropped).
+pub fn from_env_or_start() -> Result<(Option<TempPostgres>, tokio_postgres::Config)> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => {
+            let pg = url.parse().map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("invalid DATABASE_URL: {e}"),
+                )
+            })?;
+            Ok((None, pg))
+        }
+        _ => {
+            let server = TempPostgres::start()?;
+            let pg = server.pg_config();
+            Ok((Some(server), pg))
+        }
+    }
+}

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::TempPostgres;
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Acquire, AdvisoryLock, AdvisoryUnlock, LockManager};
 
@@ -37,14 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         (3000, Duration::from_secs(5))
     };
-    let _server;
-    let pg: tokio_postgres::Config = match std::env::var("DATABASE_URL") {
-        Ok(url) => url.parse()?,
-        Err(_) => {
-            _server = TempPostgres::start()?;
-            _server.pg_config()
-        }
-    };
+    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
     let config = |owner: &str| {
         Config::builder()
             .pg_config(&pg)

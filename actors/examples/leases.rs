@@ -7,20 +7,12 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use pgcoord::embedded::TempPostgres;
 use pgcoord::{Config, schema};
 use pgcoord_actors::{Acquire, Get, LockManager};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let _server;
-    let pg: tokio_postgres::Config = match std::env::var("DATABASE_URL") {
-        Ok(url) => url.parse()?,
-        Err(_) => {
-            _server = TempPostgres::start()?;
-            _server.pg_config()
-        }
-    };
+    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
     let config = |owner: &str| {
         let (lease, heartbeat) = (Duration::from_secs(2), Duration::from_millis(500));
         Config::builder()
