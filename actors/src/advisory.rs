@@ -18,36 +18,56 @@ use tracing::{debug, warn};
 use crate::manager::LockManager;
 use crate::messages::{AdvisoryLock, AdvisoryUnlock, LockKey, LockLost, LossReason};
 
-/// The dedicated session holding one advisory lock. Dropping it closes the connection, which
-/// releases the lock on the server.
-pub(crate) struct Session {
-    client: Arc<Client>,
-    mode: Mode,
+/// A dedicated connection and the task driving it. Dropping it closes the connection, which
+/// releases whatever locks its session holds.
+pub(crate) struct Pinned {
+    client: Client,
     driver: JoinHandle<()>,
-    pinging: bool,
 }
 
-impl Drop for Session {
+impl Pinned {
+    async fn open(config: &pgcoord::Config) -> Result<Pinned> {
+        let (client, connection) = pgcoord::db::connect(config).await?;
+        let driver = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(error = %e, "advisory session ended");
+            }
+        });
+        Ok(Pinned { client, driver })
+    }
+}
+
+impl Drop for Pinned {
     fn drop(&mut self) {
         self.driver.abort();
     }
 }
 
+/// The session holding one advisory lock.
+pub(crate) struct Session {
+    pinned: Arc<Pinned>,
+    mode: Mode,
+    pinging: bool,
+}
+
+/// How many lock-free sessions a manager keeps open for reuse.
+const IDLE_SESSIONS: usize = 8;
+
 impl LockManager {
     /// Pings every session not already being pinged.
     pub(crate) fn ping_sessions(&mut self, ctx: &mut Context<Self>) {
         let timeout = self.config.ping_timeout();
-        let due: Vec<(i64, Arc<Client>)> = self
+        let due: Vec<(i64, Arc<Pinned>)> = self
             .sessions
             .iter_mut()
             .filter(|(_, s)| !s.pinging)
             .map(|(&key, session)| {
                 session.pinging = true;
-                (key, session.client.clone())
+                (key, session.pinned.clone())
             })
             .collect();
         for (key, client) in due {
-            let ping = async move { advisory::ping(&client, timeout).await };
+            let ping = async move { advisory::ping(&client.client, timeout).await };
             ctx.spawn(
                 ping.into_actor(self)
                     .map(move |result, act: &mut LockManager, _| {
@@ -67,6 +87,13 @@ impl LockManager {
         }
     }
 
+    /// Keeps a session that holds no lock for the next acquire, up to [`IDLE_SESSIONS`].
+    fn park(&mut self, pinned: Pinned) {
+        if self.idle_sessions.len() < IDLE_SESSIONS && !pinned.client.is_closed() {
+            self.idle_sessions.push(pinned);
+        }
+    }
+
     fn lose_advisory(&mut self, key: i64, reason: LossReason, error: &Error) {
         if self.sessions.remove(&key).is_none() {
             return;
@@ -82,13 +109,20 @@ impl LockManager {
 
 /// The reply to [`AdvisoryLock`]: waits on the lock's own session, cancelling the wait on the
 /// server when the caller gives up.
-pub struct AdvisoryResponse(Option<(AdvisoryLock, pgcoord::Config)>, Option<Error>);
+pub struct AdvisoryResponse(Option<AdvisoryJob>, Option<Error>);
+
+/// What one advisory acquire needs, taken out of the manager.
+pub struct AdvisoryJob {
+    request: AdvisoryLock,
+    config: pgcoord::Config,
+    idle: Option<Pinned>,
+}
 
 impl Handler<AdvisoryLock> for LockManager {
     type Result = AdvisoryResponse;
 
     fn handle(&mut self, request: AdvisoryLock, _: &mut Context<Self>) -> AdvisoryResponse {
-        if self.sessions.contains_key(&request.key) {
+        if self.sessions.contains_key(&request.key) || !self.pending_keys.insert(request.key) {
             let error = Error::new(
                 ErrorKind::AlreadyHeld,
                 format!(
@@ -98,13 +132,25 @@ impl Handler<AdvisoryLock> for LockManager {
             );
             return AdvisoryResponse(None, Some(error));
         }
-        AdvisoryResponse(Some((request, self.config.clone())), None)
+        let idle = self.idle_sessions.pop();
+        AdvisoryResponse(
+            Some(AdvisoryJob {
+                request,
+                config: self.config.clone(),
+                idle,
+            }),
+            None,
+        )
     }
 }
 
 impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
     fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<()>>>) {
-        let (request, config) = match self {
+        let AdvisoryJob {
+            request,
+            config,
+            idle,
+        } = match self {
             AdvisoryResponse(Some(job), None) => job,
             AdvisoryResponse(_, error) => {
                 if let Some(reply) = reply {
@@ -116,23 +162,23 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
         let AdvisoryLock { key, mode, wait } = request;
         let attempt = async move {
             let mut reply = reply;
-            let (client, connection) = match pgcoord::db::connect(&config).await {
-                Ok(pair) => pair,
-                Err(e) => return (Err(e), reply),
+            // A parked session is reused when its connection is still open.
+            let pinned = match idle.filter(|p| !p.client.is_closed()) {
+                Some(pinned) => pinned,
+                None => match Pinned::open(&config).await {
+                    Ok(pinned) => pinned,
+                    Err(e) => return (Err((e, None)), reply),
+                },
             };
-            let driver = tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    debug!(error = %e, "advisory session ended");
-                }
-            });
+            let client = &pinned.client;
             let locking = async {
                 match wait {
-                    None if advisory::try_lock(&client, key, mode).await? => Ok(()),
+                    None if advisory::try_lock(client, key, mode).await? => Ok(()),
                     None => Err(Error::new(
                         ErrorKind::NotAcquired,
                         format!("advisory lock {key} is held elsewhere"),
                     )),
-                    Some(timeout) => advisory::lock(&client, key, mode, timeout).await,
+                    Some(timeout) => advisory::lock(client, key, mode, timeout).await,
                 }
             };
             let gone = async {
@@ -141,25 +187,32 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                 }
             };
             let cancel = client.cancel_token();
-            let result = tokio::select! {
-                result = locking => result,
+            let (result, clean) = tokio::select! {
+                // A refused try or an expired lock_timeout leaves the session holding nothing.
+                result = locking => {
+                    let clean = matches!(&result, Err(e) if e.is_not_acquired());
+                    (result, clean)
+                }
                 _ = gone => {
                     // Dropping the wait does not stop it on the server: cancel it there, then
                     // close the session so nothing it might still get is kept.
                     let _ = cancel.cancel_query(NoTls).await;
-                    Err(Error::new(ErrorKind::Timeout, "caller gave up"))
+                    (Err(Error::new(ErrorKind::Timeout, "caller gave up")), false)
                 }
             };
-            let session = result.map(|()| Session {
-                client: Arc::new(client),
-                mode,
-                driver,
-                pinging: false,
-            });
+            let session = match result {
+                Ok(()) => Ok(Session {
+                    pinned: Arc::new(pinned),
+                    mode,
+                    pinging: false,
+                }),
+                Err(e) => Err((e, clean.then_some(pinned))),
+            };
             (session, reply)
         };
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(attempt).map(
             move |(session, reply), act, _| {
+                act.pending_keys.remove(&key);
                 match (session, reply) {
                     (Ok(session), Some(reply)) if !reply.is_closed() => {
                         act.sessions.insert(key, session);
@@ -169,10 +222,14 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                     (Ok(_), _) => {
                         debug!(key, "advisory lock granted after its caller left; released")
                     }
-                    (Err(e), Some(reply)) => {
-                        let _ = reply.send(Err(e));
+                    (Err((e, clean)), reply) => {
+                        if let Some(pinned) = clean {
+                            act.park(pinned);
+                        }
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(e));
+                        }
                     }
-                    (Err(_), None) => {}
                 }
             },
         ));
@@ -195,22 +252,33 @@ impl Handler<AdvisoryUnlock> for LockManager {
             return Box::pin(actix::fut::ready(Err(error)));
         };
         let unlock = async move {
-            let result = advisory::unlock(&session.client, key, session.mode).await;
-            drop(session);
-            result
+            let result = advisory::unlock(&session.pinned.client, key, session.mode).await;
+            // Unlocked, the session holds nothing and can serve the next lock.
+            let reusable = result
+                .is_ok()
+                .then(|| Arc::try_unwrap(session.pinned).ok())
+                .flatten();
+            (result, reusable)
         };
-        Box::pin(unlock.into_actor(self).map(move |result, act, _| {
-            if let Err(e) = &result
-                && e.is_lock_lost()
-            {
-                // The session no longer held it: that is a loss nobody was told about.
-                act.broadcast(LockLost {
-                    key: LockKey::Advisory(key),
-                    token: None,
-                    reason: LossReason::ConnectionLost,
-                });
-            }
-            result
-        }))
+        Box::pin(
+            unlock
+                .into_actor(self)
+                .map(move |(result, reusable), act, _| {
+                    if let Some(pinned) = reusable {
+                        act.park(pinned);
+                    }
+                    if let Err(e) = &result
+                        && e.is_lock_lost()
+                    {
+                        // The session no longer held it: that is a loss nobody was told about.
+                        act.broadcast(LockLost {
+                            key: LockKey::Advisory(key),
+                            token: None,
+                            reason: LossReason::ConnectionLost,
+                        });
+                    }
+                    result
+                }),
+        )
     }
 }

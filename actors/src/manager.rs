@@ -39,6 +39,10 @@ pub struct LockManager {
     subscribers: Vec<Recipient<LockLost>>,
     listener: Option<JoinHandle<()>>,
     pub(crate) sessions: HashMap<i64, crate::advisory::Session>,
+    /// Advisory keys whose acquire is under way, so a concurrent second acquire is refused.
+    pub(crate) pending_keys: std::collections::HashSet<i64>,
+    /// Open sessions that hold no lock, kept for reuse.
+    pub(crate) idle_sessions: Vec<crate::advisory::Pinned>,
     renewing: bool,
     stats: ManagerStats,
 }
@@ -54,6 +58,8 @@ impl LockManager {
             subscribers: Vec::new(),
             listener: None,
             sessions: HashMap::new(),
+            pending_keys: Default::default(),
+            idle_sessions: Vec::new(),
             renewing: false,
             stats: ManagerStats::default(),
             config,
@@ -219,6 +225,7 @@ impl Actor for LockManager {
         }
         // Closing an advisory session releases its locks on the server.
         self.sessions.clear();
+        self.idle_sessions.clear();
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();

@@ -309,3 +309,43 @@ async fn stopping_the_manager_releases_every_lock() {
         assert_eq!(locks(&admin, k).await, (0, 0));
     }
 }
+
+/// The backend holding the advisory key.
+async fn holder_pid(admin: &Client, key: i64) -> i32 {
+    admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = 0
+             AND objid::text::bigint = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[actix_rt::test]
+async fn a_session_that_holds_nothing_is_reused() {
+    let (setup, admin) = setup().await;
+    let (a, b) = (
+        manager_with(&setup, "a", &setup.pg),
+        manager_with(&setup, "b", &setup.pg),
+    );
+    let (k1, k2, k3) = (key(), key(), key());
+    a.send(AdvisoryLock::new(k1)).await.unwrap().unwrap();
+    let first = holder_pid(&admin, k1).await;
+    a.send(AdvisoryUnlock(k1)).await.unwrap().unwrap();
+    a.send(AdvisoryLock::new(k2)).await.unwrap().unwrap();
+    assert_eq!(holder_pid(&admin, k2).await, first, "same session, reused");
+    assert_eq!(
+        locks(&admin, k1).await,
+        (0, 0),
+        "holding nothing from before"
+    );
+    // A refused try leaves its session clean, too; a concurrent second acquire is refused.
+    b.send(AdvisoryLock::new(k3)).await.unwrap().unwrap();
+    let (x, y) = (a.send(AdvisoryLock::new(k3)), a.send(AdvisoryLock::new(k3)));
+    let (x, y) = (x.await.unwrap().unwrap_err(), y.await.unwrap().unwrap_err());
+    let mut kinds = [x.kind(), y.kind()];
+    kinds.sort_by_key(|k| format!("{k:?}"));
+    assert_eq!(kinds, [ErrorKind::AlreadyHeld, ErrorKind::NotAcquired]);
+}
