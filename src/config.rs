@@ -27,6 +27,8 @@ pub struct Config {
     pub(crate) ping_timeout: Duration,
     pub(crate) pool_size: u32,
     pub(crate) pool_timeout: Duration,
+    pub(crate) inline_limit: usize,
+    pub(crate) payload_ttl: Duration,
 }
 
 impl Config {
@@ -84,6 +86,14 @@ impl Config {
     pub fn pool_timeout(&self) -> Duration {
         self.pool_timeout
     }
+    /// Payloads larger than this many bytes travel through the payload store.
+    pub fn inline_limit(&self) -> usize {
+        self.inline_limit
+    }
+    /// How long a stored payload lives.
+    pub fn payload_ttl(&self) -> Duration {
+        self.payload_ttl
+    }
 }
 
 enum Connection {
@@ -108,6 +118,8 @@ pub struct ConfigBuilder {
     pool_timeout: Duration,
     application_name: Option<String>,
     connect_timeout: Duration,
+    inline_limit: usize,
+    payload_ttl: Duration,
 }
 
 impl Default for ConfigBuilder {
@@ -127,6 +139,8 @@ impl Default for ConfigBuilder {
             pool_timeout: Duration::from_secs(30),
             application_name: None,
             connect_timeout: Duration::from_secs(10),
+            inline_limit: 4096,
+            payload_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -232,6 +246,20 @@ impl ConfigBuilder {
         self
     }
 
+    /// Payloads larger than this many bytes go to the payload store and only their key travels;
+    /// smaller ones still go to the store when their encoded envelope would reach PostgreSQL's
+    /// 8,000-byte limit. Default: 4,096.
+    pub fn inline_limit(mut self, bytes: usize) -> Self {
+        self.inline_limit = bytes;
+        self
+    }
+
+    /// How long a stored payload lives before `delete_expired` may remove it. Default: 1 h.
+    pub fn payload_ttl(mut self, ttl: Duration) -> Self {
+        self.payload_ttl = ttl;
+        self
+    }
+
     /// Validates every value and returns the configuration, or the first error found.
     pub fn build(self) -> Result<Config> {
         let mut pg = match self.connection {
@@ -300,6 +328,7 @@ impl ConfigBuilder {
             ("ping timeout", self.ping_timeout),
             ("pool timeout", self.pool_timeout),
             ("connect timeout", self.connect_timeout),
+            ("payload time-to-live", self.payload_ttl),
         ] {
             if value.is_zero() {
                 return Err(Error::new(
@@ -327,6 +356,8 @@ impl ConfigBuilder {
             ping_timeout: self.ping_timeout,
             pool_size: self.pool_size,
             pool_timeout: self.pool_timeout,
+            inline_limit: self.inline_limit,
+            payload_ttl: self.payload_ttl,
         })
     }
 }

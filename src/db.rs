@@ -43,6 +43,15 @@ pub async fn connect(config: &Config) -> Result<Dedicated> {
     Ok((client, connection))
 }
 
+/// Opens a dedicated connection whose application_name says what it is for (`"<name> <role>"`,
+/// for instance `pgcoord listener`), so it can be told apart in `pg_stat_activity`.
+pub async fn connect_as(config: &Config, role: &str) -> Result<Dedicated> {
+    let mut pg = config.pg.clone();
+    let name = format!("{} {role}", pg.get_application_name().unwrap_or("pgcoord"));
+    pg.application_name(&name);
+    Ok(pg.connect(NoTls).await?)
+}
+
 /// Opens a dedicated connection and drives it on a tokio task, logging how it ended. For
 /// sessions that do not need the connection's asynchronous messages.
 pub async fn connect_spawned(config: &Config) -> Result<Client> {

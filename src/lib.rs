@@ -13,6 +13,8 @@
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
+//! - [`signal`] — the notification envelope, its text encoding and measurement, NOTIFY.
+//! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
 //! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
 #![deny(missing_docs)]
 
@@ -24,7 +26,9 @@ pub mod embedded;
 pub mod error;
 pub mod ident;
 pub mod lease;
+pub mod payload;
 pub mod schema;
+pub mod signal;
 
 pub use config::{Config, ConfigBuilder};
 pub use db::Pool;

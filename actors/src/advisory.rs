@@ -27,7 +27,7 @@ pub(crate) struct Pinned {
 
 impl Pinned {
     async fn open(config: &pgcoord::Config) -> Result<Pinned> {
-        let (client, connection) = pgcoord::db::connect(config).await?;
+        let (client, connection) = pgcoord::db::connect_as(config, "advisory").await?;
         let driver = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 debug!(error = %e, "advisory session ended");

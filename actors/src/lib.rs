@@ -9,6 +9,13 @@
 //! - [`advisory`] — advisory locks on dedicated, pinged sessions ([`AdvisoryLock`], [`AdvisoryUnlock`]).
 //! - [`lease`] — [`Lease`], the handle of a held lease: token, data, fencing guard, loss signal;
 //!   released when dropped.
+//! - [`listener`] — [`ListenerActor`]: the process's one LISTEN connection, supervised and
+//!   reconnecting, with `ConnState` broadcasts; routing (private `dispatch`) to subscribers,
+//!   handlers and pending requests.
+//! - [`signal_messages`] — [`Publish`], [`Subscribe`], [`WaitNext`], [`Serve`], [`Request`],
+//!   [`SubscribeConnState`], and what subscribers receive: [`Signal`], [`ConnState`].
+//! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
+//! - [`coordinator`] — [`Coordinator`]: starts all three actors.
 //! - [`with_lock`] — run work under a lease, cancelled when the lease is lost.
 //! - `acquire`, `wake` (private) — the wait of one acquire, and the FIFO queues and LISTEN
 //!   connection that wake waiters.
@@ -16,13 +23,23 @@
 
 mod acquire;
 pub mod advisory;
+pub mod coordinator;
+mod dispatch;
 pub mod lease;
+pub mod listener;
 pub mod manager;
 pub mod messages;
+pub mod payload_actor;
+pub mod signal_messages;
 mod wake;
 pub mod with_lock;
 
+pub use coordinator::Coordinator;
+pub use dispatch::{RequestResponse, RoundTrip};
 pub use lease::Lease;
+pub use listener::ListenerActor;
 pub use manager::LockManager;
 pub use messages::*;
+pub use payload_actor::{DeleteExpired, GetPayload, PayloadStoreActor, PutPayload};
+pub use signal_messages::*;
 pub use with_lock::with_lock;

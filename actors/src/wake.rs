@@ -88,7 +88,7 @@ pub(crate) fn spawn_listener(
 }
 
 async fn listen(config: &Config, channel: &Ident, queues: &Queues) -> pgcoord::Result<()> {
-    let (client, mut connection) = pgcoord::db::connect(config).await?;
+    let (client, mut connection) = pgcoord::db::connect_as(config, "lease waker").await?;
     // The connection must be polled for LISTEN to complete, so drive it concurrently.
     let driver = async {
         while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {

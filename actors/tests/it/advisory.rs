@@ -1,19 +1,15 @@
 //! Advisory locks through the LockManager: contention, modes, waits, cancellation, and lost
 //! sessions (terminated and black-holed).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
 use pgcoord::embedded::unique_name;
 use pgcoord_actors::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio_postgres::Client;
 
-use super::{Collector, Setup};
+use super::{Collector, Proxy, Setup};
 
 const FAST: Duration = Duration::from_millis(200);
 
@@ -214,69 +210,15 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
     assert_eq!(lost.received().len(), 1, "reported once");
 }
 
-/// A TCP proxy to the test database that can be told to stop forwarding while keeping both
-/// sockets open, as a network partition looks to a client.
-async fn black_hole_proxy(pg: &tokio_postgres::Config) -> (u16, Arc<AtomicBool>) {
-    let upstream = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => {
-            format!("{host}:{}", pg.get_ports().first().copied().unwrap_or(5432))
-        }
-        _ => panic!("the proxy needs a TCP database"),
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let holed = Arc::new(AtomicBool::new(false));
-    let flag = holed.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = TcpStream::connect(&upstream).await.unwrap();
-            let (cr, cw) = client.into_split();
-            let (sr, sw) = server.into_split();
-            for (mut from, mut to) in [
-                (
-                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-                ),
-                (Box::new(sr), Box::new(cw)),
-            ] {
-                let flag = flag.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 16 * 1024];
-                    while let Ok(n) = from.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        if flag.load(Ordering::SeqCst) {
-                            // Swallow everything, keep the sockets open.
-                            std::future::pending::<()>().await;
-                        }
-                        if to.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    (port, holed)
-}
-
 #[actix_rt::test]
 async fn a_black_holed_session_is_reported_stalled() {
     let (setup, _) = setup().await;
-    let (port, holed) = black_hole_proxy(&setup.pg).await;
-    // Config::host and ::port append, so build the proxied settings afresh.
-    let mut via_proxy = tokio_postgres::Config::new();
-    via_proxy.host("127.0.0.1").port(port);
-    via_proxy.user(setup.pg.get_user().unwrap_or("postgres"));
-    via_proxy.dbname(setup.pg.get_dbname().unwrap_or("postgres"));
-    if let Some(password) = setup.pg.get_password() {
-        via_proxy.password(password);
-    }
+    let proxy = Proxy::start(&setup.pg).await;
+    let via_proxy = proxy.pg_config(&setup.pg);
     let (a, k) = (manager_with(&setup, "a", &via_proxy), key());
     let lost = Collector::subscribe(&a).await;
     a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
-    holed.store(true, Ordering::SeqCst);
+    proxy.cut();
     let cut = Instant::now();
     while lost.received().is_empty() {
         assert!(cut.elapsed() < Duration::from_secs(5), "not reported");

@@ -1,0 +1,38 @@
+//! [`Coordinator`]: starts the three actors in the current actix System.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord::payload::PayloadTable;
+
+use crate::listener::ListenerActor;
+use crate::manager::LockManager;
+use crate::payload_actor::PayloadStoreActor;
+
+/// The addresses of a process's pgcoord actors.
+#[derive(Clone)]
+pub struct Coordinator {
+    /// Leases and advisory locks.
+    pub locks: Addr<LockManager>,
+    /// Publish/subscribe and request/reply (supervised).
+    pub signals: Addr<ListenerActor>,
+    /// The payload store and its expiry timer.
+    pub payloads: Addr<PayloadStoreActor>,
+}
+
+impl Coordinator {
+    /// Starts a `LockManager`, a supervised `ListenerActor` with the payload table as its store,
+    /// and a `PayloadStoreActor`. Must run inside an actix System; the tables must exist
+    /// (`pgcoord::schema::migrate`).
+    pub fn start(config: Config) -> Coordinator {
+        let table = PayloadTable::new(&config, pgcoord::db::pool(&config));
+        let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));
+        Coordinator {
+            signals: ListenerActor::new(config.clone(), Some(Arc::new(table.clone())))
+                .start_supervised(),
+            payloads: PayloadStoreActor::new(table, expire_every).start(),
+            locks: LockManager::new(config).start(),
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! What `ListenerActor` does with messages: routing notifications to subscribers, handlers and
+//! pending requests, and the handlers of `Publish`, `Subscribe`, `WaitNext`, `Serve`, `Request`.
+
+use std::time::Instant;
+
+use actix::dev::{MessageResponse, OneshotSender};
+use actix::prelude::*;
+use pgcoord::ident::Ident;
+use pgcoord::payload::PayloadStore;
+use pgcoord::signal::{self, Body, Envelope, Kind};
+use pgcoord::{Error, ErrorKind, Pool, Result};
+use tokio::sync::oneshot;
+use tracing::{debug, warn};
+
+use crate::listener::{Channel, ListenerActor};
+use crate::signal_messages::Request;
+use crate::signal_messages::*;
+
+impl ListenerActor {
+    /// Routes one notification. Never waits: stored payloads and handlers run on their own.
+    pub(crate) fn dispatch(&mut self, channel: &str, text: &str, ctx: &mut Context<Self>) {
+        let envelope = match Envelope::decode(text) {
+            Ok(envelope) => envelope,
+            Err(e) => return self.garbage(channel, &e),
+        };
+        if channel == self.reply_channel.as_str() {
+            return match envelope.kind {
+                Kind::Reply => self.on_reply(envelope),
+                _ => self.garbage(channel, &"not a reply on the reply channel"),
+            };
+        }
+        match envelope.kind {
+            Kind::Event => match &envelope.body {
+                Body::Inline(payload) => self.deliver(channel, envelope.id, payload.clone()),
+                Body::Stored(_) => {
+                    let store = self.store.clone();
+                    let channel = channel.to_owned();
+                    let open = async move {
+                        signal::open(&envelope, store.as_deref())
+                            .await
+                            .map(|p| (envelope.id, p))
+                    };
+                    ctx.spawn(open.into_actor(self).map(move |result, act, _| match result {
+                        Ok((id, payload)) => act.deliver(&channel, id, payload),
+                        Err(e) => warn!(%channel, error = %e, "cannot fetch a stored payload; message skipped"),
+                    }));
+                }
+            },
+            Kind::Request => {
+                if let Some(handler) = self.channels.get(channel).and_then(|c| c.handler.clone()) {
+                    self.answer(envelope, handler);
+                }
+            }
+            _ => self.garbage(channel, &"a reply on a non-reply channel"),
+        }
+    }
+
+    fn garbage(&mut self, channel: &str, why: &dyn std::fmt::Display) {
+        self.stats.garbage += 1;
+        warn!(%channel, error = %why, "skipping a notification that is not a pgcoord message");
+    }
+
+    /// Hands a message to every waiter and subscriber of `channel` without blocking.
+    fn deliver(&mut self, channel: &str, id: u64, payload: Vec<u8>) {
+        let Some(entry) = self.channels.get_mut(channel) else {
+            return;
+        };
+        let signal = Signal {
+            channel: channel.to_owned(),
+            id,
+            payload,
+        };
+        let stats = &mut self.stats;
+        for waiter in entry.waiters.drain(..) {
+            if waiter.send(signal.clone()).is_ok() {
+                stats.delivered += 1;
+            }
+        }
+        entry.subscribers.retain(|subscriber| match subscriber.try_send(signal.clone()) {
+            Ok(()) => {
+                stats.delivered += 1;
+                true
+            }
+            Err(SendError::Full(_)) => {
+                stats.overflowed += 1;
+                if stats.overflowed.is_power_of_two() {
+                    warn!(%channel, overflowed = stats.overflowed, "a subscriber's mailbox is full; messages dropped for it");
+                }
+                true
+            }
+            Err(SendError::Closed(_)) => false,
+        });
+    }
+
+    fn on_reply(&mut self, envelope: Envelope) {
+        let Some(waiting) = self.pending.remove(&envelope.id) else {
+            self.stats.unmatched_replies += 1;
+            debug!(id = envelope.id, "reply for no pending request dropped");
+            return;
+        };
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let result = match &envelope.error {
+                Some(error) => Err(Error::new(ErrorKind::Remote, error.clone())),
+                None => signal::open(&envelope, store.as_deref()).await,
+            };
+            let _ = waiting.send(result);
+        });
+    }
+
+    /// Runs `handler` on its own task and sends what it returns (or its panic) as the reply.
+    fn answer(&mut self, request: Envelope, handler: RequestHandler) {
+        let Some(reply_to) = request.reply_to.as_deref().and_then(|c| Ident::new(c).ok()) else {
+            return self.garbage("?", &"a request without a valid reply channel");
+        };
+        let (pool, store, limit) = (
+            self.pool.clone(),
+            self.store.clone(),
+            self.config.inline_limit(),
+        );
+        tokio::spawn(async move {
+            let outcome = match signal::open(&request, store.as_deref()).await {
+                Ok(payload) => match tokio::spawn(handler(payload)).await {
+                    Ok(outcome) => outcome,
+                    Err(e) if e.is_panic() => Err("the request handler panicked".to_owned()),
+                    Err(_) => Err("the request handler was cancelled".to_owned()),
+                },
+                Err(e) => Err(format!("cannot read the request payload: {e}")),
+            };
+            let mut reply = Envelope::new(Kind::Reply, Vec::new());
+            reply.id = request.id;
+            let payload = match outcome {
+                Ok(payload) => payload,
+                Err(error) => {
+                    reply.error = Some(error);
+                    Vec::new()
+                }
+            };
+            if let Err(e) = send(&pool, store.as_deref(), &reply_to, reply, payload, limit).await {
+                warn!(channel = %reply_to, error = %e, "cannot send a reply");
+            }
+        });
+    }
+}
+
+/// Seals `payload` into `envelope` (through the store when large) and NOTIFYs it.
+async fn send(
+    pool: &Pool,
+    store: Option<&dyn PayloadStore>,
+    channel: &Ident,
+    envelope: Envelope,
+    payload: Vec<u8>,
+    inline_limit: usize,
+) -> Result<()> {
+    let text = signal::seal(envelope, payload, store, inline_limit).await?;
+    let client = pool.get().await?;
+    signal::notify(&*client, channel, &text).await
+}
+
+fn channel_ident(channel: &str) -> Result<Ident> {
+    Ident::new(channel)
+}
+
+impl Handler<Publish> for ListenerActor {
+    type Result = ResponseFuture<Result<()>>;
+
+    fn handle(
+        &mut self,
+        Publish { channel, payload }: Publish,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let (pool, store, limit) = (
+            self.pool.clone(),
+            self.store.clone(),
+            self.config.inline_limit(),
+        );
+        Box::pin(async move {
+            let channel = channel_ident(&channel)?;
+            send(
+                &pool,
+                store.as_deref(),
+                &channel,
+                Envelope::new(Kind::Event, Vec::new()),
+                payload,
+                limit,
+            )
+            .await
+        })
+    }
+}
+
+impl ListenerActor {
+    fn channel_entry(&mut self, channel: &Ident) -> &mut Channel {
+        self.channels
+            .entry(channel.as_str().to_owned())
+            .or_insert_with(|| Channel {
+                subscribers: Vec::new(),
+                waiters: Vec::new(),
+                handler: None,
+            })
+    }
+}
+
+impl Handler<Subscribe> for ListenerActor {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(
+        &mut self,
+        Subscribe { channel, recipient }: Subscribe,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let channel = match channel_ident(&channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        self.channel_entry(&channel).subscribers.push(recipient);
+        self.listen_one(channel)
+    }
+}
+
+impl Handler<Serve> for ListenerActor {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(&mut self, Serve { channel, handler }: Serve, _: &mut Context<Self>) -> Self::Result {
+        let channel = match channel_ident(&channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        self.channel_entry(&channel).handler = Some(handler);
+        self.listen_one(channel)
+    }
+}
+
+impl Handler<WaitNext> for ListenerActor {
+    type Result = ResponseActFuture<Self, Result<Signal>>;
+
+    fn handle(&mut self, WaitNext(channel): WaitNext, _: &mut Context<Self>) -> Self::Result {
+        let channel = match channel_ident(&channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        let (tx, rx) = oneshot::channel();
+        self.channel_entry(&channel).waiters.push(tx);
+        Box::pin(self.listen_one(channel).then(|listened, act, _| {
+            async move {
+                listened?;
+                rx.await
+                    .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))
+            }
+            .into_actor(act)
+        }))
+    }
+}
+
+/// The reply to [`Request`]: the round trip runs inside the listener, watching the reply channel
+/// so a caller that gives up is forgotten at once.
+pub struct RequestResponse(std::result::Result<RoundTrip, Error>);
+
+/// One request on its way.
+pub struct RoundTrip {
+    id: u64,
+    deadline: Option<Instant>,
+    reply: oneshot::Receiver<Result<Vec<u8>>>,
+    send: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
+}
+
+impl Handler<Request> for ListenerActor {
+    type Result = RequestResponse;
+
+    fn handle(&mut self, request: Request, _: &mut Context<Self>) -> RequestResponse {
+        let channel = match channel_ident(&request.channel) {
+            Ok(channel) => channel,
+            Err(e) => return RequestResponse(Err(e)),
+        };
+        let mut envelope = Envelope::new(Kind::Request, Vec::new());
+        envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
+        let id = envelope.id;
+        // Registered before anything is sent, so no reply can arrive unexpected.
+        let (tx, rx) = oneshot::channel();
+        self.pending.insert(id, tx);
+        let ready = self.replies_ready();
+        let (pool, store, limit) = (
+            self.pool.clone(),
+            self.store.clone(),
+            self.config.inline_limit(),
+        );
+        let payload = request.payload;
+        let send = Box::pin(async move {
+            ready.await;
+            self::send(&pool, store.as_deref(), &channel, envelope, payload, limit).await
+        });
+        RequestResponse(Ok(RoundTrip {
+            id,
+            deadline: request.timeout.map(|t| Instant::now() + t),
+            reply: rx,
+            send,
+        }))
+    }
+}
+
+impl MessageResponse<ListenerActor, Request> for RequestResponse {
+    fn handle(
+        self,
+        ctx: &mut Context<ListenerActor>,
+        reply: Option<OneshotSender<Result<Vec<u8>>>>,
+    ) {
+        let trip = match self.0 {
+            Ok(trip) => trip,
+            Err(e) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(e));
+                }
+                return;
+            }
+        };
+        let RoundTrip {
+            id,
+            deadline,
+            reply: answer,
+            send,
+        } = trip;
+        let round_trip = async move {
+            let mut reply = reply;
+            let work = async {
+                send.await?;
+                answer
+                    .await
+                    .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))?
+            };
+            let deadline_passed = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let caller_gone = async {
+                if let Some(reply) = reply.as_mut() {
+                    reply.closed().await
+                }
+            };
+            let outcome = tokio::select! {
+                outcome = work => Some(outcome),
+                _ = deadline_passed => Some(Err(Error::new(ErrorKind::Timeout, "no reply before the deadline"))),
+                _ = caller_gone => None,
+            };
+            (outcome, reply)
+        };
+        ctx.spawn(actix::fut::wrap_future::<_, ListenerActor>(round_trip).map(
+            move |(outcome, reply), act, _| {
+                act.pending.remove(&id);
+                if let (Some(outcome), Some(reply)) = (outcome, reply) {
+                    let _ = reply.send(outcome);
+                }
+            },
+        ));
+    }
+}

@@ -1,0 +1,334 @@
+//! [`ListenerActor`]: the one LISTEN connection of a process, its subscriptions, handlers and
+//! pending requests, reconnected under a `Supervisor`.
+//!
+//! The connection is a dedicated tokio-postgres connection whose messages are read with
+//! `Connection::poll_message` as the actor's stream (a pooled connection would drop them). When
+//! it fails, closes, or leaves a ping unanswered for `ping_timeout`, the actor stops and its
+//! supervisor restarts it: the state (subscriptions, handlers, pending requests) survives, a new
+//! connection is opened after a backoff, every channel is LISTENed again, and only then is
+//! `Reconnected` broadcast. Routing of what arrives is in `dispatch`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures_util::stream::poll_fn;
+use pgcoord::ident::Ident;
+use pgcoord::payload::PayloadStore;
+use pgcoord::{Config, Error, ErrorKind, Pool, Result};
+use tokio::sync::oneshot;
+use tokio_postgres::{AsyncMessage, Client};
+use tracing::{info, warn};
+
+use crate::signal_messages::*;
+
+/// One channel this process listens on.
+pub(crate) struct Channel {
+    pub(crate) subscribers: Vec<Recipient<Signal>>,
+    pub(crate) waiters: Vec<oneshot::Sender<Signal>>,
+    pub(crate) handler: Option<RequestHandler>,
+}
+
+/// The actor owning the process's LISTEN connection. Start it with
+/// [`ListenerActor::start_supervised`].
+pub struct ListenerActor {
+    pub(crate) config: Config,
+    pub(crate) pool: Pool,
+    pub(crate) store: Option<Arc<dyn PayloadStore>>,
+    pub(crate) reply_channel: Ident,
+    client: Option<Arc<Client>>,
+    ready: bool,
+    ever_connected: bool,
+    ready_waiters: Vec<oneshot::Sender<()>>,
+    pub(crate) channels: HashMap<String, Channel>,
+    pub(crate) pending: HashMap<u64, oneshot::Sender<Result<Vec<u8>>>>,
+    conn_subscribers: Vec<Recipient<ConnState>>,
+    failures: u32,
+    pub(crate) stats: ListenerStats,
+}
+
+impl ListenerActor {
+    /// A listener for `config`; payloads too large for a notification go to `store` (without
+    /// one they are [`ErrorKind::PayloadTooLarge`]).
+    pub fn new(config: Config, store: Option<Arc<dyn PayloadStore>>) -> ListenerActor {
+        let reply_channel = Ident::new(&format!("pgcoord_reply_{:016x}", random_id()))
+            .expect("a valid generated identifier");
+        ListenerActor {
+            pool: pgcoord::db::pool(&config),
+            config,
+            store,
+            reply_channel,
+            client: None,
+            ready: false,
+            ever_connected: false,
+            ready_waiters: Vec::new(),
+            channels: HashMap::new(),
+            pending: HashMap::new(),
+            conn_subscribers: Vec::new(),
+            failures: 0,
+            stats: ListenerStats::default(),
+        }
+    }
+
+    /// Starts the listener under a `Supervisor` in the current actix System.
+    pub fn start_supervised(self) -> Addr<ListenerActor> {
+        Supervisor::start(move |_| self)
+    }
+
+    /// The channel this process's replies arrive on.
+    pub fn reply_channel(&self) -> &Ident {
+        &self.reply_channel
+    }
+
+    fn connect(&mut self, ctx: &mut Context<Self>) {
+        let config = self.config.clone();
+        let connect = async move { pgcoord::db::connect_as(&config, "listener").await };
+        ctx.spawn(
+            connect
+                .into_actor(self)
+                .map(|result, act, ctx| match result {
+                    Ok((client, mut connection)) => {
+                        act.stats.connections += 1;
+                        ctx.add_stream(poll_fn(move |cx| connection.poll_message(cx)));
+                        act.client = Some(Arc::new(client));
+                        act.listen_all(ctx);
+                    }
+                    Err(e) => act.fail(
+                        ctx,
+                        ConnState::Disconnected {
+                            error: e.to_string(),
+                        },
+                    ),
+                }),
+        );
+    }
+
+    /// LISTENs on every channel in one batch, then announces the connection.
+    fn listen_all(&mut self, ctx: &mut Context<Self>) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let batch: String = std::iter::once(self.reply_channel.quoted())
+            .chain(
+                self.channels
+                    .keys()
+                    .map(|c| Ident::new(c).expect("validated on entry").quoted()),
+            )
+            .map(|c| format!("LISTEN {c};"))
+            .collect();
+        let listen = async move { client.batch_execute(&batch).await };
+        ctx.spawn(
+            listen
+                .into_actor(self)
+                .map(|result, act, ctx| match result {
+                    Ok(()) => {
+                        act.ready = true;
+                        act.failures = 0;
+                        let state = if act.ever_connected {
+                            ConnState::Reconnected
+                        } else {
+                            ConnState::Connected
+                        };
+                        act.ever_connected = true;
+                        info!(channels = act.channels.len(), ?state, "listener ready");
+                        act.broadcast(state);
+                        for waiter in act.ready_waiters.drain(..) {
+                            let _ = waiter.send(());
+                        }
+                    }
+                    Err(e) => act.fail(
+                        ctx,
+                        ConnState::Disconnected {
+                            error: e.to_string(),
+                        },
+                    ),
+                }),
+        );
+    }
+
+    fn ping(&mut self, ctx: &mut Context<Self>) {
+        let (Some(client), true) = (self.client.clone(), self.ready) else {
+            return;
+        };
+        let timeout = self.config.ping_timeout();
+        let ping = async move { tokio::time::timeout(timeout, client.simple_query("")).await };
+        ctx.spawn(ping.into_actor(self).map(|result, act, ctx| match result {
+            Err(_) => act.fail(ctx, ConnState::Stalled),
+            Ok(Err(e)) => act.fail(
+                ctx,
+                ConnState::Disconnected {
+                    error: e.to_string(),
+                },
+            ),
+            Ok(Ok(_)) => {}
+        }));
+    }
+
+    /// Reports `state` and stops, so the supervisor restarts the actor on a new connection.
+    fn fail(&mut self, ctx: &mut Context<Self>, state: ConnState) {
+        if ctx.state() != ActorState::Running {
+            return;
+        }
+        warn!(?state, "listener connection lost; reconnecting");
+        self.failures += 1;
+        self.broadcast(state);
+        ctx.stop();
+    }
+
+    fn broadcast(&mut self, state: ConnState) {
+        self.conn_subscribers
+            .retain(|s| s.try_send(state.clone()).is_ok() || s.connected());
+    }
+
+    /// Resolves once every LISTEN of the current connection is confirmed.
+    fn when_ready(&mut self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        if self.ready {
+            let _ = tx.send(());
+        } else {
+            self.ready_waiters.push(tx);
+        }
+        rx
+    }
+
+    /// Makes sure `channel` is listened on, waiting for a connection if there is none.
+    pub(crate) fn listen_one(&mut self, channel: Ident) -> ResponseActFuture<Self, Result<()>> {
+        let ready = self.when_ready();
+        Box::pin(ready.into_actor(self).then(move |_, act, _| {
+            let client = act.client.clone();
+            async move {
+                let client = client.ok_or_else(|| {
+                    Error::new(ErrorKind::Unavailable, "listener is reconnecting")
+                })?;
+                client
+                    .batch_execute(&format!("LISTEN {};", channel.quoted()))
+                    .await?;
+                Ok(())
+            }
+            .into_actor(act)
+        }))
+    }
+
+    /// Waits until the reply channel is listened on; requests must not go out before.
+    pub(crate) fn replies_ready(&mut self) -> impl Future<Output = ()> + 'static {
+        let ready = self.when_ready();
+        async move {
+            let _ = ready.await;
+        }
+    }
+}
+
+impl Actor for ListenerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let delay = backoff(self.failures);
+        if delay.is_zero() {
+            self.connect(ctx);
+        } else {
+            ctx.run_later(delay, |act, ctx| act.connect(ctx));
+        }
+        ctx.run_interval(self.config.ping_interval(), |act, ctx| act.ping(ctx));
+    }
+}
+
+impl Supervised for ListenerActor {
+    fn restarting(&mut self, _: &mut Context<Self>) {
+        self.client = None;
+        self.ready = false;
+    }
+}
+
+impl StreamHandler<std::result::Result<AsyncMessage, tokio_postgres::Error>> for ListenerActor {
+    fn handle(
+        &mut self,
+        message: std::result::Result<AsyncMessage, tokio_postgres::Error>,
+        ctx: &mut Context<Self>,
+    ) {
+        match message {
+            Ok(AsyncMessage::Notification(n)) => self.dispatch(n.channel(), n.payload(), ctx),
+            Ok(_) => {}
+            Err(e) => self.fail(
+                ctx,
+                ConnState::Disconnected {
+                    error: e.to_string(),
+                },
+            ),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        self.fail(
+            ctx,
+            ConnState::Disconnected {
+                error: "connection closed".into(),
+            },
+        );
+    }
+}
+
+impl Handler<SubscribeConnState> for ListenerActor {
+    type Result = ();
+
+    fn handle(&mut self, SubscribeConnState(recipient): SubscribeConnState, _: &mut Context<Self>) {
+        self.conn_subscribers.push(recipient);
+    }
+}
+
+impl Handler<ListeningChannels> for ListenerActor {
+    type Result = ResponseFuture<Result<Vec<String>>>;
+
+    fn handle(&mut self, _: ListeningChannels, _: &mut Context<Self>) -> Self::Result {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let client = client
+                .ok_or_else(|| Error::new(ErrorKind::Unavailable, "listener is reconnecting"))?;
+            let rows = client
+                .query("SELECT pg_listening_channels()::text ORDER BY 1", &[])
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+}
+
+impl Handler<GetListenerStats> for ListenerActor {
+    type Result = ListenerStats;
+
+    fn handle(&mut self, _: GetListenerStats, _: &mut Context<Self>) -> ListenerStats {
+        ListenerStats {
+            pending_requests: self.pending.len(),
+            ..self.stats.clone()
+        }
+    }
+}
+
+/// No delay for the first connection, then 100 ms doubling up to 5 s.
+fn backoff(failures: u32) -> Duration {
+    match failures {
+        0 => Duration::ZERO,
+        n => (Duration::from_millis(100) * 2u32.pow(n.min(6) - 1)).min(Duration::from_secs(5)),
+    }
+}
+
+pub(crate) fn random_id() -> u64 {
+    // The core's envelope ids come from the same source.
+    pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, Vec::new()).id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(0), Duration::ZERO);
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(
+            backoff(30),
+            Duration::from_secs(5).min(Duration::from_millis(3200))
+        );
+    }
+}

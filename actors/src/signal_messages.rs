@@ -1,0 +1,211 @@
+//! The messages `ListenerActor` answers, and what it sends to subscribers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Result;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A message received on a channel.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct Signal {
+    /// The channel it arrived on.
+    pub channel: String,
+    /// The sender's message id.
+    pub id: u64,
+    /// The payload bytes (fetched from the payload store when it travelled by key).
+    pub payload: Vec<u8>,
+}
+
+impl Signal {
+    /// The payload decoded from MessagePack.
+    pub fn value<T: DeserializeOwned>(&self) -> Result<T> {
+        pgcoord::signal::from_payload(&self.payload)
+    }
+}
+
+/// The state of the listening connection, broadcast to [`SubscribeConnState`] recipients.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+#[non_exhaustive]
+pub enum ConnState {
+    /// First connection, every LISTEN confirmed.
+    Connected,
+    /// The connection failed or closed; a new one is on its way.
+    Disconnected {
+        /// What happened.
+        error: String,
+    },
+    /// The connection stopped answering pings; it is being replaced.
+    Stalled,
+    /// Connected again and every LISTEN confirmed. Notifications sent during the gap were not
+    /// delivered: resync whatever they drive.
+    Reconnected,
+}
+
+/// Send `payload` to every subscriber of `channel`, in every process. Fire and forget.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Publish {
+    pub(crate) channel: String,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Publish {
+    /// Raw bytes.
+    pub fn new(channel: impl Into<String>, payload: impl Into<Vec<u8>>) -> Publish {
+        Publish {
+            channel: channel.into(),
+            payload: payload.into(),
+        }
+    }
+
+    /// A serde value, as MessagePack.
+    pub fn value<T: Serialize + ?Sized>(channel: impl Into<String>, value: &T) -> Result<Publish> {
+        Ok(Publish::new(channel, pgcoord::signal::to_payload(value)?))
+    }
+}
+
+/// Deliver every message on `channel` to `recipient`, through its mailbox without waiting: when
+/// the mailbox is full the message is dropped for that recipient, counted and warned about.
+/// Resolves once the channel is being listened on.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Subscribe {
+    /// The channel.
+    pub channel: String,
+    /// Who receives.
+    pub recipient: Recipient<Signal>,
+}
+
+/// Wait for the next message on `channel` (bound it with `send(..).timeout(..)`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Signal>")]
+pub struct WaitNext(pub String);
+
+/// What a request handler returns: the reply payload, or an error message for the caller.
+pub type HandlerResult = std::result::Result<Vec<u8>, String>;
+
+/// A request handler: the request payload in, the reply out. It runs on its own task, so a slow
+/// or panicking handler never stalls or kills the listener; a panic becomes an error reply.
+pub type RequestHandler =
+    Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = HandlerResult> + Send>> + Send + Sync>;
+
+/// Answer requests on `channel` with `handler` (replacing an earlier one). Resolves once the
+/// channel is being listened on.
+#[derive(Message)]
+#[rtype(result = "Result<()>")]
+pub struct Serve {
+    pub(crate) channel: String,
+    pub(crate) handler: RequestHandler,
+}
+
+impl Serve {
+    /// Serve raw bytes.
+    pub fn new<F, Fut>(channel: impl Into<String>, handler: F) -> Serve
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        Serve {
+            channel: channel.into(),
+            handler: Arc::new(move |payload| Box::pin(handler(payload))),
+        }
+    }
+
+    /// Serve typed requests: MessagePack in, MessagePack out; a handler's `Err` is the caller's
+    /// [`pgcoord::ErrorKind::Remote`] error.
+    pub fn typed<Req, Rep, E, F, Fut>(channel: impl Into<String>, handler: F) -> Serve
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Rep: Serialize + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Rep, E>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        Serve::new(channel, move |payload: Vec<u8>| {
+            let handler = handler.clone();
+            async move {
+                let request: Req =
+                    pgcoord::signal::from_payload(&payload).map_err(|e| e.to_string())?;
+                let reply = handler(request).await.map_err(|e| e.to_string())?;
+                pgcoord::signal::to_payload(&reply).map_err(|e| e.to_string())
+            }
+        })
+    }
+}
+
+/// A round trip: send `payload` on `channel` and wait for one handler's reply. A handler's error
+/// is [`pgcoord::ErrorKind::Remote`]; with a [`timeout`](Request::timeout), no reply in time is
+/// [`pgcoord::ErrorKind::Timeout`]. Dropping the request forgets it; a late reply is dropped.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub(crate) channel: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Message for Request {
+    type Result = Result<Vec<u8>>;
+}
+
+impl Request {
+    /// Raw bytes.
+    pub fn new(channel: impl Into<String>, payload: impl Into<Vec<u8>>) -> Request {
+        Request {
+            channel: channel.into(),
+            payload: payload.into(),
+            timeout: None,
+        }
+    }
+
+    /// A serde value, as MessagePack; decode the reply with `pgcoord::signal::from_payload`.
+    pub fn value<T: Serialize + ?Sized>(channel: impl Into<String>, value: &T) -> Result<Request> {
+        Ok(Request::new(channel, pgcoord::signal::to_payload(value)?))
+    }
+
+    /// Give up after `timeout`. Default: wait until the caller drops the request.
+    pub fn timeout(mut self, timeout: Duration) -> Request {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// Register for [`ConnState`] broadcasts.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SubscribeConnState(pub Recipient<ConnState>);
+
+/// Counters of what the listener has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct ListenerStats {
+    /// Messages delivered to subscribers and waiters.
+    pub delivered: u64,
+    /// Messages dropped because a subscriber's mailbox was full.
+    pub overflowed: u64,
+    /// Notifications that were not valid envelopes, skipped.
+    pub garbage: u64,
+    /// Replies that arrived for no pending request (late, or a second handler's), dropped.
+    pub unmatched_replies: u64,
+    /// Requests waiting for a reply now.
+    pub pending_requests: usize,
+    /// Connections opened, the first included.
+    pub connections: u64,
+}
+
+/// Ask for [`ListenerStats`].
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "ListenerStats")]
+pub struct GetListenerStats;
+
+/// The channels the listener's current session is listening on, from `pg_listening_channels()`
+/// on that very session.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<String>>")]
+pub struct ListeningChannels;

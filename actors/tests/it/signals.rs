@@ -1,0 +1,578 @@
+//! Signals through the ListenerActor: publish/subscribe, request/reply, payload sizes and the
+//! store, reconnection after real faults, garbage, slow subscribers, panicking handlers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord::embedded::unique_name;
+use pgcoord::payload::{PayloadStore, PayloadTable};
+use pgcoord::signal::{Envelope, Kind, NOTIFY_LIMIT};
+use pgcoord_actors::Request;
+use pgcoord_actors::*;
+
+use super::{Collector, Proxy, Setup};
+
+const FAST: Duration = Duration::from_millis(200);
+
+async fn setup() -> (Setup, tokio_postgres::Client) {
+    Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await
+}
+
+fn config(setup: &Setup, pg: &tokio_postgres::Config, inline_limit: usize) -> pgcoord::Config {
+    setup
+        .builder("signals")
+        .pg_config(pg)
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .inline_limit(inline_limit)
+        .build()
+        .unwrap()
+}
+
+fn store(config: &pgcoord::Config) -> Arc<PayloadTable> {
+    Arc::new(PayloadTable::new(config, pgcoord::db::pool(config)))
+}
+
+/// A started listener on `pg` with the payload table as its store.
+fn listener_on(
+    setup: &Setup,
+    pg: &tokio_postgres::Config,
+    inline_limit: usize,
+) -> Addr<ListenerActor> {
+    let config = config(setup, pg, inline_limit);
+    let store = store(&config);
+    ListenerActor::new(config, Some(store)).start_supervised()
+}
+
+fn listener(setup: &Setup) -> Addr<ListenerActor> {
+    listener_on(setup, &setup.pg, 4096)
+}
+
+async fn subscribe(listener: &Addr<ListenerActor>, channel: &str) -> Collector<Signal> {
+    let (collector, recipient) = Collector::start_new();
+    listener
+        .send(Subscribe {
+            channel: channel.into(),
+            recipient,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    collector
+}
+
+async fn stored_rows(admin: &tokio_postgres::Client, setup: &Setup) -> i64 {
+    let sql = format!("SELECT count(*) FROM \"{}_p\"", setup.table);
+    admin.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+#[actix_rt::test]
+async fn a_publish_reaches_subscribers_in_two_runtimes() {
+    let (setup, _) = setup().await;
+    let channel = unique_name("events");
+    // A second actix System on its own thread, as a second process would be.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (other_setup, other_channel) = (setup.clone(), channel.clone());
+    let other = std::thread::spawn(move || {
+        System::new().block_on(async move {
+            let listener = listener(&other_setup);
+            let collector = subscribe(&listener, &other_channel).await;
+            tx.send(()).unwrap();
+            collector.wait_for(1, Duration::from_secs(10)).await
+        })
+    });
+    let here = listener(&setup);
+    let local = subscribe(&here, &channel).await;
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    here.send(Publish::value(&channel, "hello").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let received = local.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(received[0].value::<String>().unwrap(), "hello");
+    let remote = other.join().unwrap();
+    assert_eq!(remote[0].value::<String>().unwrap(), "hello");
+    assert_eq!(remote[0].channel, channel);
+}
+
+#[actix_rt::test]
+async fn typed_request_reply_and_remote_errors() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Add {
+        a: i64,
+        b: i64,
+    }
+    let (setup, _) = setup().await;
+    let (server, client) = (listener(&setup), listener(&setup));
+    let channel = unique_name("adder");
+    let serve = Serve::typed(&channel, |add: Add| async move {
+        if add.b == 0 {
+            Err("b must not be zero")
+        } else {
+            Ok(add.a + add.b)
+        }
+    });
+    server.send(serve).await.unwrap().unwrap();
+    let reply = client
+        .send(Request::value(&channel, &Add { a: 40, b: 2 }).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(pgcoord::signal::from_payload::<i64>(&reply).unwrap(), 42);
+    let err = client
+        .send(Request::value(&channel, &Add { a: 1, b: 0 }).unwrap())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Remote);
+    assert!(err.to_string().contains("b must not be zero"), "{err}");
+}
+
+#[actix_rt::test]
+async fn without_a_handler_the_deadline_ends_the_request_and_nothing_leaks() {
+    let (setup, _) = setup().await;
+    let client = listener(&setup);
+    let started = Instant::now();
+    let err = client
+        .send(
+            Request::new(unique_name("nobody"), b"hi".to_vec()).timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // A caller that gives up through actix's timeout is forgotten too.
+    let gave_up = client
+        .send(Request::new(unique_name("nobody"), b"hi".to_vec()))
+        .timeout(FAST)
+        .await;
+    assert!(matches!(gave_up, Err(MailboxError::Timeout)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        client
+            .send(GetListenerStats)
+            .await
+            .unwrap()
+            .pending_requests,
+        0
+    );
+}
+
+#[actix_rt::test]
+async fn with_two_handlers_exactly_one_reply_is_used() {
+    let (setup, _) = setup().await;
+    let (first, second, client) = (listener(&setup), listener(&setup), listener(&setup));
+    let channel = unique_name("twice");
+    for (server, name) in [(&first, "first"), (&second, "second")] {
+        let serve = Serve::new(
+            &channel,
+            move |_| async move { Ok(name.as_bytes().to_vec()) },
+        );
+        server.send(serve).await.unwrap().unwrap();
+    }
+    let reply = client
+        .send(Request::new(&channel, b"who".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reply == b"first" || reply == b"second");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = client.send(GetListenerStats).await.unwrap();
+    assert_eq!(
+        (stats.unmatched_replies, stats.pending_requests),
+        (1, 0),
+        "the second reply was dropped"
+    );
+}
+
+#[actix_rt::test]
+async fn a_thousand_concurrent_requests_are_all_correlated() {
+    let (setup, _) = setup().await;
+    let (server, client) = (listener(&setup), listener(&setup));
+    let channel = unique_name("echo");
+    server
+        .send(Serve::new(&channel, |p| async move { Ok(p) }))
+        .await
+        .unwrap()
+        .unwrap();
+    let requests: Vec<_> = (0..1000u32)
+        .map(|i| {
+            client.send(
+                Request::new(&channel, i.to_be_bytes().to_vec()).timeout(Duration::from_secs(30)),
+            )
+        })
+        .collect();
+    for (i, request) in requests.into_iter().enumerate() {
+        assert_eq!(request.await.unwrap().unwrap(), (i as u32).to_be_bytes());
+    }
+}
+
+/// A MessagePack string payload, with multi-byte UTF-8, whose event envelope encodes to exactly
+/// `target` bytes.
+fn payload_for(target: usize) -> Vec<u8> {
+    for ascii in 0..NOTIFY_LIMIT {
+        let text = format!("żółw ✓ {}", "x".repeat(ascii));
+        let payload = pgcoord::signal::to_payload(&text).unwrap();
+        let len = Envelope::new(Kind::Event, payload.clone())
+            .encoded_len()
+            .unwrap();
+        if len == target {
+            return payload;
+        }
+    }
+    panic!("no payload encodes to {target} bytes")
+}
+
+#[actix_rt::test]
+async fn envelopes_at_the_notify_limit_go_inline_or_through_the_store_intact() {
+    let (setup, admin) = setup().await;
+    // A high inline limit, so the encoded size alone decides.
+    let listener = listener_on(&setup, &setup.pg, 100_000);
+    let channel = unique_name("limit");
+    let collector = subscribe(&listener, &channel).await;
+    for (target, stored) in [
+        (NOTIFY_LIMIT - 1, false),
+        (NOTIFY_LIMIT, true),
+        (NOTIFY_LIMIT + 1, true),
+    ] {
+        let payload = payload_for(target);
+        let before = stored_rows(&admin, &setup).await;
+        let n = collector.received().len() + 1;
+        listener
+            .send(Publish::new(&channel, payload.clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        let received = collector.wait_for(n, Duration::from_secs(5)).await;
+        assert_eq!(
+            received[n - 1].payload,
+            payload,
+            "{target} bytes arrive intact"
+        );
+        let went_to_store = stored_rows(&admin, &setup).await > before;
+        assert_eq!(went_to_store, stored, "{target}-byte envelope");
+    }
+}
+
+#[actix_rt::test]
+async fn oversize_payloads_without_a_store_are_refused_before_sending() {
+    let (setup, _) = setup().await;
+    let config = config(&setup, &setup.pg, 4096);
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let err = listener
+        .send(Publish::new(unique_name("big"), vec![7u8; 5000]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PayloadTooLarge);
+}
+
+#[actix_rt::test]
+async fn a_one_mebibyte_round_trip_goes_through_the_store() {
+    let (setup, admin) = setup().await;
+    let (server, client) = (listener(&setup), listener(&setup));
+    let channel = unique_name("big");
+    server
+        .send(Serve::new(&channel, |mut p: Vec<u8>| async move {
+            p.reverse();
+            Ok(p)
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let payload: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let reply = client
+        .send(Request::new(&channel, payload.clone()).timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut expected = payload;
+    expected.reverse();
+    assert!(reply == expected, "1 MiB arrives reversed and intact");
+    assert_eq!(
+        stored_rows(&admin, &setup).await,
+        2,
+        "request and reply both stored"
+    );
+}
+
+#[actix_rt::test]
+async fn a_missing_store_row_is_a_typed_error() {
+    let (setup, admin) = setup().await;
+    let config = config(&setup, &setup.pg, 4096);
+    let table = store(&config);
+    let key = table.put(b"soon gone".to_vec()).await.unwrap();
+    assert_eq!(table.get(&key).await.unwrap(), b"soon gone");
+    admin
+        .execute(&format!("DELETE FROM \"{}_p\"", setup.table), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        table.get(&key).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        table.get("not-a-key").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let actor = PayloadStoreActor::new((*table).clone(), Duration::from_secs(3600)).start();
+    let err = actor.send(GetPayload(key)).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    // Expired rows are deleted by delete_expired.
+    let short = setup
+        .builder("x")
+        .payload_table(format!("{}_p", setup.table))
+        .payload_ttl(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let short = PayloadTable::new(&short, pgcoord::db::pool(&short));
+    let key = short.put(b"x".to_vec()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        short.get(&key).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(actor.send(DeleteExpired).await.unwrap().unwrap(), 1);
+}
+
+async fn conn_states(listener: &Addr<ListenerActor>) -> Collector<ConnState> {
+    let (collector, recipient) = Collector::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
+    collector
+}
+
+#[actix_rt::test]
+async fn a_terminated_listener_reconnects_relistens_and_delivers_again() {
+    let (setup, admin) = setup().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("signals")
+        .application_name(&app)
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .build()
+        .unwrap();
+    let states_listener = ListenerActor::new(config, None).start_supervised();
+    let states = conn_states(&states_listener).await;
+    let (a, b) = (unique_name("a"), unique_name("b"));
+    let (on_a, on_b) = (
+        subscribe(&states_listener, &a).await,
+        subscribe(&states_listener, &b).await,
+    );
+    assert_eq!(
+        states.wait_for(1, Duration::from_secs(5)).await[0],
+        ConnState::Connected
+    );
+    let before = states_listener
+        .send(ListeningChannels)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(before.contains(&a) && before.contains(&b));
+
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("{app} listener")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1);
+    let seen = states.wait_for(3, Duration::from_secs(10)).await;
+    assert!(
+        matches!(seen[1], ConnState::Disconnected { .. }),
+        "{seen:?}"
+    );
+    assert_eq!(seen[2], ConnState::Reconnected);
+    let after = states_listener
+        .send(ListeningChannels)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        after, before,
+        "every channel listened on again, on the new session"
+    );
+    states_listener
+        .send(Publish::new(&a, b"again".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    states_listener
+        .send(Publish::new(&b, b"again".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    on_a.wait_for(1, Duration::from_secs(5)).await;
+    on_b.wait_for(1, Duration::from_secs(5)).await;
+}
+
+#[actix_rt::test]
+async fn a_black_holed_listener_is_stalled_then_reconnected() {
+    let (setup, _) = setup().await;
+    let proxy = Proxy::start(&setup.pg).await;
+    let listener = listener_on(&setup, &proxy.pg_config(&setup.pg), 4096);
+    let states = conn_states(&listener).await;
+    let channel = unique_name("holed");
+    let collector = subscribe(&listener, &channel).await;
+    states.wait_for(1, Duration::from_secs(5)).await;
+    proxy.cut();
+    let cut = Instant::now();
+    let seen = states.wait_for(3, Duration::from_secs(10)).await;
+    assert_eq!(seen[1], ConnState::Stalled, "{seen:?}");
+    assert!(cut.elapsed() < Duration::from_secs(5));
+    assert_eq!(seen[2], ConnState::Reconnected);
+    listener
+        .send(Publish::new(&channel, b"through".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    collector.wait_for(1, Duration::from_secs(5)).await;
+}
+
+#[actix_rt::test]
+async fn garbage_is_skipped_and_the_next_message_delivered() {
+    let (setup, admin) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("noisy");
+    let collector = subscribe(&listener, &channel).await;
+    for garbage in ["hello", "{\"v\":1}", "✓"] {
+        admin
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &garbage])
+            .await
+            .unwrap();
+    }
+    listener
+        .send(Publish::new(&channel, b"valid".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    let received = collector.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(received[0].payload, b"valid");
+    assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 3);
+}
+
+/// A subscriber that takes 50 ms per message on its own thread, with a mailbox of 1.
+struct Slow;
+impl Actor for Slow {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1);
+    }
+}
+impl Handler<Signal> for Slow {
+    type Result = ();
+    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[actix_rt::test]
+async fn a_slow_subscriber_does_not_hold_up_the_others() {
+    let (setup, _) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("fanout");
+    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow);
+    listener
+        .send(Subscribe {
+            channel: channel.clone(),
+            recipient: slow.recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let fast = subscribe(&listener, &channel).await;
+    let started = Instant::now();
+    for i in 0..200u32 {
+        listener
+            .send(Publish::new(&channel, i.to_be_bytes().to_vec()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let received = fast.wait_for(200, Duration::from_secs(10)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not paced by the slow one"
+    );
+    let order: Vec<u32> = received
+        .iter()
+        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(order, (0..200).collect::<Vec<_>>(), "in order, none lost");
+    assert!(
+        listener.send(GetListenerStats).await.unwrap().overflowed > 0,
+        "the slow one's overflow is counted"
+    );
+}
+
+#[actix_rt::test]
+async fn a_panicking_handler_gives_an_error_reply_and_serving_goes_on() {
+    let (setup, _) = setup().await;
+    let (server, client) = (listener(&setup), listener(&setup));
+    let channel = unique_name("fragile");
+    server
+        .send(Serve::new(&channel, |p: Vec<u8>| async move {
+            if p == b"boom" {
+                panic!("handler exploded");
+            }
+            Ok(p)
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = client
+        .send(Request::new(&channel, b"boom".to_vec()))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Remote);
+    assert!(err.to_string().contains("panicked"));
+    let ok = client
+        .send(Request::new(&channel, b"fine".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ok, b"fine");
+}
+
+#[actix_rt::test]
+async fn wait_next_returns_the_next_message_and_bad_channels_are_refused() {
+    let (setup, _) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("once");
+    let next = listener.send(WaitNext(channel.clone()));
+    let publisher = listener.clone();
+    let ch = channel.clone();
+    actix_rt::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        publisher
+            .send(Publish::new(&ch, b"first".to_vec()))
+            .await
+            .unwrap()
+            .unwrap();
+    });
+    assert_eq!(next.await.unwrap().unwrap().payload, b"first");
+    for bad in ["", "x; LISTEN y", "chännel", &"c".repeat(64)] {
+        let err = listener
+            .send(Publish::new(bad, b"x".to_vec()))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidIdentifier, "{bad:?}");
+        let (_, recipient) = Collector::<Signal>::start_new();
+        let err = listener
+            .send(Subscribe {
+                channel: bad.into(),
+                recipient,
+            })
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidIdentifier);
+    }
+}

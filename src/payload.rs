@@ -1,0 +1,97 @@
+//! The payload store: where payloads too large for a notification travel by key.
+//!
+//! Every process listening on a channel receives the same notification and may need the same
+//! payload, so rows are not deleted on read: they expire after a time-to-live (default 1 h) and
+//! [`PayloadTable::delete_expired`] reclaims them. A key whose row is gone is
+//! [`ErrorKind::NotFound`], never a hang.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use crate::config::Config;
+use crate::db::Pool;
+use crate::error::{Error, ErrorKind, Result};
+
+/// A boxed future, as the dyn-compatible [`PayloadStore`] returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Somewhere every process that may receive a notification can put and get payloads.
+pub trait PayloadStore: Send + Sync + 'static {
+    /// Stores `payload` and returns its key.
+    fn put(&self, payload: Vec<u8>) -> BoxFuture<'_, Result<String>>;
+    /// The payload stored under `key`; [`ErrorKind::NotFound`] when there is none.
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<u8>>>;
+}
+
+/// The [`PayloadStore`] in PostgreSQL: `bytea` rows with an expiry, in the configured payload
+/// table (see `migrations/0002_payloads.sql`).
+#[derive(Clone)]
+pub struct PayloadTable {
+    pool: Pool,
+    insert: String,
+    select: String,
+    delete_expired: String,
+    ttl: Duration,
+}
+
+impl PayloadTable {
+    /// The payload table of `config`, using `pool`; rows live for `config.payload_ttl()`.
+    pub fn new(config: &Config, pool: Pool) -> PayloadTable {
+        let t = config.payload_table().quoted();
+        PayloadTable {
+            pool,
+            insert: format!(
+                "INSERT INTO {t} (data, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
+                 RETURNING key::text"
+            ),
+            select: format!("SELECT data FROM {t} WHERE key = $1::text::uuid AND expires_at > now()"),
+            delete_expired: format!("DELETE FROM {t} WHERE expires_at <= now()"),
+            ttl: config.payload_ttl(),
+        }
+    }
+
+    /// Deletes expired rows; returns how many.
+    pub async fn delete_expired(&self) -> Result<u64> {
+        let client = self.pool.get().await?;
+        Ok(client.execute_typed(&self.delete_expired, &[]).await?)
+    }
+}
+
+impl PayloadStore for PayloadTable {
+    fn put(&self, payload: Vec<u8>) -> BoxFuture<'_, Result<String>> {
+        Box::pin(async move {
+            let ttl = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
+            let client = self.pool.get().await?;
+            let row = client
+                .query_typed_one(&self.insert, &[(&payload, Type::BYTEA), (&ttl, Type::INT8)])
+                .await?;
+            Ok(row.try_get(0)?)
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<u8>>> {
+        Box::pin(async move {
+            let not_found = || {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("payload {key:?} is not in the store (expired or deleted)"),
+                )
+            };
+            // A key that is not even a UUID cannot be in the table.
+            if key.len() != 36 || !key.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+                return Err(not_found());
+            }
+            let client = self.pool.get().await?;
+            let rows = client
+                .query_typed(&self.select, &[(&key, Type::TEXT)])
+                .await?;
+            match rows.first() {
+                Some(row) => Ok(row.try_get(0)?),
+                None => Err(not_found()),
+            }
+        })
+    }
+}
