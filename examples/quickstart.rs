@@ -1,37 +1,83 @@
-//! Quickstart: connect, apply pgcoord's schema, and show what it created.
+//! Quickstart: the tour of pgcoord — schema, a lease with its fencing token, an advisory lock,
+//! an event and a request/reply round trip, all through one `Coordinator`.
 //!
 //! Run with `cargo run --example quickstart`. It uses `DATABASE_URL` when set, and otherwise
 //! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
 
-use pgcoord::{Config, schema};
+use std::time::Duration;
 
-#[tokio::main]
+use pgcoord::{Config, schema};
+use pgcoord_actors::{
+    Acquire, AdvisoryLock, AdvisoryUnlock, Coordinator, Publish, Serve, WaitNext,
+};
+
+#[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Keep the throwaway server (if one was started) alive until the end of main.
     let (server, pg) = pgcoord::embedded::from_env_or_start()?;
     if let Some(server) = &server {
         println!("started a throwaway PostgreSQL on port {}", server.port());
     }
     let config = Config::builder().pg_config(&pg).build()?;
-    println!("owner identity: {}", config.owner());
-
-    let client = pgcoord::db::connect_spawned(&config).await?;
+    let mut client = pgcoord::db::connect_spawned(&config).await?;
     schema::migrate(&client, &config).await?;
-    let rows = client
-        .query(
-            "SELECT c.relname::text, CASE c.relkind WHEN 'r' THEN 'table' WHEN 'S' THEN 'sequence'
-             ELSE 'index' END FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = current_schema() AND c.relname LIKE 'pgcoord%' ORDER BY 1",
-            &[],
-        )
-        .await?;
-    println!("schema applied; pgcoord's objects:");
-    for row in rows {
-        println!(
-            "  {:<28} {}",
-            row.get::<_, String>(0),
-            row.get::<_, String>(1)
-        );
-    }
+    println!(
+        "schema applied: {} and {}",
+        config.lock_table(),
+        config.payload_table()
+    );
+    let coord = Coordinator::start(config.clone());
+
+    // A lease: named, kept alive by heartbeats, with a fencing token.
+    let lease = coord
+        .locks
+        .send(Acquire::new("leader").data(b"node-1".to_vec()))
+        .await??;
+    println!(
+        "lease {:?} held by {}, token {}",
+        lease.name(),
+        config.owner(),
+        lease.token()
+    );
+    let tx = client.transaction().await?;
+    lease.fence(&tx).await?; // fails unless the lease is still ours; holds off takeover
+    tx.commit().await?;
+    let other = Coordinator::start(
+        Config::builder()
+            .pg_config(&pg)
+            .owner("someone-else")
+            .build()?,
+    );
+    let refused = other
+        .locks
+        .send(Acquire::new("leader").fail_if_locked())
+        .await?
+        .unwrap_err();
+    println!("a second owner, fail-if-locked: {refused}");
+    lease.release().await?;
+
+    // An advisory lock on a dedicated, pinged session.
+    let key = pgcoord::advisory::key_for_name("nightly-report");
+    coord.locks.send(AdvisoryLock::new(key)).await??;
+    println!("advisory lock {key} held");
+    coord.locks.send(AdvisoryUnlock(key)).await??;
+
+    // An event, and a request answered by the other "process".
+    let next = coord.signals.send(WaitNext("greetings".into()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    other
+        .signals
+        .send(Publish::value("greetings", "hello")?)
+        .await??;
+    println!("event received: {:?}", next.await??.value::<String>()?);
+
+    other
+        .signals
+        .send(Serve::typed("double", |n: i64| async move {
+            Ok::<_, String>(n * 2)
+        }))
+        .await??;
+    let request = pgcoord_actors::Request::value("double", &21i64)?.timeout(Duration::from_secs(5));
+    let reply: i64 = pgcoord::signal::from_payload(&coord.signals.send(request).await??)?;
+    println!("request/reply: 21 doubled is {reply}");
     Ok(())
 }

@@ -1,0 +1,275 @@
+//! Lease workloads: acquire+release (1 and 8 clients), contended handoff and fairness,
+//! takeover past expiry, heartbeat cost and memory for many held leases.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::lease::Attempt;
+use pgcoord::{Config, LeaseTable};
+use pgcoord_actors::{Acquire, GetStats, LockManager};
+
+use crate::Sizes;
+use crate::report::{Report, Samples, ms};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn config(
+    pg: &tokio_postgres::Config,
+    owner: &str,
+    lease: Duration,
+    heartbeat: Duration,
+) -> Config {
+    Config::builder()
+        .pg_config(pg)
+        .owner(owner)
+        .lock_table("bench_locks")
+        .lease(lease)
+        .heartbeat(heartbeat)
+        .pool_size(16)
+        .build()
+        .unwrap()
+}
+
+/// The raw floor: pgcoord's own acquire and release statements, back to back, `clients`
+/// dedicated connections at once.
+async fn floor(cfg: &Config, clients: usize, pairs: usize) -> Res<(f64, Samples)> {
+    let table = Arc::new(LeaseTable::new(cfg));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (table, cfg) = (table.clone(), cfg.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = pgcoord::db::connect_spawned(&cfg).await.unwrap();
+            let mut samples = Vec::new();
+            for i in 0..pairs / clients {
+                let t = Instant::now();
+                let name = format!("raw-{c}-{i}");
+                let Attempt::Granted(g) = table
+                    .try_acquire(&client, &name, "raw", None, false, cfg.lease())
+                    .await
+                    .unwrap()
+                else {
+                    panic!("free")
+                };
+                table.release(&client, &name, g.token, false).await.unwrap();
+                samples.push(t.elapsed());
+            }
+            samples
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    Ok((
+        all.len() as f64 / started.elapsed().as_secs_f64(),
+        Samples::new(all),
+    ))
+}
+
+async fn through_manager(
+    manager: &Addr<LockManager>,
+    clients: usize,
+    pairs: usize,
+) -> Res<(f64, Samples)> {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let manager = manager.clone();
+            actix_rt::spawn(async move {
+                let mut samples = Vec::new();
+                for i in 0..pairs / clients {
+                    let t = Instant::now();
+                    let lease = manager
+                        .send(Acquire::new(format!("u-{c}-{i}")))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    lease.release().await.unwrap();
+                    samples.push(t.elapsed());
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    Ok((
+        all.len() as f64 / started.elapsed().as_secs_f64(),
+        Samples::new(all),
+    ))
+}
+
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
+}
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let (lease, beat) = (Duration::from_secs(20), Duration::from_secs(5));
+    let admin_cfg = config(pg, "admin", lease, beat);
+    let admin = pgcoord::db::connect_spawned(&admin_cfg).await?;
+    pgcoord::schema::drop_tables(&admin, &admin_cfg).await?;
+    pgcoord::schema::migrate(&admin, &admin_cfg).await?;
+
+    let select_one = admin.prepare("SELECT 1").await?;
+    let t = Instant::now();
+    for _ in 0..sizes.pairs {
+        admin.query_one(&select_one, &[]).await?;
+    }
+    report.note(
+        "floor: prepared `SELECT 1` round trip",
+        ms(t.elapsed() / sizes.pairs as u32),
+    );
+
+    let manager = LockManager::new(config(pg, "bench", lease, beat)).start();
+    for clients in [1, 8] {
+        let (floor_rate, floor) = floor(&admin_cfg, clients, sizes.pairs).await?;
+        let (rate, ours) = through_manager(&manager, clients, sizes.pairs).await?;
+        report.rate(
+            &format!("lease acquire+release, {clients} client(s)"),
+            rate,
+            floor_rate,
+            "pairs/s",
+        );
+        report.time(
+            &format!("lease acquire+release, {clients} client(s), p50"),
+            ours.p(0.5),
+            floor.p(0.5),
+        );
+        report.time(
+            &format!("lease acquire+release, {clients} client(s), p99"),
+            ours.p(0.99),
+            floor.p(0.99),
+        );
+    }
+    let (_, floor) = floor(&admin_cfg, 1, sizes.pairs).await?;
+
+    // Contended handoff: 8 managers, as 8 processes would, loop on one name.
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handoffs = Arc::new(Mutex::new(Vec::new()));
+    let stop = Instant::now() + Duration::from_secs(sizes.contend_secs);
+    let tasks: Vec<_> = (0..8)
+        .map(|c| {
+            let manager =
+                LockManager::new(config(pg, &format!("contender-{c}"), lease, beat)).start();
+            let (released_at, handoffs) = (released_at.clone(), handoffs.clone());
+            actix_rt::spawn(async move {
+                let mut count = 0u32;
+                while Instant::now() < stop {
+                    let lease = manager
+                        .send(Acquire::new("contended"))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    if let Some(at) = released_at.lock().unwrap().take() {
+                        handoffs.lock().unwrap().push(at.elapsed());
+                    }
+                    count += 1;
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                    lease.release().await.unwrap();
+                }
+                count
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(t.await?);
+    }
+    let handoffs = Samples::new(Arc::try_unwrap(handoffs).unwrap().into_inner()?);
+    report.time(
+        "handoff, release sent → next holder, p50 (floor: one acquire+release)",
+        handoffs.p(0.5),
+        floor.p(0.5),
+    );
+    report.time("handoff p99", handoffs.p(0.99), floor.p(0.99));
+    report.note("handoff max", ms(handoffs.max()));
+    let mean = counts.iter().sum::<u32>() as f64 / counts.len() as f64;
+    let min = *counts.iter().min().unwrap() as f64;
+    report.note(
+        "fairness: acquisitions per contender, min ÷ mean",
+        format!("{:.2} ({counts:?})", min / mean),
+    );
+
+    // Takeover: a holder that never renews; how long past its expiry a waiter gets the lease.
+    let short = Duration::from_millis(500);
+    let table = LeaseTable::new(&admin_cfg);
+    let taker = LockManager::new(config(pg, "taker", short * 4, short)).start();
+    let mut late = Vec::new();
+    for i in 0..3 {
+        let name = format!("takeover-{i}");
+        let granted = Instant::now();
+        let Attempt::Granted(_) = table
+            .try_acquire(&admin, &name, "frozen", None, false, short)
+            .await?
+        else {
+            panic!("free")
+        };
+        let lease = taker.send(Acquire::new(&name)).await??;
+        late.push(granted.elapsed().saturating_sub(short));
+        lease.release().await?;
+    }
+    report.note(
+        "takeover after the holder stops renewing: time past expiry, worst of 3",
+        ms(*late.iter().max().unwrap()),
+    );
+
+    // Many held leases: memory, and the one renew statement per tick.
+    let holder = LockManager::new(config(
+        pg,
+        "holder",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    ))
+    .start();
+    let before = resident_bytes();
+    let requests: Vec<_> = (0..sizes.held)
+        .map(|i| holder.send(Acquire::new(format!("held-{i}"))))
+        .collect();
+    let mut held = Vec::new();
+    for r in requests {
+        held.push(r.await??);
+    }
+    let per_10k = (resident_bytes().saturating_sub(before)) as f64 * 10_000.0 / sizes.held as f64;
+    report.note(
+        &format!(
+            "resident memory per 10,000 held leases (measured with {})",
+            sizes.held
+        ),
+        format!("{:.1} MiB", per_10k / (1 << 20) as f64),
+    );
+    let stats = holder.send(GetStats).await?;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let ticks = holder.send(GetStats).await?.renew_statements - stats.renew_statements;
+    let snapshot: Vec<(String, i64)> = held
+        .iter()
+        .map(|l| (l.name().to_owned(), l.token()))
+        .collect();
+    let t = Instant::now();
+    let renewed = table
+        .renew(&admin, &snapshot, Duration::from_secs(60))
+        .await?;
+    assert_eq!(renewed.len(), held.len());
+    report.note(
+        &format!(
+            "heartbeat for {} held leases: statements per tick (3 ticks)",
+            sizes.held
+        ),
+        format!("{:.1}", ticks as f64 / 3.0),
+    );
+    report.note(
+        &format!(
+            "heartbeat for {} held leases: the renew statement's time",
+            sizes.held
+        ),
+        ms(t.elapsed()),
+    );
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! Advisory workloads: lock+unlock through the runtime against the raw pair, and how long a
+//! killed session takes to be reported.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord_actors::{AdvisoryLock, AdvisoryUnlock, LockLost, LockManager, SubscribeLockLost};
+
+use crate::Sizes;
+use crate::report::{Report, Samples, ms};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+struct Lost(tokio::sync::mpsc::UnboundedSender<Instant>);
+impl Actor for Lost {
+    type Context = Context<Self>;
+}
+impl Handler<LockLost> for Lost {
+    type Result = ();
+    fn handle(&mut self, _: LockLost, _: &mut Context<Self>) {
+        let _ = self.0.send(Instant::now());
+    }
+}
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let fast = Duration::from_millis(200);
+    let config = Config::builder()
+        .pg_config(pg)
+        .owner("bench-advisory")
+        .ping_interval(fast)
+        .ping_timeout(fast)
+        .build()?;
+    let admin = pgcoord::db::connect_spawned(&config).await?;
+    let (lock, unlock) = (
+        admin.prepare("SELECT pg_advisory_lock($1)").await?,
+        admin.prepare("SELECT pg_advisory_unlock($1)").await?,
+    );
+    let mut raw = Vec::new();
+    for key in 0..sizes.pairs as i64 {
+        let t = Instant::now();
+        admin.query_one(&lock, &[&key]).await?;
+        admin.query_one(&unlock, &[&key]).await?;
+        raw.push(t.elapsed());
+    }
+    let manager = LockManager::new(config).start();
+    let mut ours = Vec::new();
+    for key in 0..sizes.pairs as i64 {
+        let t = Instant::now();
+        manager.send(AdvisoryLock::new(key)).await??;
+        manager.send(AdvisoryUnlock(key)).await??;
+        ours.push(t.elapsed());
+    }
+    let (raw, ours) = (Samples::new(raw), Samples::new(ours));
+    report.time(
+        "advisory lock+unlock through the runtime, p50 (floor: the prepared raw pair)",
+        ours.p(0.5),
+        raw.p(0.5),
+    );
+    report.time("advisory lock+unlock p99", ours.p(0.99), raw.p(0.99));
+
+    // Detection of a killed session, with 200 ms interval and 200 ms timeout.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    manager
+        .send(SubscribeLockLost(Lost(tx).start().recipient()))
+        .await?;
+    let mut detect = Vec::new();
+    for key in 0..3i64 {
+        let key = 1_000_000 + key;
+        manager.send(AdvisoryLock::new(key)).await??;
+        let killed = Instant::now();
+        admin
+            .execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid::text::bigint = $1", &[&key])
+            .await?;
+        let at = rx.recv().await.expect("a loss report");
+        detect.push(at - killed);
+    }
+    report.note(
+        "killed session → LockLost, worst of 3 (200 ms interval + 200 ms timeout)",
+        ms(*detect.iter().max().unwrap()),
+    );
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
+//!
+//! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
+//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals`, `--write PATH` (also
+//! write the table, with the machine described, as markdown; docs/BENCHMARKS.md is made this
+//! way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
+
+mod leases;
+mod locks;
+mod report;
+mod signals;
+
+use report::Report;
+
+/// Sizes of one run.
+pub struct Sizes {
+    pub pairs: usize,
+    pub contend_secs: u64,
+    pub held: usize,
+    pub requests: usize,
+    pub fanout: usize,
+}
+
+#[actix::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = arg("--only");
+    let sizes = if quick {
+        Sizes {
+            pairs: 100,
+            contend_secs: 1,
+            held: 500,
+            requests: 50,
+            fanout: 2_000,
+        }
+    } else {
+        Sizes {
+            pairs: 2_000,
+            contend_secs: 5,
+            held: 10_000,
+            requests: 1_000,
+            fanout: 50_000,
+        }
+    };
+    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let mut report = Report::new(&pg).await?;
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("leases") {
+        leases::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("advisory") {
+        locks::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("signals") {
+        signals::run(&pg, &sizes, &mut report).await?;
+    }
+    report.print();
+    if let Some(path) = arg("--write") {
+        report.write(&path)?;
+        println!("written to {path}");
+    }
+    Ok(())
+}

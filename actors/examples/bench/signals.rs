@@ -1,0 +1,172 @@
+//! Signal workloads: raw NOTIFY→LISTEN latency, request/reply round trips, fan-out to actor
+//! subscribers, and a 1 MiB payload round trip through the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures_util::future::poll_fn;
+use pgcoord::Config;
+use pgcoord::payload::PayloadTable;
+use pgcoord::signal::{Envelope, Kind};
+use pgcoord_actors::Request;
+use pgcoord_actors::{ListenerActor, Serve, Signal, Subscribe};
+use tokio_postgres::AsyncMessage;
+
+use crate::Sizes;
+use crate::report::{Report, Samples};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+struct Counter(Arc<AtomicU64>);
+impl Actor for Counter {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1 << 20);
+    }
+}
+impl Handler<Signal> for Counter {
+    type Result = ();
+    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let config = Config::builder()
+        .pg_config(pg)
+        .owner("bench-signals")
+        .payload_table("bench_payloads")
+        .pool_size(16)
+        .build()?;
+    let admin = pgcoord::db::connect_spawned(&config).await?;
+    pgcoord::schema::migrate(&admin, &config).await?;
+    let notify = admin.prepare("SELECT pg_notify('bench_raw', $1)").await?;
+
+    // Floor: raw NOTIFY → LISTEN, one way.
+    let (listen_client, mut connection) = pgcoord::db::connect(&config).await?;
+    let (tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(_) = message {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    listen_client.batch_execute("LISTEN bench_raw").await?;
+    let mut one_way = Vec::new();
+    for i in 0..sizes.requests {
+        let sent = Instant::now();
+        admin.query_one(&notify, &[&i.to_string()]).await?;
+        one_way.push(arrivals.recv().await.unwrap() - sent);
+    }
+    let one_way = Samples::new(one_way);
+
+    // Request/reply between two listeners, as two processes.
+    let store = || {
+        Some(
+            Arc::new(PayloadTable::new(&config, pgcoord::db::pool(&config)))
+                as Arc<dyn pgcoord::payload::PayloadStore>,
+        )
+    };
+    let server = ListenerActor::new(config.clone(), store()).start_supervised();
+    let client = ListenerActor::new(config.clone(), store()).start_supervised();
+    server
+        .send(Serve::new("bench_echo", |p| async move { Ok(p) }))
+        .await??;
+    let mut trips = Vec::new();
+    for i in 0..sizes.requests {
+        let t = Instant::now();
+        client
+            .send(Request::new(
+                "bench_echo",
+                (i as u32).to_be_bytes().to_vec(),
+            ))
+            .await??;
+        trips.push(t.elapsed());
+    }
+    let trips = Samples::new(trips);
+    report.time(
+        "request/reply round trip, p50 (floor: two raw NOTIFY→LISTEN hops)",
+        trips.p(0.5),
+        one_way.p(0.5) * 2,
+    );
+    report.time(
+        "request/reply round trip, p99",
+        trips.p(0.99),
+        one_way.p(0.99) * 2,
+    );
+
+    // Fan-out: distinct envelopes, sent in batches, to 4 actor subscribers of one listener; the
+    // floor is the raw connection receiving the same notifications.
+    let count = Arc::new(AtomicU64::new(0));
+    for _ in 0..4 {
+        let recipient = Counter(count.clone()).start().recipient();
+        client
+            .send(Subscribe {
+                channel: "bench_raw".into(),
+                recipient,
+            })
+            .await??;
+    }
+    let texts: Vec<String> = (0..sizes.fanout)
+        .map(|i| {
+            Envelope::new(Kind::Event, (i as u64).to_be_bytes().to_vec())
+                .encode()
+                .unwrap()
+        })
+        .collect();
+    while arrivals.try_recv().is_ok() {}
+    let started = Instant::now();
+    for batch in texts.chunks(1000) {
+        admin
+            .execute(
+                "SELECT pg_notify('bench_raw', t) FROM unnest($1::text[]) AS t",
+                &[&batch],
+            )
+            .await?;
+    }
+    let mut raw_received = 0;
+    let mut raw_done = started;
+    while raw_received < sizes.fanout {
+        raw_done = arrivals.recv().await.unwrap();
+        raw_received += 1;
+    }
+    while count.load(Ordering::Relaxed) < 4 * sizes.fanout as u64 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let ours = started.elapsed();
+    let floor = raw_done - started;
+    report.rate("fan-out: notifications/s through one listener to 4 actor subscribers (floor: one raw connection)", sizes.fanout as f64 / ours.as_secs_f64(), sizes.fanout as f64 / floor.as_secs_f64(), "/s");
+    report.note(
+        "fan-out: deliveries/s to subscribers",
+        format!("{:.0} /s", 4.0 * sizes.fanout as f64 / ours.as_secs_f64()),
+    );
+
+    // 1 MiB round trip through the store, against a raw insert and select of the same bytes.
+    let payload: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    admin
+        .batch_execute("CREATE TEMP TABLE raw_blob (data bytea)")
+        .await?;
+    let t = Instant::now();
+    admin
+        .execute("INSERT INTO raw_blob VALUES ($1)", &[&payload])
+        .await?;
+    let _: Vec<u8> = admin
+        .query_one("SELECT data FROM raw_blob", &[])
+        .await?
+        .get(0);
+    let floor = t.elapsed();
+    let t = Instant::now();
+    let echoed = client
+        .send(Request::new("bench_echo", payload.clone()))
+        .await??;
+    assert!(echoed == payload);
+    report.time(
+        "1 MiB request/reply round trip (floor: one raw insert+select of 1 MiB)",
+        t.elapsed(),
+        floor,
+    );
+    Ok(())
+}
