@@ -10,6 +10,7 @@ use tracing::debug;
 
 use crate::lease::Lease;
 use crate::messages::Acquire;
+use crate::reply::caller_gone;
 use crate::wake::Queues;
 
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
@@ -36,14 +37,6 @@ pub(crate) enum Outcome {
 }
 
 pub(crate) type Reply = OneshotSender<Result<Lease>>;
-
-/// Resolves when the caller is gone (it dropped the request, or never wanted a reply).
-async fn caller_gone(reply: &mut Option<Reply>) {
-    // No reply channel (`do_send`) means nobody will take the lease: gone from the start.
-    if let Some(reply) = reply {
-        reply.closed().await
-    }
-}
 
 async fn until(deadline: Option<Instant>) {
     match deadline {

@@ -109,7 +109,7 @@ impl LockManager {
 
 /// The reply to [`AdvisoryLock`]: waits on the lock's own session, cancelling the wait on the
 /// server when the caller gives up.
-pub struct AdvisoryResponse(Option<AdvisoryJob>, Option<Error>);
+pub struct AdvisoryResponse(Result<AdvisoryJob>);
 
 /// What one advisory acquire needs, taken out of the manager.
 pub struct AdvisoryJob {
@@ -126,21 +126,18 @@ impl Handler<AdvisoryLock> for LockManager {
             let error = Error::new(
                 ErrorKind::AlreadyHeld,
                 format!(
-                    "advisory lock {} is already held by this manager",
+                    "advisory lock {} is already held, or being acquired, by this manager",
                     request.key
                 ),
             );
-            return AdvisoryResponse(None, Some(error));
+            return AdvisoryResponse(Err(error));
         }
         let idle = self.idle_sessions.pop();
-        AdvisoryResponse(
-            Some(AdvisoryJob {
-                request,
-                config: self.config.clone(),
-                idle,
-            }),
-            None,
-        )
+        AdvisoryResponse(Ok(AdvisoryJob {
+            request,
+            config: self.config.clone(),
+            idle,
+        }))
     }
 }
 
@@ -150,14 +147,9 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
             request,
             config,
             idle,
-        } = match self {
-            AdvisoryResponse(Some(job), None) => job,
-            AdvisoryResponse(_, error) => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(error.expect("an error when there is no request")));
-                }
-                return;
-            }
+        } = match self.0 {
+            Ok(job) => job,
+            Err(error) => return crate::reply::refuse(reply, error),
         };
         let AdvisoryLock { key, mode, wait } = request;
         let attempt = async move {
@@ -181,11 +173,7 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                     Some(timeout) => advisory::lock(client, key, mode, timeout).await,
                 }
             };
-            let gone = async {
-                if let Some(reply) = reply.as_mut() {
-                    reply.closed().await
-                }
-            };
+            let gone = crate::reply::caller_gone(&mut reply);
             let cancel = client.cancel_token();
             let (result, clean) = tokio::select! {
                 // A refused try or an expired lock_timeout leaves the session holding nothing.

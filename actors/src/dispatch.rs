@@ -306,12 +306,7 @@ impl MessageResponse<ListenerActor, Request> for RequestResponse {
     ) {
         let trip = match self.0 {
             Ok(trip) => trip,
-            Err(e) => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(e));
-                }
-                return;
-            }
+            Err(error) => return crate::reply::refuse(reply, error),
         };
         let RoundTrip {
             id,
@@ -333,11 +328,7 @@ impl MessageResponse<ListenerActor, Request> for RequestResponse {
                     None => std::future::pending().await,
                 }
             };
-            let caller_gone = async {
-                if let Some(reply) = reply.as_mut() {
-                    reply.closed().await
-                }
-            };
+            let caller_gone = crate::reply::caller_gone(&mut reply);
             let outcome = tokio::select! {
                 outcome = work => Some(outcome),
                 _ = deadline_passed => Some(Err(Error::new(ErrorKind::Timeout, "no reply before the deadline"))),

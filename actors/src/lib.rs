@@ -17,6 +17,7 @@
 //! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
 //! - [`coordinator`] — [`Coordinator`]: starts all three actors.
 //! - [`with_lock`] — run work under a lease, cancelled when the lease is lost.
+//! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 //! - `acquire`, `wake` (private) — the wait of one acquire, and the FIFO queues and LISTEN
 //!   connection that wake waiters.
 #![deny(missing_docs)]
@@ -30,6 +31,7 @@ pub mod listener;
 pub mod manager;
 pub mod messages;
 pub mod payload_actor;
+mod reply;
 pub mod signal_messages;
 mod wake;
 pub mod with_lock;

@@ -143,12 +143,17 @@ impl LockManager {
             return;
         }
         let held = self.held.remove(name).expect("checked above");
+        self.announce_loss(name, held, reason);
+    }
+
+    /// Tells the holder of a lease no longer in `held`, and every subscriber, that it was lost.
+    fn announce_loss(&mut self, name: &str, held: Held, reason: LossReason) {
         self.stats.lost += 1;
-        warn!(lease = name, token, ?reason, "lease lost");
+        warn!(lease = name, token = held.token, ?reason, "lease lost");
         let _ = held.lost.send(Some(reason));
         let lost = LockLost {
             key: LockKey::Lease(name.to_owned()),
-            token: Some(token),
+            token: Some(held.token),
             reason,
         };
         self.broadcast(lost);
@@ -249,18 +254,13 @@ impl Actor for LockManager {
 
 /// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
 /// caller that gives up cancels it.
-pub struct AcquireResponse(Option<AcquireJob>, Option<Error>);
+pub struct AcquireResponse(Result<AcquireJob>);
 
 impl MessageResponse<LockManager, Acquire> for AcquireResponse {
     fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
-        let job = match self {
-            AcquireResponse(Some(job), None) => job,
-            AcquireResponse(_, error) => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(error.expect("an error when there is no job")));
-                }
-                return;
-            }
+        let job = match self.0 {
+            Ok(job) => job,
+            Err(error) => return crate::reply::refuse(reply, error),
         };
         let request = job.request.clone();
         let span = info_span!("acquire", lease = %request.name);
@@ -291,20 +291,17 @@ impl Handler<Acquire> for LockManager {
 
     fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
         if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
-            return AcquireResponse(None, Some(e));
+            return AcquireResponse(Err(e));
         }
-        AcquireResponse(
-            Some(AcquireJob {
-                request,
-                pool: self.pool.clone(),
-                table: self.table.clone(),
-                queues: self.queues.clone(),
-                owner: self.config.owner().to_owned(),
-                lease: self.config.lease(),
-                poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
-            }),
-            None,
-        )
+        AcquireResponse(Ok(AcquireJob {
+            request,
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            queues: self.queues.clone(),
+            owner: self.config.owner().to_owned(),
+            lease: self.config.lease(),
+            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+        }))
     }
 }
 
@@ -312,17 +309,17 @@ impl Handler<Release> for LockManager {
     type Result = ResponseActFuture<Self, Result<()>>;
 
     fn handle(&mut self, Release { name, token }: Release, _: &mut Context<Self>) -> Self::Result {
-        let keep = match self.held.get(&name) {
-            Some(held) if held.token == token => held.keep_on_release,
-            _ => {
-                let error = Error::new(
-                    ErrorKind::LockLost,
-                    format!("lease {name:?} (token {token}) was already released or lost"),
-                );
-                return Box::pin(actix::fut::ready(Err(error)));
-            }
-        };
-        let (pool, table) = (self.pool.clone(), self.table.clone());
+        // Forget it before the statement runs, so a heartbeat in flight that no longer finds
+        // the row does not report a loss.
+        if self.held.get(&name).is_none_or(|h| h.token != token) {
+            let error = Error::new(
+                ErrorKind::LockLost,
+                format!("lease {name:?} (token {token}) was already released or lost"),
+            );
+            return Box::pin(actix::fut::ready(Err(error)));
+        }
+        let held = self.held.remove(&name).expect("checked above");
+        let (pool, table, keep) = (self.pool.clone(), self.table.clone(), held.keep_on_release);
         let statement_name = name.clone();
         let release = async move {
             let client = pool.get().await?;
@@ -331,15 +328,11 @@ impl Handler<Release> for LockManager {
         Box::pin(release.into_actor(self).map(move |result, act, _| {
             match &result {
                 // Gone on the server before we released it: that is a loss, reported once.
-                Err(e) if e.is_lock_lost() => act.lose(&name, token, LossReason::TakenOver),
+                Err(e) if e.is_lock_lost() => act.announce_loss(&name, held, LossReason::TakenOver),
                 Err(e) => {
                     warn!(lease = %name, error = %e, "release failed; the lease expires on its own")
                 }
                 Ok(()) => {}
-            }
-            // Released or not, this process no longer holds it.
-            if act.held.get(&name).is_some_and(|h| h.token == token) {
-                act.held.remove(&name);
             }
             act.queues.wake(&name);
             result

@@ -427,3 +427,23 @@ async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
     assert_eq!((rows, distinct, renewed), (1000, 1, true));
     assert_eq!(after.lost, 0);
 }
+
+#[actix_rt::test]
+async fn releases_racing_heartbeats_are_never_reported_as_losses() {
+    // A heartbeat every 20 ms keeps a renewal in flight most of the time.
+    let (setup, _) = Setup::new(Duration::from_millis(400), Duration::from_millis(20)).await;
+    let a = setup.manager("a");
+    let lost = Collector::subscribe(&a).await;
+    for i in 0..150 {
+        let lease = a
+            .send(Acquire::new(format!("job-{}", i % 5)))
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(i % 3)).await;
+        lease.release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(lost.received().is_empty(), "{:?}", lost.received());
+    assert!(a.send(GetStats).await.unwrap().renew_statements > 0);
+}
