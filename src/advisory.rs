@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
+use tracing::instrument;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -38,6 +39,7 @@ pub fn key_for_name(name: &str) -> i64 {
 }
 
 /// Takes the lock if it is free, at once; `false` when someone else holds it.
+#[instrument(skip(client), level = "debug")]
 pub async fn try_lock(client: &Client, key: i64, mode: Mode) -> Result<bool> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
@@ -50,6 +52,7 @@ pub async fn try_lock(client: &Client, key: i64, mode: Mode) -> Result<bool> {
 /// Waits for the lock for at most `timeout`, enforced by the server with `lock_timeout` so the
 /// wait ends there too; [`ErrorKind::NotAcquired`] when it expires. To give up earlier, cancel
 /// with the client's `cancel_token()`: the wait then fails with [`ErrorKind::Timeout`].
+#[instrument(skip(client), level = "debug")]
 pub async fn lock(client: &Client, key: i64, mode: Mode, timeout: Duration) -> Result<()> {
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
     let sql = match mode {
@@ -79,6 +82,7 @@ pub async fn lock(client: &Client, key: i64, mode: Mode, timeout: Duration) -> R
 
 /// Releases the lock; [`ErrorKind::LockLost`] when this session did not hold it (PostgreSQL's
 /// unlock returned false).
+#[instrument(skip(client), level = "debug")]
 pub async fn unlock(client: &Client, key: i64, mode: Mode) -> Result<()> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_unlock($1)",
@@ -95,6 +99,7 @@ pub async fn unlock(client: &Client, key: i64, mode: Mode) -> Result<()> {
 }
 
 /// One round trip on the session; [`ErrorKind::Timeout`] when unanswered within `timeout`.
+#[instrument(skip_all, level = "trace")]
 pub async fn ping(client: &Client, timeout: Duration) -> Result<()> {
     match tokio::time::timeout(timeout, client.simple_query("")).await {
         Ok(result) => result.map(drop).map_err(Error::from),

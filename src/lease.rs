@@ -203,6 +203,7 @@ impl LeaseTable {
     /// Reserves the next grant of `name` for `owner` (unless another waiter has a live
     /// reservation) for `hold_for`, and returns the current holder. `Ok(None)` when the row is
     /// gone or free: try again at once.
+    #[instrument(skip(self, client), level = "debug")]
     pub async fn enqueue(
         &self,
         client: &impl GenericClient,
@@ -326,6 +327,7 @@ impl LeaseTable {
     /// caller's transaction — keeps the lease from being taken over or released until that
     /// transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`] otherwise.
     /// Keep guarded transactions short: a contender waits for them.
+    #[instrument(skip(self, client), level = "debug")]
     pub async fn fence(&self, client: &impl GenericClient, name: &str, token: i64) -> Result<()> {
         let rows = client
             .query_typed(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])

@@ -54,6 +54,7 @@ impl PayloadTable {
     }
 
     /// Deletes expired rows; returns how many.
+    #[tracing::instrument(skip_all, level = "debug")]
     pub async fn delete_expired(&self) -> Result<u64> {
         let client = self.pool.get().await?;
         Ok(client.execute_typed(&self.delete_expired, &[]).await?)

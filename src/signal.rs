@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
+use tracing::instrument;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::Ident;
@@ -153,6 +154,7 @@ fn from_text(text: &str) -> Option<Vec<u8>> {
 }
 
 /// Sends `text` on `channel` with `pg_notify` (channel and text bound as parameters).
+#[instrument(skip(client, text), fields(bytes = text.len()), level = "debug")]
 pub async fn notify(client: &impl GenericClient, channel: &Ident, text: &str) -> Result<()> {
     client
         .query_typed(
@@ -180,6 +182,7 @@ pub fn from_payload<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 /// Wraps `payload` in `envelope` and encodes it, moving the payload to `store` when it is larger
 /// than `inline_limit` or the encoded envelope would reach [`NOTIFY_LIMIT`]. Without a store, an
 /// oversize payload is [`ErrorKind::PayloadTooLarge`] and nothing is sent.
+#[instrument(skip_all, fields(bytes = payload.len()), level = "debug")]
 pub async fn seal(
     envelope: Envelope,
     payload: Vec<u8>,

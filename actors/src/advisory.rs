@@ -198,6 +198,8 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
             };
             (session, reply)
         };
+        let attempt =
+            tracing::Instrument::instrument(attempt, tracing::info_span!("advisory_lock", key));
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(attempt).map(
             move |(session, reply), act, _| {
                 act.pending_keys.remove(&key);

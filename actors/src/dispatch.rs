@@ -336,6 +336,8 @@ impl MessageResponse<ListenerActor, Request> for RequestResponse {
             };
             (outcome, reply)
         };
+        let round_trip =
+            tracing::Instrument::instrument(round_trip, tracing::info_span!("request", id));
         ctx.spawn(actix::fut::wrap_future::<_, ListenerActor>(round_trip).map(
             move |(outcome, reply), act, _| {
                 act.pending.remove(&id);
