@@ -22,17 +22,20 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Starts a `LockManager`, a supervised `ListenerActor` with the payload table as its store,
-    /// and a `PayloadStoreActor`. Must run inside an actix System; the tables must exist
+    /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
+    /// that hears lease releases through it (so the process has one LISTEN connection), and a
+    /// `PayloadStoreActor`. Must run inside an actix System; the tables must exist
     /// (`pgcoord::schema::migrate`).
     pub fn start(config: Config) -> Coordinator {
         let table = PayloadTable::new(&config, pgcoord::db::pool(&config));
         let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));
+        let signals =
+            ListenerActor::new(config.clone(), Some(Arc::new(table.clone()))).start_supervised();
         Coordinator {
-            signals: ListenerActor::new(config.clone(), Some(Arc::new(table.clone())))
-                .start_supervised(),
+            // One LISTEN connection per process: lease wake-ups come through the listener.
+            locks: LockManager::with_listener(config, signals.clone()).start(),
             payloads: PayloadStoreActor::new(table, expire_every).start(),
-            locks: LockManager::new(config).start(),
+            signals,
         }
     }
 }

@@ -19,6 +19,21 @@ use crate::signal_messages::*;
 impl ListenerActor {
     /// Routes one notification. Never waits: stored payloads and handlers run on their own.
     pub(crate) fn dispatch(&mut self, channel: &str, text: &str, ctx: &mut Context<Self>) {
+        if let Some(entry) = self.channels.get_mut(channel)
+            && !entry.raw.is_empty()
+        {
+            let raw = RawNotification {
+                channel: channel.to_owned(),
+                payload: text.to_owned(),
+            };
+            entry
+                .raw
+                .retain(|r| !matches!(r.try_send(raw.clone()), Err(SendError::Closed(_))));
+            // A raw channel carries no envelopes unless someone also subscribed to it as one.
+            if entry.subscribers.is_empty() && entry.waiters.is_empty() && entry.handler.is_none() {
+                return;
+            }
+        }
         let envelope = match Envelope::decode(text) {
             Ok(envelope) => envelope,
             Err(e) => return self.garbage(channel, &e),
@@ -193,11 +208,7 @@ impl ListenerActor {
     fn channel_entry(&mut self, channel: &Ident) -> &mut Channel {
         self.channels
             .entry(channel.as_str().to_owned())
-            .or_insert_with(|| Channel {
-                subscribers: Vec::new(),
-                waiters: Vec::new(),
-                handler: None,
-            })
+            .or_default()
     }
 }
 
@@ -214,6 +225,23 @@ impl Handler<Subscribe> for ListenerActor {
             Err(e) => return Box::pin(actix::fut::ready(Err(e))),
         };
         self.channel_entry(&channel).subscribers.push(recipient);
+        self.listen_one(channel)
+    }
+}
+
+impl Handler<SubscribeRaw> for ListenerActor {
+    type Result = ResponseActFuture<Self, Result<()>>;
+
+    fn handle(
+        &mut self,
+        SubscribeRaw { channel, recipient }: SubscribeRaw,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let channel = match channel_ident(&channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        self.channel_entry(&channel).raw.push(recipient);
         self.listen_one(channel)
     }
 }

@@ -24,8 +24,11 @@ use tracing::{info, warn};
 use crate::signal_messages::*;
 
 /// One channel this process listens on.
+#[derive(Default)]
 pub(crate) struct Channel {
     pub(crate) subscribers: Vec<Recipient<Signal>>,
+    /// Receivers of the notification text as it is, without an envelope (the lease channel).
+    pub(crate) raw: Vec<Recipient<RawNotification>>,
     pub(crate) waiters: Vec<oneshot::Sender<Signal>>,
     pub(crate) handler: Option<RequestHandler>,
 }

@@ -13,7 +13,9 @@ use tracing::{debug, info_span, warn};
 
 use crate::acquire::{AcquireJob, Outcome, Reply};
 use crate::lease::Lease;
+use crate::listener::ListenerActor;
 use crate::messages::*;
+use crate::signal_messages::{ConnState, RawNotification, SubscribeConnState, SubscribeRaw};
 use crate::wake::{Queues, spawn_listener};
 
 /// One lease this process holds.
@@ -37,7 +39,10 @@ pub struct LockManager {
     queues: Arc<Queues>,
     held: HashMap<String, Held>,
     subscribers: Vec<Recipient<LockLost>>,
+    /// Our own LISTEN connection for lease wake-ups, when there is no shared listener.
     listener: Option<JoinHandle<()>>,
+    /// The process's shared `ListenerActor`, when the manager uses it for wake-ups.
+    shared_listener: Option<Addr<ListenerActor>>,
     pub(crate) sessions: HashMap<i64, crate::advisory::Session>,
     /// Advisory keys whose acquire is under way, so a concurrent second acquire is refused.
     pub(crate) pending_keys: std::collections::HashSet<i64>,
@@ -57,12 +62,22 @@ impl LockManager {
             held: HashMap::new(),
             subscribers: Vec::new(),
             listener: None,
+            shared_listener: None,
             sessions: HashMap::new(),
             pending_keys: Default::default(),
             idle_sessions: Vec::new(),
             renewing: false,
             stats: ManagerStats::default(),
             config,
+        }
+    }
+
+    /// A manager that hears lease releases through the process's `ListenerActor` instead of a
+    /// LISTEN connection of its own, keeping one LISTEN connection per process.
+    pub fn with_listener(config: Config, listener: Addr<ListenerActor>) -> LockManager {
+        LockManager {
+            shared_listener: Some(listener),
+            ..LockManager::new(config)
         }
     }
 
@@ -209,11 +224,30 @@ impl Actor for LockManager {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.listener = Some(spawn_listener(
-            self.config.clone(),
-            self.config.lease_channel().clone(),
-            self.queues.clone(),
-        ));
+        match &self.shared_listener {
+            Some(listener) => {
+                let channel = self.config.lease_channel().as_str().to_owned();
+                listener.do_send(SubscribeConnState(ctx.address().recipient()));
+                let subscribe = listener.send(SubscribeRaw {
+                    channel,
+                    recipient: ctx.address().recipient(),
+                });
+                ctx.spawn(subscribe.into_actor(self).map(|result, _, _| match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "cannot listen for lease releases; waiters poll")
+                    }
+                    Err(e) => warn!(error = %e, "listener gone; waiters poll"),
+                }));
+            }
+            None => {
+                self.listener = Some(spawn_listener(
+                    self.config.clone(),
+                    self.config.lease_channel().clone(),
+                    self.queues.clone(),
+                ))
+            }
+        }
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
@@ -382,6 +416,25 @@ impl Handler<GetStats> for LockManager {
         ManagerStats {
             held: self.held.len(),
             ..self.stats.clone()
+        }
+    }
+}
+
+impl Handler<RawNotification> for LockManager {
+    type Result = ();
+
+    fn handle(&mut self, released: RawNotification, _: &mut Context<Self>) {
+        self.queues.wake(&released.payload);
+    }
+}
+
+impl Handler<ConnState> for LockManager {
+    type Result = ();
+
+    fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
+        // Releases announced while the listener was away were missed: everyone retries.
+        if matches!(state, ConnState::Connected | ConnState::Reconnected) {
+            self.queues.wake_all();
         }
     }
 }

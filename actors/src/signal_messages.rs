@@ -83,6 +83,28 @@ pub struct Subscribe {
     pub recipient: Recipient<Signal>,
 }
 
+/// A notification as PostgreSQL delivered it, for channels that do not carry pgcoord envelopes.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct RawNotification {
+    /// The channel.
+    pub channel: String,
+    /// The notification text.
+    pub payload: String,
+}
+
+/// Deliver every notification on `channel` to `recipient` as it is, without decoding an
+/// envelope (the lease channel announces released names this way). Same delivery rules as
+/// [`Subscribe`].
+#[derive(Debug, Message)]
+#[rtype(result = "Result<()>")]
+pub struct SubscribeRaw {
+    /// The channel.
+    pub channel: String,
+    /// Who receives.
+    pub recipient: Recipient<RawNotification>,
+}
+
 /// Wait for the next message on `channel` (bound it with `send(..).timeout(..)`).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Signal>")]

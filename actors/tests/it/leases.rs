@@ -447,3 +447,40 @@ async fn releases_racing_heartbeats_are_never_reported_as_losses() {
     assert!(lost.received().is_empty(), "{:?}", lost.received());
     assert!(a.send(GetStats).await.unwrap().renew_statements > 0);
 }
+
+#[actix_rt::test]
+async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let app = pgcoord::embedded::unique_name("app");
+    let start = |owner: &str| {
+        Coordinator::start(setup.builder(owner).application_name(&app).build().unwrap())
+    };
+    let (a, b) = (start("a"), start("b"));
+    let held = a.locks.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waiting = b
+        .locks
+        .send(Acquire::new("job").timeout(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    // The polling fallback is a quarter lease (7.5 s): this fast, it was the NOTIFY.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+    let names: Vec<String> = admin
+        .query("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1 || ' %' ORDER BY 1", &[&app])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        names,
+        [format!("{app} listener"), format!("{app} listener")],
+        "one LISTEN connection per coordinator, no lease waker"
+    );
+}
