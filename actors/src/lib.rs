@@ -17,6 +17,7 @@
 //! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
 //! - [`coordinator`] — [`Coordinator`]: starts all three actors.
 //! - [`with_lock`] — run work under a lease, cancelled when the lease is lost.
+//! - `heartbeat` (private) — renewing held leases, their deadlines, and loss reports.
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 //! - `acquire`, `wake` (private) — the wait of one acquire, and the FIFO queues and LISTEN
 //!   connection that wake waiters.
@@ -26,6 +27,7 @@ mod acquire;
 pub mod advisory;
 pub mod coordinator;
 mod dispatch;
+mod heartbeat;
 pub mod lease;
 pub mod listener;
 pub mod manager;

@@ -19,13 +19,13 @@ use crate::signal_messages::{ConnState, RawNotification, SubscribeConnState, Sub
 use crate::wake::{Queues, spawn_listener};
 
 /// One lease this process holds.
-struct Held {
-    token: i64,
-    keep_on_release: bool,
+pub(crate) struct Held {
+    pub(crate) token: i64,
+    pub(crate) keep_on_release: bool,
     /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
     /// Past it the server may give the lease away, so it is reported lost.
-    deadline: Instant,
-    lost: watch::Sender<Option<LossReason>>,
+    pub(crate) deadline: Instant,
+    pub(crate) lost: watch::Sender<Option<LossReason>>,
 }
 
 /// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of
@@ -34,11 +34,11 @@ struct Held {
 /// [`LockManager::new`] and `.start()`.
 pub struct LockManager {
     pub(crate) config: Config,
-    pool: Pool,
-    table: Arc<LeaseTable>,
-    queues: Arc<Queues>,
-    held: HashMap<String, Held>,
-    subscribers: Vec<Recipient<LockLost>>,
+    pub(crate) pool: Pool,
+    pub(crate) table: Arc<LeaseTable>,
+    pub(crate) queues: Arc<Queues>,
+    pub(crate) held: HashMap<String, Held>,
+    pub(crate) subscribers: Vec<Recipient<LockLost>>,
     /// Our own LISTEN connection for lease wake-ups, when there is no shared listener.
     listener: Option<JoinHandle<()>>,
     /// The process's shared `ListenerActor`, when the manager uses it for wake-ups.
@@ -48,8 +48,8 @@ pub struct LockManager {
     pub(crate) pending_keys: std::collections::HashSet<i64>,
     /// Open sessions that hold no lock, kept for reuse.
     pub(crate) idle_sessions: Vec<crate::advisory::Pinned>,
-    renewing: bool,
-    stats: ManagerStats,
+    pub(crate) renewing: bool,
+    pub(crate) stats: ManagerStats,
 }
 
 impl LockManager {
@@ -83,102 +83,8 @@ impl LockManager {
 
     /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
     /// absorb clock-rate differences and the sweep's granularity.
-    fn margin(&self) -> Duration {
+    pub(crate) fn margin(&self) -> Duration {
         (self.config.lease() / 10).max(Duration::from_millis(1))
-    }
-
-    /// Runs the heartbeat: one renew statement for every held lease.
-    fn renew_all(&mut self, ctx: &mut Context<Self>) {
-        if self.renewing || self.held.is_empty() {
-            return;
-        }
-        self.renewing = true;
-        self.stats.renew_statements += 1;
-        let snapshot: Vec<(String, i64)> = self
-            .held
-            .iter()
-            .map(|(name, h)| (name.clone(), h.token))
-            .collect();
-        let (pool, table, lease) = (self.pool.clone(), self.table.clone(), self.config.lease());
-        let sent = Instant::now();
-        let renew = async move {
-            let client = pool.get().await?;
-            let renewed = table.renew(&*client, &snapshot, lease).await?;
-            Ok::<_, Error>((snapshot, renewed))
-        };
-        ctx.spawn(renew.into_actor(self).map(move |result, act, _| {
-            act.renewing = false;
-            match result {
-                Ok((snapshot, renewed)) => {
-                    let deadline = sent + act.config.lease() - act.margin();
-                    let renewed: std::collections::HashSet<_> = renewed.into_iter().collect();
-                    for (name, token) in snapshot {
-                        if renewed.contains(&(name.clone(), token)) {
-                            if let Some(held) = act.held.get_mut(&name).filter(|h| h.token == token) {
-                                held.deadline = deadline;
-                            }
-                        } else {
-                            act.lose(&name, token, LossReason::TakenOver);
-                        }
-                    }
-                }
-                Err(e) => warn!(
-                    error = %e,
-                    leases = act.held.len(),
-                    "lease renewal failed; leases not renewed in time are reported lost at their deadline"
-                ),
-            }
-        }));
-    }
-
-    /// Reports every lease whose deadline has passed.
-    fn sweep_deadlines(&mut self) {
-        let now = Instant::now();
-        let expired: Vec<(String, i64)> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.deadline <= now)
-            .map(|(name, h)| (name.clone(), h.token))
-            .collect();
-        for (name, token) in expired {
-            self.lose(&name, token, LossReason::DeadlinePassed);
-            // A renewal may still land after we gave up: free the row so it does not linger.
-            let (pool, table) = (self.pool.clone(), self.table.clone());
-            tokio::spawn(async move {
-                if let Ok(client) = pool.get().await {
-                    let _ = table.release(&*client, &name, token, false).await;
-                }
-            });
-        }
-    }
-
-    /// Forgets a held lease and tells its holder and every subscriber, once.
-    fn lose(&mut self, name: &str, token: i64, reason: LossReason) {
-        if self.held.get(name).is_none_or(|h| h.token != token) {
-            return;
-        }
-        let held = self.held.remove(name).expect("checked above");
-        self.announce_loss(name, held, reason);
-    }
-
-    /// Tells the holder of a lease no longer in `held`, and every subscriber, that it was lost.
-    fn announce_loss(&mut self, name: &str, held: Held, reason: LossReason) {
-        self.stats.lost += 1;
-        warn!(lease = name, token = held.token, ?reason, "lease lost");
-        let _ = held.lost.send(Some(reason));
-        let lost = LockLost {
-            key: LockKey::Lease(name.to_owned()),
-            token: Some(held.token),
-            reason,
-        };
-        self.broadcast(lost);
-        self.queues.wake(name);
-    }
-
-    /// Sends `lost` to every subscriber, forgetting those that are gone.
-    pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        self.subscribers
-            .retain(|s| s.try_send(lost.clone()).is_ok() || s.connected());
     }
 
     /// Records a granted lease and hands its handle to the caller; a caller that went away

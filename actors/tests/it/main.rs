@@ -3,6 +3,7 @@
 
 mod advisory;
 mod leases;
+mod signal_faults;
 mod signals;
 
 use std::sync::atomic::{AtomicBool, Ordering};

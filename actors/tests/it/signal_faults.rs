@@ -1,0 +1,215 @@
+//! Signals under faults: a terminated or black-holed listener connection, garbage on a channel,
+//! a slow subscriber, a panicking handler.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord::embedded::unique_name;
+use pgcoord_actors::Request;
+use pgcoord_actors::*;
+
+use super::signals::{FAST, listener, listener_on, setup, subscribe};
+use super::{Collector, Proxy};
+
+async fn conn_states(listener: &Addr<ListenerActor>) -> Collector<ConnState> {
+    let (collector, recipient) = Collector::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
+    collector
+}
+
+#[actix_rt::test]
+async fn a_terminated_listener_reconnects_relistens_and_delivers_again() {
+    let (setup, admin) = setup().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("signals")
+        .application_name(&app)
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .build()
+        .unwrap();
+    let states_listener = ListenerActor::new(config, None).start_supervised();
+    let states = conn_states(&states_listener).await;
+    let (a, b) = (unique_name("a"), unique_name("b"));
+    let (on_a, on_b) = (
+        subscribe(&states_listener, &a).await,
+        subscribe(&states_listener, &b).await,
+    );
+    assert_eq!(
+        states.wait_for(1, Duration::from_secs(5)).await[0],
+        ConnState::Connected
+    );
+    let before = states_listener
+        .send(ListeningChannels)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(before.contains(&a) && before.contains(&b));
+
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("{app} listener")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1);
+    let seen = states.wait_for(3, Duration::from_secs(10)).await;
+    assert!(
+        matches!(seen[1], ConnState::Disconnected { .. }),
+        "{seen:?}"
+    );
+    assert_eq!(seen[2], ConnState::Reconnected);
+    let after = states_listener
+        .send(ListeningChannels)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        after, before,
+        "every channel listened on again, on the new session"
+    );
+    states_listener
+        .send(Publish::new(&a, b"again".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    states_listener
+        .send(Publish::new(&b, b"again".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    on_a.wait_for(1, Duration::from_secs(5)).await;
+    on_b.wait_for(1, Duration::from_secs(5)).await;
+}
+
+#[actix_rt::test]
+async fn a_black_holed_listener_is_stalled_then_reconnected() {
+    let (setup, _) = setup().await;
+    let proxy = Proxy::start(&setup.pg).await;
+    let listener = listener_on(&setup, &proxy.pg_config(&setup.pg), 4096);
+    let states = conn_states(&listener).await;
+    let channel = unique_name("holed");
+    let collector = subscribe(&listener, &channel).await;
+    states.wait_for(1, Duration::from_secs(5)).await;
+    proxy.cut();
+    let cut = Instant::now();
+    let seen = states.wait_for(3, Duration::from_secs(10)).await;
+    assert_eq!(seen[1], ConnState::Stalled, "{seen:?}");
+    assert!(cut.elapsed() < Duration::from_secs(5));
+    assert_eq!(seen[2], ConnState::Reconnected);
+    listener
+        .send(Publish::new(&channel, b"through".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    collector.wait_for(1, Duration::from_secs(5)).await;
+}
+
+#[actix_rt::test]
+async fn garbage_is_skipped_and_the_next_message_delivered() {
+    let (setup, admin) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("noisy");
+    let collector = subscribe(&listener, &channel).await;
+    for garbage in ["hello", "{\"v\":1}", "✓"] {
+        admin
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &garbage])
+            .await
+            .unwrap();
+    }
+    listener
+        .send(Publish::new(&channel, b"valid".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    let received = collector.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(received[0].payload, b"valid");
+    assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 3);
+}
+
+/// A subscriber that takes 50 ms per message on its own thread, with a mailbox of 1.
+struct Slow;
+impl Actor for Slow {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1);
+    }
+}
+impl Handler<Signal> for Slow {
+    type Result = ();
+    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[actix_rt::test]
+async fn a_slow_subscriber_does_not_hold_up_the_others() {
+    let (setup, _) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("fanout");
+    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow);
+    listener
+        .send(Subscribe {
+            channel: channel.clone(),
+            recipient: slow.recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let fast = subscribe(&listener, &channel).await;
+    let started = Instant::now();
+    for i in 0..200u32 {
+        listener
+            .send(Publish::new(&channel, i.to_be_bytes().to_vec()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let received = fast.wait_for(200, Duration::from_secs(10)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not paced by the slow one"
+    );
+    let order: Vec<u32> = received
+        .iter()
+        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(order, (0..200).collect::<Vec<_>>(), "in order, none lost");
+    assert!(
+        listener.send(GetListenerStats).await.unwrap().overflowed > 0,
+        "the slow one's overflow is counted"
+    );
+}
+
+#[actix_rt::test]
+async fn a_panicking_handler_gives_an_error_reply_and_serving_goes_on() {
+    let (setup, _) = setup().await;
+    let (server, client) = (listener(&setup), listener(&setup));
+    let channel = unique_name("fragile");
+    server
+        .send(Serve::new(&channel, |p: Vec<u8>| async move {
+            if p == b"boom" {
+                panic!("handler exploded");
+            }
+            Ok(p)
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = client
+        .send(Request::new(&channel, b"boom".to_vec()))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Remote);
+    assert!(err.to_string().contains("panicked"));
+    let ok = client
+        .send(Request::new(&channel, b"fine".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ok, b"fine");
+}
