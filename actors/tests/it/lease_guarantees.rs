@@ -1,0 +1,255 @@
+//! Leases: what pglock gets wrong and pgcoord must not — takeover on expiry, the holder's own
+//! deadline, loss reported exactly once, fairness under contention, batched heartbeats, and
+//! wake-ups through the one LISTEN connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use pgcoord::ErrorKind;
+use pgcoord::lease::Attempt;
+use pgcoord_actors::*;
+
+use super::{Collector, Setup};
+
+#[actix_rt::test]
+async fn takeover_right_after_the_holder_stops_heartbeating() {
+    let lease = Duration::from_millis(1000);
+    let (setup, admin) = Setup::new(lease, Duration::from_millis(200)).await;
+    // A holder that froze right after its grant: the lease statement alone, no runtime behind it.
+    let config = setup.builder("frozen").build().unwrap();
+    let table = pgcoord::LeaseTable::new(&config);
+    let granted_at = Instant::now();
+    let Attempt::Granted(old) = table
+        .try_acquire(&admin, "job", "frozen", None, false, lease)
+        .await
+        .unwrap()
+    else {
+        panic!("the lease was free")
+    };
+    let contender = setup.manager("contender");
+    let new = contender.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waited = granted_at.elapsed();
+    eprintln!("takeover after {waited:?} with a {lease:?} lease");
+    assert!(
+        waited >= lease - Duration::from_millis(20),
+        "not before expiry: {waited:?}"
+    );
+    assert!(
+        waited <= lease + Duration::from_millis(400),
+        "as soon as it expired: {waited:?}"
+    );
+    assert!(new.token() > old.token);
+
+    // The old holder's release and renewal change nothing and report the loss.
+    let err = table
+        .release(&admin, "job", old.token, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    let renewed = table
+        .renew(&admin, &[("job".into(), old.token)], lease)
+        .await
+        .unwrap();
+    assert!(renewed.is_empty());
+    let info = contender.send(Get("job".into())).await.unwrap().unwrap();
+    assert_eq!(
+        (info.owner.as_deref(), info.token),
+        (Some("contender"), Some(new.token()))
+    );
+    new.release().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_holder_that_cannot_renew_reports_the_loss_before_the_server_expiry() {
+    let lease = Duration::from_millis(1000);
+    // Heartbeats off: nothing renews, as when the database cannot be reached.
+    let (setup, _) = Setup::new(lease, Duration::ZERO).await;
+    let frozen = setup.manager("frozen");
+    let lost = Collector::subscribe(&frozen).await;
+    let started = Instant::now();
+    let old = frozen.send(Acquire::new("job")).await.unwrap().unwrap();
+    let reason = old.lost().await;
+    let noticed = started.elapsed();
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    assert!(
+        noticed < lease,
+        "reported before the server could give it away: {noticed:?}"
+    );
+    assert!(
+        noticed >= lease * 8 / 10,
+        "not long before the deadline: {noticed:?}"
+    );
+    let received = lost.received();
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert_eq!(received[0].reason, LossReason::DeadlinePassed);
+    assert_eq!(old.release().await.unwrap_err().kind(), ErrorKind::LockLost);
+}
+
+#[actix_rt::test]
+async fn a_lease_taken_away_is_reported_lost_exactly_once() {
+    let (setup, admin) = Setup::new(Duration::from_millis(600), Duration::from_millis(100)).await;
+    let a = setup.manager("a");
+    let (first, second) = (
+        Collector::subscribe(&a).await,
+        Collector::subscribe(&a).await,
+    );
+    let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
+    let _other = a.send(Acquire::new("untouched")).await.unwrap().unwrap();
+    admin
+        .execute(
+            &format!("DELETE FROM {} WHERE name = 'job'", setup.quoted_table()),
+            &[],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for collector in [&first, &second] {
+        let received = collector.received();
+        assert_eq!(received.len(), 1, "{received:?}");
+        assert_eq!(received[0].key, LockKey::Lease("job".into()));
+        assert_eq!(
+            (received[0].token, received[0].reason),
+            (Some(held.token()), LossReason::TakenOver)
+        );
+    }
+    assert_eq!(held.loss(), Some(LossReason::TakenOver));
+    assert_eq!(
+        held.release().await.unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(first.received().len(), 1, "still exactly once");
+    assert_eq!(a.send(GetStats).await.unwrap().held, 1);
+}
+
+#[actix_rt::test]
+async fn sixteen_contenders_never_overlap_and_all_are_served() {
+    let (setup, _) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    const CONTENDERS: usize = 16;
+    const ROUNDS: u32 = 6;
+    let inside = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..CONTENDERS {
+        let manager = setup.manager(&format!("c{i}"));
+        let (inside, total) = (inside.clone(), total.clone());
+        tasks.push(actix_rt::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lease = manager
+                    .send(Acquire::new("counter"))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                total.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.store(false, Ordering::SeqCst);
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    let started = Instant::now();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every contender is served")
+            .unwrap();
+    }
+    assert_eq!(total.load(Ordering::SeqCst), CONTENDERS as u32 * ROUNDS);
+    eprintln!(
+        "{} handoffs in {:?}",
+        CONTENDERS as u32 * ROUNDS,
+        started.elapsed()
+    );
+}
+
+#[actix_rt::test]
+async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
+    let (setup, admin) = Setup::new(Duration::from_secs(4), Duration::from_millis(500)).await;
+    let a = setup.manager("a");
+    let requests: Vec<_> = (0..1000)
+        .map(|i| a.send(Acquire::new(format!("lease-{i}"))))
+        .collect();
+    let mut leases = Vec::new();
+    for request in requests {
+        leases.push(request.await.unwrap().unwrap());
+    }
+    let before = a.send(GetStats).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let after = a.send(GetStats).await.unwrap();
+    let ticks = after.renew_statements - before.renew_statements;
+    assert!((2..=4).contains(&ticks), "one statement per tick: {ticks}");
+    // One statement renews every row with the same server timestamp.
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT count(*), count(DISTINCT expires_at), bool_and(expires_at > acquired_at)
+                 FROM {}",
+                setup.quoted_table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let (rows, distinct, renewed): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((rows, distinct, renewed), (1000, 1, true));
+    assert_eq!(after.lost, 0);
+}
+
+#[actix_rt::test]
+async fn releases_racing_heartbeats_are_never_reported_as_losses() {
+    // A heartbeat every 20 ms keeps a renewal in flight most of the time.
+    let (setup, _) = Setup::new(Duration::from_millis(400), Duration::from_millis(20)).await;
+    let a = setup.manager("a");
+    let lost = Collector::subscribe(&a).await;
+    for i in 0..150 {
+        let lease = a
+            .send(Acquire::new(format!("job-{}", i % 5)))
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(i % 3)).await;
+        lease.release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(lost.received().is_empty(), "{:?}", lost.received());
+    assert!(a.send(GetStats).await.unwrap().renew_statements > 0);
+}
+
+#[actix_rt::test]
+async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let app = pgcoord::embedded::unique_name("app");
+    let start = |owner: &str| {
+        Coordinator::start(setup.builder(owner).application_name(&app).build().unwrap())
+    };
+    let (a, b) = (start("a"), start("b"));
+    let held = a.locks.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waiting = b
+        .locks
+        .send(Acquire::new("job").timeout(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    // The polling fallback is a quarter lease (7.5 s): this fast, it was the NOTIFY.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+    let names: Vec<String> = admin
+        .query("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1 || ' %' ORDER BY 1", &[&app])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        names,
+        [format!("{app} listener"), format!("{app} listener")],
+        "one LISTEN connection per coordinator, no lease waker"
+    );
+}
