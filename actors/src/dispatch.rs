@@ -113,14 +113,21 @@ impl ListenerActor {
             debug!(id = envelope.id, "reply for no pending request dropped");
             return;
         };
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            let result = match &envelope.error {
-                Some(error) => Err(Error::new(ErrorKind::Remote, error.clone())),
-                None => signal::open(&envelope, store.as_deref()).await,
-            };
-            let _ = waiting.send(result);
-        });
+        match (&envelope.error, &envelope.body) {
+            (Some(error), _) => {
+                let _ = waiting.send(Err(Error::new(ErrorKind::Remote, error.clone())));
+            }
+            (None, Body::Inline(payload)) => {
+                let _ = waiting.send(Ok(payload.clone()));
+            }
+            // Only a stored reply needs a query; it must not hold up the reader.
+            (None, Body::Stored(_)) => {
+                let store = self.store.clone();
+                tokio::spawn(async move {
+                    let _ = waiting.send(signal::open(&envelope, store.as_deref()).await);
+                });
+            }
+        }
     }
 
     /// Runs `handler` on its own task and sends what it returns (or its panic) as the reply.

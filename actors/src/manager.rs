@@ -176,7 +176,7 @@ impl Actor for LockManager {
         let runtime = tokio::runtime::Handle::try_current();
         for (name, held) in self.held.drain() {
             let (pool, table) = (self.pool.clone(), self.table.clone());
-            let _ = held.lost.send(Some(LossReason::DeadlinePassed));
+            let _ = held.lost.send(Some(LossReason::Shutdown));
             let Ok(runtime) = &runtime else {
                 warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
                 continue;
@@ -261,9 +261,19 @@ impl Handler<Release> for LockManager {
         let held = self.held.remove(&name).expect("checked above");
         let (pool, table, keep) = (self.pool.clone(), self.table.clone(), held.keep_on_release);
         let statement_name = name.clone();
-        let release = async move {
+        // On its own task, so a manager stopping (Shutdown) does not abandon a release it has
+        // already taken out of `held`.
+        let release = tokio::spawn(async move {
             let client = pool.get().await?;
             table.release(&*client, &statement_name, token, keep).await
+        });
+        let release = async move {
+            release.await.unwrap_or_else(|e| {
+                Err(Error::new(
+                    ErrorKind::Other,
+                    format!("release task failed: {e}"),
+                ))
+            })
         };
         Box::pin(release.into_actor(self).map(move |result, act, _| {
             match &result {

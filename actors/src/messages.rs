@@ -160,6 +160,8 @@ pub enum LossReason {
     DeadlinePassed,
     /// The session holding an advisory lock failed: the server released the lock.
     ConnectionLost,
+    /// The manager stopped ([`Shutdown`] or its System ending) and released the lock.
+    Shutdown,
     /// The session holding an advisory lock stopped answering pings. Its server session may
     /// still be alive, but the lock is given up: keeping a lock already lost is the worse bug.
     Stalled,

@@ -55,15 +55,8 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         }
     });
     listen_client.batch_execute("LISTEN bench_raw").await?;
-    let mut one_way = Vec::new();
-    for i in 0..sizes.requests {
-        let sent = Instant::now();
-        admin.query_one(&notify, &[&i.to_string()]).await?;
-        one_way.push(arrivals.recv().await.unwrap() - sent);
-    }
-    let one_way = Samples::new(one_way);
-
-    // Request/reply between two listeners, as two processes.
+    // Request/reply between two listeners, as two processes, interleaved with the floor so
+    // both see the same machine.
     let store = || {
         Some(
             Arc::new(PayloadTable::new(&config, pgcoord::db::pool(&config)))
@@ -75,8 +68,11 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     server
         .send(Serve::new("bench_echo", |p| async move { Ok(p) }))
         .await??;
-    let mut trips = Vec::new();
+    let (mut one_way, mut trips) = (Vec::new(), Vec::new());
     for i in 0..sizes.requests {
+        let sent = Instant::now();
+        admin.query_one(&notify, &[&i.to_string()]).await?;
+        one_way.push(arrivals.recv().await.unwrap() - sent);
         let t = Instant::now();
         client
             .send(Request::new(
@@ -86,7 +82,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             .await??;
         trips.push(t.elapsed());
     }
-    let trips = Samples::new(trips);
+    let (one_way, trips) = (Samples::new(one_way), Samples::new(trips));
     report.time(
         "request/reply round trip, p50 (floor: two raw NOTIFY→LISTEN hops)",
         trips.p(0.5),

@@ -253,3 +253,41 @@ async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
         "one LISTEN connection per coordinator, no lease waker"
     );
 }
+
+#[actix_rt::test]
+async fn shutdown_releases_every_lease_even_with_releases_in_flight() {
+    let (setup, admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(5)).await;
+    let a = setup.manager("a");
+    let mut leases = Vec::new();
+    for i in 0..60 {
+        leases.push(
+            a.send(Acquire::new(format!("job-{i}")))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Half are dropped (their releases queue up), half still held, then the manager stops.
+    let kept = leases.split_off(30);
+    drop(leases);
+    a.send(Shutdown).await.unwrap();
+    let count = format!("SELECT count(*) FROM {}", setup.quoted_table());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: i64 = admin.query_one(&count, &[]).await.unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} leases left behind after shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for lease in &kept {
+        assert!(
+            lease.loss().is_some(),
+            "holders hear that their lease ended"
+        );
+    }
+}
