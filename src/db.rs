@@ -8,7 +8,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{Client, Connection, NoTls, Socket};
 use tracing::{debug, warn};
@@ -16,8 +15,9 @@ use tracing::{debug, warn};
 use crate::config::{Config, random_u64};
 use crate::error::{Error, ErrorKind, Result};
 
-/// The connection pool pgcoord's statements run on.
-pub type Pool = bb8::Pool<PostgresConnectionManager<NoTls>>;
+/// The connection pool pgcoord's statements run on; its connections keep pgcoord's statements
+/// prepared (see [`crate::statement`]).
+pub type Pool = bb8::Pool<crate::statement::Manager>;
 
 /// A connection that belongs to one owner and never returns to a pool, with the future that
 /// drives it. The owner must spawn or poll the connection; dropping it closes the session.
@@ -29,7 +29,7 @@ pub const RETRY_ATTEMPTS: u32 = 5;
 
 /// Builds the pool from the configuration. Connections are opened lazily, on first use.
 pub fn pool(config: &Config) -> Pool {
-    let manager = PostgresConnectionManager::new(config.pg.clone(), NoTls);
+    let manager = crate::statement::Manager::new(config.pg.clone());
     bb8::Pool::builder()
         .max_size(config.pool_size)
         .connection_timeout(config.pool_timeout)

@@ -15,12 +15,12 @@
 
 use std::time::Duration;
 
-use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
 use crate::config::{Config, validate_name};
 use crate::error::{Error, ErrorKind, Holder, Result};
+use crate::statement::Statements;
 
 /// A lease granted by [`LeaseTable::try_acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +169,7 @@ impl LeaseTable {
     #[instrument(skip(self, client, data), level = "debug")]
     pub async fn try_acquire(
         &self,
-        client: &impl GenericClient,
+        client: &impl Statements,
         name: &str,
         owner: &str,
         data: Option<&[u8]>,
@@ -179,7 +179,7 @@ impl LeaseTable {
         check_name(name)?;
         check_name(owner)?;
         let rows = client
-            .query_typed(
+            .run(
                 &self.acquire,
                 &[
                     (&name, Type::TEXT),
@@ -206,13 +206,13 @@ impl LeaseTable {
     #[instrument(skip(self, client), level = "debug")]
     pub async fn enqueue(
         &self,
-        client: &impl GenericClient,
+        client: &impl Statements,
         name: &str,
         owner: &str,
         hold_for: Duration,
     ) -> Result<Option<Holder>> {
         let rows = client
-            .query_typed(
+            .run(
                 &self.enqueue,
                 &[
                     (&name, Type::TEXT),
@@ -225,23 +225,16 @@ impl LeaseTable {
     }
 
     /// Gives up `owner`'s reservation of `name`, when it has one.
-    pub async fn dequeue(
-        &self,
-        client: &impl GenericClient,
-        name: &str,
-        owner: &str,
-    ) -> Result<()> {
+    pub async fn dequeue(&self, client: &impl Statements, name: &str, owner: &str) -> Result<()> {
         client
-            .execute_typed(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
+            .run(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
             .await?;
         Ok(())
     }
 
     /// The current holder of `name`, if any.
-    pub async fn holder(&self, client: &impl GenericClient, name: &str) -> Result<Option<Holder>> {
-        let rows = client
-            .query_typed(&self.holder, &[(&name, Type::TEXT)])
-            .await?;
+    pub async fn holder(&self, client: &impl Statements, name: &str) -> Result<Option<Holder>> {
+        let rows = client.run(&self.holder, &[(&name, Type::TEXT)]).await?;
         holder_from(rows.first())
     }
 
@@ -250,14 +243,14 @@ impl LeaseTable {
     #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
     pub async fn renew(
         &self,
-        client: &impl GenericClient,
+        client: &impl Statements,
         held: &[(String, i64)],
         lease: Duration,
     ) -> Result<Vec<(String, i64)>> {
         let (names, tokens): (Vec<&str>, Vec<i64>) =
             held.iter().map(|(n, t)| (n.as_str(), *t)).unzip();
         let rows = client
-            .query_typed(
+            .run(
                 &self.renew,
                 &[
                     (&names, Type::TEXT_ARRAY),
@@ -277,13 +270,13 @@ impl LeaseTable {
     #[instrument(skip(self, client), level = "debug")]
     pub async fn release(
         &self,
-        client: &impl GenericClient,
+        client: &impl Statements,
         name: &str,
         token: i64,
         keep: bool,
     ) -> Result<()> {
         let rows = client
-            .query_typed(
+            .run(
                 &self.release,
                 &[
                     (&name, Type::TEXT),
@@ -303,11 +296,9 @@ impl LeaseTable {
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.
-    pub async fn get(&self, client: &impl GenericClient, name: &str) -> Result<LeaseInfo> {
+    pub async fn get(&self, client: &impl Statements, name: &str) -> Result<LeaseInfo> {
         check_name(name)?;
-        let rows = client
-            .query_typed(&self.get, &[(&name, Type::TEXT)])
-            .await?;
+        let rows = client.run(&self.get, &[(&name, Type::TEXT)]).await?;
         match rows.first() {
             Some(row) => info_from(row),
             None => Err(Error::new(
@@ -318,8 +309,8 @@ impl LeaseTable {
     }
 
     /// Every lock in the table, by name.
-    pub async fn list(&self, client: &impl GenericClient) -> Result<Vec<LeaseInfo>> {
-        let rows = client.query_typed(&self.list, &[]).await?;
+    pub async fn list(&self, client: &impl Statements) -> Result<Vec<LeaseInfo>> {
+        let rows = client.run(&self.list, &[]).await?;
         rows.iter().map(info_from).collect()
     }
 
@@ -328,9 +319,9 @@ impl LeaseTable {
     /// transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`] otherwise.
     /// Keep guarded transactions short: a contender waits for them.
     #[instrument(skip(self, client), level = "debug")]
-    pub async fn fence(&self, client: &impl GenericClient, name: &str, token: i64) -> Result<()> {
+    pub async fn fence(&self, client: &impl Statements, name: &str, token: i64) -> Result<()> {
         let rows = client
-            .query_typed(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])
+            .run(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])
             .await?;
         if rows.is_empty() {
             return Err(Error::new(

@@ -10,6 +10,7 @@
 //! - [`error`] — [`Error`] and its [`ErrorKind`]s, classified from SQLSTATE and connection state.
 //! - [`ident`] — validation and quoting of table, schema and channel names.
 //! - [`db`] — the connection pool, dedicated connections, retry of transient conflicts.
+//! - [`statement`] — running statements: prepared once per pooled connection, typed elsewhere.
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
@@ -29,6 +30,7 @@ pub mod lease;
 pub mod payload;
 pub mod schema;
 pub mod signal;
+pub mod statement;
 
 pub use config::{Config, ConfigBuilder};
 pub use db::Pool;

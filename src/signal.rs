@@ -12,7 +12,6 @@
 //! for the listener to log and skip.
 
 use serde::{Deserialize, Serialize};
-use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
@@ -155,9 +154,13 @@ fn from_text(text: &str) -> Option<Vec<u8>> {
 
 /// Sends `text` on `channel` with `pg_notify` (channel and text bound as parameters).
 #[instrument(skip(client, text), fields(bytes = text.len()), level = "debug")]
-pub async fn notify(client: &impl GenericClient, channel: &Ident, text: &str) -> Result<()> {
+pub async fn notify(
+    client: &impl crate::statement::Statements,
+    channel: &Ident,
+    text: &str,
+) -> Result<()> {
     client
-        .query_typed(
+        .run(
             "SELECT pg_notify($1, $2)::text",
             &[(&channel.as_str(), Type::TEXT), (&text, Type::TEXT)],
         )

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use actix::Addr;
+use pgcoord::statement::Statements;
 use pgcoord::{Error, ErrorKind, LeaseTable, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tokio_postgres::GenericClient;
 
 use crate::manager::LockManager;
 use crate::messages::{LossReason, Release};
@@ -74,7 +74,7 @@ impl Lease {
     /// [`ErrorKind::LockLost`] unless this lease is still held with this token, and keeps it from
     /// being taken over or released until the transaction ends. Writes in that transaction are
     /// exclusive. Keep such transactions short.
-    pub async fn fence(&self, client: &impl GenericClient) -> Result<()> {
+    pub async fn fence(&self, client: &impl Statements) -> Result<()> {
         self.table.fence(client, &self.name, self.token).await
     }
 

@@ -4,13 +4,12 @@ use std::time::Duration;
 
 use pgcoord::lease::{Attempt, Grant};
 use pgcoord::{ErrorKind, LeaseTable};
-use tokio_postgres::Client;
 
 const LEASE: Duration = Duration::from_secs(30);
 
 async fn grant(
     table: &LeaseTable,
-    client: &Client,
+    client: &impl pgcoord::statement::Statements,
     name: &str,
     owner: &str,
     lease: Duration,
@@ -215,4 +214,41 @@ async fn bad_names_and_durations_are_rejected_before_sql() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DurationTooSmall);
     assert!(table.list(&client).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn pooled_connections_prepare_each_statement_once_and_survive_schema_changes() {
+    let (config, admin) = super::setup().await;
+    let config = super::builder()
+        .lock_table(config.lock_table().to_string())
+        .pool_size(1)
+        .build()
+        .unwrap();
+    let (pool, table) = (pgcoord::db::pool(&config), LeaseTable::new(&config));
+    // This session's prepared acquire and release statements.
+    let prepared = "SELECT count(*) FROM pg_prepared_statements
+                    WHERE statement LIKE 'INSERT INTO%' OR statement LIKE 'WITH deleted%'";
+    let conn = pool.get().await.unwrap();
+    let g = grant(&table, &*conn, "a", "me", LEASE).await;
+    table.release(&*conn, "a", g.token, false).await.unwrap();
+    let after_first: i64 = conn.query_one(prepared, &[]).await.unwrap().get(0);
+    assert_eq!(after_first, 2, "acquire and release prepared");
+    for _ in 0..5 {
+        let g = grant(&table, &*conn, "a", "me", LEASE).await;
+        table.release(&*conn, "a", g.token, false).await.unwrap();
+    }
+    let after_more: i64 = conn.query_one(prepared, &[]).await.unwrap().get(0);
+    assert_eq!(after_more, after_first, "not prepared again");
+
+    // The table is dropped and created again with another shape behind the pool's back.
+    pgcoord::schema::drop_tables(&admin, &config).await.unwrap();
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {} ADD COLUMN extra int",
+            config.lock_table().quoted()
+        ))
+        .await
+        .unwrap();
+    grant(&table, &*conn, "b", "me", LEASE).await;
 }

@@ -31,8 +31,8 @@ fn config(
         .unwrap()
 }
 
-/// The raw floor: pgcoord's own acquire and release statements, back to back, `clients`
-/// dedicated connections at once.
+/// The raw floor: pgcoord's own acquire and release statements, prepared, back to back on
+/// `clients` connections at once, with no runtime in between.
 async fn floor(cfg: &Config, clients: usize, pairs: usize) -> Res<(Duration, Vec<Duration>)> {
     let table = Arc::new(LeaseTable::new(cfg));
     let started = Instant::now();
@@ -40,19 +40,22 @@ async fn floor(cfg: &Config, clients: usize, pairs: usize) -> Res<(Duration, Vec
     for c in 0..clients {
         let (table, cfg) = (table.clone(), cfg.clone());
         tasks.push(tokio::spawn(async move {
-            let client = pgcoord::db::connect_spawned(&cfg).await.unwrap();
+            // One connection, holding the statements prepared as pgcoord's pool does.
+            let pool = pgcoord::db::pool(&cfg);
+            let client = pool.get_owned().await.unwrap();
+            let client = &*client;
             let mut samples = Vec::new();
             for i in 0..pairs / clients {
                 let t = Instant::now();
                 let name = format!("raw-{c}-{i}");
                 let Attempt::Granted(g) = table
-                    .try_acquire(&client, &name, "raw", None, false, cfg.lease())
+                    .try_acquire(client, &name, "raw", None, false, cfg.lease())
                     .await
                     .unwrap()
                 else {
                     panic!("free")
                 };
-                table.release(&client, &name, g.token, false).await.unwrap();
+                table.release(client, &name, g.token, false).await.unwrap();
                 samples.push(t.elapsed());
             }
             samples

@@ -1,0 +1,147 @@
+//! Running pgcoord's statements: prepared once per pooled connection, or typed on any client.
+//!
+//! Every lease statement is sent many times on the same few pooled connections, so the pool's
+//! connections ([`PooledClient`]) keep each statement prepared after its first use: later calls
+//! cost one round trip and no parse or plan (measured +65 % acquire+release pairs/s with
+//! pgbench's prepared mode against its extended mode). On a caller's own client or transaction
+//! (the fencing guard runs in the caller's transaction) statements go out with `query_typed`:
+//! one round trip, no prepare.
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, Row, Statement, Transaction};
+
+/// A boxed `Send` future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A statement parameter with its type, as `query_typed` takes them.
+pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// Something pgcoord's statements can run on.
+pub trait Statements: Sync {
+    /// Runs `sql` with `params` and returns its rows.
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>>;
+}
+
+impl Statements for Client {
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
+        Box::pin(self.query_typed(sql, params))
+    }
+}
+
+impl Statements for Transaction<'_> {
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
+        Box::pin(self.query_typed(sql, params))
+    }
+}
+
+/// A pooled connection that keeps the statements it ran prepared.
+pub struct PooledClient {
+    client: Client,
+    prepared: Mutex<HashMap<String, Statement>>,
+}
+
+impl Deref for PooledClient {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Statements for PooledClient {
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
+        Box::pin(async move {
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            let statement = self.prepared(sql, params).await?;
+            match self.client.query(&statement, &values).await {
+                // A table dropped and created again with another shape invalidates what was
+                // prepared against it: prepare afresh, once.
+                Err(e) if is_stale(&e) => {
+                    self.prepared.lock().expect("statement cache").remove(sql);
+                    let statement = self.prepared(sql, params).await?;
+                    self.client.query(&statement, &values).await
+                }
+                result => result,
+            }
+        })
+    }
+}
+
+impl PooledClient {
+    /// The prepared statement for `sql`, preparing it on first use.
+    async fn prepared(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.prepared.lock().expect("statement cache").get(sql) {
+            return Ok(statement.clone());
+        }
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let statement = self.client.prepare_typed(sql, &types).await?;
+        self.prepared
+            .lock()
+            .expect("statement cache")
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+fn is_stale(error: &tokio_postgres::Error) -> bool {
+    matches!(error.code(), Some(c) if *c == SqlState::FEATURE_NOT_SUPPORTED
+        || *c == SqlState::UNDEFINED_TABLE
+        || *c == SqlState::UNDEFINED_COLUMN)
+}
+
+/// The bb8 manager of [`PooledClient`]s: bb8-postgres's connection handling, plus the cache.
+pub struct Manager(PostgresConnectionManager<NoTls>);
+
+impl Manager {
+    /// A manager connecting with `config`.
+    pub fn new(config: tokio_postgres::Config) -> Manager {
+        Manager(PostgresConnectionManager::new(config, NoTls))
+    }
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = PooledClient;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PooledClient, tokio_postgres::Error> {
+        let client = self.0.connect().await?;
+        Ok(PooledClient {
+            client,
+            prepared: Mutex::new(HashMap::new()),
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), tokio_postgres::Error> {
+        self.0.is_valid(&mut conn.client).await
+    }
+
+    fn has_broken(&self, conn: &mut PooledClient) -> bool {
+        conn.client.is_closed()
+    }
+}
