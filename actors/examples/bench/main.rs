@@ -1,9 +1,10 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals`, `--write PATH` (also
-//! write the table, with the machine described, as markdown; docs/BENCHMARKS.md is made this
-//! way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
+//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals`, sizes one by one
+//! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`),
+//! `--write PATH` (also write the table, with the machine described, as markdown;
+//! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 
 mod leases;
 mod locks;
@@ -32,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let quick = args.iter().any(|a| a == "--quick");
     let only = arg("--only");
-    let sizes = if quick {
+    let mut sizes = if quick {
         Sizes {
             pairs: 100,
             contend_secs: 1,
@@ -49,6 +50,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             fanout: 50_000,
         }
     };
+    // Any size can be set on its own: --pairs, --seconds, --held, --requests, --fanout.
+    let size =
+        |name: &str| arg(name).map(|v| v.parse::<usize>().map_err(|e| format!("{name} {v}: {e}")));
+    if let Some(n) = size("--pairs").transpose()? {
+        sizes.pairs = n.max(8);
+    }
+    if let Some(n) = size("--seconds").transpose()? {
+        sizes.contend_secs = n as u64;
+    }
+    if let Some(n) = size("--held").transpose()? {
+        sizes.held = n.max(1);
+    }
+    if let Some(n) = size("--requests").transpose()? {
+        sizes.requests = n.max(1);
+    }
+    if let Some(n) = size("--fanout").transpose()? {
+        sizes.fanout = n.max(1);
+    }
     let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
     let mut report = Report::new(&pg).await?;
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
