@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// The prefix of every throwaway cluster's directory under the temporary directory.
+const DIR_PREFIX: &str = "pgcoord-pg-";
+
+/// The file in a cluster's directory holding the pid of the process that owns it.
+const OWNER_FILE: &str = "owner.pid";
+
 /// How long the server may take to accept connections.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -37,10 +43,14 @@ impl TempPostgres {
     pub fn start() -> Result<TempPostgres> {
         let bindir = find_bindir()?;
         let user = server_user()?;
+        reap_orphans();
         let dir = tempfile::Builder::new()
-            .prefix("pgcoord-pg-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(|e| other("cannot create a temporary directory", e))?;
+        // Who owns this cluster, so a later run can reap it if this process is killed.
+        fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|e| other("cannot record the cluster's owner", e))?;
         if let Some((uid, gid)) = user {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
                 .map_err(|e| other("cannot hand the data directory to the postgres user", e))?;
@@ -239,6 +249,43 @@ impl Drop for TempPostgres {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Stops and deletes clusters whose owning process is gone (killed before it could clean up,
+/// as a test binary killed by SIGKILL is). Best effort: anything unexpected is left alone.
+fn reap_orphans() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let is_ours = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(DIR_PREFIX));
+        let Some(owner) = is_ours
+            .then(|| fs::read_to_string(dir.join(OWNER_FILE)).ok())
+            .flatten()
+            .and_then(|pid| pid.trim().parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if process_alive(owner) {
+            continue;
+        }
+        let postmaster = fs::read_to_string(dir.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|f| f.lines().next()?.trim().parse::<i32>().ok());
+        if let Some(pid) = postmaster.filter(|&pid| process_alive(pid)) {
+            // SAFETY: signalling a pid read from the orphaned cluster's own postmaster.pid.
+            unsafe { libc::kill(pid, libc::SIGQUIT) };
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
 
 fn command(program: &Path, user: Option<(u32, u32)>) -> Command {
