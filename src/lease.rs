@@ -58,6 +58,15 @@ pub struct LeaseInfo {
 }
 
 impl LeaseInfo {
+    /// The lock's data decoded from MessagePack (as written by a typed acquire); `None` when
+    /// there is none.
+    pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>> {
+        self.data
+            .as_deref()
+            .map(crate::signal::from_payload)
+            .transpose()
+    }
+
     /// True while an owner holds an unexpired lease.
     pub fn is_held(&self) -> bool {
         self.remaining.is_some_and(|r| !r.is_zero())

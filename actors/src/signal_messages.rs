@@ -73,7 +73,8 @@ impl Publish {
 
 /// Deliver every message on `channel` to `recipient`, through its mailbox without waiting: when
 /// the mailbox is full the message is dropped for that recipient, counted and warned about.
-/// Resolves once the channel is being listened on.
+/// actix mailboxes hold 16 messages by default; a subscriber expecting bursts raises its own
+/// with `ctx.set_mailbox_capacity` in `started`. Resolves once the channel is being listened on.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<()>")]
 pub struct Subscribe {

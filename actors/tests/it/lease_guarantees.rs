@@ -291,3 +291,21 @@ async fn shutdown_releases_every_lease_even_with_releases_in_flight() {
         );
     }
 }
+
+#[actix_rt::test]
+async fn heartbeats_outlive_the_acquire_deadline() {
+    // pglock issue #5: heartbeats died with the acquire call's context.
+    let lease = Duration::from_millis(600);
+    let (setup, _) = Setup::new(lease, Duration::from_millis(100)).await;
+    let a = setup.manager("a");
+    let held = a
+        .send(Acquire::new("job").timeout(Duration::from_millis(100)))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(held.loss(), None);
+    let info = a.send(Get("job".into())).await.unwrap().unwrap();
+    assert!(info.is_held() && info.token == Some(held.token()));
+    held.release().await.unwrap();
+}

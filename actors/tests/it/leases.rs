@@ -227,6 +227,11 @@ async fn typed_data_round_trips_as_messagepack() {
         .unwrap()
         .unwrap();
     assert_eq!(held.value::<Leader>().unwrap(), Some(value));
+    let info = a.send(Get("leader".into())).await.unwrap().unwrap();
+    assert_eq!(
+        info.value::<Leader>().unwrap(),
+        held.value::<Leader>().unwrap()
+    );
     held.release().await.unwrap();
 }
 
