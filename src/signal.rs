@@ -125,10 +125,10 @@ impl Envelope {
     }
 }
 
-/// A random id whose eight bytes are all in 0x01..=0x7f: MessagePack always writes it as a
-/// 9-byte uint64 and the text mapping keeps each byte at one character, so every envelope's
+/// A random message id whose eight bytes are all in 0x01..=0x7f: MessagePack always writes it
+/// as a 9-byte uint64 and the text mapping keeps each byte at one character, so every envelope's
 /// encoded size depends on its payload alone. 56 random bits.
-fn new_id() -> u64 {
+pub fn new_id() -> u64 {
     (crate::config::random_u64() & 0x7f7f_7f7f_7f7f_7f7f) | 0x0101_0101_0101_0101
 }
 

@@ -55,7 +55,7 @@ impl ListenerActor {
     /// A listener for `config`; payloads too large for a notification go to `store` (without
     /// one they are [`ErrorKind::PayloadTooLarge`]).
     pub fn new(config: Config, store: Option<Arc<dyn PayloadStore>>) -> ListenerActor {
-        let reply_channel = Ident::new(&format!("pgcoord_reply_{:016x}", random_id()))
+        let reply_channel = Ident::new(&format!("pgcoord_reply_{:016x}", pgcoord::signal::new_id()))
             .expect("a valid generated identifier");
         ListenerActor {
             pool: pgcoord::db::pool(&config),
@@ -312,11 +312,6 @@ fn backoff(failures: u32) -> Duration {
         0 => Duration::ZERO,
         n => (Duration::from_millis(100) * 2u32.pow(n.min(6) - 1)).min(Duration::from_secs(5)),
     }
-}
-
-pub(crate) fn random_id() -> u64 {
-    // The core's envelope ids come from the same source.
-    pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, Vec::new()).id
 }
 
 #[cfg(test)]
