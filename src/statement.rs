@@ -2,8 +2,8 @@
 //!
 //! Every lease statement is sent many times on the same few pooled connections, so the pool's
 //! connections ([`PooledClient`]) keep each statement prepared after its first use: later calls
-//! cost one round trip and no parse or plan (measured +65 % acquire+release pairs/s with
-//! pgbench's prepared mode against its extended mode). On a caller's own client or transaction
+//! cost one round trip and no parse or plan (pgbench on the development machine: 810 → 1,340
+//! acquire+release pairs/s, extended against prepared mode). On a caller's own client or transaction
 //! (the fencing guard runs in the caller's transaction) statements go out with `query_typed`:
 //! one round trip, no prepare.
 

@@ -212,10 +212,23 @@ impl Handler<Publish> for ListenerActor {
 }
 
 impl ListenerActor {
-    fn channel_entry(&mut self, channel: &Ident) -> &mut Channel {
-        self.channels
-            .entry(channel.as_str().to_owned())
-            .or_default()
+    /// Validates `channel`, records what `register` adds to it, and makes sure it is listened
+    /// on: what `Subscribe`, `SubscribeRaw`, `Serve` and `WaitNext` have in common.
+    fn register(
+        &mut self,
+        channel: &str,
+        register: impl FnOnce(&mut Channel),
+    ) -> ResponseActFuture<Self, Result<()>> {
+        let channel = match channel_ident(channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        register(
+            self.channels
+                .entry(channel.as_str().to_owned())
+                .or_default(),
+        );
+        self.listen_one(channel)
     }
 }
 
@@ -227,12 +240,7 @@ impl Handler<Subscribe> for ListenerActor {
         Subscribe { channel, recipient }: Subscribe,
         _: &mut Context<Self>,
     ) -> Self::Result {
-        let channel = match channel_ident(&channel) {
-            Ok(channel) => channel,
-            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
-        };
-        self.channel_entry(&channel).subscribers.push(recipient);
-        self.listen_one(channel)
+        self.register(&channel, |entry| entry.subscribers.push(recipient))
     }
 }
 
@@ -244,12 +252,7 @@ impl Handler<SubscribeRaw> for ListenerActor {
         SubscribeRaw { channel, recipient }: SubscribeRaw,
         _: &mut Context<Self>,
     ) -> Self::Result {
-        let channel = match channel_ident(&channel) {
-            Ok(channel) => channel,
-            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
-        };
-        self.channel_entry(&channel).raw.push(recipient);
-        self.listen_one(channel)
+        self.register(&channel, |entry| entry.raw.push(recipient))
     }
 }
 
@@ -257,12 +260,7 @@ impl Handler<Serve> for ListenerActor {
     type Result = ResponseActFuture<Self, Result<()>>;
 
     fn handle(&mut self, Serve { channel, handler }: Serve, _: &mut Context<Self>) -> Self::Result {
-        let channel = match channel_ident(&channel) {
-            Ok(channel) => channel,
-            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
-        };
-        self.channel_entry(&channel).handler = Some(handler);
-        self.listen_one(channel)
+        self.register(&channel, |entry| entry.handler = Some(handler))
     }
 }
 
@@ -270,20 +268,18 @@ impl Handler<WaitNext> for ListenerActor {
     type Result = ResponseActFuture<Self, Result<Signal>>;
 
     fn handle(&mut self, WaitNext(channel): WaitNext, _: &mut Context<Self>) -> Self::Result {
-        let channel = match channel_ident(&channel) {
-            Ok(channel) => channel,
-            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
-        };
         let (tx, rx) = oneshot::channel();
-        self.channel_entry(&channel).waiters.push(tx);
-        Box::pin(self.listen_one(channel).then(|listened, act, _| {
-            async move {
-                listened?;
-                rx.await
-                    .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))
-            }
-            .into_actor(act)
-        }))
+        Box::pin(
+            self.register(&channel, |entry| entry.waiters.push(tx))
+                .then(|listened, act, _| {
+                    async move {
+                        listened?;
+                        rx.await
+                            .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))
+                    }
+                    .into_actor(act)
+                }),
+        )
     }
 }
 

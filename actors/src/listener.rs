@@ -55,8 +55,9 @@ impl ListenerActor {
     /// A listener for `config`; payloads too large for a notification go to `store` (without
     /// one they are [`ErrorKind::PayloadTooLarge`]).
     pub fn new(config: Config, store: Option<Arc<dyn PayloadStore>>) -> ListenerActor {
-        let reply_channel = Ident::new(&format!("pgcoord_reply_{:016x}", pgcoord::signal::new_id()))
-            .expect("a valid generated identifier");
+        let reply_channel =
+            Ident::new(&format!("pgcoord_reply_{:016x}", pgcoord::signal::new_id()))
+                .expect("a valid generated identifier");
         ListenerActor {
             pool: pgcoord::db::pool(&config),
             config,
