@@ -2,8 +2,9 @@
 //!
 //! Each lock gets its own connection, so a failing session loses exactly one lock and a blocked
 //! wait never delays another lock's pings. The cost is one server connection per held key (see
-//! docs/BENCHMARKS.md). Sessions are pinged every `ping_interval`; a ping that fails or stays
-//! unanswered for `ping_timeout` closes the session and reports the lock lost.
+//! docs/BENCHMARKS.md). A session whose connection ends is reported lost at once; one that
+//! stays open but fails a ping, or leaves it unanswered for `ping_timeout`, is closed and
+//! reported lost at the next `ping_interval`.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::advisory::{self, Mode};
 use pgcoord::{Error, ErrorKind, Result};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 use tracing::{debug, warn};
@@ -23,17 +25,25 @@ use crate::messages::{AdvisoryLock, AdvisoryUnlock, LockKey, LockLost, LossReaso
 pub(crate) struct Pinned {
     client: Client,
     driver: JoinHandle<()>,
+    /// Turns true when the connection ends (closes when the driver is aborted).
+    ended: watch::Receiver<bool>,
 }
 
 impl Pinned {
     async fn open(config: &pgcoord::Config) -> Result<Pinned> {
         let (client, connection) = pgcoord::db::connect_as(config, "advisory").await?;
+        let (ended_tx, ended) = watch::channel(false);
         let driver = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 debug!(error = %e, "advisory session ended");
             }
+            let _ = ended_tx.send(true);
         });
-        Ok(Pinned { client, driver })
+        Ok(Pinned {
+            client,
+            driver,
+            ended,
+        })
     }
 }
 
@@ -48,6 +58,8 @@ pub(crate) struct Session {
     pinned: Arc<Pinned>,
     mode: Mode,
     pinging: bool,
+    /// The future reporting the loss the moment the connection ends; cancelled with the session.
+    watch: Option<SpawnHandle>,
 }
 
 /// How many lock-free sessions a manager keeps open for reuse.
@@ -70,7 +82,7 @@ impl LockManager {
             let ping = async move { advisory::ping(&client.client, timeout).await };
             ctx.spawn(
                 ping.into_actor(self)
-                    .map(move |result, act: &mut LockManager, _| {
+                    .map(move |result, act: &mut LockManager, ctx| {
                         if let Some(session) = act.sessions.get_mut(&key) {
                             session.pinging = false;
                         }
@@ -80,11 +92,38 @@ impl LockManager {
                             } else {
                                 LossReason::ConnectionLost
                             };
-                            act.lose_advisory(key, reason, &e);
+                            act.lose_advisory(key, reason, &e, ctx);
                         }
                     }),
             );
         }
+    }
+
+    /// Holds `session` for `key`, watching its connection so that its end is reported at once.
+    fn hold(&mut self, key: i64, mut session: Session, ctx: &mut Context<Self>) {
+        let mut ended = session.pinned.ended.clone();
+        let watched = Arc::downgrade(&session.pinned);
+        let watch = async move {
+            // Ok: the connection ended; Err: the driver was aborted (the session was dropped).
+            ended.wait_for(|ended| *ended).await.is_ok()
+        };
+        session.watch = Some(
+            ctx.spawn(watch.into_actor(self).map(move |ended, act, ctx| {
+                let same = act
+                    .sessions
+                    .get(&key)
+                    .is_some_and(|s| std::ptr::eq(Arc::as_ptr(&s.pinned), watched.as_ptr()));
+                if ended && same {
+                    act.lose_advisory(
+                        key,
+                        LossReason::ConnectionLost,
+                        &"the connection ended",
+                        ctx,
+                    );
+                }
+            })),
+        );
+        self.sessions.insert(key, session);
     }
 
     /// Keeps a session that holds no lock for the next acquire, up to [`IDLE_SESSIONS`].
@@ -94,9 +133,18 @@ impl LockManager {
         }
     }
 
-    fn lose_advisory(&mut self, key: i64, reason: LossReason, error: &Error) {
-        if self.sessions.remove(&key).is_none() {
+    fn lose_advisory(
+        &mut self,
+        key: i64,
+        reason: LossReason,
+        error: &dyn std::fmt::Display,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(session) = self.sessions.remove(&key) else {
             return;
+        };
+        if let Some(watch) = session.watch {
+            ctx.cancel_future(watch);
         }
         warn!(key, ?reason, error = %error, "advisory lock lost; its session is closed");
         self.broadcast(LockLost {
@@ -193,6 +241,7 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                     pinned: Arc::new(pinned),
                     mode,
                     pinging: false,
+                    watch: None,
                 }),
                 Err(e) => Err((e, clean.then_some(pinned))),
             };
@@ -201,11 +250,11 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
         let attempt =
             tracing::Instrument::instrument(attempt, tracing::info_span!("advisory_lock", key));
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(attempt).map(
-            move |(session, reply), act, _| {
+            move |(session, reply), act, ctx| {
                 act.pending_keys.remove(&key);
                 match (session, reply) {
                     (Ok(session), Some(reply)) if !reply.is_closed() => {
-                        act.sessions.insert(key, session);
+                        act.hold(key, session, ctx);
                         let _ = reply.send(Ok(()));
                     }
                     // Nobody to hand it to: dropping the session releases it.
@@ -232,15 +281,18 @@ impl Handler<AdvisoryUnlock> for LockManager {
     fn handle(
         &mut self,
         AdvisoryUnlock(key): AdvisoryUnlock,
-        _: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) -> Self::Result {
-        let Some(session) = self.sessions.remove(&key) else {
+        let Some(mut session) = self.sessions.remove(&key) else {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!("advisory lock {key} is not held (lost or released)"),
             );
             return Box::pin(actix::fut::ready(Err(error)));
         };
+        if let Some(watch) = session.watch.take() {
+            ctx.cancel_future(watch);
+        }
         let unlock = async move {
             let result = advisory::unlock(&session.pinned.client, key, session.mode).await;
             // Unlocked, the session holds nothing and can serve the next lock.

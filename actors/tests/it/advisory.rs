@@ -173,8 +173,14 @@ async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
 #[actix_rt::test]
 async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_new_holder() {
     let (setup, admin) = setup().await;
+    // Pings far apart: the loss must be noticed from the connection ending, not from a ping.
+    let slow_pings = setup
+        .builder("a")
+        .ping_interval(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let (a, b, k) = (
-        manager_with(&setup, "a", &setup.pg),
+        LockManager::new(slow_pings).start(),
         manager_with(&setup, "b", &setup.pg),
         key(),
     );
@@ -195,7 +201,12 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    eprintln!("terminated session reported after {:?}", killed.elapsed());
+    // The connection's end is noticed at once, not at the next ping.
+    assert!(
+        killed.elapsed() < FAST,
+        "reported before the next ping: {:?}",
+        killed.elapsed()
+    );
     let received = lost.received();
     assert_eq!(
         (received[0].key.clone(), received[0].reason),
