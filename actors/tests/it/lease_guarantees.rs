@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use actix::Actor;
 use pgcoord::ErrorKind;
 use pgcoord::lease::Attempt;
 use pgcoord_actors::*;
@@ -308,4 +309,41 @@ async fn heartbeats_outlive_the_acquire_deadline() {
     let info = a.send(Get("job".into())).await.unwrap().unwrap();
     assert!(info.is_held() && info.token == Some(held.token()));
     held.release().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_holder_cut_off_from_the_database_gives_up_before_the_server_would() {
+    let lease = Duration::from_millis(1000);
+    let (setup, _) = Setup::new(lease, Duration::from_millis(200)).await;
+    let proxy = super::Proxy::start(&setup.pg).await;
+    let config = setup
+        .builder("cut-off")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .build()
+        .unwrap();
+    let holder = LockManager::new(config).start();
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every connection the manager has is black-holed: renewals hang, nothing errors.
+    proxy.cut();
+    let cut = Instant::now();
+    let reason = tokio::time::timeout(lease * 2, held.lost())
+        .await
+        .expect("reported");
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    // The last renewal was sent at most a heartbeat before the cut; its lease ends a full lease
+    // after that, and the holder gave up before then.
+    assert!(
+        cut.elapsed() < lease,
+        "gave up {:?} after the cut",
+        cut.elapsed()
+    );
+    // Meanwhile a contender on a working connection gets it once the server's lease expires.
+    let contender = setup.manager("contender");
+    let taken = contender
+        .send(Acquire::new("job").timeout(lease * 3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.token() > held.token());
 }
