@@ -102,7 +102,11 @@ impl LockManager {
 
     /// Sends `lost` to every subscriber, forgetting those that are gone.
     pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        self.subscribers
-            .retain(|s| s.try_send(lost.clone()).is_ok() || s.connected());
+        // do_send ignores the mailbox's capacity: a loss report must never be dropped because a
+        // subscriber is busy.
+        self.subscribers.retain(|s| {
+            s.do_send(lost.clone());
+            s.connected()
+        });
     }
 }

@@ -181,8 +181,11 @@ impl ListenerActor {
     }
 
     fn broadcast(&mut self, state: ConnState) {
-        self.conn_subscribers
-            .retain(|s| s.try_send(state.clone()).is_ok() || s.connected());
+        // Rare and important ("Reconnected" means resync): never dropped for a full mailbox.
+        self.conn_subscribers.retain(|s| {
+            s.do_send(state.clone());
+            s.connected()
+        });
     }
 
     /// Resolves once every LISTEN of the current connection is confirmed.

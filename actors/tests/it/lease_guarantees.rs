@@ -347,3 +347,53 @@ async fn a_holder_cut_off_from_the_database_gives_up_before_the_server_would() {
         .unwrap();
     assert!(taken.token() > held.token());
 }
+
+/// A subscriber with a mailbox of one that is busy when the losses arrive.
+struct Busy(Arc<std::sync::Mutex<Vec<LockLost>>>);
+impl actix::Actor for Busy {
+    type Context = actix::Context<Self>;
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(1);
+    }
+}
+impl actix::Handler<LockLost> for Busy {
+    type Result = ();
+    fn handle(&mut self, lost: LockLost, _: &mut Self::Context) {
+        std::thread::sleep(Duration::from_millis(50));
+        self.0.lock().unwrap().push(lost);
+    }
+}
+
+#[actix_rt::test]
+async fn loss_reports_reach_a_busy_subscriber_too() {
+    let (setup, admin) = Setup::new(Duration::from_millis(600), Duration::from_millis(100)).await;
+    let a = setup.manager("a");
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let busy = Busy::start_in_arbiter(&actix::Arbiter::new().handle(), {
+        let received = received.clone();
+        move |_| Busy(received)
+    });
+    a.send(SubscribeLockLost(busy.recipient())).await.unwrap();
+    let mut leases = Vec::new();
+    for i in 0..10 {
+        leases.push(
+            a.send(Acquire::new(format!("job-{i}")))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    admin
+        .execute(&format!("DELETE FROM {}", setup.quoted_table()), &[])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while received.lock().unwrap().len() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "got {} of 10",
+            received.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
