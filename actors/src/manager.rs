@@ -130,6 +130,8 @@ impl Actor for LockManager {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
+        ctx.set_mailbox_capacity(4096);
         match &self.shared_listener {
             Some(listener) => {
                 let channel = self.config.lease_channel().as_str().to_owned();
