@@ -16,7 +16,7 @@
 //!   [`SubscribeConnState`], and what subscribers receive: [`Signal`], [`ConnState`].
 //! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
 //! - [`coordinator`] — [`Coordinator`]: starts all three actors.
-//! - [`with_lock`] — run work under a lease, cancelled when the lease is lost.
+//! - [`with_lock`](mod@with_lock) — run work under a lease, cancelled when the lease is lost.
 //! - `heartbeat` (private) — renewing held leases, their deadlines, and loss reports.
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 //! - `acquire`, `wake` (private) — the wait of one acquire, and the FIFO queues and LISTEN
