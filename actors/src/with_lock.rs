@@ -1,7 +1,5 @@
 //! [`with_lock`]: run work while holding a lease, cancelled when the lease is lost.
 
-use std::future::Future;
-
 use actix::Addr;
 use pgcoord::{Error, ErrorKind, Result};
 
@@ -13,15 +11,10 @@ use crate::messages::Acquire;
 /// lease is lost first, the work is dropped (cancelled at its next `.await`) and the result is
 /// [`ErrorKind::LockLost`]. Dropping the returned future cancels the work and releases the
 /// lease. Work must not keep making externally visible changes it cannot fence: use
-/// [`Lease::fence`] in its transactions.
-pub async fn with_lock<T, F, Fut>(
-    manager: &Addr<LockManager>,
-    request: Acquire,
-    work: F,
-) -> Result<T>
+/// [`Lease::fence`] in its transactions, as in `async |lease| lease.fence(&tx).await`.
+pub async fn with_lock<T, F>(manager: &Addr<LockManager>, request: Acquire, work: F) -> Result<T>
 where
-    F: FnOnce(&Lease) -> Fut,
-    Fut: Future<Output = T>,
+    F: AsyncFnOnce(&Lease) -> T,
 {
     let lease = manager
         .send(request)

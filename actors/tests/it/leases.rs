@@ -110,7 +110,7 @@ async fn cancelling_with_lock_work_frees_the_lock() {
     let flag = entered.clone();
     let a2 = a.clone();
     let work = actix_rt::spawn(async move {
-        with_lock(&a2, Acquire::new("job"), |_| async move {
+        with_lock(&a2, Acquire::new("job"), async move |_| {
             flag.store(true, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_secs(3600)).await;
         })
@@ -138,16 +138,20 @@ async fn with_lock_work_is_cancelled_when_the_lease_is_lost() {
     let (setup, admin) = Setup::new(Duration::from_millis(600), Duration::from_millis(100)).await;
     let a = setup.manager("a");
     let started = Instant::now();
-    let result = with_lock(&a, Acquire::new("job"), |_| {
-        let admin = &admin;
-        let table = setup.quoted_table();
-        async move {
-            admin
-                .execute(&format!("DELETE FROM {table}"), &[])
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-        }
+    let table = setup.quoted_table();
+    let result = with_lock(&a, Acquire::new("job"), async |lease| {
+        // The work fences its writes; then the lease is taken away under it.
+        let mut client = pgcoord::db::connect_spawned(&setup.builder("w").build().unwrap())
+            .await
+            .unwrap();
+        let tx = client.transaction().await.unwrap();
+        lease.fence(&tx).await.unwrap();
+        tx.commit().await.unwrap();
+        admin
+            .execute(&format!("DELETE FROM {table}"), &[])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3600)).await;
     })
     .await;
     assert_eq!(result.unwrap_err().kind(), ErrorKind::LockLost);
