@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }))
         .await??;
     let request = pgcoord_actors::Request::value("double", &21i64)?.timeout(Duration::from_secs(5));
-    let reply: i64 = pgcoord::signal::from_payload(&coord.signals.send(request).await??)?;
+    let reply: i64 = coord.signals.send(request.returning()).await??;
     println!("request/reply: 21 doubled is {reply}");
     Ok(())
 }

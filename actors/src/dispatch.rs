@@ -1,9 +1,6 @@
 //! What `ListenerActor` does with messages: routing notifications to subscribers, handlers and
 //! pending requests, and the handlers of `Publish`, `Subscribe`, `WaitNext`, `Serve`, `Request`.
 
-use std::time::Instant;
-
-use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::ident::Ident;
 use pgcoord::payload::PayloadStore;
@@ -13,7 +10,6 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::listener::{Channel, ListenerActor};
-use crate::signal_messages::Request;
 use crate::signal_messages::*;
 
 impl ListenerActor {
@@ -166,7 +162,7 @@ impl ListenerActor {
 }
 
 /// Seals `payload` into `envelope` (through the store when large) and NOTIFYs it.
-async fn send(
+pub(crate) async fn send(
     pool: &Pool,
     store: Option<&dyn PayloadStore>,
     channel: &Ident,
@@ -179,7 +175,7 @@ async fn send(
     signal::notify(&*client, channel, &text).await
 }
 
-fn channel_ident(channel: &str) -> Result<Ident> {
+pub(crate) fn channel_ident(channel: &str) -> Result<Ident> {
     Ident::new(channel)
 }
 
@@ -280,102 +276,5 @@ impl Handler<WaitNext> for ListenerActor {
                     .into_actor(act)
                 }),
         )
-    }
-}
-
-/// The reply to [`Request`]: the round trip runs inside the listener, watching the reply channel
-/// so a caller that gives up is forgotten at once.
-pub struct RequestResponse(std::result::Result<RoundTrip, Error>);
-
-/// One request on its way.
-pub struct RoundTrip {
-    id: u64,
-    deadline: Option<Instant>,
-    reply: oneshot::Receiver<Result<Vec<u8>>>,
-    send: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
-}
-
-impl Handler<Request> for ListenerActor {
-    type Result = RequestResponse;
-
-    fn handle(&mut self, request: Request, _: &mut Context<Self>) -> RequestResponse {
-        let channel = match channel_ident(&request.channel) {
-            Ok(channel) => channel,
-            Err(e) => return RequestResponse(Err(e)),
-        };
-        let mut envelope = Envelope::new(Kind::Request, Vec::new());
-        envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
-        let id = envelope.id;
-        // Registered before anything is sent, so no reply can arrive unexpected.
-        let (tx, rx) = oneshot::channel();
-        self.pending.insert(id, tx);
-        let ready = self.replies_ready();
-        let (pool, store, limit) = (
-            self.pool.clone(),
-            self.store.clone(),
-            self.config.inline_limit(),
-        );
-        let payload = request.payload;
-        let send = Box::pin(async move {
-            ready.await;
-            self::send(&pool, store.as_deref(), &channel, envelope, payload, limit).await
-        });
-        RequestResponse(Ok(RoundTrip {
-            id,
-            deadline: request.timeout.map(|t| Instant::now() + t),
-            reply: rx,
-            send,
-        }))
-    }
-}
-
-impl MessageResponse<ListenerActor, Request> for RequestResponse {
-    fn handle(
-        self,
-        ctx: &mut Context<ListenerActor>,
-        reply: Option<OneshotSender<Result<Vec<u8>>>>,
-    ) {
-        let trip = match self.0 {
-            Ok(trip) => trip,
-            Err(error) => return crate::reply::refuse(reply, error),
-        };
-        let RoundTrip {
-            id,
-            deadline,
-            reply: answer,
-            send,
-        } = trip;
-        let round_trip = async move {
-            let mut reply = reply;
-            let work = async {
-                send.await?;
-                answer
-                    .await
-                    .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))?
-            };
-            let deadline_passed = async {
-                match deadline {
-                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let caller_gone = crate::reply::caller_gone(&mut reply);
-            let outcome = tokio::select! {
-                outcome = work => Some(outcome),
-                _ = deadline_passed => Some(Err(Error::new(ErrorKind::Timeout, "no reply before the deadline"))),
-                _ = caller_gone => None,
-            };
-            (outcome, reply)
-        };
-        let round_trip =
-            tracing::Instrument::instrument(round_trip, tracing::info_span!("request", id));
-        ctx.spawn(actix::fut::wrap_future::<_, ListenerActor>(round_trip).map(
-            move |(outcome, reply), act, _| {
-                act.pending.remove(&id);
-                if let (Some(outcome), Some(reply)) = (outcome, reply) {
-                    let _ = reply.send(outcome);
-                }
-            },
-        ));
     }
 }

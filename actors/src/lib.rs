@@ -14,6 +14,8 @@
 //!   handlers and pending requests.
 //! - [`signal_messages`] — [`Publish`], [`Subscribe`], [`WaitNext`], [`Serve`], [`Request`],
 //!   [`SubscribeConnState`], and what subscribers receive: [`Signal`], [`ConnState`].
+//! - [`round_trip`] — request/reply: [`Request`] for bytes, [`TypedRequest`] for decoded
+//!   replies.
 //! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
 //! - [`coordinator`] — [`Coordinator`]: starts all three actors.
 //! - [`with_lock`](mod@with_lock) — run work under a lease, cancelled when the lease is lost.
@@ -34,16 +36,17 @@ pub mod manager;
 pub mod messages;
 pub mod payload_actor;
 mod reply;
+pub mod round_trip;
 pub mod signal_messages;
 mod wake;
 pub mod with_lock;
 
 pub use coordinator::Coordinator;
-pub use dispatch::{RequestResponse, RoundTrip};
 pub use lease::Lease;
 pub use listener::ListenerActor;
 pub use manager::LockManager;
 pub use messages::*;
 pub use payload_actor::{DeleteExpired, GetPayload, PayloadStoreActor, PutPayload};
+pub use round_trip::{RequestResponse, RoundTrip, TypedRequest, TypedResponse};
 pub use signal_messages::*;
 pub use with_lock::with_lock;

@@ -198,6 +198,14 @@ impl Request {
         self.timeout = Some(timeout);
         self
     }
+
+    /// The same request, with its reply decoded from MessagePack into `R`.
+    pub fn returning<R: DeserializeOwned>(self) -> crate::round_trip::TypedRequest<R> {
+        crate::round_trip::TypedRequest {
+            request: self,
+            reply: std::marker::PhantomData,
+        }
+    }
 }
 
 /// Register for [`ConnState`] broadcasts.

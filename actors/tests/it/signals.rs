@@ -125,8 +125,23 @@ async fn typed_request_reply_and_remote_errors() {
         .unwrap()
         .unwrap();
     assert_eq!(pgcoord::signal::from_payload::<i64>(&reply).unwrap(), 42);
+    // Decoded by the request itself.
+    let sum: i64 = client
+        .send(
+            Request::value(&channel, &Add { a: 1, b: 2 })
+                .unwrap()
+                .returning(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sum, 3);
     let err = client
-        .send(Request::value(&channel, &Add { a: 1, b: 0 }).unwrap())
+        .send(
+            Request::value(&channel, &Add { a: 1, b: 0 })
+                .unwrap()
+                .returning::<i64>(),
+        )
         .await
         .unwrap()
         .unwrap_err();

@@ -1,0 +1,158 @@
+//! Request/reply in `ListenerActor`: a [`Request`] goes out once the reply channel is listened
+//! on, waits for the reply routed to it by id, and ends at the caller's deadline or when the
+//! caller gives up (watched through actix's reply channel), whichever comes first.
+
+use std::marker::PhantomData;
+use std::time::Instant;
+
+use actix::dev::{MessageResponse, OneshotSender};
+use actix::prelude::*;
+use pgcoord::signal::{Envelope, Kind};
+use pgcoord::{Error, ErrorKind, Result};
+use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
+
+use crate::dispatch::{channel_ident, send};
+use crate::listener::ListenerActor;
+use crate::signal_messages::Request;
+
+/// One request on its way: registered in the pending map, not yet sent.
+pub struct RoundTrip {
+    id: u64,
+    deadline: Option<Instant>,
+    reply: oneshot::Receiver<Result<Vec<u8>>>,
+    send: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
+}
+
+impl ListenerActor {
+    fn start_round_trip(&mut self, request: Request) -> Result<RoundTrip> {
+        let channel = channel_ident(&request.channel)?;
+        let mut envelope = Envelope::new(Kind::Request, Vec::new());
+        envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
+        let id = envelope.id;
+        // Registered before anything is sent, so no reply can arrive unexpected.
+        let (tx, rx) = oneshot::channel();
+        self.pending.insert(id, tx);
+        let ready = self.replies_ready();
+        let (pool, store, limit) = (
+            self.pool.clone(),
+            self.store.clone(),
+            self.config.inline_limit(),
+        );
+        let payload = request.payload;
+        let send = Box::pin(async move {
+            ready.await;
+            send(&pool, store.as_deref(), &channel, envelope, payload, limit).await
+        });
+        Ok(RoundTrip {
+            id,
+            deadline: request.timeout.map(|t| Instant::now() + t),
+            reply: rx,
+            send,
+        })
+    }
+}
+
+/// Runs `trip` inside the listener and answers `reply` with the reply, `decode`d.
+fn spawn<T: Send + 'static>(
+    trip: Result<RoundTrip>,
+    ctx: &mut Context<ListenerActor>,
+    reply: Option<OneshotSender<Result<T>>>,
+    decode: fn(Vec<u8>) -> Result<T>,
+) {
+    let RoundTrip {
+        id,
+        deadline,
+        reply: answer,
+        send,
+    } = match trip {
+        Ok(trip) => trip,
+        Err(error) => return crate::reply::refuse(reply, error),
+    };
+    let round_trip = async move {
+        let mut reply = reply;
+        let work = async {
+            send.await?;
+            let bytes = answer
+                .await
+                .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))??;
+            decode(bytes)
+        };
+        let deadline_passed = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let caller_gone = crate::reply::caller_gone(&mut reply);
+        let outcome = tokio::select! {
+            outcome = work => Some(outcome),
+            _ = deadline_passed => Some(Err(Error::new(ErrorKind::Timeout, "no reply before the deadline"))),
+            _ = caller_gone => None,
+        };
+        (outcome, reply)
+    };
+    let round_trip =
+        tracing::Instrument::instrument(round_trip, tracing::info_span!("request", id));
+    ctx.spawn(actix::fut::wrap_future::<_, ListenerActor>(round_trip).map(
+        move |(outcome, reply), act, _| {
+            act.pending.remove(&id);
+            if let (Some(outcome), Some(reply)) = (outcome, reply) {
+                let _ = reply.send(outcome);
+            }
+        },
+    ));
+}
+
+/// The reply to [`Request`]: the reply's bytes.
+pub struct RequestResponse(Result<RoundTrip>);
+
+impl Handler<Request> for ListenerActor {
+    type Result = RequestResponse;
+
+    fn handle(&mut self, request: Request, _: &mut Context<Self>) -> RequestResponse {
+        RequestResponse(self.start_round_trip(request))
+    }
+}
+
+impl MessageResponse<ListenerActor, Request> for RequestResponse {
+    fn handle(
+        self,
+        ctx: &mut Context<ListenerActor>,
+        reply: Option<OneshotSender<Result<Vec<u8>>>>,
+    ) {
+        spawn(self.0, ctx, reply, Ok);
+    }
+}
+
+/// A [`Request`] whose reply is decoded from MessagePack into `R`; made by
+/// [`Request::returning`].
+pub struct TypedRequest<R> {
+    pub(crate) request: Request,
+    pub(crate) reply: PhantomData<fn() -> R>,
+}
+
+impl<R: 'static> Message for TypedRequest<R> {
+    type Result = Result<R>;
+}
+
+/// The reply to [`TypedRequest`]: the reply decoded.
+pub struct TypedResponse<R>(Result<RoundTrip>, PhantomData<fn() -> R>);
+
+impl<R: DeserializeOwned + Send + 'static> Handler<TypedRequest<R>> for ListenerActor {
+    type Result = TypedResponse<R>;
+
+    fn handle(&mut self, typed: TypedRequest<R>, _: &mut Context<Self>) -> TypedResponse<R> {
+        TypedResponse(self.start_round_trip(typed.request), PhantomData)
+    }
+}
+
+impl<R: DeserializeOwned + Send + 'static> MessageResponse<ListenerActor, TypedRequest<R>>
+    for TypedResponse<R>
+{
+    fn handle(self, ctx: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<R>>>) {
+        spawn(self.0, ctx, reply, |bytes| {
+            pgcoord::signal::from_payload(&bytes)
+        });
+    }
+}
