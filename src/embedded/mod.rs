@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 
+mod reap;
+mod support;
+
+pub use support::{from_env_or_start, test_pg_config, unique_name};
+
 /// The prefix of every throwaway cluster's directory under the temporary directory.
 const DIR_PREFIX: &str = "pgcoord-pg-";
 
@@ -43,7 +48,7 @@ impl TempPostgres {
     pub fn start() -> Result<TempPostgres> {
         let bindir = find_bindir()?;
         let user = server_user()?;
-        reap_orphans();
+        reap::reap_orphans(DIR_PREFIX, OWNER_FILE);
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
             .tempdir()
@@ -251,43 +256,6 @@ impl Drop for TempPostgres {
     }
 }
 
-/// Stops and deletes clusters whose owning process is gone (killed before it could clean up,
-/// as a test binary killed by SIGKILL is). Best effort: anything unexpected is left alone.
-fn reap_orphans() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for dir in entries.flatten().map(|e| e.path()) {
-        let is_ours = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(DIR_PREFIX));
-        let Some(owner) = is_ours
-            .then(|| fs::read_to_string(dir.join(OWNER_FILE)).ok())
-            .flatten()
-            .and_then(|pid| pid.trim().parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if process_alive(owner) {
-            continue;
-        }
-        let postmaster = fs::read_to_string(dir.join("data/postmaster.pid"))
-            .ok()
-            .and_then(|f| f.lines().next()?.trim().parse::<i32>().ok());
-        if let Some(pid) = postmaster.filter(|&pid| process_alive(pid)) {
-            // SAFETY: signalling a pid read from the orphaned cluster's own postmaster.pid.
-            unsafe { libc::kill(pid, libc::SIGQUIT) };
-        }
-        let _ = fs::remove_dir_all(&dir);
-    }
-}
-
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
-}
-
 fn command(program: &Path, user: Option<(u32, u32)>) -> Command {
     let mut command = Command::new(program);
     command.stdin(Stdio::null());
@@ -369,52 +337,4 @@ fn free_port() -> Result<u16> {
 
 fn other(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Other, format!("{what}: {e}")).with_source(e)
-}
-
-/// Connection settings for tests: `DATABASE_URL` when it is set, else the [shared](TempPostgres::shared)
-/// throwaway cluster of this process.
-pub fn test_pg_config() -> Result<tokio_postgres::Config> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => url.parse().map_err(|e| {
-            Error::new(
-                ErrorKind::InvalidConfig,
-                format!("invalid DATABASE_URL: {e}"),
-            )
-        }),
-        _ => Ok(TempPostgres::shared()?.pg_config()),
-    }
-}
-
-/// A name no other test, process or run is using: `prefix` plus process id and a counter, to
-/// give each test its own tables, channels and keys so tests run in parallel.
-pub fn unique_name(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        crate::config::random_u64() % 10_000,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Connection settings for examples: `DATABASE_URL` when it is set, else a new throwaway cluster,
-/// returned too so the caller keeps it alive (it is removed when dropped).
-pub fn from_env_or_start() -> Result<(Option<TempPostgres>, tokio_postgres::Config)> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => {
-            let pg = url.parse().map_err(|e| {
-                Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!("invalid DATABASE_URL: {e}"),
-                )
-            })?;
-            Ok((None, pg))
-        }
-        _ => {
-            let server = TempPostgres::start()?;
-            let pg = server.pg_config();
-            Ok((Some(server), pg))
-        }
-    }
 }

@@ -1,0 +1,52 @@
+//! Helpers for tests and examples: which server to use, and names nobody else uses.
+
+use super::TempPostgres;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Connection settings for tests: `DATABASE_URL` when it is set, else the [shared](TempPostgres::shared)
+/// throwaway cluster of this process.
+pub fn test_pg_config() -> Result<tokio_postgres::Config> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url.parse().map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!("invalid DATABASE_URL: {e}"),
+            )
+        }),
+        _ => Ok(TempPostgres::shared()?.pg_config()),
+    }
+}
+
+/// A name no other test, process or run is using: `prefix` plus process id and a counter, to
+/// give each test its own tables, channels and keys so tests run in parallel.
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        crate::config::random_u64() % 10_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Connection settings for examples: `DATABASE_URL` when it is set, else a new throwaway cluster,
+/// returned too so the caller keeps it alive (it is removed when dropped).
+pub fn from_env_or_start() -> Result<(Option<TempPostgres>, tokio_postgres::Config)> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => {
+            let pg = url.parse().map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("invalid DATABASE_URL: {e}"),
+                )
+            })?;
+            Ok((None, pg))
+        }
+        _ => {
+            let server = TempPostgres::start()?;
+            let pg = server.pg_config();
+            Ok((Some(server), pg))
+        }
+    }
+}
