@@ -82,9 +82,18 @@ impl AcquireJob {
         } = &self.request;
         let mut reserved = false;
         let outcome = loop {
+            // Waiting for a connection is safe to abandon (nothing was sent yet), so the caller's
+            // deadline and departure bound it, even when the database cannot be reached.
+            let client = tokio::select! {
+                client = self.pool.get() => match client {
+                    Ok(client) => client,
+                    Err(e) => break Outcome::Failed(e.into()),
+                },
+                _ = caller_gone(reply) => break Outcome::Cancelled,
+                _ = until(deadline) => break Outcome::Failed(Error::not_acquired(name, None)),
+            };
             let sent = Instant::now();
             let attempt = pgcoord::db::retry(|| async {
-                let client = self.pool.get().await?;
                 let attempt = self
                     .table
                     .try_acquire(
@@ -110,12 +119,9 @@ impl AcquireJob {
                 }
                 Ok(Attempt::Held(_)) => {
                     // Reserve the next grant, so a releaser cannot take it straight back.
-                    let enqueued = async {
-                        let client = self.pool.get().await?;
-                        self.table
-                            .enqueue(&*client, name, &self.owner, self.lease * 2)
-                            .await
-                    };
+                    let enqueued = self
+                        .table
+                        .enqueue(&*client, name, &self.owner, self.lease * 2);
                     match enqueued.await {
                         Ok(holder) => {
                             reserved = true;
@@ -125,6 +131,8 @@ impl AcquireJob {
                     }
                 }
             };
+            // Back to the pool while we wait.
+            drop(client);
             // Wake on a release, at the holder's expiry, or on the polling fallback.
             let nap = holder
                 .as_ref()
