@@ -205,10 +205,19 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
             // A parked session is reused when its connection is still open.
             let pinned = match idle.filter(|p| !p.client.is_closed()) {
                 Some(pinned) => pinned,
-                None => match Pinned::open(&config).await {
-                    Ok(pinned) => pinned,
-                    Err(e) => return (Err((e, None)), reply),
-                },
+                // Connecting holds nothing yet: a caller that leaves meanwhile just stops it.
+                None => {
+                    let opened = tokio::select! {
+                        opened = Pinned::open(&config) => opened,
+                        _ = crate::reply::caller_gone(&mut reply) => {
+                            Err(Error::new(ErrorKind::Timeout, "caller gave up"))
+                        }
+                    };
+                    match opened {
+                        Ok(pinned) => pinned,
+                        Err(e) => return (Err((e, None)), reply),
+                    }
+                }
             };
             let client = &pinned.client;
             let locking = async {
