@@ -2,8 +2,9 @@
 //!
 //! An advisory lock belongs to the session that took it and is released by the server the
 //! instant that session ends. These functions therefore take the dedicated client of one session
-//! (see [`crate::db::connect`]); never call them on a pooled connection, whose session — and
-//! locks — the next borrower would inherit.
+//! (see [`crate::db::connect`], and [`crate::statement::CachingClient`] to keep the statements
+//! prepared); never call them on a pooled connection, whose session — and locks — the next
+//! borrower would inherit.
 //!
 //! Keys are `i64`s. [`key_for_name`] derives one from a name with 64-bit FNV-1a over the name's
 //! UTF-8 bytes, read as a two's-complement `i64`: offset basis `0xcbf29ce484222325`, prime
@@ -14,6 +15,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
+
+use crate::statement::Statements;
 use tracing::instrument;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -40,33 +43,33 @@ pub fn key_for_name(name: &str) -> i64 {
 
 /// Takes the lock if it is free, at once; `false` when someone else holds it.
 #[instrument(skip(client), level = "debug")]
-pub async fn try_lock(client: &Client, key: i64, mode: Mode) -> Result<bool> {
+pub async fn try_lock(client: &impl Statements, key: i64, mode: Mode) -> Result<bool> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
         Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
     };
-    let row = client.query_typed_one(sql, &[(&key, Type::INT8)]).await?;
-    Ok(row.try_get(0)?)
+    let rows = client.run(sql, &[(&key, Type::INT8)]).await?;
+    Ok(one_row(&rows)?.try_get(0)?)
 }
 
 /// Waits for the lock for at most `timeout`, enforced by the server with `lock_timeout` so the
 /// wait ends there too; [`ErrorKind::NotAcquired`] when it expires. To give up earlier, cancel
 /// with the client's `cancel_token()`: the wait then fails with [`ErrorKind::Timeout`].
 #[instrument(skip(client), level = "debug")]
-pub async fn lock(client: &Client, key: i64, mode: Mode, timeout: Duration) -> Result<()> {
+pub async fn lock(client: &impl Statements, key: i64, mode: Mode, timeout: Duration) -> Result<()> {
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_lock($1)::text",
         Mode::Shared => "SELECT pg_advisory_lock_shared($1)::text",
     };
     client
-        .query_typed(
+        .run(
             "SELECT set_config('lock_timeout', $1, false)",
             &[(&ms, Type::TEXT)],
         )
         .await?;
-    let result = client.query_typed(sql, &[(&key, Type::INT8)]).await;
-    client.batch_execute("RESET lock_timeout").await?;
+    let result = client.run(sql, &[(&key, Type::INT8)]).await;
+    client.run("RESET lock_timeout", &[]).await?;
     match result {
         Ok(_) => Ok(()),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
@@ -83,19 +86,24 @@ pub async fn lock(client: &Client, key: i64, mode: Mode, timeout: Duration) -> R
 /// Releases the lock; [`ErrorKind::LockLost`] when this session did not hold it (PostgreSQL's
 /// unlock returned false).
 #[instrument(skip(client), level = "debug")]
-pub async fn unlock(client: &Client, key: i64, mode: Mode) -> Result<()> {
+pub async fn unlock(client: &impl Statements, key: i64, mode: Mode) -> Result<()> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_unlock($1)",
         Mode::Shared => "SELECT pg_advisory_unlock_shared($1)",
     };
-    let row = client.query_typed_one(sql, &[(&key, Type::INT8)]).await?;
-    if !row.try_get::<_, bool>(0)? {
+    let rows = client.run(sql, &[(&key, Type::INT8)]).await?;
+    if !one_row(&rows)?.try_get::<_, bool>(0)? {
         return Err(Error::new(
             ErrorKind::LockLost,
             format!("advisory lock {key} was not held by this session"),
         ));
     }
     Ok(())
+}
+
+fn one_row(rows: &[tokio_postgres::Row]) -> Result<&tokio_postgres::Row> {
+    rows.first()
+        .ok_or_else(|| Error::new(ErrorKind::Other, "advisory lock function returned no row"))
 }
 
 /// One round trip on the session; [`ErrorKind::Timeout`] when unanswered within `timeout`.

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::advisory::{self, Mode};
+use pgcoord::statement::CachingClient;
 use pgcoord::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::NoTls;
 use tracing::{debug, warn};
 
 use crate::manager::LockManager;
@@ -23,7 +24,7 @@ use crate::messages::{AdvisoryLock, AdvisoryUnlock, LockKey, LockLost, LossReaso
 /// A dedicated connection and the task driving it. Dropping it closes the connection, which
 /// releases whatever locks its session holds.
 pub(crate) struct Pinned {
-    client: Client,
+    client: CachingClient,
     driver: JoinHandle<()>,
     /// Turns true when the connection ends (closes when the driver is aborted).
     ended: watch::Receiver<bool>,
@@ -40,7 +41,7 @@ impl Pinned {
             let _ = ended_tx.send(true);
         });
         Ok(Pinned {
-            client,
+            client: CachingClient::new(client),
             driver,
             ended,
         })
