@@ -69,18 +69,22 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         .send(Serve::new("bench_echo", |p| async move { Ok(p) }))
         .await??;
     let (mut one_way, mut trips) = (Vec::new(), Vec::new());
-    for i in 0..sizes.requests {
-        let sent = Instant::now();
-        admin.query_one(&notify, &[&i.to_string()]).await?;
-        one_way.push(arrivals.recv().await.unwrap() - sent);
-        let t = Instant::now();
-        client
-            .send(Request::new(
-                "bench_echo",
-                (i as u32).to_be_bytes().to_vec(),
-            ))
-            .await??;
-        trips.push(t.elapsed());
+    // In blocks of 20, alternating: the first operation after a switch is slower.
+    for block in 0..sizes.requests.div_ceil(20) {
+        for side in [block % 2, 1 - block % 2] {
+            for i in block * 20..(block + 1) * 20 {
+                if side == 0 {
+                    let sent = Instant::now();
+                    admin.query_one(&notify, &[&i.to_string()]).await?;
+                    one_way.push(arrivals.recv().await.unwrap() - sent);
+                } else {
+                    let t = Instant::now();
+                    let request = Request::new("bench_echo", (i as u32).to_be_bytes().to_vec());
+                    client.send(request).await??;
+                    trips.push(t.elapsed());
+                }
+            }
+        }
     }
     let (one_way, trips) = (Samples::new(one_way), Samples::new(trips));
     report.time(
