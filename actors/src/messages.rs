@@ -11,7 +11,8 @@ use crate::lease::Lease;
 /// Acquire a lease. Waits until it is free unless [`fail_if_locked`](Acquire::fail_if_locked);
 /// a [`timeout`](Acquire::timeout) bounds the wait. Dropping the request (or letting actix's
 /// `send(..).timeout(..)` expire) cancels the wait; a lease granted after the caller gave up is
-/// released at once, so none is left behind that nobody holds.
+/// released at once, so none is left behind that nobody holds. For the same reason an `Acquire`
+/// sent with `do_send` does nothing: there is nobody to hand the lease to.
 #[derive(Debug, Clone)]
 pub struct Acquire {
     pub(crate) name: String,
