@@ -4,8 +4,10 @@
 -- (a row kept by keep-on-release). expires_at is on the server's clock. token is the fencing
 -- token of the current tenure, drawn from the sequence below when the lease is granted and
 -- constant until it ends; its unique constraint also lets a FOR KEY SHARE guard block takeovers
--- without blocking renewals. waiter and waiter_until reserve the next grant for the contender
--- that has waited longest, so a releaser cannot take the lock straight back.
+-- without blocking renewals. waiter and waiter_until reserve the next grant for a contender that
+-- is waiting, so a releaser cannot take the lock straight back; a released row that someone has
+-- reserved stays (free, without data) until the reservation is used or given up. kept marks a row
+-- released with keep-on-release, whose data stays.
 CREATE SEQUENCE IF NOT EXISTS "pgcoord_locks_rvn" AS bigint MINVALUE 1 NO MAXVALUE NO CYCLE;
 
 CREATE TABLE IF NOT EXISTS "pgcoord_locks" (
@@ -17,5 +19,6 @@ CREATE TABLE IF NOT EXISTS "pgcoord_locks" (
     expires_at   timestamptz,
     waiter       varchar(255),
     waiter_until timestamptz,
+    kept         boolean NOT NULL DEFAULT false,
     CHECK ((owner IS NULL) = (token IS NULL) AND (token IS NULL) = (expires_at IS NULL))
 );

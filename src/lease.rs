@@ -105,7 +105,7 @@ impl LeaseTable {
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token,
                      data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
-                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
                      waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
                      waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
                  WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
@@ -123,8 +123,13 @@ impl LeaseTable {
                  WHERE l.name = $1
                  RETURNING l.owner, l.token, {REMAINING_MS}"
             ),
+            // A free row that only stayed for this reservation goes with it.
             dequeue: format!(
-                "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
+                "WITH gone AS (
+                     DELETE FROM {t} WHERE name = $1 AND waiter = $2 AND owner IS NULL AND NOT kept
+                 )
+                 UPDATE {t} SET waiter = NULL, waiter_until = NULL
+                 WHERE name = $1 AND waiter = $2 AND NOT (owner IS NULL AND NOT kept)"
             ),
             holder: format!(
                 "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
@@ -137,17 +142,25 @@ impl LeaseTable {
                  WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
                  RETURNING l.name, l.token"
             ),
-            // $1 name, $2 token, $3 keep row, $4 channel.
+            // $1 name, $2 token, $3 keep row, $4 channel. The row is deleted unless it is kept or
+            // a waiter has reserved the next grant: then it stays free (without data unless
+            // kept), so the reservation survives. The two branches exclude each other; `now()`
+            // is one instant for the whole statement.
             release: format!(
                 "WITH deleted AS (
-                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3 RETURNING name
-                 ), kept AS (
-                     UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL
-                     WHERE name = $1 AND token = $2 AND $3 RETURNING name
+                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
+                       AND (waiter IS NULL OR waiter_until <= now())
+                     RETURNING name
                  ), freed AS (
-                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
+                     UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
+                         kept = $3, data = CASE WHEN $3 THEN data ELSE NULL END
+                     WHERE name = $1 AND token = $2
+                       AND ($3 OR (waiter IS NOT NULL AND waiter_until > now()))
+                     RETURNING name
+                 ), released AS (
+                     SELECT name FROM deleted UNION ALL SELECT name FROM freed
                  )
-                 SELECT freed.name, pg_notify($4, freed.name)::text FROM freed"
+                 SELECT released.name, pg_notify($4, released.name)::text FROM released"
             ),
             get: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END

@@ -115,34 +115,53 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
 async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
-    let g = grant(&table, &client, "job", "releaser", LEASE).await;
-    let holder = table
+    for keep in [false, true] {
+        let name = format!("job-{keep}");
+        let g = grant(&table, &client, &name, "releaser", LEASE).await;
+        let holder = table
+            .enqueue(&client, &name, "waiter", LEASE)
+            .await
+            .unwrap();
+        assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
+        // A second waiter cannot take the reservation while it is live.
+        table.enqueue(&client, &name, "late", LEASE).await.unwrap();
+        table.release(&client, &name, g.token, keep).await.unwrap();
+        for other in ["releaser", "late"] {
+            let attempt = table
+                .try_acquire(&client, &name, other, None, false, LEASE)
+                .await
+                .unwrap();
+            assert!(
+                matches!(attempt, Attempt::Held(_)),
+                "{other} must not jump the queue ({name})"
+            );
+        }
+        let g = grant(&table, &client, &name, "waiter", LEASE).await;
+        table.release(&client, &name, g.token, keep).await.unwrap();
+        // No reservation left: a deleted lock is gone, a kept one stays.
+        assert_eq!(table.get(&client, &name).await.is_ok(), keep, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_row_kept_only_for_a_reservation_goes_when_the_waiter_gives_up() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    table
         .enqueue(&client, "job", "waiter", LEASE)
         .await
         .unwrap();
-    assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
-    // A second waiter cannot take the reservation while it is live.
-    table.enqueue(&client, "job", "late", LEASE).await.unwrap();
     table.release(&client, "job", g.token, false).await.unwrap();
-    // The row was deleted with its reservation, so test the kept-row case too.
-    let g = grant(&table, &client, "kept", "releaser", LEASE).await;
-    table
-        .enqueue(&client, "kept", "waiter", LEASE)
-        .await
-        .unwrap();
-    table.enqueue(&client, "kept", "late", LEASE).await.unwrap();
-    table.release(&client, "kept", g.token, true).await.unwrap();
-    for other in ["releaser", "late"] {
-        let attempt = table
-            .try_acquire(&client, "kept", other, None, false, LEASE)
-            .await
-            .unwrap();
-        assert!(
-            matches!(attempt, Attempt::Held(_)),
-            "{other} must not jump the queue"
-        );
-    }
-    grant(&table, &client, "kept", "waiter", LEASE).await;
+    let free = table.get(&client, "job").await.unwrap();
+    assert_eq!(
+        (free.owner, free.data),
+        (None, None),
+        "free, without data, for the waiter"
+    );
+    table.dequeue(&client, "job", "waiter").await.unwrap();
+    let err = table.get(&client, "job").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
 }
 
 #[tokio::test]

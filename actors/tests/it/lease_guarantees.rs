@@ -397,3 +397,25 @@ async fn loss_reports_reach_a_busy_subscriber_too() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[actix_rt::test]
+async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
+    let (setup, _) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let (a, b) = (setup.manager("a"), setup.manager("b"));
+    for round in 0..3 {
+        let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
+        let waiting = b.send(Acquire::new("job").timeout(Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(200)).await; // b has reserved the next grant
+        held.release().await.unwrap();
+        let again = a.send(Acquire::new("job").fail_if_locked()).await.unwrap();
+        assert_eq!(
+            again.unwrap_err().kind(),
+            ErrorKind::NotAcquired,
+            "round {round}"
+        );
+        waiting.await.unwrap().unwrap().release().await.unwrap();
+    }
+    // Nobody waits any more: the released lock's row is gone.
+    let err = a.send(Get("job".into())).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
