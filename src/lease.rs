@@ -82,6 +82,7 @@ pub struct LeaseTable {
     holder: String,
     renew: String,
     release: String,
+    cleanup: String,
     get: String,
     list: String,
     fence: String,
@@ -123,13 +124,8 @@ impl LeaseTable {
                  WHERE l.name = $1
                  RETURNING l.owner, l.token, {REMAINING_MS}"
             ),
-            // A free row that only stayed for this reservation goes with it.
             dequeue: format!(
-                "WITH gone AS (
-                     DELETE FROM {t} WHERE name = $1 AND waiter = $2 AND owner IS NULL AND NOT kept
-                 )
-                 UPDATE {t} SET waiter = NULL, waiter_until = NULL
-                 WHERE name = $1 AND waiter = $2 AND NOT (owner IS NULL AND NOT kept)"
+                "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
             ),
             holder: format!(
                 "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
@@ -142,25 +138,34 @@ impl LeaseTable {
                  WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
                  RETURNING l.name, l.token"
             ),
-            // $1 name, $2 token, $3 keep row, $4 channel. The row is deleted unless it is kept or
-            // a waiter has reserved the next grant: then it stays free (without data unless
-            // kept), so the reservation survives. The two branches exclude each other; `now()`
-            // is one instant for the whole statement.
+            // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
+            // only (and on $3), so a reservation made concurrently cannot make the release miss.
+            // A deleted row whose next grant was reserved comes back free, without data, with
+            // the reservation, so the waiter keeps its turn.
             release: format!(
                 "WITH deleted AS (
                      DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
-                       AND (waiter IS NULL OR waiter_until <= now())
-                     RETURNING name
-                 ), freed AS (
+                     RETURNING name, waiter, waiter_until
+                 ), kept AS (
                      UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
-                         kept = $3, data = CASE WHEN $3 THEN data ELSE NULL END
-                     WHERE name = $1 AND token = $2
-                       AND ($3 OR (waiter IS NOT NULL AND waiter_until > now()))
+                         kept = true
+                     WHERE name = $1 AND token = $2 AND $3
                      RETURNING name
+                 ), reserved AS (
+                     INSERT INTO {t} (name, waiter, waiter_until)
+                     SELECT name, waiter, waiter_until FROM deleted
+                     WHERE waiter IS NOT NULL AND waiter_until > now()
+                     ON CONFLICT (name) DO NOTHING
                  ), released AS (
-                     SELECT name FROM deleted UNION ALL SELECT name FROM freed
+                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
                  )
                  SELECT released.name, pg_notify($4, released.name)::text FROM released"
+            ),
+            // Deletes the row of `name` if it is free, not kept and not reserved: safe at any
+            // moment, since each condition is checked on the row as it is when deleted.
+            cleanup: format!(
+                "DELETE FROM {t} WHERE name = $1 AND owner IS NULL AND NOT kept
+                   AND (waiter IS NULL OR waiter_until <= now())"
             ),
             get: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
@@ -251,6 +256,12 @@ impl LeaseTable {
         client
             .run(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
             .await?;
+        // A row that only stayed for this reservation goes with it.
+        self.cleanup(client, name).await
+    }
+
+    async fn cleanup(&self, client: &impl Statements, name: &str) -> Result<()> {
+        client.run(&self.cleanup, &[(&name, Type::TEXT)]).await?;
         Ok(())
     }
 
@@ -286,8 +297,9 @@ impl LeaseTable {
             .collect()
     }
 
-    /// Releases `name` if `token` still holds it, deleting the row or, with `keep`, keeping it
-    /// (and its data) free. Waiters everywhere are woken through the lease channel. A
+    /// Releases `name` if `token` still holds it, deleting the row — unless a waiter reserved
+    /// the next grant, then it stays free without data — or, with `keep`, keeping it (and its
+    /// data) free. Waiters everywhere are woken through the lease channel. A
     /// [`ErrorKind::LockLost`] error when the lease was no longer held with that token.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn release(

@@ -419,3 +419,31 @@ async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
     let err = a.send(Get("job".into())).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
 }
+
+#[actix_rt::test]
+async fn releases_under_contention_never_miss_their_own_lease() {
+    // Waiters reserve the next grant while the holder releases: the release must still find
+    // its lease, every time.
+    let (setup, _) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let stop = Instant::now() + Duration::from_secs(3);
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let manager = setup.manager(&format!("c{i}"));
+            actix_rt::spawn(async move {
+                let mut handoffs = 0;
+                while Instant::now() < stop {
+                    let lease = manager.send(Acquire::new("hot")).await.unwrap().unwrap();
+                    lease.release().await.expect("a held lease releases");
+                    handoffs += 1;
+                }
+                handoffs
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    eprintln!("{total} handoffs");
+    assert!(total > 100, "{total}");
+}
