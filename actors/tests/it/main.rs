@@ -2,6 +2,7 @@
 //! cluster, or `DATABASE_URL` when it is set.
 
 mod advisory;
+mod lease_contention;
 mod lease_guarantees;
 mod leases;
 mod signal_faults;

@@ -1,0 +1,139 @@
+//! Leases under contention: no overlap and no starvation, no stealing back from a waiter,
+//! releases that never miss, and wake-ups through the one LISTEN connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use pgcoord::ErrorKind;
+use pgcoord_actors::*;
+
+use super::Setup;
+
+#[actix_rt::test]
+async fn sixteen_contenders_never_overlap_and_all_are_served() {
+    let (setup, _) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    const CONTENDERS: usize = 16;
+    const ROUNDS: u32 = 6;
+    let inside = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..CONTENDERS {
+        let manager = setup.manager(&format!("c{i}"));
+        let (inside, total) = (inside.clone(), total.clone());
+        tasks.push(actix_rt::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lease = manager
+                    .send(Acquire::new("counter"))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                total.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.store(false, Ordering::SeqCst);
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    let started = Instant::now();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every contender is served")
+            .unwrap();
+    }
+    assert_eq!(total.load(Ordering::SeqCst), CONTENDERS as u32 * ROUNDS);
+    eprintln!(
+        "{} handoffs in {:?}",
+        CONTENDERS as u32 * ROUNDS,
+        started.elapsed()
+    );
+}
+
+#[actix_rt::test]
+async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let app = pgcoord::embedded::unique_name("app");
+    let start = |owner: &str| {
+        Coordinator::start(setup.builder(owner).application_name(&app).build().unwrap())
+    };
+    let (a, b) = (start("a"), start("b"));
+    let held = a.locks.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waiting = b
+        .locks
+        .send(Acquire::new("job").timeout(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    // The polling fallback is a quarter lease (7.5 s): this fast, it was the NOTIFY.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+    let names: Vec<String> = admin
+        .query("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1 || ' %' ORDER BY 1", &[&app])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        names,
+        [format!("{app} listener"), format!("{app} listener")],
+        "one LISTEN connection per coordinator, no lease waker"
+    );
+}
+
+#[actix_rt::test]
+async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
+    let (setup, _) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let (a, b) = (setup.manager("a"), setup.manager("b"));
+    for round in 0..3 {
+        let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
+        let waiting = b.send(Acquire::new("job").timeout(Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(200)).await; // b has reserved the next grant
+        held.release().await.unwrap();
+        let again = a.send(Acquire::new("job").fail_if_locked()).await.unwrap();
+        assert_eq!(
+            again.unwrap_err().kind(),
+            ErrorKind::NotAcquired,
+            "round {round}"
+        );
+        waiting.await.unwrap().unwrap().release().await.unwrap();
+    }
+    // Nobody waits any more: the released lock's row is gone.
+    let err = a.send(Get("job".into())).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[actix_rt::test]
+async fn releases_under_contention_never_miss_their_own_lease() {
+    // Waiters reserve the next grant while the holder releases: the release must still find
+    // its lease, every time.
+    let (setup, _) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let stop = Instant::now() + Duration::from_secs(3);
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let manager = setup.manager(&format!("c{i}"));
+            actix_rt::spawn(async move {
+                let mut handoffs = 0;
+                while Instant::now() < stop {
+                    let lease = manager.send(Acquire::new("hot")).await.unwrap().unwrap();
+                    lease.release().await.expect("a held lease releases");
+                    handoffs += 1;
+                }
+                handoffs
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    eprintln!("{total} handoffs");
+    assert!(total > 100, "{total}");
+}

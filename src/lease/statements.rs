@@ -1,0 +1,101 @@
+//! The SQL of the lease statements, rendered once per configured table.
+
+use super::LeaseTable;
+use crate::config::Config;
+
+/// Milliseconds left until `expires_at` on the server's clock, never negative.
+const REMAINING_MS: &str =
+    "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
+
+impl LeaseTable {
+    /// Renders the statements for `config`'s lock table, sequence and lease channel.
+    pub fn new(config: &Config) -> LeaseTable {
+        let t = config.lock_table.quoted();
+        LeaseTable {
+            // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence.
+            acquire: format!(
+                "INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                 VALUES ($1, $2, nextval($6::regclass), $3, now(), now() + $4 * interval '1 millisecond')
+                 ON CONFLICT (name) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = EXCLUDED.token,
+                     data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
+                     waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
+                     waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
+                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
+                 RETURNING l.token, l.data"
+            ),
+            // $1 name, $2 owner, $3 reservation ms. Takes the reservation when it is free or
+            // lapsed, and reports the holder either way.
+            enqueue: format!(
+                "UPDATE {t} AS l SET
+                     waiter = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
+                                   THEN $2 ELSE l.waiter END,
+                     waiter_until = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
+                                   THEN clock_timestamp() + $3 * interval '1 millisecond' ELSE l.waiter_until END
+                 WHERE l.name = $1
+                 RETURNING l.owner, l.token, {REMAINING_MS}"
+            ),
+            dequeue: format!(
+                "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
+            ),
+            holder: format!(
+                "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
+            ),
+            // $1 names, $2 tokens, $3 lease ms. One statement for every lease of a process; all
+            // rows get the same expiry (the statement's start), which tests rely on.
+            renew: format!(
+                "UPDATE {t} AS l SET expires_at = now() + $3 * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::int8[]) AS h(name, token)
+                 WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
+                 RETURNING l.name, l.token"
+            ),
+            // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
+            // only (and on $3), so a reservation made concurrently cannot make the release miss.
+            // A deleted row whose next grant was reserved comes back free, without data, with
+            // the reservation, so the waiter keeps its turn.
+            release: format!(
+                "WITH deleted AS (
+                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
+                     RETURNING name, waiter, waiter_until
+                 ), kept AS (
+                     UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
+                         kept = true
+                     WHERE name = $1 AND token = $2 AND $3
+                     RETURNING name
+                 ), reserved AS (
+                     INSERT INTO {t} (name, waiter, waiter_until)
+                     SELECT name, waiter, waiter_until FROM deleted
+                     WHERE waiter IS NOT NULL AND waiter_until > now()
+                     ON CONFLICT (name) DO NOTHING
+                 ), released AS (
+                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
+                 )
+                 SELECT released.name, pg_notify($4, released.name)::text FROM released"
+            ),
+            // Deletes the row of `name` if it is free, not kept and not reserved: safe at any
+            // moment, since each condition is checked on the row as it is when deleted.
+            cleanup: format!(
+                "DELETE FROM {t} WHERE name = $1 AND owner IS NULL AND NOT kept
+                   AND (waiter IS NULL OR waiter_until <= now())"
+            ),
+            get: format!(
+                "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
+                 FROM {t} AS l WHERE l.name = $1"
+            ),
+            list: format!(
+                "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
+                 FROM {t} AS l ORDER BY l.name"
+            ),
+            // FOR KEY SHARE conflicts with the token change of a takeover and with release, not
+            // with renewals, so the holder keeps renewing while a guarded transaction runs.
+            fence: format!(
+                "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+                 FOR KEY SHARE"
+            ),
+            sequence: config.lock_sequence.quoted(),
+            channel: config.lease_channel.as_str().to_owned(),
+        }
+    }
+}
