@@ -34,25 +34,22 @@ pub trait Statements: Sync {
     ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>>;
 }
 
-impl Statements for Client {
-    fn run<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
-        Box::pin(self.query_typed(sql, params))
-    }
+/// Callers' own clients and transactions: `query_typed`, one round trip, nothing prepared.
+macro_rules! typed_statements {
+    ($($client:ty),*) => {$(
+        impl Statements for $client {
+            fn run<'a>(
+                &'a self,
+                sql: &'a str,
+                params: &'a [Param<'a>],
+            ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
+                Box::pin(self.query_typed(sql, params))
+            }
+        }
+    )*};
 }
 
-impl Statements for Transaction<'_> {
-    fn run<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
-        Box::pin(self.query_typed(sql, params))
-    }
-}
+typed_statements!(Client, Transaction<'_>);
 
 /// A client that keeps the statements it ran prepared: the pool's connections, and the dedicated
 /// sessions of advisory locks.

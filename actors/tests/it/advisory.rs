@@ -33,6 +33,15 @@ fn manager_with(setup: &Setup, owner: &str, pg: &tokio_postgres::Config) -> Addr
     LockManager::new(config).start()
 }
 
+/// Managers "a" and "b" on the test database, and a key of the test's own.
+fn two_managers(setup: &Setup) -> (Addr<LockManager>, Addr<LockManager>, i64) {
+    (
+        manager_with(setup, "a", &setup.pg),
+        manager_with(setup, "b", &setup.pg),
+        key(),
+    )
+}
+
 /// Sessions holding (granted) or waiting for (not granted) the advisory key.
 async fn locks(admin: &Client, key: i64) -> (i64, i64) {
     let row = admin
@@ -49,11 +58,7 @@ async fn locks(admin: &Client, key: i64) -> (i64, i64) {
 #[actix_rt::test]
 async fn two_managers_contend_and_locks_never_stack() {
     let (setup, admin) = setup().await;
-    let (a, b, k) = (
-        manager_with(&setup, "a", &setup.pg),
-        manager_with(&setup, "b", &setup.pg),
-        key(),
-    );
+    let (a, b, k) = two_managers(&setup);
     a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     assert_eq!(
         b.send(AdvisoryLock::new(k))
@@ -115,11 +120,7 @@ async fn shared_holders_exclude_an_exclusive_one() {
 #[actix_rt::test]
 async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
     let (setup, admin) = setup().await;
-    let (a, b, k) = (
-        manager_with(&setup, "a", &setup.pg),
-        manager_with(&setup, "b", &setup.pg),
-        key(),
-    );
+    let (a, b, k) = two_managers(&setup);
     a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let started = Instant::now();
     let err = b
@@ -144,11 +145,7 @@ async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
 #[actix_rt::test]
 async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
     let (setup, admin) = setup().await;
-    let (a, b, k) = (
-        manager_with(&setup, "a", &setup.pg),
-        manager_with(&setup, "b", &setup.pg),
-        key(),
-    );
+    let (a, b, k) = two_managers(&setup);
     a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let gave_up = b
         .send(AdvisoryLock::new(k).wait(Duration::from_secs(60)))
