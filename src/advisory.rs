@@ -79,7 +79,7 @@ pub async fn lock(client: &impl Statements, key: i64, mode: Mode, timeout: Durat
             )
             .with_source(e))
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 

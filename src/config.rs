@@ -27,6 +27,8 @@ pub struct Config {
     pub(crate) ping_timeout: Duration,
     pub(crate) pool_size: u32,
     pub(crate) pool_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
     pub(crate) payload_ttl: Duration,
 }
@@ -82,9 +84,19 @@ impl Config {
     pub fn pool_size(&self) -> u32 {
         self.pool_size
     }
-    /// How long a caller waits for a pooled connection before [`ErrorKind::Unavailable`].
+    /// The longest one wait for a pooled connection may last; callers' deadlines and the
+    /// statement timeout usually end it first.
     pub fn pool_timeout(&self) -> Duration {
         self.pool_timeout
+    }
+    /// How long opening a connection may take, handshake included.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    /// The bound of every statement the runtime issues without a caller's deadline (renew,
+    /// release, publish, inspect, payload puts and gets), waiting for a connection included.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
     }
     /// Payloads larger than this many bytes travel through the payload store.
     pub fn inline_limit(&self) -> usize {
@@ -118,6 +130,8 @@ pub struct ConfigBuilder {
     pool_timeout: Duration,
     application_name: Option<String>,
     connect_timeout: Duration,
+    statement_timeout: Duration,
+    tcp_user_timeout: Option<Duration>,
     inline_limit: usize,
     payload_ttl: Duration,
 }
@@ -138,7 +152,9 @@ impl Default for ConfigBuilder {
             pool_size: 10,
             pool_timeout: Duration::from_secs(30),
             application_name: None,
-            connect_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
+            tcp_user_timeout: None,
             inline_limit: 4096,
             payload_ttl: Duration::from_secs(3600),
         }
@@ -226,7 +242,8 @@ impl ConfigBuilder {
         self
     }
 
-    /// How long to wait for a pooled connection. Default: 30 s.
+    /// The longest one wait for a pooled connection may last. Statements are bounded first by
+    /// their caller's deadline or the [statement timeout](Self::statement_timeout). Default: 30 s.
     pub fn pool_timeout(mut self, timeout: Duration) -> Self {
         self.pool_timeout = timeout;
         self
@@ -239,10 +256,28 @@ impl ConfigBuilder {
         self
     }
 
-    /// How long to wait for a new connection. Default: the one in the connection settings,
-    /// else 10 s.
+    /// How long opening a connection may take, the whole handshake included (tokio-postgres
+    /// alone bounds only the TCP connect). Default: the one in the connection settings, else 5 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// The bound of every statement the runtime issues on its own or for a caller without a
+    /// deadline: renewals (further bounded by the time left on the held leases), releases,
+    /// publishes, inspection, payload puts and gets. A statement past it is cancelled on the
+    /// server and its connection closed. Default: 5 s.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// How long sent data may stay unacknowledged before the kernel drops a connection
+    /// (`TCP_USER_TIMEOUT`): what notices a half-open connection while a statement is in flight,
+    /// when keepalives are silent. Default: half the lease, between 1 s and 30 s; keepalives
+    /// start after a quarter of the lease (1 s to 30 s) and probe 3 times.
+    pub fn tcp_user_timeout(mut self, timeout: Duration) -> Self {
+        self.tcp_user_timeout = Some(timeout);
         self
     }
 
@@ -283,14 +318,22 @@ impl ConfigBuilder {
             }
             None => {}
         }
-        if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(self.connect_timeout);
-        }
-        // Keepalives find a peer that vanished without closing the socket.
+        let connect_timeout = match pg.get_connect_timeout() {
+            Some(timeout) => *timeout,
+            None => {
+                pg.connect_timeout(self.connect_timeout);
+                self.connect_timeout
+            }
+        };
+        // Keepalives find a peer that vanished while the connection is idle; TCP_USER_TIMEOUT
+        // one that vanished while data is in flight (keepalives do not fire then). Both scale
+        // with the lease, so a half-open connection is noticed well within it.
+        let clamp = |d: Duration| d.clamp(Duration::from_secs(1), Duration::from_secs(30));
         pg.keepalives(true)
-            .keepalives_idle(Duration::from_secs(30))
-            .keepalives_interval(Duration::from_secs(10))
-            .keepalives_retries(3);
+            .keepalives_idle(clamp(self.lease / 4))
+            .keepalives_interval(clamp(self.lease / 8))
+            .keepalives_retries(3)
+            .tcp_user_timeout(self.tcp_user_timeout.unwrap_or(clamp(self.lease / 2)));
 
         let owner = match self.owner {
             Some(owner) => validate_name("owner", owner)?,
@@ -327,7 +370,8 @@ impl ConfigBuilder {
             ("ping interval", self.ping_interval),
             ("ping timeout", self.ping_timeout),
             ("pool timeout", self.pool_timeout),
-            ("connect timeout", self.connect_timeout),
+            ("connect timeout", connect_timeout),
+            ("statement timeout", self.statement_timeout),
             ("payload time-to-live", self.payload_ttl),
         ] {
             if value.is_zero() {
@@ -356,14 +400,22 @@ impl ConfigBuilder {
             ping_timeout: self.ping_timeout,
             pool_size: self.pool_size,
             pool_timeout: self.pool_timeout,
+            connect_timeout,
+            statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
             payload_ttl: self.payload_ttl,
         })
     }
 }
 
-/// Checks a lock name or owner: 1 to 255 bytes.
+/// Checks a lock name or owner: 1 to 255 bytes, no NUL (PostgreSQL text cannot hold one).
 pub fn validate_name(what: &str, name: String) -> Result<String> {
+    if name.contains('\0') {
+        return Err(Error::new(
+            ErrorKind::InvalidName,
+            format!("{what} {name:?} contains a NUL byte"),
+        ));
+    }
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(Error::new(
             ErrorKind::InvalidName,

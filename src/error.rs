@@ -42,9 +42,12 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// The operation did not finish before its deadline.
     Timeout,
-    /// The database cannot be reached: connection refused or closed, server shutting down, pool
-    /// timeout.
+    /// The database cannot be reached or did not answer in time: connection refused, reset or
+    /// closed, server shutting down, a statement past its deadline, no pooled connection before
+    /// the deadline. The source says what happened.
     Unavailable,
+    /// The server accepts no writes: a hot standby, or `default_transaction_read_only` is on.
+    ReadOnly,
     /// A serialization failure or deadlock persisted through every retry.
     FailedPrecondition,
     /// A remote handler returned an error in a round trip.
@@ -150,6 +153,19 @@ impl Error {
         self.kind() == ErrorKind::Unavailable
     }
 
+    /// True when the connection a statement ran on failed (closed, reset, terminated by the
+    /// server) or never came: the statement's outcome is unknown unless it was never sent.
+    pub fn is_connection_failure(&self) -> bool {
+        let source = self.0.source.as_deref();
+        let from_connection = source
+            .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
+            .is_some_and(|e| classify(e) == ErrorKind::Unavailable);
+        from_connection
+            || source
+                .and_then(|s| s.downcast_ref::<Error>())
+                .is_some_and(Error::is_connection_failure)
+    }
+
     /// True when retrying the same statement may succeed: a serialization failure or deadlock.
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -202,10 +218,10 @@ impl From<tokio_postgres::Error> for Error {
     }
 }
 
-impl From<bb8::RunError<tokio_postgres::Error>> for Error {
-    fn from(error: bb8::RunError<tokio_postgres::Error>) -> Error {
+impl From<bb8::RunError<Error>> for Error {
+    fn from(error: bb8::RunError<Error>) -> Error {
         match error {
-            bb8::RunError::User(e) => e.into(),
+            bb8::RunError::User(e) => e,
             bb8::RunError::TimedOut => Error::new(
                 ErrorKind::Unavailable,
                 "timed out waiting for a pooled connection",

@@ -14,6 +14,7 @@ use tokio_postgres::types::Type;
 use crate::config::Config;
 use crate::db::Pool;
 use crate::error::{Error, ErrorKind, Result};
+use crate::statement::Statements;
 
 /// A boxed future, as the dyn-compatible [`PayloadStore`] returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -48,7 +49,10 @@ impl PayloadTable {
                  RETURNING key::text"
             ),
             select: format!("SELECT data FROM {t} WHERE key = $1::text::uuid AND expires_at > now()"),
-            delete_expired: format!("DELETE FROM {t} WHERE expires_at <= now()"),
+            delete_expired: format!(
+                "WITH deleted AS (DELETE FROM {t} WHERE expires_at <= now() RETURNING 1)
+                 SELECT count(*) FROM deleted"
+            ),
             ttl: config.payload_ttl(),
         }
     }
@@ -56,8 +60,11 @@ impl PayloadTable {
     /// Deletes expired rows; returns how many.
     #[tracing::instrument(skip_all, level = "debug")]
     pub async fn delete_expired(&self) -> Result<u64> {
-        let client = self.pool.get().await?;
-        Ok(client.execute_typed(&self.delete_expired, &[]).await?)
+        // Safe to run twice: it deletes what is expired, whenever it runs.
+        let statements = self.pool.idempotent(None);
+        let rows = statements.run(&self.delete_expired, &[]).await?;
+        let deleted: i64 = rows.first().map_or(Ok(0), |r| r.try_get(0))?;
+        Ok(deleted as u64)
     }
 }
 
@@ -65,10 +72,15 @@ impl PayloadStore for PayloadTable {
     fn put(&self, payload: Vec<u8>) -> BoxFuture<'_, Result<String>> {
         Box::pin(async move {
             let ttl = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
-            let client = self.pool.get().await?;
-            let row = client
-                .query_typed_one(&self.insert, &[(&payload, Type::BYTEA), (&ttl, Type::INT8)])
+            // Safe to run twice: a second run stores a second copy under a key nobody is told
+            // of, which expires with the time-to-live.
+            let statements = self.pool.idempotent(None);
+            let rows = statements
+                .run(&self.insert, &[(&payload, Type::BYTEA), (&ttl, Type::INT8)])
                 .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| Error::new(ErrorKind::Other, "payload insert returned no key"))?;
             Ok(row.try_get(0)?)
         })
     }
@@ -85,10 +97,9 @@ impl PayloadStore for PayloadTable {
             if key.len() != 36 || !key.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
                 return Err(not_found());
             }
-            let client = self.pool.get().await?;
-            let rows = client
-                .query_typed(&self.select, &[(&key, Type::TEXT)])
-                .await?;
+            // A read: safe to run twice.
+            let statements = self.pool.idempotent(None);
+            let rows = statements.run(&self.select, &[(&key, Type::TEXT)]).await?;
             match rows.first() {
                 Some(row) => Ok(row.try_get(0)?),
                 None => Err(not_found()),

@@ -12,11 +12,15 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row, Statement, Transaction};
+
+use crate::error::{Error, Result};
 
 /// A boxed `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -24,14 +28,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send +
 /// A statement parameter with its type, as `query_typed` takes them.
 pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
-/// Something pgcoord's statements can run on.
+/// Something pgcoord's statements can run on: a client, a transaction, a cached client, or
+/// [`crate::db::Bounded`] statements on a pool.
 pub trait Statements: Sync {
     /// Runs `sql` with `params` and returns its rows.
-    fn run<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>>;
+    fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>>;
 }
 
 /// Callers' own clients and transactions: `query_typed`, one round trip, nothing prepared.
@@ -42,8 +43,8 @@ macro_rules! typed_statements {
                 &'a self,
                 sql: &'a str,
                 params: &'a [Param<'a>],
-            ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
-                Box::pin(self.query_typed(sql, params))
+            ) -> BoxFuture<'a, Result<Vec<Row>>> {
+                Box::pin(async move { Ok(self.query_typed(sql, params).await?) })
             }
         }
     )*};
@@ -56,6 +57,9 @@ typed_statements!(Client, Transaction<'_>);
 pub struct CachingClient {
     client: Client,
     prepared: Mutex<HashMap<String, Statement>>,
+    /// Set when the connection must not be used again (a statement timed out on it, or it
+    /// failed); a pool then closes it instead of taking it back.
+    broken: AtomicBool,
 }
 
 impl Deref for CachingClient {
@@ -66,12 +70,18 @@ impl Deref for CachingClient {
 }
 
 impl Statements for CachingClient {
-    fn run<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Row>, tokio_postgres::Error>> {
-        Box::pin(async move {
+    fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(async move { Ok(self.run_raw(sql, params).await?) })
+    }
+}
+
+impl CachingClient {
+    async fn run_raw(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        {
             let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
             let statement = self.prepared(sql, params).await?;
             match self.client.query(&statement, &values).await {
@@ -84,17 +94,26 @@ impl Statements for CachingClient {
                 }
                 result => result,
             }
-        })
+        }
     }
-}
 
-impl CachingClient {
     /// Wraps a client; nothing is prepared until a statement first runs.
     pub fn new(client: Client) -> CachingClient {
         CachingClient {
             client,
             prepared: Mutex::new(HashMap::new()),
+            broken: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the connection as not to be used again.
+    pub fn discard(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
+    /// True once [`discard`](Self::discard)ed or closed.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed) || self.client.is_closed()
     }
 
     /// The prepared statement for `sql`, preparing it on first use.
@@ -102,7 +121,7 @@ impl CachingClient {
         &self,
         sql: &str,
         params: &[Param<'_>],
-    ) -> Result<Statement, tokio_postgres::Error> {
+    ) -> std::result::Result<Statement, tokio_postgres::Error> {
         if let Some(statement) = self.prepared.lock().expect("statement cache").get(sql) {
             return Ok(statement.clone());
         }
@@ -122,33 +141,45 @@ fn is_stale(error: &tokio_postgres::Error) -> bool {
         || *c == SqlState::UNDEFINED_COLUMN)
 }
 
-/// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, plus the cache.
-pub struct Manager(PostgresConnectionManager<NoTls>);
+/// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, bounded by the
+/// connect timeout as a whole, plus the statement cache.
+pub struct Manager {
+    postgres: PostgresConnectionManager<NoTls>,
+    config: tokio_postgres::Config,
+    connect_timeout: Duration,
+}
 
 impl Manager {
-    /// A manager connecting with `config`.
-    pub fn new(config: tokio_postgres::Config) -> Manager {
-        Manager(PostgresConnectionManager::new(config, NoTls))
+    /// A manager connecting with `config`, each connect bounded by `connect_timeout`.
+    pub fn new(config: tokio_postgres::Config, connect_timeout: Duration) -> Manager {
+        Manager {
+            postgres: PostgresConnectionManager::new(config.clone(), NoTls),
+            config,
+            connect_timeout,
+        }
     }
 }
 
 impl bb8::ManageConnection for Manager {
     type Connection = CachingClient;
-    type Error = tokio_postgres::Error;
+    type Error = Error;
 
-    async fn connect(&self) -> Result<CachingClient, tokio_postgres::Error> {
-        let client = self.0.connect().await?;
-        Ok(CachingClient {
-            client,
-            prepared: Mutex::new(HashMap::new()),
-        })
+    async fn connect(&self) -> Result<CachingClient> {
+        match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
+            Ok(Ok(client)) => Ok(CachingClient::new(client)),
+            Ok(Err(e)) => Err(crate::db::connect_failed(&self.config, e)),
+            Err(_) => Err(crate::db::connect_timed_out(
+                &self.config,
+                self.connect_timeout,
+            )),
+        }
     }
 
-    async fn is_valid(&self, conn: &mut CachingClient) -> Result<(), tokio_postgres::Error> {
-        self.0.is_valid(&mut conn.client).await
+    async fn is_valid(&self, conn: &mut CachingClient) -> Result<()> {
+        Ok(self.postgres.is_valid(&mut conn.client).await?)
     }
 
     fn has_broken(&self, conn: &mut CachingClient) -> bool {
-        conn.client.is_closed()
+        conn.is_broken()
     }
 }

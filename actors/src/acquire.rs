@@ -1,17 +1,29 @@
 //! The wait of one `Acquire`: attempts, reservation, wake-ups, deadline and cancellation.
+//!
+//! Every attempt is bounded: waiting for a pooled connection and the statement itself end at the
+//! caller's deadline, or after the statement timeout when the caller has none. An attempt never
+//! waits on another transaction's row lock (the acquire statement uses `NOWAIT`, see
+//! `pgcoord::lease`), and the connection goes back to the pool between attempts, so waiters
+//! cannot exhaust the pool that releases and inspection need.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::dev::OneshotSender;
+use pgcoord::db::until;
 use pgcoord::lease::{Attempt, Grant};
-use pgcoord::{Error, LeaseTable, Pool, Result};
-use tracing::debug;
+use pgcoord::{Error, ErrorKind, LeaseTable, Pool, Result};
+use tracing::{debug, warn};
 
 use crate::lease::Lease;
 use crate::messages::Acquire;
 use crate::reply::caller_gone;
 use crate::wake::Queues;
+
+/// The shortest pause before trying again when the row was locked by another transaction: the
+/// lock usually ends with a short fenced transaction, and nothing announces it.
+const BUSY_NAP: Duration = Duration::from_millis(10);
 
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
 pub(crate) struct AcquireJob {
@@ -19,6 +31,8 @@ pub(crate) struct AcquireJob {
     pub(crate) pool: Pool,
     pub(crate) table: Arc<LeaseTable>,
     pub(crate) queues: Arc<Queues>,
+    /// The names the manager holds now, shared with it.
+    pub(crate) holding: Arc<Mutex<HashSet<String>>>,
     pub(crate) owner: String,
     pub(crate) lease: Duration,
     /// The longest a waiter sleeps without a wake-up.
@@ -38,27 +52,50 @@ pub(crate) enum Outcome {
 
 pub(crate) type Reply = OneshotSender<Result<Lease>>;
 
-async fn until(deadline: Option<Instant>) {
+async fn until_deadline(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
     }
 }
 
+/// The error for a lease this manager holds already: leases never stack.
+pub(crate) fn already_held(name: &str) -> Error {
+    Error::new(
+        ErrorKind::AlreadyHeld,
+        format!("lease {name:?} is already held by this manager"),
+    )
+}
+
 impl AcquireJob {
-    /// Waits for the lease. A statement in flight is never abandoned: cancellation and deadline
-    /// are only acted on between attempts, so no grant happens that nobody sees.
+    /// Waits for the lease. A statement in flight is never abandoned (each is bounded):
+    /// cancellation and deadline are acted on between statements, so no grant happens that
+    /// nobody sees.
     pub(crate) async fn run(self, reply: &mut Option<Reply>) -> Outcome {
         let name = self.request.name.clone();
         let queue = self.queues.join(&name);
         let deadline = self.request.timeout.map(|t| Instant::now() + t);
-        let outcome = {
+        let outcome = if self.request.fail_if_locked {
+            // One try, now: when local callers already wait for the name, it is not free, and
+            // taking it ahead of them would not be fair either.
+            match queue.turn.try_lock() {
+                Ok(_turn) if self.holding.lock().expect("holding").contains(&name) => {
+                    Outcome::Failed(already_held(&name))
+                }
+                Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
+                Err(_) => Outcome::Failed(Error::not_acquired(&name, self.holder(&name).await)),
+            }
+        } else {
             let turn = tokio::select! {
                 turn = queue.turn.lock() => Ok(turn),
                 _ = caller_gone(reply) => Err(Outcome::Cancelled),
-                _ = until(deadline) => Err(Outcome::Failed(Error::not_acquired(&name, None))),
+                _ = until_deadline(deadline) => Err(Outcome::Failed(Error::not_acquired(&name, None))),
             };
             match turn {
+                // A local caller ahead in the queue got it meanwhile.
+                Ok(_turn) if self.holding.lock().expect("holding").contains(&name) => {
+                    Outcome::Failed(already_held(&name))
+                }
                 Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
                 Err(outcome) => outcome,
             }
@@ -81,23 +118,29 @@ impl AcquireJob {
             ..
         } = &self.request;
         let mut reserved = false;
+        let mut busy = 0u32;
         let outcome = loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Outcome::Failed(Error::not_acquired(name, None));
+            }
+            let bound = bound(deadline, self.pool.statement_timeout());
             // Waiting for a connection is safe to abandon (nothing was sent yet), so the caller's
-            // deadline and departure bound it, even when the database cannot be reached.
-            let client = tokio::select! {
-                client = self.pool.get() => match client {
-                    Ok(client) => client,
-                    Err(e) => break Outcome::Failed(e.into()),
+            // departure ends it too. Past the bound it is `Unavailable` with the cause: an
+            // unreachable database is never reported as contention.
+            let conn = tokio::select! {
+                conn = self.pool.checkout(bound) => match conn {
+                    Ok(conn) => conn,
+                    Err(e) => break Outcome::Failed(e),
                 },
                 _ = caller_gone(reply) => break Outcome::Cancelled,
-                _ = until(deadline) => break Outcome::Failed(Error::not_acquired(name, None)),
             };
+            let statements = until(&conn, bound);
             let sent = Instant::now();
             let attempt = pgcoord::db::retry(|| async {
                 let attempt = self
                     .table
                     .try_acquire(
-                        &*client,
+                        &statements,
                         name,
                         &self.owner,
                         data.as_deref(),
@@ -105,23 +148,42 @@ impl AcquireJob {
                         self.lease,
                     )
                     .await?;
-                if let (Attempt::Held(_), true) = (&attempt, *fail_if_locked) {
-                    return Ok(Attempt::Held(self.table.holder(&*client, name).await?));
+                match (&attempt, *fail_if_locked) {
+                    (Attempt::Held(_) | Attempt::Busy, true) => {
+                        Ok(Attempt::Held(self.table.holder(&statements, name).await?))
+                    }
+                    _ => Ok(attempt),
                 }
-                Ok(attempt)
             })
             .await;
             let holder = match attempt {
+                Err(e) if e.is_unavailable() => {
+                    // The acquire may have run and granted a lease nobody received: free it. Once
+                    // that is done the attempt left nothing behind, so a caller with time left
+                    // tries again (on another connection: this one was discarded).
+                    drop(conn);
+                    let cleaned = self.release_orphan(name).await;
+                    if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
+                        debug!(%name, error = %e, "acquire attempt failed on its connection; trying again");
+                        continue;
+                    }
+                    break Outcome::Failed(e);
+                }
                 Err(e) => break Outcome::Failed(e),
                 Ok(Attempt::Granted(grant)) => break Outcome::Granted { grant, sent },
                 Ok(Attempt::Held(holder)) if *fail_if_locked => {
                     break Outcome::Failed(Error::not_acquired(name, holder));
                 }
+                Ok(Attempt::Busy) => {
+                    busy += 1;
+                    None
+                }
                 Ok(Attempt::Held(_)) => {
+                    busy = 0;
                     // Reserve the next grant, so a releaser cannot take it straight back.
-                    let enqueued = self
-                        .table
-                        .enqueue(&*client, name, &self.owner, self.lease * 2);
+                    let enqueued =
+                        self.table
+                            .enqueue(&statements, name, &self.owner, self.lease * 2);
                     match enqueued.await {
                         Ok(holder) => {
                             reserved = true;
@@ -132,26 +194,64 @@ impl AcquireJob {
                 }
             };
             // Back to the pool while we wait.
-            drop(client);
-            // Wake on a release, at the holder's expiry, or on the polling fallback.
-            let nap = holder
-                .as_ref()
-                .map_or(self.poll, |h| h.remaining + Duration::from_millis(1))
-                .min(self.poll);
-            debug!(%name, ?nap, ?holder, "waiting for the lease");
+            drop(conn);
+            // Wake on a release, at the holder's expiry, or on the polling fallback; a row
+            // locked by another transaction is asked again after a short, growing pause.
+            let nap = if busy > 0 {
+                (BUSY_NAP * busy.min(8)).min(self.poll)
+            } else {
+                holder
+                    .as_ref()
+                    .map_or(self.poll, |h| h.remaining + Duration::from_millis(1))
+                    .min(self.poll)
+            };
+            debug!(%name, ?nap, ?holder, busy, "waiting for the lease");
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(nap) => {}
                 _ = caller_gone(reply) => break Outcome::Cancelled,
-                _ = until(deadline) => break Outcome::Failed(Error::not_acquired(name, holder)),
+                _ = until_deadline(deadline) => break Outcome::Failed(Error::not_acquired(name, holder)),
             }
         };
         if reserved && !matches!(outcome, Outcome::Granted { .. }) {
-            // Give the reservation up so the next waiter need not wait for it to lapse.
-            if let Ok(client) = self.pool.get().await {
-                let _ = self.table.dequeue(&*client, name, &self.owner).await;
+            // Give the reservation up so the next waiter need not wait for it to lapse. Safe to
+            // run twice: it clears only our own reservation.
+            let statements = self.pool.idempotent(None);
+            if let Err(e) = self.table.dequeue(&statements, name, &self.owner).await {
+                debug!(%name, error = %e, "cannot give up a reservation; it lapses on its own");
             }
         }
         outcome
     }
+
+    /// Who holds `name`, as far as a bounded read can tell; `None` when it cannot.
+    async fn holder(&self, name: &str) -> Option<pgcoord::Holder> {
+        let statements = self.pool.idempotent(None);
+        self.table.holder(&statements, name).await.ok().flatten()
+    }
+
+    /// After an acquire whose outcome is unknown: frees a grant of `name` to this owner, if the
+    /// statement made one. Safe here because this job holds the name's turn and the manager
+    /// does not hold the name, so no tenure of ours can be legitimate. True when it is known
+    /// that nothing is left.
+    async fn release_orphan(&self, name: &str) -> bool {
+        let statements = self.pool.idempotent(None);
+        match self
+            .table
+            .release_orphan(&statements, name, &self.owner)
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(%name, error = %e, "an acquire's outcome is unknown and its lease could not be checked; if it was granted, it expires on its own");
+                false
+            }
+        }
+    }
+}
+
+/// The end of one attempt: the caller's deadline, or the statement timeout from now.
+fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
+    let bound = Instant::now() + statement_timeout;
+    deadline.map_or(bound, |d| d.min(bound))
 }

@@ -11,48 +11,13 @@ use std::sync::Arc;
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::advisory::{self, Mode};
-use pgcoord::statement::CachingClient;
 use pgcoord::{Error, ErrorKind, Result};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 use tracing::{debug, warn};
 
 use crate::manager::LockManager;
 use crate::messages::{AdvisoryLock, AdvisoryUnlock, LockKey, LockLost, LossReason};
-
-/// A dedicated connection and the task driving it. Dropping it closes the connection, which
-/// releases whatever locks its session holds.
-pub(crate) struct Pinned {
-    client: CachingClient,
-    driver: JoinHandle<()>,
-    /// Turns true when the connection ends (closes when the driver is aborted).
-    ended: watch::Receiver<bool>,
-}
-
-impl Pinned {
-    async fn open(config: &pgcoord::Config) -> Result<Pinned> {
-        let (client, connection) = pgcoord::db::connect_as(config, "advisory").await?;
-        let (ended_tx, ended) = watch::channel(false);
-        let driver = tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!(error = %e, "advisory session ended");
-            }
-            let _ = ended_tx.send(true);
-        });
-        Ok(Pinned {
-            client: CachingClient::new(client),
-            driver,
-            ended,
-        })
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
+use crate::session::Pinned;
 
 /// The session holding one advisory lock.
 pub(crate) struct Session {
@@ -129,7 +94,7 @@ impl LockManager {
 
     /// Keeps a session that holds no lock for the next acquire, up to [`IDLE_SESSIONS`].
     fn park(&mut self, pinned: Pinned) {
-        if self.idle_sessions.len() < IDLE_SESSIONS && !pinned.client.is_closed() {
+        if self.idle_sessions.len() < IDLE_SESSIONS && !pinned.is_broken() {
             self.idle_sessions.push(pinned);
         }
     }
@@ -204,12 +169,12 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
         let attempt = async move {
             let mut reply = reply;
             // A parked session is reused when its connection is still open.
-            let pinned = match idle.filter(|p| !p.client.is_closed()) {
+            let pinned = match idle.filter(|p| !p.is_broken()) {
                 Some(pinned) => pinned,
                 // Connecting holds nothing yet: a caller that leaves meanwhile just stops it.
                 None => {
                     let opened = tokio::select! {
-                        opened = Pinned::open(&config) => opened,
+                        opened = Pinned::open(&config, "advisory") => opened,
                         _ = crate::reply::caller_gone(&mut reply) => {
                             Err(Error::new(ErrorKind::Timeout, "caller gave up"))
                         }
@@ -220,7 +185,12 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                     }
                 }
             };
-            let client = &pinned.client;
+            // Bounded like every statement: a wait by its own timeout plus the statement
+            // timeout, a try by the statement timeout.
+            let bound =
+                std::time::Instant::now() + wait.unwrap_or_default() + config.statement_timeout();
+            let client = &pgcoord::db::until(&pinned.client, bound);
+            let cancel = pinned.client.cancel_token();
             let locking = async {
                 match wait {
                     None if advisory::try_lock(client, key, mode).await? => Ok(()),
@@ -232,11 +202,11 @@ impl MessageResponse<LockManager, AdvisoryLock> for AdvisoryResponse {
                 }
             };
             let gone = crate::reply::caller_gone(&mut reply);
-            let cancel = client.cancel_token();
             let (result, clean) = tokio::select! {
                 // A refused try or an expired lock_timeout leaves the session holding nothing.
                 result = locking => {
-                    let clean = matches!(&result, Err(e) if e.is_not_acquired());
+                    let clean = matches!(&result, Err(e) if e.is_not_acquired())
+                && !pinned.is_broken();
                     (result, clean)
                 }
                 _ = gone => {
@@ -303,8 +273,10 @@ impl Handler<AdvisoryUnlock> for LockManager {
         if let Some(watch) = session.watch.take() {
             ctx.cancel_future(watch);
         }
+        let bound = std::time::Instant::now() + self.config.statement_timeout();
         let unlock = async move {
-            let result = advisory::unlock(&session.pinned.client, key, session.mode).await;
+            let client = pgcoord::db::until(&session.pinned.client, bound);
+            let result = advisory::unlock(&client, key, session.mode).await;
             // Unlocked, the session holds nothing and can serve the next lock.
             let reusable = result
                 .is_ok()

@@ -22,10 +22,21 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
+    /// Checks the server, then starts the actors as [`start`](Self::start) does: the start that
+    /// can fail. [`pgcoord::ErrorKind::Unavailable`] (with the cause) when the database cannot
+    /// be reached within the connect timeout, [`pgcoord::ErrorKind::ReadOnly`] on a standby,
+    /// [`pgcoord::ErrorKind::NotFound`] when the tables do not exist (`pgcoord::schema::migrate`).
+    pub async fn connect(config: Config) -> pgcoord::Result<Coordinator> {
+        pgcoord::db::check_server(&config).await?;
+        Ok(Coordinator::start(config))
+    }
+
     /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
     /// that hears lease releases through it (so the process has one LISTEN connection), and a
     /// `PayloadStoreActor`. Must run inside an actix System; the tables must exist
-    /// (`pgcoord::schema::migrate`).
+    /// (`pgcoord::schema::migrate`). Nothing is checked: with the database down, everything
+    /// starts and becomes usable when it is back. Prefer [`connect`](Self::connect) to learn of a
+    /// wrong DSN or missing tables at once.
     pub fn start(config: Config) -> Coordinator {
         let table = PayloadTable::new(&config, pgcoord::db::pool(&config));
         let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));

@@ -51,10 +51,13 @@ impl ListenerActor {
                             .await
                             .map(|p| (envelope.id, p))
                     };
-                    ctx.spawn(open.into_actor(self).map(move |result, act, _| match result {
-                        Ok((id, payload)) => act.deliver(&channel, id, payload),
-                        Err(e) => warn!(%channel, error = %e, "cannot fetch a stored payload; message skipped"),
-                    }));
+                    ctx.spawn(
+                        open.into_actor(self)
+                            .map(move |result, act, _| match result {
+                                Ok((id, payload)) => act.deliver(&channel, id, payload),
+                                Err(e) => act.undeliverable(&channel, &e),
+                            }),
+                    );
                 }
             },
             Kind::Request => {
@@ -68,7 +71,22 @@ impl ListenerActor {
 
     fn garbage(&mut self, channel: &str, why: &dyn std::fmt::Display) {
         self.stats.garbage += 1;
-        warn!(%channel, error = %why, "skipping a notification that is not a pgcoord message");
+        // Anyone can NOTIFY any channel: a flood must not become a flood of log lines. The
+        // first, then every power of two; the stat counts them all.
+        if self.stats.garbage.is_power_of_two() {
+            warn!(%channel, error = %why, skipped = self.stats.garbage, "skipping notifications that are not pgcoord messages");
+        }
+    }
+
+    /// A message whose stored payload cannot be fetched (expired, deleted, store unreachable):
+    /// counted, and announced to `ConnState` subscribers, since its subscribers miss it.
+    fn undeliverable(&mut self, channel: &str, error: &Error) {
+        self.stats.undeliverable += 1;
+        warn!(%channel, error = %error, "cannot fetch a stored payload; message not delivered");
+        self.broadcast(ConnState::MessageLost {
+            channel: channel.to_owned(),
+            error: error.to_string(),
+        });
     }
 
     /// Hands a message to every waiter and subscriber of `channel` without blocking.
@@ -104,7 +122,8 @@ impl ListenerActor {
     }
 
     fn on_reply(&mut self, envelope: Envelope) {
-        let Some(waiting) = self.pending.remove(&envelope.id) else {
+        let waiting = self.pending.lock().expect("pending").remove(&envelope.id);
+        let Some(waiting) = waiting else {
             self.stats.unmatched_replies += 1;
             debug!(id = envelope.id, "reply for no pending request dropped");
             return;
@@ -171,8 +190,9 @@ pub(crate) async fn send(
     inline_limit: usize,
 ) -> Result<()> {
     let text = signal::seal(envelope, payload, store, inline_limit).await?;
-    let client = pool.get().await?;
-    signal::notify(&*client, channel, &text).await
+    // Not repeated once it may have run: a second NOTIFY would deliver the message twice. A
+    // connection found dead before sending is replaced (see `Pool::checkout`).
+    signal::notify(&pool.statements(None), channel, &text).await
 }
 
 pub(crate) fn channel_ident(channel: &str) -> Result<Ident> {
@@ -209,72 +229,92 @@ impl Handler<Publish> for ListenerActor {
 
 impl ListenerActor {
     /// Validates `channel`, records what `register` adds to it, and makes sure it is listened
-    /// on: what `Subscribe`, `SubscribeRaw`, `Serve` and `WaitNext` have in common.
+    /// on: what `Subscribe`, `SubscribeRaw`, `Serve` and `WaitNext` have in common. The returned
+    /// future is not the actor's: it survives a restart of the listener, and resolves once the
+    /// channel is listened on, on this connection or the next. An invalid channel registers
+    /// nothing.
     fn register(
         &mut self,
         channel: &str,
         register: impl FnOnce(&mut Channel),
-    ) -> ResponseActFuture<Self, Result<()>> {
-        let channel = match channel_ident(channel) {
-            Ok(channel) => channel,
-            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
-        };
+        ctx: &mut Context<Self>,
+    ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
+        let channel = channel_ident(channel)?;
         register(
             self.channels
                 .entry(channel.as_str().to_owned())
                 .or_default(),
         );
-        self.listen_one(channel)
+        let confirmed = self.confirm(channel, ctx);
+        Ok(async move {
+            confirmed
+                .await
+                .map_err(|_| Error::new(ErrorKind::Unavailable, "the listener stopped"))
+        })
+    }
+
+    fn registered(
+        &mut self,
+        channel: &str,
+        register: impl FnOnce(&mut Channel),
+        ctx: &mut Context<Self>,
+    ) -> ResponseFuture<Result<()>> {
+        match self.register(channel, register, ctx) {
+            Ok(confirmed) => Box::pin(confirmed),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 }
 
 impl Handler<Subscribe> for ListenerActor {
-    type Result = ResponseActFuture<Self, Result<()>>;
+    type Result = ResponseFuture<Result<()>>;
 
     fn handle(
         &mut self,
         Subscribe { channel, recipient }: Subscribe,
-        _: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) -> Self::Result {
-        self.register(&channel, |entry| entry.subscribers.push(recipient))
+        self.registered(&channel, |entry| entry.subscribers.push(recipient), ctx)
     }
 }
 
 impl Handler<SubscribeRaw> for ListenerActor {
-    type Result = ResponseActFuture<Self, Result<()>>;
+    type Result = ResponseFuture<Result<()>>;
 
     fn handle(
         &mut self,
         SubscribeRaw { channel, recipient }: SubscribeRaw,
-        _: &mut Context<Self>,
+        ctx: &mut Context<Self>,
     ) -> Self::Result {
-        self.register(&channel, |entry| entry.raw.push(recipient))
+        self.registered(&channel, |entry| entry.raw.push(recipient), ctx)
     }
 }
 
 impl Handler<Serve> for ListenerActor {
-    type Result = ResponseActFuture<Self, Result<()>>;
+    type Result = ResponseFuture<Result<()>>;
 
-    fn handle(&mut self, Serve { channel, handler }: Serve, _: &mut Context<Self>) -> Self::Result {
-        self.register(&channel, |entry| entry.handler = Some(handler))
+    fn handle(
+        &mut self,
+        Serve { channel, handler }: Serve,
+        ctx: &mut Context<Self>,
+    ) -> Self::Result {
+        self.registered(&channel, |entry| entry.handler = Some(handler), ctx)
     }
 }
 
 impl Handler<WaitNext> for ListenerActor {
-    type Result = ResponseActFuture<Self, Result<Signal>>;
+    type Result = ResponseFuture<Result<Signal>>;
 
-    fn handle(&mut self, WaitNext(channel): WaitNext, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, WaitNext(channel): WaitNext, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        Box::pin(
-            self.register(&channel, |entry| entry.waiters.push(tx))
-                .then(|listened, act, _| {
-                    async move {
-                        listened?;
-                        rx.await
-                            .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))
-                    }
-                    .into_actor(act)
-                }),
-        )
+        let confirmed = match self.register(&channel, |entry| entry.waiters.push(tx), ctx) {
+            Ok(confirmed) => confirmed,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        Box::pin(async move {
+            confirmed.await?;
+            rx.await
+                .map_err(|_| Error::new(ErrorKind::Unavailable, "the listener stopped"))
+        })
     }
 }

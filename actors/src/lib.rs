@@ -37,6 +37,7 @@ pub mod messages;
 pub mod payload_actor;
 mod reply;
 pub mod round_trip;
+mod session;
 pub mod signal_messages;
 mod wake;
 pub mod with_lock;

@@ -9,7 +9,7 @@
 //! `Reconnected` broadcast. Routing of what arrives is in `dispatch`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -45,11 +45,20 @@ pub struct ListenerActor {
     ever_connected: bool,
     ready_waiters: Vec<oneshot::Sender<()>>,
     pub(crate) channels: HashMap<String, Channel>,
-    pub(crate) pending: HashMap<u64, oneshot::Sender<Result<Vec<u8>>>>,
+    /// Callers waiting until their channel is listened on, by channel. Kept across restarts:
+    /// the next connection's LISTENs answer them.
+    confirm_waiters: HashMap<String, Vec<oneshot::Sender<()>>>,
+    /// Requests waiting for their reply, by id. Shared with the tasks that run the round trips
+    /// (not futures of this actor, which a restart would drop); each task removes its own
+    /// entry however it ends.
+    pub(crate) pending: Pending,
     conn_subscribers: Vec<Recipient<ConnState>>,
     failures: u32,
     pub(crate) stats: ListenerStats,
 }
+
+/// The pending requests of a listener: reply senders by request id.
+pub(crate) type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>>>>>>;
 
 impl ListenerActor {
     /// A listener for `config`; payloads too large for a notification go to `store` (without
@@ -68,7 +77,8 @@ impl ListenerActor {
             ever_connected: false,
             ready_waiters: Vec::new(),
             channels: HashMap::new(),
-            pending: HashMap::new(),
+            confirm_waiters: HashMap::new(),
+            pending: Pending::default(),
             conn_subscribers: Vec::new(),
             failures: 0,
             stats: ListenerStats::default(),
@@ -140,6 +150,9 @@ impl ListenerActor {
                         for waiter in act.ready_waiters.drain(..) {
                             let _ = waiter.send(());
                         }
+                        for waiter in act.confirm_waiters.drain().flat_map(|(_, w)| w) {
+                            let _ = waiter.send(());
+                        }
                     }
                     Err(e) => act.fail(
                         ctx,
@@ -170,17 +183,28 @@ impl ListenerActor {
     }
 
     /// Reports `state` and stops, so the supervisor restarts the actor on a new connection.
+    /// During an outage only the first failure is broadcast and warned about, then every power
+    /// of two: a listener retrying every half second must not flood its subscribers or the log.
     fn fail(&mut self, ctx: &mut Context<Self>, state: ConnState) {
         if ctx.state() != ActorState::Running {
             return;
         }
-        warn!(?state, "listener connection lost; reconnecting");
+        let first = self.ready || self.failures == 0;
         self.failures += 1;
-        self.broadcast(state);
+        if first || self.failures.is_power_of_two() {
+            warn!(
+                ?state,
+                failures = self.failures,
+                "listener connection lost; reconnecting"
+            );
+        }
+        if first {
+            self.broadcast(state);
+        }
         ctx.stop();
     }
 
-    fn broadcast(&mut self, state: ConnState) {
+    pub(crate) fn broadcast(&mut self, state: ConnState) {
         // Rare and important ("Reconnected" means resync): never dropped for a full mailbox.
         self.conn_subscribers.retain(|s| {
             s.do_send(state.clone());
@@ -199,22 +223,51 @@ impl ListenerActor {
         rx
     }
 
-    /// Makes sure `channel` is listened on, waiting for a connection if there is none.
-    pub(crate) fn listen_one(&mut self, channel: Ident) -> ResponseActFuture<Self, Result<()>> {
-        let ready = self.when_ready();
-        Box::pin(ready.into_actor(self).then(move |_, act, _| {
-            let client = act.client.clone();
-            async move {
-                let client = client.ok_or_else(|| {
-                    Error::new(ErrorKind::Unavailable, "listener is reconnecting")
-                })?;
+    /// Makes sure `channel` is listened on: at once on the current connection, or by the next
+    /// connection's LISTENs when there is none (the channel is registered already). The
+    /// receiver resolves once a LISTEN on `channel` is confirmed; it fails only when the
+    /// listener stopped for good.
+    pub(crate) fn confirm(
+        &mut self,
+        channel: Ident,
+        ctx: &mut Context<Self>,
+    ) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.confirm_waiters
+            .entry(channel.as_str().to_owned())
+            .or_default()
+            .push(tx);
+        if let (true, Some(client)) = (self.ready, self.client.clone()) {
+            let listen = async move {
                 client
                     .batch_execute(&format!("LISTEN {};", channel.quoted()))
-                    .await?;
-                Ok(())
-            }
-            .into_actor(act)
-        }))
+                    .await
+                    .map(|()| channel)
+            };
+            ctx.spawn(listen.into_actor(self).map(|result, act, ctx| {
+                match result {
+                    Ok(channel) => {
+                        for waiter in act
+                            .confirm_waiters
+                            .remove(channel.as_str())
+                            .into_iter()
+                            .flatten()
+                        {
+                            let _ = waiter.send(());
+                        }
+                    }
+                    // The connection failed: the next one LISTENs on every registered channel and
+                    // answers the waiters then.
+                    Err(e) => act.fail(
+                        ctx,
+                        ConnState::Disconnected {
+                            error: e.to_string(),
+                        },
+                    ),
+                }
+            }));
+        }
+        rx
     }
 
     /// Waits until the reply channel is listened on; requests must not go out before.
@@ -304,17 +357,18 @@ impl Handler<GetListenerStats> for ListenerActor {
 
     fn handle(&mut self, _: GetListenerStats, _: &mut Context<Self>) -> ListenerStats {
         ListenerStats {
-            pending_requests: self.pending.len(),
+            pending_requests: self.pending.lock().expect("pending").len(),
             ..self.stats.clone()
         }
     }
 }
 
-/// No delay for the first connection, then 100 ms doubling up to 5 s.
+/// No delay for the first connection (or the first after a working one), then pgcoord's
+/// jittered backoff, at most 500 ms: the listener is back within half a second of the server.
 fn backoff(failures: u32) -> Duration {
     match failures {
-        0 => Duration::ZERO,
-        n => (Duration::from_millis(100) * 2u32.pow(n.min(6) - 1)).min(Duration::from_secs(5)),
+        0 | 1 => Duration::ZERO,
+        n => pgcoord::db::backoff(n - 1),
     }
 }
 
@@ -324,13 +378,11 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn backoff_grows_and_is_capped() {
+    fn backoff_starts_at_once_and_is_capped() {
         assert_eq!(backoff(0), Duration::ZERO);
-        assert_eq!(backoff(1), Duration::from_millis(100));
-        assert_eq!(backoff(2), Duration::from_millis(200));
-        assert_eq!(
-            backoff(30),
-            Duration::from_secs(5).min(Duration::from_millis(3200))
-        );
+        assert_eq!(backoff(1), Duration::ZERO);
+        for failures in 2..40 {
+            assert!(backoff(failures) <= Duration::from_millis(500));
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::dev::{MessageResponse, OneshotSender};
@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, warn};
 
-use crate::acquire::{AcquireJob, Outcome, Reply};
+use crate::acquire::{AcquireJob, Outcome, Reply, already_held};
 use crate::lease::Lease;
 use crate::listener::ListenerActor;
 use crate::messages::*;
@@ -38,6 +38,8 @@ pub struct LockManager {
     pub(crate) table: Arc<LeaseTable>,
     pub(crate) queues: Arc<Queues>,
     pub(crate) held: HashMap<String, Held>,
+    /// The names in `held`, shared with acquires under way (they refuse a name held meanwhile).
+    pub(crate) holding: Arc<Mutex<HashSet<String>>>,
     pub(crate) subscribers: Vec<Recipient<LockLost>>,
     /// Our own LISTEN connection for lease wake-ups, when there is no shared listener.
     listener: Option<JoinHandle<()>>,
@@ -47,8 +49,13 @@ pub struct LockManager {
     /// Advisory keys whose acquire is under way, so a concurrent second acquire is refused.
     pub(crate) pending_keys: std::collections::HashSet<i64>,
     /// Open sessions that hold no lock, kept for reuse.
-    pub(crate) idle_sessions: Vec<crate::advisory::Pinned>,
+    pub(crate) idle_sessions: Vec<crate::session::Pinned>,
     pub(crate) renewing: bool,
+    /// The heartbeat's own connection: renewals never wait for the pool, so blocked acquires or
+    /// a busy application cannot starve them. Reopened when it fails.
+    pub(crate) heartbeat: Option<Arc<crate::session::Pinned>>,
+    /// Renewals that failed in a row; retries come sooner than the next tick.
+    pub(crate) renew_failures: u32,
     pub(crate) stats: ManagerStats,
 }
 
@@ -60,6 +67,7 @@ impl LockManager {
             table: Arc::new(LeaseTable::new(&config)),
             queues: Arc::default(),
             held: HashMap::new(),
+            holding: Arc::default(),
             subscribers: Vec::new(),
             listener: None,
             shared_listener: None,
@@ -67,6 +75,8 @@ impl LockManager {
             pending_keys: Default::default(),
             idle_sessions: Vec::new(),
             renewing: false,
+            heartbeat: None,
+            renew_failures: 0,
             stats: ManagerStats::default(),
             config,
         }
@@ -79,6 +89,27 @@ impl LockManager {
             shared_listener: Some(listener),
             ..LockManager::new(config)
         }
+    }
+
+    /// Checks the server first, then starts a manager in the current actix System: the start
+    /// that can fail. [`ErrorKind::Unavailable`] (with the cause) when the database cannot be
+    /// reached within the connect timeout, [`ErrorKind::ReadOnly`] on a standby,
+    /// [`ErrorKind::NotFound`] when the tables do not exist (see `pgcoord::schema::migrate`).
+    pub async fn connect(config: Config) -> Result<Addr<LockManager>> {
+        pgcoord::db::check_server(&config).await?;
+        Ok(LockManager::new(config).start())
+    }
+
+    /// Records `name` as held.
+    pub(crate) fn hold_lease(&mut self, name: String, held: Held) {
+        self.holding.lock().expect("holding").insert(name.clone());
+        self.held.insert(name, held);
+    }
+
+    /// Forgets `name`, returning what was held.
+    pub(crate) fn forget_lease(&mut self, name: &str) -> Option<Held> {
+        self.holding.lock().expect("holding").remove(name);
+        self.held.remove(name)
     }
 
     /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
@@ -99,7 +130,7 @@ impl LockManager {
     ) {
         let (lost_tx, lost_rx) = watch::channel(None);
         self.stats.granted += 1;
-        self.held.insert(
+        self.hold_lease(
             request.name.clone(),
             Held {
                 token: grant.token,
@@ -171,23 +202,41 @@ impl Actor for LockManager {
             listener.abort();
         }
         // Closing an advisory session releases its locks on the server.
+        let keys: Vec<i64> = self.sessions.keys().copied().collect();
         self.sessions.clear();
         self.idle_sessions.clear();
+        self.heartbeat = None;
+        for key in keys {
+            self.broadcast(LockLost {
+                key: LockKey::Advisory(key),
+                token: None,
+                reason: LossReason::Shutdown,
+            });
+        }
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();
-        for (name, held) in self.held.drain() {
-            let (pool, table) = (self.pool.clone(), self.table.clone());
+        let names: Vec<String> = self.held.keys().cloned().collect();
+        for name in names {
+            let held = self.forget_lease(&name).expect("listed above");
             let _ = held.lost.send(Some(LossReason::Shutdown));
+            self.broadcast(LockLost {
+                key: LockKey::Lease(name.clone()),
+                token: Some(held.token),
+                reason: LossReason::Shutdown,
+            });
             let Ok(runtime) = &runtime else {
                 warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
                 continue;
             };
+            let (pool, table) = (self.pool.clone(), self.table.clone());
             runtime.spawn(async move {
-                if let Ok(client) = pool.get().await {
-                    let _ = table
-                        .release(&*client, &name, held.token, held.keep_on_release)
-                        .await;
+                let statements = pool.statements(None);
+                if let Err(e) = table
+                    .release(&statements, &name, held.token, held.keep_on_release)
+                    .await
+                {
+                    warn!(lease = %name, error = %e, "release at shutdown failed; the lease expires on its own");
                 }
             });
         }
@@ -235,11 +284,15 @@ impl Handler<Acquire> for LockManager {
         if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
             return AcquireResponse(Err(e));
         }
+        if self.held.contains_key(&request.name) {
+            return AcquireResponse(Err(already_held(&request.name)));
+        }
         AcquireResponse(Ok(AcquireJob {
             request,
             pool: self.pool.clone(),
             table: self.table.clone(),
             queues: self.queues.clone(),
+            holding: self.holding.clone(),
             owner: self.config.owner().to_owned(),
             lease: self.config.lease(),
             poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
@@ -260,14 +313,18 @@ impl Handler<Release> for LockManager {
             );
             return Box::pin(actix::fut::ready(Err(error)));
         }
-        let held = self.held.remove(&name).expect("checked above");
+        let held = self.forget_lease(&name).expect("checked above");
         let (pool, table, keep) = (self.pool.clone(), self.table.clone(), held.keep_on_release);
         let statement_name = name.clone();
         // On its own task, so a manager stopping (Shutdown) does not abandon a release it has
-        // already taken out of `held`.
+        // already taken out of `held`. Bounded by the statement timeout; retried on another
+        // connection only when its own was found dead before it was sent (a release that may
+        // have run is not repeated: a second run would report the lease lost).
         let release = tokio::spawn(async move {
-            let client = pool.get().await?;
-            table.release(&*client, &statement_name, token, keep).await
+            let statements = pool.statements(None);
+            table
+                .release(&statements, &statement_name, token, keep)
+                .await
         });
         let release = async move {
             release.await.unwrap_or_else(|e| {
@@ -297,7 +354,8 @@ impl Handler<Get> for LockManager {
 
     fn handle(&mut self, Get(name): Get, _: &mut Context<Self>) -> Self::Result {
         let (pool, table) = (self.pool.clone(), self.table.clone());
-        Box::pin(async move { table.get(&*pool.get().await?, &name).await })
+        // A read: safe to retry on another connection whatever happened to the first.
+        Box::pin(async move { table.get(&pool.idempotent(None), &name).await })
     }
 }
 
@@ -306,7 +364,8 @@ impl Handler<List> for LockManager {
 
     fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
         let (pool, table) = (self.pool.clone(), self.table.clone());
-        Box::pin(async move { table.list(&*pool.get().await?).await })
+        // A read: safe to retry on another connection whatever happened to the first.
+        Box::pin(async move { table.list(&pool.idempotent(None)).await })
     }
 }
 

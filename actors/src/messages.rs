@@ -131,8 +131,10 @@ pub struct GetStats;
 pub struct ManagerStats {
     /// Leases held now.
     pub held: usize,
-    /// Renew statements sent (one per heartbeat tick with leases held).
+    /// Renew statements sent (one per heartbeat tick with leases held, plus prompt retries).
     pub renew_statements: u64,
+    /// Renewals that failed (connection lost, no answer in time) and were retried.
+    pub renew_failures: u64,
     /// Leases granted.
     pub granted: u64,
     /// Leases reported lost.

@@ -1,6 +1,12 @@
 //! Request/reply in `ListenerActor`: a [`Request`] goes out once the reply channel is listened
 //! on, waits for the reply routed to it by id, and ends at the caller's deadline or when the
 //! caller gives up (watched through actix's reply channel), whichever comes first.
+//!
+//! Each round trip runs on a task of its own, not on the listener's context: when the listening
+//! connection fails and the supervisor restarts the actor, every future spawned on its context
+//! is dropped, and with them the callers' reply channels. The task keeps going across the
+//! restart — waiting for the reply channel to be listened on again if it must — and removes its
+//! pending entry however it ends.
 
 use std::marker::PhantomData;
 use std::time::Instant;
@@ -13,12 +19,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
 use crate::dispatch::{channel_ident, send};
-use crate::listener::ListenerActor;
+use crate::listener::{ListenerActor, Pending};
 use crate::signal_messages::Request;
 
 /// One request on its way: registered in the pending map, not yet sent.
 pub struct RoundTrip {
     id: u64,
+    pending: Pending,
     deadline: Option<Instant>,
     reply: oneshot::Receiver<Result<Vec<u8>>>,
     send: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
@@ -32,7 +39,7 @@ impl ListenerActor {
         let id = envelope.id;
         // Registered before anything is sent, so no reply can arrive unexpected.
         let (tx, rx) = oneshot::channel();
-        self.pending.insert(id, tx);
+        self.pending.lock().expect("pending").insert(id, tx);
         let ready = self.replies_ready();
         let (pool, store, limit) = (
             self.pool.clone(),
@@ -46,6 +53,7 @@ impl ListenerActor {
         });
         Ok(RoundTrip {
             id,
+            pending: self.pending.clone(),
             deadline: request.timeout.map(|t| Instant::now() + t),
             reply: rx,
             send,
@@ -53,15 +61,26 @@ impl ListenerActor {
     }
 }
 
-/// Runs `trip` inside the listener and answers `reply` with the reply, `decode`d.
+/// Removes a request's pending entry when its round trip ends, however it ends.
+struct Forget(u64, Pending);
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.1.lock() {
+            pending.remove(&self.0);
+        }
+    }
+}
+
+/// Runs `trip` on its own task and answers `reply` with the reply, `decode`d.
 fn spawn<T: Send + 'static>(
     trip: Result<RoundTrip>,
-    ctx: &mut Context<ListenerActor>,
     reply: Option<OneshotSender<Result<T>>>,
     decode: fn(Vec<u8>) -> Result<T>,
 ) {
     let RoundTrip {
         id,
+        pending,
         deadline,
         reply: answer,
         send,
@@ -70,6 +89,7 @@ fn spawn<T: Send + 'static>(
         Err(error) => return crate::reply::refuse(reply, error),
     };
     let round_trip = async move {
+        let _forget = Forget(id, pending);
         let mut reply = reply;
         let work = async {
             send.await?;
@@ -90,17 +110,13 @@ fn spawn<T: Send + 'static>(
             _ = deadline_passed => Some(Err(Error::new(ErrorKind::Timeout, "no reply before the deadline"))),
             _ = caller_gone => None,
         };
-        (outcome, reply)
+        if let (Some(outcome), Some(reply)) = (outcome, reply) {
+            let _ = reply.send(outcome);
+        }
     };
-    let round_trip =
-        tracing::Instrument::instrument(round_trip, tracing::info_span!("request", id));
-    ctx.spawn(actix::fut::wrap_future::<_, ListenerActor>(round_trip).map(
-        move |(outcome, reply), act, _| {
-            act.pending.remove(&id);
-            if let (Some(outcome), Some(reply)) = (outcome, reply) {
-                let _ = reply.send(outcome);
-            }
-        },
+    tokio::spawn(tracing::Instrument::instrument(
+        round_trip,
+        tracing::info_span!("request", id),
     ));
 }
 
@@ -116,12 +132,8 @@ impl Handler<Request> for ListenerActor {
 }
 
 impl MessageResponse<ListenerActor, Request> for RequestResponse {
-    fn handle(
-        self,
-        ctx: &mut Context<ListenerActor>,
-        reply: Option<OneshotSender<Result<Vec<u8>>>>,
-    ) {
-        spawn(self.0, ctx, reply, Ok);
+    fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
+        spawn(self.0, reply, Ok);
     }
 }
 
@@ -150,9 +162,7 @@ impl<R: DeserializeOwned + Send + 'static> Handler<TypedRequest<R>> for Listener
 impl<R: DeserializeOwned + Send + 'static> MessageResponse<ListenerActor, TypedRequest<R>>
     for TypedResponse<R>
 {
-    fn handle(self, ctx: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<R>>>) {
-        spawn(self.0, ctx, reply, |bytes| {
-            pgcoord::signal::from_payload(&bytes)
-        });
+    fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<R>>>) {
+        spawn(self.0, reply, |bytes| pgcoord::signal::from_payload(&bytes));
     }
 }

@@ -46,6 +46,15 @@ pub enum ConnState {
     /// Connected again and every LISTEN confirmed. Notifications sent during the gap were not
     /// delivered: resync whatever they drive.
     Reconnected,
+    /// A message arrived on `channel` but its payload, kept in the payload store, could not be
+    /// fetched (expired, deleted, or the store failed): its subscribers did not get it. Resync
+    /// what that channel drives.
+    MessageLost {
+        /// The channel the message arrived on.
+        channel: String,
+        /// Why its payload could not be fetched.
+        error: String,
+    },
 }
 
 /// Send `payload` to every subscriber of `channel`, in every process. Fire and forget.
@@ -220,8 +229,12 @@ pub struct ListenerStats {
     pub delivered: u64,
     /// Messages dropped because a subscriber's mailbox was full.
     pub overflowed: u64,
-    /// Notifications that were not valid envelopes, skipped.
+    /// Notifications that were not valid envelopes, skipped (warned about at the first and then
+    /// at every power of two).
     pub garbage: u64,
+    /// Messages whose stored payload could not be fetched; each is announced as
+    /// [`ConnState::MessageLost`].
+    pub undeliverable: u64,
     /// Replies that arrived for no pending request (late, or a second handler's), dropped.
     pub unmatched_replies: u64,
     /// Requests waiting for a reply now.

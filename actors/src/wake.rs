@@ -73,16 +73,23 @@ pub(crate) fn spawn_listener(
     queues: Arc<Queues>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
+        let mut failures = 0u32;
         loop {
+            let started = std::time::Instant::now();
             match listen(&config, &channel, &queues).await {
                 Ok(()) => debug!(%channel, "lease listener connection closed"),
-                Err(e) => {
+                Err(e) if failures.is_power_of_two() || failures == 0 => {
                     warn!(%channel, error = %e, "lease listener connection failed; waiters fall back to polling until it is back")
                 }
+                Err(_) => {}
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            // A connection that worked for a while starts the count again.
+            failures = if started.elapsed() > Duration::from_secs(5) {
+                1
+            } else {
+                failures + 1
+            };
+            tokio::time::sleep(pgcoord::db::backoff(failures)).await;
         }
     })
 }

@@ -7,6 +7,13 @@
 //! and removes its files. [`TempPostgres::shared`] is one cluster per process, stopped when the
 //! process exits, for test binaries. Durability is turned off (`fsync=off`): it is for tests and
 //! examples, never for data you want to keep.
+//!
+//! For fault tests the cluster can be stopped ([`TempPostgres::stop`],
+//! [`TempPostgres::stop_immediate`]) and started again on the same port with the same data
+//! ([`TempPostgres::start_again`]), restarted ([`TempPostgres::restart`],
+//! [`TempPostgres::restart_immediate`]), paused as a hung server is
+//! ([`TempPostgres::pause`]), and single backends frozen ([`TempPostgres::freeze_backend`]),
+//! found by `application_name` ([`backend_pids`]) or terminated ([`terminate_backends`]).
 
 use std::fs;
 use std::net::TcpListener;
@@ -18,9 +25,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 
+mod control;
 mod reap;
 mod support;
 
+pub use control::{backend_pids, terminate_backends};
 pub use support::{from_env_or_start, test_pg_config, unique_name};
 
 /// The prefix of every throwaway cluster's directory under the temporary directory.
@@ -31,6 +40,9 @@ const OWNER_FILE: &str = "owner.pid";
 
 /// How long the server may take to accept connections.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the server may take to exit once told to, before it and its children are killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running throwaway PostgreSQL server; stopped and deleted on drop.
 pub struct TempPostgres {
@@ -160,13 +172,132 @@ impl TempPostgres {
         self.launch()
     }
 
+    /// Stops the server with a fast shutdown (SIGINT: sessions are terminated, a checkpoint is
+    /// written) and waits until the postmaster exited. The data and the port stay, for
+    /// [`start_again`](Self::start_again); connecting fails meanwhile. A paused server is
+    /// resumed first. Ok when the server is not running; a timeout error when it did not exit
+    /// within 10 s, after which it and its children were killed.
+    pub fn stop(&self) -> Result<()> {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Stops the server with an immediate shutdown (SIGQUIT: every process exits at once, without
+    /// a checkpoint, as after a crash) and waits until the postmaster exited. Otherwise as
+    /// [`stop`](Self::stop); the next start runs crash recovery.
+    pub fn stop_immediate(&self) -> Result<()> {
+        self.stop_with(libc::SIGQUIT)
+    }
+
+    /// Starts the stopped server again on the same port with the same data and waits until it
+    /// accepts connections. An error when it is running.
+    pub fn start_again(&self) -> Result<()> {
+        if let Some(pid) = self.running_pid() {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!("postgres is running (pid {pid}): stop it before starting it again"),
+            ));
+        }
+        // A postmaster that exited by itself leaves its handle behind.
+        if let Ok(mut child) = self.child.lock()
+            && let Some(mut exited) = child.take()
+        {
+            let _ = exited.wait();
+        }
+        self.launch()
+    }
+
+    /// A crash-like restart: [`stop_immediate`](Self::stop_immediate), then
+    /// [`start_again`](Self::start_again), which runs crash recovery before accepting
+    /// connections.
+    pub fn restart_immediate(&self) -> Result<()> {
+        self.stop_immediate()?;
+        self.start_again()
+    }
+
+    /// Stops (SIGSTOP) the postmaster and every process it started, and waits until they are
+    /// stopped: the server hangs as an overloaded or partitioned one does. Connections stay open
+    /// and new ones are accepted by the kernel, but nothing answers until
+    /// [`resume`](Self::resume). Dropping or stopping a paused server resumes it first. An error
+    /// when the server is not running.
+    pub fn pause(&self) -> Result<()> {
+        let pid = self.expect_running()?;
+        // The postmaster first, so it starts no process that would escape.
+        control::signal(pid, libc::SIGSTOP)?;
+        let mut stopped = control::children(pid);
+        for &child in &stopped {
+            let _ = control::signal(child, libc::SIGSTOP);
+        }
+        stopped.push(pid);
+        control::wait_stopped(&stopped)
+    }
+
+    /// Continues (SIGCONT) the postmaster and every process it started, after
+    /// [`pause`](Self::pause) or [`freeze_backend`](Self::freeze_backend). Harmless when
+    /// nothing is stopped; an error when the server is not running.
+    pub fn resume(&self) -> Result<()> {
+        let pid = self.expect_running()?;
+        for child in control::children(pid) {
+            let _ = control::signal(child, libc::SIGCONT);
+        }
+        control::signal(pid, libc::SIGCONT)
+    }
+
+    /// Stops (SIGSTOP) one backend of this server, as found by [`backend_pids`] or
+    /// `pg_backend_pid()`, and waits until it is stopped: its session hangs while the rest of the
+    /// server serves. An error when `pid` is not a process started by this server's postmaster,
+    /// so a pid from another server is never signalled.
+    pub fn freeze_backend(&self, pid: u32) -> Result<()> {
+        self.expect_child(pid)?;
+        control::signal(pid, libc::SIGSTOP)?;
+        control::wait_stopped(&[pid])
+    }
+
+    /// Continues (SIGCONT) one backend stopped by [`freeze_backend`](Self::freeze_backend).
+    /// An error when `pid` is not a process started by this server's postmaster.
+    pub fn thaw_backend(&self, pid: u32) -> Result<()> {
+        self.expect_child(pid)?;
+        control::signal(pid, libc::SIGCONT)
+    }
+
+    /// The postmaster's pid, unless it is not running or has exited.
+    fn running_pid(&self) -> Option<u32> {
+        let mut child = self.child.lock().ok()?;
+        let child = child.as_mut()?;
+        match child.try_wait() {
+            Ok(None) => Some(child.id()),
+            _ => None,
+        }
+    }
+
+    fn expect_running(&self) -> Result<u32> {
+        self.running_pid()
+            .ok_or_else(|| Error::new(ErrorKind::Unavailable, "postgres is not running"))
+    }
+
+    fn expect_child(&self, pid: u32) -> Result<()> {
+        let postmaster = self.expect_running()?;
+        if control::is_child_of(pid, postmaster) {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("process {pid} is not a backend of this server (postmaster {postmaster})"),
+            ))
+        }
+    }
+
     fn launch(&self) -> Result<()> {
         let dir = self
             .data
             .parent()
             .expect("data lives in the temporary directory");
-        let log = fs::File::create(dir.join("postgres.log"))
+        // Appended to, so the log of a run before a restart stays readable.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("postgres.log"))
             .map_err(|e| other("cannot create the server log", e))?;
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         if let Some((uid, gid)) = self.user {
             let _ = std::os::unix::fs::chown(dir.join("postgres.log"), Some(uid), Some(gid));
         }
@@ -185,11 +316,12 @@ impl TempPostgres {
             .stderr(stderr)
             .spawn()
             .map_err(|e| other("cannot start postgres", e))?;
+        let pid = child.id();
         *self.child.lock().expect("child lock") = Some(child);
-        self.wait_ready(dir)
+        self.wait_ready(dir, pid, log_start)
     }
 
-    fn wait_ready(&self, dir: &Path) -> Result<()> {
+    fn wait_ready(&self, dir: &Path, pid: u32, log_start: u64) -> Result<()> {
         let started = Instant::now();
         loop {
             if let Some(status) = self
@@ -199,19 +331,22 @@ impl TempPostgres {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                let log = fs::read_to_string(dir.join("postgres.log")).unwrap_or_default();
+                let log = fs::read(dir.join("postgres.log")).unwrap_or_default();
+                let log = log.get(log_start as usize..).unwrap_or_default();
                 return Err(Error::new(
                     ErrorKind::Unavailable,
                     format!(
                         "postgres exited with {status} during startup: {}",
-                        log.trim()
+                        String::from_utf8_lossy(log).trim()
                     ),
                 ));
             }
-            // The postmaster writes "ready" as the last line of postmaster.pid once it accepts
-            // connections.
+            // The postmaster writes its pid as the first line of postmaster.pid and "ready" as
+            // the last once it accepts connections. The pid tells this postmaster's file from one
+            // a killed server left behind.
             let pid_file = fs::read_to_string(self.data.join("postmaster.pid")).unwrap_or_default();
-            if pid_file.lines().nth(7).map(str::trim) == Some("ready") {
+            let mut lines = pid_file.lines().map(str::trim);
+            if lines.next() == Some(pid.to_string().as_str()) && lines.nth(6) == Some("ready") {
                 return Ok(());
             }
             if started.elapsed() > STARTUP_TIMEOUT {
@@ -225,21 +360,42 @@ impl TempPostgres {
         }
     }
 
+    /// Fast shutdown, for restart and drop: errors are of no use there.
     fn stop_server(&self) {
+        let _ = self.stop_with(libc::SIGINT);
+    }
+
+    /// Sends `signal` (SIGINT: fast shutdown, SIGQUIT: immediate) to the postmaster and waits
+    /// until it exited; kills it and its children when it takes longer than [`STOP_TIMEOUT`].
+    fn stop_with(&self, signal: libc::c_int) -> Result<()> {
         let Some(mut child) = self.child.lock().ok().and_then(|mut c| c.take()) else {
-            return;
+            return Ok(());
         };
-        // SIGINT is PostgreSQL's fast shutdown: terminate sessions, checkpoint, exit.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = child.id();
+        if let Ok(Some(_)) = child.try_wait() {
+            return Ok(());
+        }
+        // A paused server or a frozen backend would not act on the signal (nor let the
+        // postmaster finish) until continued.
+        let _ = control::signal_with_children(pid, libc::SIGCONT);
+        let _ = control::signal(pid, signal);
+        let deadline = Instant::now() + STOP_TIMEOUT;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let children = control::children(pid);
         let _ = child.kill();
+        for child in children {
+            let _ = control::signal(child, libc::SIGKILL);
+        }
         let _ = child.wait();
+        Err(Error::new(
+            ErrorKind::Timeout,
+            format!("postgres did not exit within {STOP_TIMEOUT:?}; killed"),
+        ))
     }
 
     fn shutdown(&self) {

@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
@@ -40,6 +41,9 @@ pub enum Attempt {
     Granted(Grant),
     /// Someone else holds it (or has reserved the next grant); the holder when known.
     Held(Option<Holder>),
+    /// Another transaction has the lock's row locked — a holder's fencing guard, a concurrent
+    /// attempt, a DBA's open transaction — so the attempt did not wait for it. Try again later.
+    Busy,
 }
 
 /// What [`LeaseTable::get`] and [`LeaseTable::list`] report about a lock. Inspection only: it
@@ -81,6 +85,7 @@ pub struct LeaseTable {
     acquire: String,
     enqueue: String,
     dequeue: String,
+    owned_token: String,
     holder: String,
     renew: String,
     release: String,
@@ -112,7 +117,7 @@ impl LeaseTable {
     ) -> Result<Attempt> {
         check_name(name)?;
         check_name(owner)?;
-        let rows = client
+        let rows = match client
             .run(
                 &self.acquire,
                 &[
@@ -124,7 +129,11 @@ impl LeaseTable {
                     (&self.sequence, Type::TEXT),
                 ],
             )
-            .await?;
+            .await
+        {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(Attempt::Busy),
+            rows => rows?,
+        };
         Ok(match rows.first() {
             Some(row) => Attempt::Granted(Grant {
                 token: row.try_get(0)?,
@@ -169,6 +178,34 @@ impl LeaseTable {
 
     async fn cleanup(&self, client: &impl Statements, name: &str) -> Result<()> {
         client.run(&self.cleanup, &[(&name, Type::TEXT)]).await?;
+        Ok(())
+    }
+
+    /// Releases `name` if `owner` holds it, whatever the token: for an acquire whose outcome is
+    /// unknown (its connection failed or it timed out after it was sent), so that a grant
+    /// nobody received does not stay held until it expires. Only call it where `owner` cannot
+    /// hold `name` legitimately — the caller must know it holds no tenure of `name`.
+    pub async fn release_orphan(
+        &self,
+        client: &impl Statements,
+        name: &str,
+        owner: &str,
+    ) -> Result<()> {
+        let rows = client
+            .run(
+                &self.owned_token,
+                &[(&name, Type::TEXT), (&owner, Type::TEXT)],
+            )
+            .await?;
+        if let Some(row) = rows.first() {
+            let token: Option<i64> = row.try_get(0)?;
+            if let Some(token) = token {
+                match self.release(client, name, token, false).await {
+                    Err(e) if e.is_lock_lost() => {}
+                    other => other?,
+                }
+            }
+        }
         Ok(())
     }
 
@@ -276,7 +313,7 @@ impl LeaseTable {
 
 fn check_name(name: &str) -> Result<()> {
     // validate_name takes ownership to hand the string back; names here are borrowed.
-    if name.is_empty() || name.len() > crate::config::MAX_NAME_BYTES {
+    if name.is_empty() || name.len() > crate::config::MAX_NAME_BYTES || name.contains('\0') {
         validate_name("lock name or owner", name.to_owned())?;
     }
     Ok(())

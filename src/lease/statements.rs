@@ -13,9 +13,21 @@ impl LeaseTable {
         let t = config.lock_table.quoted();
         LeaseTable {
             // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence.
+            //
+            // `ON CONFLICT DO UPDATE` locks the existing row before it evaluates its `WHERE`, so
+            // on its own it would wait for any transaction holding that row: a holder's fencing
+            // guard (`FOR KEY SHARE`), a DBA's open transaction — for as long as they last, on a
+            // pooled connection, past the caller's deadline. The `locked` CTE takes the row lock
+            // first with `NOWAIT`: when the row is locked, the attempt fails at once with 55P03
+            // (`lock_not_available`), which `try_acquire` reports as `Attempt::Busy`, and the
+            // waiter retries later without holding a connection. The CTE is read by the INSERT's
+            // SELECT, so it runs before the insert. A missing row is inserted as before (a
+            // concurrent insert of the same name is one short statement to wait for).
             acquire: format!(
-                "INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                 VALUES ($1, $2, nextval($6::regclass), $3, now(), now() + $4 * interval '1 millisecond')
+                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT)
+                 INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                 SELECT $1, $2, nextval($6::regclass), $3, now(), now() + $4 * interval '1 millisecond'
+                 FROM (SELECT count(*) FROM locked) AS row_lock
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token,
                      data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
@@ -40,6 +52,7 @@ impl LeaseTable {
             dequeue: format!(
                 "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
             ),
+            owned_token: format!("SELECT token FROM {t} WHERE name = $1 AND owner = $2"),
             holder: format!(
                 "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
             ),

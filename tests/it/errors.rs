@@ -86,17 +86,16 @@ async fn serialization_failures_are_retried_then_reported() {
 }
 
 #[tokio::test]
-async fn pool_timeout_is_unavailable() {
-    let config = super::builder()
-        .pool_size(1)
-        .pool_timeout(std::time::Duration::from_millis(200))
-        .build()
-        .unwrap();
+async fn an_exhausted_pool_is_unavailable_at_the_deadline() {
+    let config = super::builder().pool_size(1).build().unwrap();
     let pool = db::pool(&config);
-    let _held = pool.get().await.unwrap();
-    let Err(err) = pool.get().await else {
+    let soon = || std::time::Instant::now() + std::time::Duration::from_millis(200);
+    let _held = pool.checkout(soon()).await.unwrap();
+    let started = std::time::Instant::now();
+    let Err(err) = pool.checkout(soon()).await else {
         panic!("the pool of one should be exhausted")
     };
-    let err = Error::from(err);
     assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
 }

@@ -21,6 +21,7 @@ async fn grant(
     {
         Attempt::Granted(grant) => grant,
         Attempt::Held(holder) => panic!("{name} held by {holder:?}"),
+        Attempt::Busy => panic!("{name}'s row is locked"),
     }
 }
 
@@ -182,21 +183,24 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
         .unwrap();
     assert_eq!(renewed.len(), 1);
     tokio::time::sleep(short + Duration::from_millis(100)).await;
-    let takeover = tokio::spawn({
-        let table = table.clone();
-        async move {
-            table
-                .try_acquire(&other, "job", "thief", None, false, LEASE)
-                .await
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Expired, but guarded: a takeover does not wait for the guard (it would hold a connection
+    // for as long as the guarded transaction lasts); it answers Busy at once.
+    let started = std::time::Instant::now();
+    let attempt = table
+        .try_acquire(&other, "job", "thief", None, false, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(attempt, Attempt::Busy, "takeover is held off by the guard");
     assert!(
-        !takeover.is_finished(),
-        "takeover waits for the guarded transaction"
+        started.elapsed() < Duration::from_millis(200),
+        "and does not wait"
     );
     tx.commit().await.unwrap();
-    let Attempt::Granted(new) = takeover.await.unwrap().unwrap() else {
+    let Attempt::Granted(new) = table
+        .try_acquire(&other, "job", "thief", None, false, LEASE)
+        .await
+        .unwrap()
+    else {
         panic!("expired lease should be taken over after the guard ends")
     };
 
@@ -246,8 +250,9 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let (pool, table) = (pgcoord::db::pool(&config), LeaseTable::new(&config));
     // This session's prepared acquire and release statements.
     let prepared = "SELECT count(*) FROM pg_prepared_statements
-                    WHERE statement LIKE 'INSERT INTO%' OR statement LIKE 'WITH deleted%'";
-    let conn = pool.get().await.unwrap();
+                    WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH deleted%'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
     table.release(&*conn, "a", g.token, false).await.unwrap();
     let after_first: i64 = conn.query_one(prepared, &[]).await.unwrap().get(0);

@@ -41,9 +41,9 @@ async fn floor(cfg: &Config, clients: usize, pairs: usize) -> Res<(Duration, Vec
         let (table, cfg) = (table.clone(), cfg.clone());
         tasks.push(tokio::spawn(async move {
             // One connection, holding the statements prepared as pgcoord's pool does.
-            let pool = pgcoord::db::pool(&cfg);
-            let client = pool.get_owned().await.unwrap();
-            let client = &*client;
+            let (client, connection) = pgcoord::db::connect(&cfg).await.unwrap();
+            tokio::spawn(connection);
+            let client = &pgcoord::statement::CachingClient::new(client);
             let mut samples = Vec::new();
             for i in 0..pairs / clients {
                 let t = Instant::now();

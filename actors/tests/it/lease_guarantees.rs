@@ -245,7 +245,9 @@ async fn a_holder_cut_off_from_the_database_gives_up_before_the_server_would() {
     let holder = LockManager::new(config).start();
     let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Every connection the manager has is black-holed: renewals hang, nothing errors.
+    // A full partition: every connection the manager has is black-holed (renewals hang,
+    // nothing errors) and new ones are refused, so a reconnect cannot save the lease.
+    proxy.refuse(true);
     proxy.cut();
     let cut = Instant::now();
     let reason = tokio::time::timeout(lease * 2, held.lost())

@@ -1,0 +1,482 @@
+//! The runtime when connections fail: a frozen heartbeat backend, black-holed connections, a
+//! server restart, a server that is down when the runtime starts, a fenced transaction in front
+//! of a small pool, endpoints that are not a database. Each test that stops, pauses or restarts
+//! the server gets a throwaway cluster of its own, so the other tests keep theirs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::embedded::{TempPostgres, backend_pids, unique_name};
+use pgcoord::{Config, ErrorKind};
+use pgcoord_actors::*;
+use tokio_postgres::Client;
+
+use super::{Collector, Proxy, Setup};
+
+const LEASE: Duration = Duration::from_secs(2);
+const HEARTBEAT: Duration = Duration::from_millis(400);
+
+/// A cluster of the test's own, migrated, with a [`Setup`] pointing at it and an admin client.
+async fn own_cluster() -> (Arc<TempPostgres>, Setup, Client) {
+    super::init_tracing();
+    let server = Arc::new(
+        tokio::task::spawn_blocking(TempPostgres::start)
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let setup = Setup {
+        pg: server.pg_config(),
+        table: unique_name("locks"),
+        lease: LEASE,
+        heartbeat: HEARTBEAT,
+    };
+    let admin = connect(&setup).await;
+    pgcoord::schema::migrate(&admin, &setup.builder("admin").build().unwrap())
+        .await
+        .unwrap();
+    (server, setup, admin)
+}
+
+async fn connect(setup: &Setup) -> Client {
+    pgcoord::db::connect_spawned(&setup.builder("admin").build().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Runs a blocking cluster operation (stop, restart, ...) without blocking the actors.
+async fn on_server(server: &Arc<TempPostgres>, op: fn(&TempPostgres) -> pgcoord::Result<()>) {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || op(&server))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+async fn stats(manager: &Addr<LockManager>) -> ManagerStats {
+    manager.send(GetStats).await.unwrap()
+}
+
+/// Waits until `application_name` has a backend, and returns its pid.
+async fn backend_of(admin: &Client, application_name: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(&pid) = backend_pids(admin, application_name).await.unwrap().first() {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no backend for {application_name}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_frozen_heartbeat_backend_loses_no_lease() {
+    let (server, setup, admin) = own_cluster().await;
+    let app = unique_name("app");
+    let manager = LockManager::new(
+        setup
+            .builder("holder")
+            .application_name(&app)
+            .build()
+            .unwrap(),
+    )
+    .start();
+    let lost = Collector::subscribe(&manager).await;
+    let a = manager.send(Acquire::new("a")).await.unwrap().unwrap();
+    let b = manager.send(Acquire::new("b")).await.unwrap().unwrap();
+    let frozen = backend_of(&admin, &format!("{app} heartbeat")).await;
+    server.freeze_backend(frozen).unwrap();
+    let before = stats(&manager).await;
+
+    // Three leases: every lease would be lost three times over if renewals had stopped.
+    tokio::time::sleep(LEASE * 3).await;
+    let after = stats(&manager).await;
+    server.thaw_backend(frozen).unwrap();
+    assert!(lost.received().is_empty(), "lost: {:?}", lost.received());
+    assert!(
+        after.renew_failures > before.renew_failures,
+        "the frozen renewal failed"
+    );
+    assert!(
+        after.renew_statements >= before.renew_statements + 5,
+        "renewals went on: {before:?} -> {after:?}"
+    );
+    for lease in [&a, &b] {
+        let info = manager
+            .send(Get(lease.name().into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.token, Some(lease.token()));
+        assert!(info.remaining.unwrap() > LEASE / 2, "{info:?}");
+    }
+    // The frozen connection was discarded: a new heartbeat session serves now.
+    let now = backend_of(&admin, &format!("{app} heartbeat")).await;
+    assert_ne!(now, frozen);
+}
+
+#[actix_rt::test]
+async fn black_holed_connections_then_healed_lose_no_lease() {
+    let (_server, setup, _admin) = own_cluster().await;
+    let proxy = Proxy::start(&setup.pg).await;
+    let config = setup
+        .builder("holder")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    let lost = Collector::subscribe(&manager).await;
+    let before = manager.send(Acquire::new("before")).await.unwrap().unwrap();
+    tokio::time::sleep(HEARTBEAT * 2).await;
+
+    // Every connection open now stops forwarding, the heartbeat's and the pooled ones alike;
+    // new ones pass (the network healed, the old connections never recover).
+    proxy.cut();
+    let started = Instant::now();
+    // The first attempt may go to a black-holed pooled connection: it is cut off at the
+    // statement timeout, and the attempt is made again on a new connection.
+    let after = manager
+        .send(Acquire::new("after").timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "acquired on a fresh connection after {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(LEASE * 3).await;
+    assert!(lost.received().is_empty(), "lost: {:?}", lost.received());
+    for lease in [&before, &after] {
+        assert!(lease.loss().is_none());
+        let info = manager
+            .send(Get(lease.name().into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.token, Some(lease.token()));
+        assert!(info.remaining.unwrap() > LEASE / 2, "renewed: {info:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
+    let (server, setup, admin) = own_cluster().await;
+    let a = setup.manager("a");
+    let coordinator = Coordinator::start(setup.builder("b").build().unwrap());
+    let (lost_a, lost_b) = (
+        Collector::subscribe(&a).await,
+        Collector::subscribe(&coordinator.locks).await,
+    );
+    let held_a = a.send(Acquire::new("a")).await.unwrap().unwrap();
+    let held_b = coordinator
+        .locks
+        .send(Acquire::new("b"))
+        .await
+        .unwrap()
+        .unwrap();
+    let channel = unique_name("events");
+    let (events, recipient) = Collector::<Signal>::start_new();
+    coordinator
+        .signals
+        .send(Subscribe {
+            channel: channel.clone(),
+            recipient,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    // The server's WAL writer flushes asynchronously (synchronous_commit is off in the
+    // throwaway cluster): let the grants reach the disk before the crash.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(admin);
+
+    let started = Instant::now();
+    on_server(&server, TempPostgres::restart_immediate).await;
+    let restart = started.elapsed();
+    // Each call is made once: none may fail because of a connection the restart killed.
+    let next = a.send(Acquire::new("next")).await.unwrap().unwrap();
+    let first_acquire = started.elapsed() - restart;
+    assert!(
+        next.token() > held_a.token().max(held_b.token()),
+        "tokens keep increasing"
+    );
+    next.release().await.unwrap();
+    coordinator
+        .signals
+        .send(Publish::new(&channel, b"after".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(lost_a.received().is_empty(), "{:?}", lost_a.received());
+    assert!(lost_b.received().is_empty(), "{:?}", lost_b.received());
+    assert!(held_a.loss().is_none() && held_b.loss().is_none());
+    held_a.release().await.unwrap();
+    held_b.release().await.unwrap();
+    // The publish went out after the restart; the listener is back (Reconnected) by now only
+    // if it re-listened in time, which the subscriber shows.
+    let _ = events.wait_for(0, Duration::from_secs(1)).await;
+    eprintln!("restart took {restart:?}; first acquire {first_acquire:?} after it");
+}
+
+#[actix_rt::test]
+async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
+    let (server, setup, _admin) = own_cluster().await;
+    on_server(&server, TempPostgres::stop).await;
+    let coordinator = Coordinator::start(setup.builder("late").build().unwrap());
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    coordinator
+        .signals
+        .send(SubscribeConnState(recipient))
+        .await
+        .unwrap();
+    // Accepted while the database is down: listened on once it is up.
+    let channel = unique_name("events");
+    let (events, recipient) = Collector::<Signal>::start_new();
+    let subscribed = coordinator.signals.send(Subscribe {
+        channel: channel.clone(),
+        recipient,
+    });
+    let down = coordinator
+        .locks
+        .send(Acquire::new("job").timeout(Duration::from_millis(300)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(down.kind(), ErrorKind::Unavailable, "{down}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    on_server(&server, TempPostgres::start_again).await;
+    let up = Instant::now();
+    let lease = coordinator
+        .locks
+        .send(Acquire::new("job").timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    let first_acquire = up.elapsed();
+    assert!(first_acquire < Duration::from_secs(2), "{first_acquire:?}");
+    coordinator
+        .locks
+        .send(AdvisoryLock::new(42))
+        .await
+        .unwrap()
+        .unwrap();
+    subscribed.await.unwrap().unwrap();
+    coordinator
+        .signals
+        .send(Publish::new(&channel, b"hello".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    let got = events.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(got[0].payload, b"hello");
+    assert!(states.received().contains(&ConnState::Connected));
+    lease.release().await.unwrap();
+    eprintln!("first acquire {first_acquire:?} after the server was up");
+}
+
+#[actix_rt::test]
+async fn a_fenced_transaction_stalls_nobody_behind_a_small_pool() {
+    let (setup, mut admin) = Setup::new(LEASE, HEARTBEAT).await;
+    let holder = setup.manager("holder");
+    let lost = Collector::subscribe(&holder).await;
+    let x = holder.send(Acquire::new("x")).await.unwrap().unwrap();
+    let y = holder.send(Acquire::new("y")).await.unwrap().unwrap();
+    let tx = admin.transaction().await.unwrap();
+    x.fence(&tx).await.unwrap();
+
+    // Two pooled connections, four waiters on the guarded name.
+    let waiter = LockManager::new(setup.builder("waiter").pool_size(2).build().unwrap()).start();
+    let waiting: Vec<_> = (0..4)
+        .map(|_| waiter.send(Acquire::new("x").timeout(Duration::from_secs(4))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let started = Instant::now();
+    let err = waiter
+        .send(Acquire::new("x").fail_if_locked())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let err = waiter
+        .send(Acquire::new("x").timeout(Duration::from_millis(500)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    assert!(
+        waited >= Duration::from_millis(490) && waited < Duration::from_millis(700),
+        "{waited:?}"
+    );
+    // The pool still serves other names.
+    let z = waiter
+        .send(Acquire::new("z").timeout(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The holder's leases outlive several heartbeats while the guard is open.
+    tokio::time::sleep(LEASE).await;
+    assert!(lost.received().is_empty(), "{:?}", lost.received());
+    assert!(x.loss().is_none() && y.loss().is_none());
+    tx.commit().await.unwrap();
+    for w in waiting {
+        assert_eq!(w.await.unwrap().unwrap_err().kind(), ErrorKind::NotAcquired);
+    }
+    drop(z);
+}
+
+#[actix_rt::test]
+async fn a_takeover_blocked_by_a_guard_succeeds_as_soon_as_it_commits() {
+    let (setup, mut admin) = Setup::new(Duration::from_millis(500), Duration::ZERO).await;
+    // No heartbeats: the lease expires while the guard is open.
+    let holder = setup.manager("holder");
+    let lease = holder.send(Acquire::new("t")).await.unwrap().unwrap();
+    let tx = admin.transaction().await.unwrap();
+    lease.fence(&tx).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let taker = setup.manager("taker");
+    let taking = taker.send(Acquire::new("t").timeout(Duration::from_secs(5)));
+    let taking = tokio::spawn(taking);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!taking.is_finished(), "expired, but guarded");
+    let committed = Instant::now();
+    tx.commit().await.unwrap();
+    let taken = taking.await.unwrap().unwrap().unwrap();
+    let after_commit = committed.elapsed();
+    assert!(taken.token() > lease.token());
+    assert!(
+        after_commit < Duration::from_millis(300),
+        "{after_commit:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn connect_fails_with_the_cause_within_the_connect_timeout() {
+    super::init_tracing();
+    let timeout = Duration::from_millis(800);
+    let config = |dsn: String| {
+        Config::builder()
+            .dsn(dsn)
+            .connect_timeout(timeout)
+            .build()
+            .unwrap()
+    };
+    // Nothing listens.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    // Accepts, then says nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    // Accepts and answers with something that is not PostgreSQL.
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_port = http.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut socket, _)) = http.accept().await {
+            let _ = socket
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    for port in [port, silent_port, http_port] {
+        let started = Instant::now();
+        let err = LockManager::connect(config(format!(
+            "host=127.0.0.1 port={port} user=postgres connect_timeout=1"
+        )))
+        .await
+        .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "port {port}: {err}");
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "a cause: {err:?}"
+        );
+        assert!(took < Duration::from_millis(1500), "port {port}: {took:?}");
+        let err = Coordinator::connect(config(format!("host=127.0.0.1 port={port} user=postgres")))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+    }
+}
+
+#[actix_rt::test]
+async fn connect_names_missing_tables_and_refuses_a_read_only_server() {
+    let (setup, admin) = Setup::new(LEASE, HEARTBEAT).await;
+    let missing = setup
+        .builder("x")
+        .lock_table(unique_name("nothing"))
+        .build()
+        .unwrap();
+    let err = LockManager::connect(missing).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("schema::migrate"), "{err}");
+    assert!(err.to_string().contains("migrations/"), "{err}");
+
+    let database = unique_name("ro");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {database} SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    let mut pg = setup.pg.clone();
+    pg.dbname(&database);
+    let read_only = setup.builder("x").pg_config(&pg).build().unwrap();
+    let err = Coordinator::connect(read_only).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::ReadOnly, "{err}");
+
+    let fine = LockManager::connect(setup.builder("x").build().unwrap()).await;
+    assert!(fine.is_ok());
+}
+
+#[actix_rt::test]
+async fn an_acquire_with_no_connection_is_unavailable_not_contention() {
+    super::init_tracing();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let config = Config::builder()
+        .dsn(format!("host=127.0.0.1 port={port} user=postgres"))
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    let started = Instant::now();
+    let err = manager
+        .send(Acquire::new("job").timeout(Duration::from_millis(500)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("refused"), "says why: {err}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}

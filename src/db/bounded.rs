@@ -1,0 +1,131 @@
+//! Bounded statements: every statement pgcoord runs has a deadline, and what happens when it
+//! passes is decided here, once.
+//!
+//! A statement past its deadline is cancelled on the server with the connection's cancel token
+//! (dropping a tokio-postgres future does not stop the query there) and its connection is
+//! discarded, never returned to a pool: whatever it was doing, nobody else should inherit it.
+//! The caller gets [`ErrorKind::Unavailable`]: the database did not answer in time.
+//!
+//! Retries after a connection failure:
+//! - A connection found closed before a statement was sent is replaced and the statement sent on
+//!   another; that is always safe ([`Pool::checkout`] does it).
+//! - A connection that fails while a statement is in flight leaves its outcome unknown. Only
+//!   statements that are safe to run twice are retried then ([`Pool::idempotent`]); the call
+//!   sites say why each one is.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{NoTls, Row};
+use tracing::{debug, warn};
+
+use crate::db::{Discard, Pool};
+use crate::error::{Error, ErrorKind, Result};
+use crate::statement::{BoxFuture, CachingClient, Param, Statements};
+
+/// How long a cancel request may take; it opens a connection of its own.
+const CANCEL_BOUND: Duration = Duration::from_secs(5);
+
+/// Statements on pooled connections, each bounded by one deadline. Made by
+/// [`Pool::statements`] and [`Pool::idempotent`]; implements [`Statements`], so every lease,
+/// signal and payload statement can run on it.
+pub struct Bounded<'p> {
+    pool: &'p Pool,
+    deadline: Instant,
+    idempotent: bool,
+}
+
+impl<'p> Bounded<'p> {
+    pub(crate) fn new(pool: &'p Pool, deadline: Option<Instant>, idempotent: bool) -> Bounded<'p> {
+        let bound = Instant::now() + pool.statement_timeout;
+        Bounded {
+            pool,
+            deadline: deadline.map_or(bound, |d| d.min(bound)),
+            idempotent,
+        }
+    }
+
+    /// When these statements give up.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+impl Statements for Bounded<'_> {
+    fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(async move {
+            loop {
+                let conn = self.pool.checkout(self.deadline).await?;
+                match run_until(&conn, sql, params, self.deadline).await {
+                    Err(e)
+                        if self.idempotent
+                            && e.is_connection_failure()
+                            && Instant::now() < self.deadline =>
+                    {
+                        // Safe to run again (the caller said so); this connection is gone.
+                        conn.discard();
+                        debug!(error = %e, "connection failed mid-statement; retrying");
+                    }
+                    result => return result,
+                }
+            }
+        })
+    }
+}
+
+/// Runs one statement on `client`, bounded by `deadline`. Past it, the statement is cancelled on
+/// the server and the client marked broken; a connection failure marks it broken too.
+pub async fn run_until(
+    client: &CachingClient,
+    sql: &str,
+    params: &[Param<'_>],
+    deadline: Instant,
+) -> Result<Vec<Row>> {
+    match tokio::time::timeout_at(deadline.into(), client.run(sql, params)).await {
+        Ok(Err(e)) if e.is_connection_failure() => {
+            client.discard();
+            Err(e)
+        }
+        Ok(result) => result,
+        Err(_) => {
+            client.discard();
+            cancel(client);
+            Err(Error::new(
+                ErrorKind::Unavailable,
+                "the database did not answer in time; the statement was cancelled and its \
+                 connection closed",
+            ))
+        }
+    }
+}
+
+/// Asks the server to cancel whatever `client` is running, on a task of its own, bounded.
+pub fn cancel(client: &tokio_postgres::Client) {
+    let token = client.cancel_token();
+    tokio::spawn(async move {
+        match tokio::time::timeout(CANCEL_BOUND, token.cancel_query(NoTls)).await {
+            Ok(Ok(())) => debug!("statement cancelled on the server"),
+            Ok(Err(e)) => warn!(error = %e, "cannot cancel a statement on the server"),
+            Err(_) => warn!(
+                "cancel request unanswered; the server ends the statement when it notices the closed connection"
+            ),
+        }
+    });
+}
+
+/// Statements on one given connection, each bounded by one deadline: for dedicated connections
+/// (the heartbeat's) and for a pooled connection a caller checked out itself. Made by [`until`].
+pub struct Until<'c> {
+    client: &'c CachingClient,
+    deadline: Instant,
+}
+
+/// Statements on `client` bounded by `deadline` (see [`run_until`]).
+pub fn until(client: &CachingClient, deadline: Instant) -> Until<'_> {
+    Until { client, deadline }
+}
+
+impl Statements for Until<'_> {
+    fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(run_until(self.client, sql, params, self.deadline))
+    }
+}

@@ -1,0 +1,80 @@
+//! The check a runtime's fallible start makes before anything else: reachable, writable,
+//! migrated.
+
+use crate::config::Config;
+use crate::db::{connect_as, describe};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Checks, on a connection of its own, that the server is reachable, is a writable primary, and
+/// has pgcoord's tables: what a runtime's fallible start asks before anything else.
+/// [`ErrorKind::Unavailable`] (with the cause) when it cannot connect within the connect
+/// timeout, [`ErrorKind::ReadOnly`] on a hot standby or a read-only database,
+/// [`ErrorKind::NotFound`] naming the missing table and how to create it.
+pub async fn check_server(config: &Config) -> Result<()> {
+    let (client, connection) = connect_as(config, "check").await?;
+    let driver = tokio::spawn(connection);
+    let deadline = std::time::Instant::now() + config.statement_timeout;
+    let check = async {
+        let row = tokio::time::timeout_at(
+            deadline.into(),
+            client.query_one(
+                "SELECT current_setting('transaction_read_only'), pg_is_in_recovery(),
+                        to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
+                        to_regclass($3) IS NOT NULL",
+                &[
+                    &config.lock_table.quoted(),
+                    &config.lock_sequence.quoted(),
+                    &config.payload_table.quoted(),
+                ],
+            ),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the database did not answer within {:?}",
+                    config.statement_timeout
+                ),
+            )
+        })??;
+        let read_only: String = row.try_get(0)?;
+        let in_recovery: bool = row.try_get(1)?;
+        if in_recovery || read_only == "on" {
+            let what = if in_recovery {
+                "a hot standby (in recovery)"
+            } else {
+                "read-only (transaction_read_only is on)"
+            };
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!(
+                    "the server at {} is {what}: pgcoord needs a writable primary \
+                     (with several hosts, add target_session_attrs=read-write)",
+                    describe(&config.pg)
+                ),
+            ));
+        }
+        for (index, what, name) in [
+            (2, "lock table", &config.lock_table),
+            (3, "token sequence", &config.lock_sequence),
+            (4, "payload table", &config.payload_table),
+        ] {
+            if !row.try_get::<_, bool>(index)? {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "pgcoord's {what} {} does not exist: create the tables with \
+                         pgcoord::schema::migrate (or apply the SQL files in migrations/)",
+                        name.quoted()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    let result = check.await;
+    drop(client);
+    driver.abort();
+    result
+}

@@ -1,0 +1,165 @@
+//! [`Pool`]: pooled connections that are checked before use, replaced promptly after an outage,
+//! and never handed out dead.
+//!
+//! bb8 keeps the connections. What it does not do is what a coordination library needs when the
+//! database fails: it hands out connections that died while idle, retries a failed connect in the
+//! background with a backoff that grows to half its timeout, and reports a timeout without the
+//! cause. So pgcoord turns bb8's own retries off (`retry_connection(false)`: one connect attempt per
+//! request for a connection) and asks again in short slices until the caller's deadline: the first
+//! request after the server is back gets a connection within one slice plus one connect. Every
+//! failed connect is kept (bb8's error sink) and becomes the cause of an `Unavailable` error.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::statement::{CachingClient, Manager};
+
+/// How long one request for a pooled connection waits before it asks again. Each request makes
+/// at most one connect attempt, so this is also the pace of reconnect attempts during an outage.
+const CHECKOUT_SLICE: Duration = Duration::from_millis(50);
+
+/// A pooled connection, returned to the pool when dropped unless it was discarded.
+pub type Pooled<'a> = bb8::PooledConnection<'a, Manager>;
+
+/// The connection pool pgcoord's statements run on. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Pool {
+    inner: bb8::Pool<Manager>,
+    last_failure: LastFailure,
+    pub(crate) statement_timeout: Duration,
+}
+
+/// The most recent failed connect, for the error of whoever waited for a connection.
+#[derive(Clone, Default, Debug)]
+struct LastFailure(Arc<Mutex<Option<Failure>>>);
+
+/// When a connect failed, and why.
+type Failure = (Instant, Arc<Error>);
+
+impl bb8::ErrorSink<Error> for LastFailure {
+    fn sink(&self, error: Error) {
+        debug!(error = %error, "pooled connect failed");
+        *self.0.lock().expect("last failure") = Some((Instant::now(), Arc::new(error)));
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<Error>> {
+        Box::new(self.clone())
+    }
+}
+
+impl LastFailure {
+    fn since(&self, start: Instant) -> Option<Arc<Error>> {
+        let last = self.0.lock().expect("last failure");
+        last.as_ref()
+            .filter(|(at, _)| *at >= start)
+            .map(|(_, e)| e.clone())
+    }
+}
+
+impl Pool {
+    /// A pool for `config`. Connections are opened on first use, each within the configured
+    /// connect timeout.
+    pub fn new(config: &Config) -> Pool {
+        let last_failure = LastFailure::default();
+        let manager = Manager::new(config.pg.clone(), config.connect_timeout);
+        let inner = bb8::Pool::builder()
+            .max_size(config.pool_size)
+            // Bounded by the caller's deadline instead (see `checkout`).
+            .connection_timeout(config.pool_timeout)
+            .test_on_check_out(false)
+            .retry_connection(false)
+            .error_sink(Box::new(last_failure.clone()))
+            .build_unchecked(manager);
+        Pool {
+            inner,
+            last_failure,
+            statement_timeout: config.statement_timeout,
+        }
+    }
+
+    /// The bound of statements that have no caller's deadline (renewals, releases, publishes).
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// A live connection from the pool, waiting at most until `deadline`. Connections found
+    /// closed (the server restarted, the backend was terminated) are discarded and replaced
+    /// without the caller seeing them. [`ErrorKind::Unavailable`] at the deadline, with the last
+    /// connect error as its source when a connect failed meanwhile.
+    pub async fn checkout(&self, deadline: Instant) -> Result<Pooled<'_>> {
+        let start = Instant::now();
+        let mut discarded = 0u32;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.unavailable(start, discarded));
+            }
+            let slice = deadline.min(now + CHECKOUT_SLICE);
+            match tokio::time::timeout_at(slice.into(), self.inner.get()).await {
+                Ok(Ok(conn)) if conn.is_closed() => {
+                    // Died while idle: nothing was sent on it, so asking again is always safe.
+                    conn.discard();
+                    discarded += 1;
+                }
+                Ok(Ok(conn)) => return Ok(conn),
+                Ok(Err(bb8::RunError::User(e))) => return Err(e),
+                Ok(Err(bb8::RunError::TimedOut)) | Err(_) => {}
+            }
+        }
+    }
+
+    fn unavailable(&self, start: Instant, discarded: u32) -> Error {
+        let waited = start.elapsed();
+        match self.last_failure.since(start) {
+            Some(cause) => Error::new(
+                ErrorKind::Unavailable,
+                format!("no database connection within {waited:?}: {cause}"),
+            )
+            .with_source(cause),
+            None if discarded > 0 => Error::new(
+                ErrorKind::Unavailable,
+                format!("no live database connection within {waited:?} ({discarded} found closed)"),
+            ),
+            None => Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "every pooled connection stayed busy for {waited:?} (pool size {})",
+                    self.inner.state().connections
+                ),
+            ),
+        }
+    }
+
+    /// Statements bounded by `deadline` (or, without one, by the statement timeout), each on a
+    /// live pooled connection. See [`Bounded`](crate::db::Bounded).
+    pub fn statements(&self, deadline: Option<Instant>) -> crate::db::Bounded<'_> {
+        crate::db::Bounded::new(self, deadline, false)
+    }
+
+    /// Like [`statements`](Self::statements), for statements that are safe to run twice: they
+    /// are also retried when their connection failed while they may have run.
+    pub fn idempotent(&self, deadline: Option<Instant>) -> crate::db::Bounded<'_> {
+        crate::db::Bounded::new(self, deadline, true)
+    }
+
+    /// Connections open now (idle or in use), for stats and tests.
+    pub fn connections(&self) -> u32 {
+        self.inner.state().connections
+    }
+}
+
+/// Makes sure a pooled connection does not go back to the pool.
+pub trait Discard {
+    /// Marks the connection broken: it is closed instead of returned to the pool.
+    fn discard(&self);
+}
+
+impl Discard for Pooled<'_> {
+    fn discard(&self) {
+        CachingClient::discard(self);
+    }
+}
