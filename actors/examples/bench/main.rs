@@ -1,11 +1,13 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals`, sizes one by one
-//! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`),
+//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals|faults`, sizes one by one
+//! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`,
+//! `--rounds N` of server restarts),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 
+mod faults;
 mod leases;
 mod locks;
 mod report;
@@ -20,6 +22,7 @@ pub struct Sizes {
     pub held: usize,
     pub requests: usize,
     pub fanout: usize,
+    pub rounds: usize,
 }
 
 #[actix::main]
@@ -40,6 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             held: 500,
             requests: 50,
             fanout: 2_000,
+            rounds: 2,
         }
     } else {
         Sizes {
@@ -48,9 +52,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             held: 10_000,
             requests: 1_000,
             fanout: 50_000,
+            rounds: 5,
         }
     };
-    // Any size can be set on its own: --pairs, --seconds, --held, --requests, --fanout.
+    // Any size can be set on its own: --pairs, --seconds, --held, --requests, --fanout, --rounds.
     let size =
         |name: &str| arg(name).map(|v| v.parse::<usize>().map_err(|e| format!("{name} {v}: {e}")));
     if let Some(n) = size("--pairs").transpose()? {
@@ -68,6 +73,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(n) = size("--fanout").transpose()? {
         sizes.fanout = n.max(1);
     }
+    if let Some(n) = size("--rounds").transpose()? {
+        sizes.rounds = n.max(1);
+    }
     let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
     let mut report = Report::new(&pg).await?;
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
@@ -79,6 +87,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("signals") {
         signals::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("faults") {
+        faults::run(&pg, &sizes, &mut report).await?;
     }
     report.print();
     if let Some(path) = arg("--write") {

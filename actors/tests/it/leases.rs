@@ -243,9 +243,75 @@ async fn typed_data_round_trips_as_messagepack() {
 async fn bad_names_are_rejected_before_sql() {
     let (setup, _) = Setup::new(LONG, BEAT).await;
     let a = setup.manager("a");
-    for name in [String::new(), "n".repeat(256)] {
+    for name in [String::new(), "n".repeat(256), "a\0b".into()] {
         let err = a.send(Acquire::new(name)).await.unwrap().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidName);
     }
     assert!(a.send(Acquire::new("n".repeat(255))).await.unwrap().is_ok());
+    // An owner with a NUL byte never gets as far as a manager.
+    let err = setup.builder("own\0er").build().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
+
+#[actix_rt::test]
+async fn a_lease_this_manager_holds_is_already_held_at_once() {
+    let (setup, _) = Setup::new(LONG, BEAT).await;
+    let a = setup.manager("a");
+    let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
+    for again in [
+        Acquire::new("job"),
+        Acquire::new("job").fail_if_locked(),
+        Acquire::new("job").timeout(Duration::from_secs(5)),
+    ] {
+        let started = Instant::now();
+        let err = a.send(again).await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AlreadyHeld);
+        assert!(started.elapsed() < Duration::from_millis(200));
+    }
+    held.release().await.unwrap();
+    // Released, it can be taken again.
+    a.send(Acquire::new("job")).await.unwrap().unwrap();
+}
+
+#[actix_rt::test]
+async fn shutdown_tells_every_subscriber_once_per_lease() {
+    let (setup, client) = Setup::new(LONG, BEAT).await;
+    let a = setup.manager("a");
+    let lost = Collector::subscribe(&a).await;
+    let one = a.send(Acquire::new("one")).await.unwrap().unwrap();
+    let two = a.send(Acquire::new("two")).await.unwrap().unwrap();
+    a.send(pgcoord_actors::AdvisoryLock::named(&setup.table))
+        .await
+        .unwrap()
+        .unwrap();
+    a.send(Shutdown).await.unwrap();
+    let mut got = lost.wait_for(3, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(lost.received().len(), 3, "once each");
+    got.sort_by_key(|l| format!("{:?}", l.key));
+    assert!(
+        got.iter().all(|l| l.reason == LossReason::Shutdown),
+        "{got:?}"
+    );
+    assert_eq!(
+        got.iter().map(|l| l.key.clone()).collect::<Vec<_>>(),
+        [
+            LockKey::Advisory(pgcoord::advisory::key_for_name(&setup.table)),
+            LockKey::Lease("one".into()),
+            LockKey::Lease("two".into()),
+        ]
+    );
+    assert_eq!(one.loss(), Some(LossReason::Shutdown));
+    assert_eq!(two.loss(), Some(LossReason::Shutdown));
+    // And the leases were released on the server.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let sql = format!("SELECT count(*) FROM {}", setup.quoted_table());
+        let rows: i64 = client.query_one(&sql, &[]).await.unwrap().get(0);
+        if rows == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows} rows left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

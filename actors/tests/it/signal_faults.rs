@@ -213,3 +213,172 @@ async fn a_panicking_handler_gives_an_error_reply_and_serving_goes_on() {
         .unwrap();
     assert_eq!(ok, b"fine");
 }
+
+/// Answers after 300 ms, so requests are in flight when the listener's connection is killed.
+fn slow_echo(channel: &str) -> Serve {
+    Serve::new(channel, |payload: Vec<u8>| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(payload)
+    })
+}
+
+#[actix_rt::test]
+async fn callers_in_flight_complete_across_a_killed_listener_connection() {
+    let (setup, admin) = setup().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("signals")
+        .application_name(&app)
+        .build()
+        .unwrap();
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let states = conn_states(&listener).await;
+    let (echo, quiet) = (unique_name("echo"), unique_name("quiet"));
+    listener.send(slow_echo(&echo)).await.unwrap().unwrap();
+    let requests: Vec<_> = (0..4u8)
+        .map(|i| {
+            let request = Request::new(&echo, vec![i]).timeout(Duration::from_secs(3));
+            tokio::spawn(listener.send(request))
+        })
+        .collect();
+    let waiting = tokio::spawn(listener.send(WaitNext(quiet.clone())));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let killed = pgcoord::embedded::terminate_backends(&admin, &format!("{app} listener"))
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // Subscribing while the connection is down is accepted and served by the next one.
+    let (late, recipient) = Collector::<Signal>::start_new();
+    let subscribed = listener.send(Subscribe {
+        channel: quiet.clone(),
+        recipient,
+    });
+    subscribed.await.unwrap().unwrap();
+    states.wait_for(3, Duration::from_secs(5)).await;
+    assert_eq!(states.received().last(), Some(&ConnState::Reconnected));
+    listener
+        .send(Publish::new(&quiet, b"after".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Every caller ends with the reply or its own deadline: never a closed mailbox.
+    for (i, request) in requests.into_iter().enumerate() {
+        match request.await.unwrap().expect("no MailboxError") {
+            Ok(reply) => assert_eq!(reply, vec![i as u8]),
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Timeout, "{e}"),
+        }
+    }
+    let next = waiting.await.unwrap().expect("no MailboxError").unwrap();
+    assert_eq!(next.payload, b"after");
+    assert_eq!(
+        late.wait_for(1, Duration::from_secs(5)).await[0].payload,
+        b"after"
+    );
+    assert_eq!(
+        listener
+            .send(GetListenerStats)
+            .await
+            .unwrap()
+            .pending_requests,
+        0,
+        "no pending entry leaks"
+    );
+}
+
+#[actix_rt::test]
+async fn a_garbage_flood_is_counted_and_served_traffic_goes_on() {
+    let (setup, admin) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("flooded");
+    let collector = subscribe(&listener, &channel).await;
+    admin
+        .execute(
+            "SELECT count(pg_notify($1, 'garbage ' || i)) FROM generate_series(1, 2000) AS i",
+            &[&channel],
+        )
+        .await
+        .unwrap();
+    listener
+        .send(Publish::new(&channel, b"valid".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        collector.wait_for(1, Duration::from_secs(10)).await[0].payload,
+        b"valid"
+    );
+    assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 2000);
+}
+
+#[actix_rt::test]
+async fn a_stored_payload_that_cannot_be_fetched_is_reported_to_the_application() {
+    let (setup, admin) = setup().await;
+    let listener = listener(&setup);
+    let states = conn_states(&listener).await;
+    let channel = unique_name("stored");
+    let collector = subscribe(&listener, &channel).await;
+    // An envelope whose payload is "in the store" under a key that has no row.
+    let mut envelope = pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, Vec::new());
+    envelope.body = pgcoord::signal::Body::Stored("00000000-0000-0000-0000-000000000000".into());
+    admin
+        .execute(
+            "SELECT pg_notify($1, $2)",
+            &[&channel, &envelope.encode().unwrap()],
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lost = loop {
+        let lost = states
+            .received()
+            .into_iter()
+            .find(|s| matches!(s, ConnState::MessageLost { .. }));
+        if let Some(lost) = lost {
+            break lost;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no MessageLost: {:?}",
+            states.received()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let ConnState::MessageLost { channel: on, error } = lost else {
+        unreachable!()
+    };
+    assert_eq!(on, channel);
+    assert!(error.contains("not in the store"), "{error}");
+    assert_eq!(
+        listener.send(GetListenerStats).await.unwrap().undeliverable,
+        1
+    );
+    assert!(collector.received().is_empty());
+}
+
+#[actix_rt::test]
+async fn a_subscribe_that_fails_registers_nothing() {
+    let (setup, _) = setup().await;
+    let listener = listener(&setup);
+    let good = unique_name("good");
+    subscribe(&listener, &good).await;
+    for bad in ["bad\0channel", "", "has space"] {
+        let (_, recipient) = Collector::<Signal>::start_new();
+        let err = listener
+            .send(Subscribe {
+                channel: bad.into(),
+                recipient,
+            })
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidIdentifier, "{bad:?}");
+    }
+    let listening = listener.send(ListeningChannels).await.unwrap().unwrap();
+    assert_eq!(
+        listening.len(),
+        2,
+        "the reply channel and {good}: {listening:?}"
+    );
+}
