@@ -83,7 +83,13 @@ impl Publish {
 /// Deliver every message on `channel` to `recipient`, through its mailbox without waiting: when
 /// the mailbox is full the message is dropped for that recipient, counted and warned about.
 /// actix mailboxes hold 16 messages by default; a subscriber expecting bursts raises its own
-/// with `ctx.set_mailbox_capacity` in `started`. Resolves once the channel is being listened on.
+/// with `ctx.set_mailbox_capacity` in `started`.
+///
+/// Resolves once the channel is being listened on. While the listener has no connection (the
+/// database is down, it is reconnecting) the subscription is accepted and the reply waits for
+/// the next connection's LISTENs, however long that takes: bound it with `send(..).timeout(..)`
+/// if you must; the subscription stays registered either way. An invalid channel
+/// ([`pgcoord::ErrorKind::InvalidIdentifier`]) registers nothing.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<()>")]
 pub struct Subscribe {
@@ -115,7 +121,8 @@ pub struct SubscribeRaw {
     pub recipient: Recipient<RawNotification>,
 }
 
-/// Wait for the next message on `channel` (bound it with `send(..).timeout(..)`).
+/// Wait for the next message on `channel` (bound it with `send(..).timeout(..)`). A wait in
+/// progress survives a reconnect of the listener: it gets the next message delivered after it.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Signal>")]
 pub struct WaitNext(pub String);
@@ -129,7 +136,7 @@ pub type RequestHandler =
     Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = HandlerResult> + Send>> + Send + Sync>;
 
 /// Answer requests on `channel` with `handler` (replacing an earlier one). Resolves once the
-/// channel is being listened on.
+/// channel is being listened on (as [`Subscribe`] does, also across reconnects).
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub struct Serve {
@@ -176,6 +183,10 @@ impl Serve {
 /// A round trip: send `payload` on `channel` and wait for one handler's reply. A handler's error
 /// is [`pgcoord::ErrorKind::Remote`]; with a [`timeout`](Request::timeout), no reply in time is
 /// [`pgcoord::ErrorKind::Timeout`]. Dropping the request forgets it; a late reply is dropped.
+/// A request in flight when the listener's connection fails goes on across the reconnect: it
+/// ends with the reply (when the reply arrived after the reconnect) or its deadline, never a
+/// closed mailbox. Without a timeout, a reply lost in the gap is waited for until the caller
+/// gives up.
 #[derive(Debug, Clone)]
 pub struct Request {
     pub(crate) channel: String,

@@ -191,6 +191,11 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         .await
         .unwrap()
         .unwrap();
+    // Open several pooled connections, all idle (and all killed) when the server restarts.
+    let warm: Vec<_> = (0..8).map(|_| a.send(List)).collect();
+    for listed in warm {
+        listed.await.unwrap().unwrap();
+    }
     // The server's WAL writer flushes asynchronously (synchronous_commit is off in the
     // throwaway cluster): let the grants reach the disk before the crash.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -207,21 +212,29 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         "tokens keep increasing"
     );
     next.release().await.unwrap();
+    a.send(List).await.unwrap().unwrap();
     coordinator
         .signals
         .send(Publish::new(&channel, b"after".to_vec()))
         .await
         .unwrap()
         .unwrap();
+    a.send(AdvisoryLock::new(7)).await.unwrap().unwrap();
     tokio::time::sleep(LEASE * 2).await;
     assert!(lost_a.received().is_empty(), "{:?}", lost_a.received());
     assert!(lost_b.received().is_empty(), "{:?}", lost_b.received());
     assert!(held_a.loss().is_none() && held_b.loss().is_none());
     held_a.release().await.unwrap();
     held_b.release().await.unwrap();
-    // The publish went out after the restart; the listener is back (Reconnected) by now only
-    // if it re-listened in time, which the subscriber shows.
-    let _ = events.wait_for(0, Duration::from_secs(1)).await;
+    // The listener is back too: a message published now is delivered.
+    coordinator
+        .signals
+        .send(Publish::new(&channel, b"later".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    let got = events.wait_for(1, Duration::from_secs(5)).await;
+    assert!(got.iter().any(|s| s.payload == b"later"));
     eprintln!("restart took {restart:?}; first acquire {first_acquire:?} after it");
 }
 
