@@ -25,7 +25,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.lock_table(),
         config.payload_table()
     );
-    let coord = Coordinator::start(config.clone());
+    // The start that can fail: checks the server (reachable, writable, migrated) first.
+    let coord = Coordinator::connect(config.clone()).await?;
 
     // A lease: named, kept alive by heartbeats, with a fencing token.
     let lease = coord
