@@ -9,7 +9,10 @@
 //! - [`config`] — [`Config`], built and validated once.
 //! - [`error`] — [`Error`] and its [`ErrorKind`]s, classified from SQLSTATE and connection state.
 //! - [`ident`] — validation and quoting of table, schema and channel names.
-//! - [`db`] — the connection pool, dedicated connections, retry of transient conflicts.
+//! - [`db`] — connections that fail: the pool (dead connections replaced before use, prompt
+//!   reconnects, the cause of every `Unavailable`), dedicated connections bounded by the connect
+//!   timeout, bounded statements (cancelled on the server and discarded past their deadline),
+//!   the fallible start's server check, retry of transient conflicts.
 //! - [`statement`] — running statements: prepared once per pooled connection, typed elsewhere.
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.

@@ -19,7 +19,9 @@
 //! - [`payload_actor`] — [`PayloadStoreActor`]: large payloads and their expiry.
 //! - [`coordinator`] — [`Coordinator`]: starts all three actors.
 //! - [`with_lock`](mod@with_lock) — run work under a lease, cancelled when the lease is lost.
-//! - `heartbeat` (private) — renewing held leases, their deadlines, and loss reports.
+//! - `heartbeat` (private) — renewing held leases on a connection of their own, bounded and
+//!   retried promptly, their deadlines, and loss reports.
+//! - `session` (private) — dedicated connections (advisory sessions, the heartbeat).
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 //! - `acquire`, `wake` (private) — the wait of one acquire, and the FIFO queues and LISTEN
 //!   connection that wake waiters.

@@ -131,7 +131,8 @@ impl ListenerActor {
             )
             .map(|c| format!("LISTEN {c};"))
             .collect();
-        let listen = async move { client.batch_execute(&batch).await };
+        let bound = self.config.statement_timeout();
+        let listen = async move { listen_on(&client, &batch, bound).await };
         ctx.spawn(
             listen
                 .into_actor(self)
@@ -154,12 +155,7 @@ impl ListenerActor {
                             let _ = waiter.send(());
                         }
                     }
-                    Err(e) => act.fail(
-                        ctx,
-                        ConnState::Disconnected {
-                            error: e.to_string(),
-                        },
-                    ),
+                    Err(error) => act.fail(ctx, ConnState::Disconnected { error }),
                 }),
         );
     }
@@ -238,9 +234,9 @@ impl ListenerActor {
             .or_default()
             .push(tx);
         if let (true, Some(client)) = (self.ready, self.client.clone()) {
+            let bound = self.config.statement_timeout();
             let listen = async move {
-                client
-                    .batch_execute(&format!("LISTEN {};", channel.quoted()))
+                listen_on(&client, &format!("LISTEN {};", channel.quoted()), bound)
                     .await
                     .map(|()| channel)
             };
@@ -340,13 +336,17 @@ impl Handler<ListeningChannels> for ListenerActor {
     type Result = ResponseFuture<Result<Vec<String>>>;
 
     fn handle(&mut self, _: ListeningChannels, _: &mut Context<Self>) -> Self::Result {
-        let client = self.client.clone();
+        let (client, bound) = (self.client.clone(), self.config.statement_timeout());
         Box::pin(async move {
             let client = client
                 .ok_or_else(|| Error::new(ErrorKind::Unavailable, "listener is reconnecting"))?;
-            let rows = client
-                .query("SELECT pg_listening_channels()::text ORDER BY 1", &[])
-                .await?;
+            let query = client.query("SELECT pg_listening_channels()::text ORDER BY 1", &[]);
+            let rows = tokio::time::timeout(bound, query).await.map_err(|_| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    "the listener's session did not answer in time",
+                )
+            })??;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })
     }
@@ -360,6 +360,20 @@ impl Handler<GetListenerStats> for ListenerActor {
             pending_requests: self.pending.lock().expect("pending").len(),
             ..self.stats.clone()
         }
+    }
+}
+
+/// Runs LISTEN statements on the listening session, bounded: a session that does not confirm
+/// them in time is replaced like one that fails (pings only start once it is ready).
+async fn listen_on(
+    client: &Client,
+    batch: &str,
+    bound: Duration,
+) -> std::result::Result<(), String> {
+    match tokio::time::timeout(bound, client.batch_execute(batch)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("LISTEN not confirmed within {bound:?}")),
     }
 }
 

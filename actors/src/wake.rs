@@ -108,9 +108,16 @@ async fn listen(config: &Config, channel: &Ident, queues: &Queues) -> pgcoord::R
         Ok::<(), tokio_postgres::Error>(())
     };
     let subscribe = async {
-        client
-            .batch_execute(&format!("LISTEN {}", channel.quoted()))
-            .await?;
+        let sql = format!("LISTEN {}", channel.quoted());
+        let listen = client.batch_execute(&sql);
+        tokio::time::timeout(config.statement_timeout(), listen)
+            .await
+            .map_err(|_| {
+                pgcoord::Error::new(
+                    pgcoord::ErrorKind::Unavailable,
+                    "LISTEN not confirmed in time",
+                )
+            })??;
         // Releases announced while we were not listening were missed: everyone retries.
         queues.wake_all();
         std::future::pending::<pgcoord::Result<()>>().await
