@@ -120,6 +120,43 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
 }
 
 #[actix_rt::test]
+async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
+    let (server, setup, admin) = own_cluster().await;
+    let app = unique_name("app");
+    let bound = Duration::from_millis(500);
+    let config = setup
+        .builder("inspector")
+        .application_name(&app)
+        .statement_timeout(bound)
+        .pool_size(1)
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    manager.send(List).await.unwrap().unwrap();
+    let pooled = backend_of(&admin, &app).await;
+    server.freeze_backend(pooled).unwrap();
+
+    let started = Instant::now();
+    let err = manager.send(List).await.unwrap().unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(took >= bound && took < bound * 2, "{took:?}");
+    // The frozen connection is not back in the pool: the next call gets a new one at once.
+    let started = Instant::now();
+    manager.send(List).await.unwrap().unwrap();
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    let now = backend_pids(&admin, &app).await.unwrap();
+    assert!(!now.contains(&pooled) || now.len() == 2, "{now:?}");
+    server.thaw_backend(pooled).unwrap();
+    // Thawed, the frozen backend finds its statement cancelled and its client gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend_pids(&admin, &app).await.unwrap().contains(&pooled) {
+        assert!(Instant::now() < deadline, "the discarded session ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_rt::test]
 async fn black_holed_connections_then_healed_lose_no_lease() {
     let (_server, setup, _admin) = own_cluster().await;
     let proxy = Proxy::start(&setup.pg).await;
