@@ -371,7 +371,7 @@ async fn a_fenced_transaction_stalls_nobody_behind_a_small_pool() {
     let waited = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::NotAcquired);
     assert!(
-        waited >= Duration::from_millis(490) && waited < Duration::from_millis(700),
+        waited >= Duration::from_millis(490) && waited < Duration::from_millis(900),
         "{waited:?}"
     );
     // The pool still serves other names.
