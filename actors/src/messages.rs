@@ -155,8 +155,9 @@ pub enum LockKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The lease's row is gone or carries another token: it expired and was taken over, or was
-    /// deleted.
+    /// The server says the lease is no longer this tenure's: its row is gone or carries
+    /// another token (it expired and was taken over, or was deleted), or it had already expired
+    /// on the server when a renewal reached it (a renewal never revives an expired lease).
     TakenOver,
     /// No renewal was confirmed before the holder's own deadline (the database may be
     /// unreachable); the server may give the lease away from now on.
