@@ -21,10 +21,6 @@ use crate::messages::Acquire;
 use crate::reply::caller_gone;
 use crate::wake::Queues;
 
-/// The shortest pause before trying again when the row was locked by another transaction: the
-/// lock usually ends with a short fenced transaction, and nothing announces it.
-const BUSY_NAP: Duration = Duration::from_millis(10);
-
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
 pub(crate) struct AcquireJob {
     pub(crate) request: Acquire,
@@ -197,8 +193,14 @@ impl AcquireJob {
             drop(conn);
             // Wake on a release, at the holder's expiry, or on the polling fallback; a row
             // locked by another transaction is asked again after a short, growing pause.
-            let nap = if busy > 0 {
-                (BUSY_NAP * busy.min(8)).min(self.poll)
+            let nap = if busy > 0 && reserved && busy <= 4 {
+                // The next grant is ours and another attempt holds the row for a moment (every
+                // waiter tries when a release is announced): ask again at once.
+                Duration::from_micros(250 * u64::from(busy))
+            } else if busy > 0 {
+                // Usually another attempt or a renewal holds the row for a moment: ask again
+                // within a few milliseconds, then less and less often (a fencing guard can last).
+                pgcoord::db::backoff(busy - 1).min(self.poll)
             } else {
                 holder
                     .as_ref()

@@ -123,10 +123,13 @@ impl ListenerActor {
         let Some(client) = self.client.clone() else {
             return;
         };
+        // The channels registered now; one registered while this batch is on its way is
+        // LISTENed on its own once the batch is confirmed.
+        let listed: Vec<String> = self.channels.keys().cloned().collect();
         let batch: String = std::iter::once(self.reply_channel.quoted())
             .chain(
-                self.channels
-                    .keys()
+                listed
+                    .iter()
                     .map(|c| Ident::new(c).expect("validated on entry").quoted()),
             )
             .map(|c| format!("LISTEN {c};"))
@@ -136,7 +139,7 @@ impl ListenerActor {
         ctx.spawn(
             listen
                 .into_actor(self)
-                .map(|result, act, ctx| match result {
+                .map(move |result, act, ctx| match result {
                     Ok(()) => {
                         act.ready = true;
                         act.failures = 0;
@@ -151,8 +154,12 @@ impl ListenerActor {
                         for waiter in act.ready_waiters.drain(..) {
                             let _ = waiter.send(());
                         }
-                        for waiter in act.confirm_waiters.drain().flat_map(|(_, w)| w) {
-                            let _ = waiter.send(());
+                        for channel in &listed {
+                            act.confirmed(channel);
+                        }
+                        let late: Vec<String> = act.confirm_waiters.keys().cloned().collect();
+                        for channel in late {
+                            act.listen_channel(Ident::new(&channel).expect("validated"), ctx);
                         }
                     }
                     Err(error) => act.fail(ctx, ConnState::Disconnected { error }),
@@ -233,37 +240,40 @@ impl ListenerActor {
             .entry(channel.as_str().to_owned())
             .or_default()
             .push(tx);
-        if let (true, Some(client)) = (self.ready, self.client.clone()) {
-            let bound = self.config.statement_timeout();
-            let listen = async move {
-                listen_on(&client, &format!("LISTEN {};", channel.quoted()), bound)
-                    .await
-                    .map(|()| channel)
-            };
-            ctx.spawn(listen.into_actor(self).map(|result, act, ctx| {
-                match result {
-                    Ok(channel) => {
-                        for waiter in act
-                            .confirm_waiters
-                            .remove(channel.as_str())
-                            .into_iter()
-                            .flatten()
-                        {
-                            let _ = waiter.send(());
-                        }
-                    }
-                    // The connection failed: the next one LISTENs on every registered channel and
-                    // answers the waiters then.
-                    Err(e) => act.fail(
-                        ctx,
-                        ConnState::Disconnected {
-                            error: e.to_string(),
-                        },
-                    ),
-                }
-            }));
+        if self.ready {
+            self.listen_channel(channel, ctx);
         }
         rx
+    }
+
+    /// LISTENs on `channel` on the current connection, then answers its waiters.
+    fn listen_channel(&mut self, channel: Ident, ctx: &mut Context<Self>) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let bound = self.config.statement_timeout();
+        let listen = async move {
+            listen_on(&client, &format!("LISTEN {};", channel.quoted()), bound)
+                .await
+                .map(|()| channel)
+        };
+        ctx.spawn(
+            listen
+                .into_actor(self)
+                .map(|result, act, ctx| match result {
+                    Ok(channel) => act.confirmed(channel.as_str()),
+                    // The connection failed: the next one LISTENs on every registered channel and
+                    // answers the waiters then.
+                    Err(error) => act.fail(ctx, ConnState::Disconnected { error }),
+                }),
+        );
+    }
+
+    /// Answers everyone waiting for `channel` to be listened on.
+    fn confirmed(&mut self, channel: &str) {
+        for waiter in self.confirm_waiters.remove(channel).into_iter().flatten() {
+            let _ = waiter.send(());
+        }
     }
 
     /// Waits until the reply channel is listened on; requests must not go out before.
