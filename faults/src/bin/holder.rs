@@ -1,0 +1,202 @@
+//! A holder process for the fault suite: one or more `LockManager`s in their own process,
+//! doing fenced critical sections on one lease, reporting each event on a line of its own (see
+//! `pgcoord_faults::process`).
+//!
+//! ```text
+//! holder --dsn DSN --table LOCKS --history PREFIX --name LEASE --process ID
+//!        [--managers N] [--rounds N] [--hold-ms N] [--lease-ms N] [--heartbeat-ms N]
+//!        [--hold [--write-every-ms N]]
+//! ```
+//!
+//! Rounds (the default): each of `--managers` managers (default 1) acquires the lease, runs one
+//! critical section of up to `--hold-ms` (random), releases, `--rounds` times (default 1), then
+//! the process prints `DONE <sections>` and exits. `--hold`: one manager acquires the lease once
+//! and runs a critical section every `--write-every-ms` (default 100) until the lease is lost
+//! or a section is rejected, then prints `LOST` and exits.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord_actors::{Acquire, LockManager};
+use pgcoord_faults::history::History;
+
+struct Args {
+    dsn: String,
+    table: String,
+    history: String,
+    name: String,
+    process: String,
+    managers: usize,
+    rounds: usize,
+    hold: Duration,
+    lease: Duration,
+    heartbeat: Duration,
+    hold_mode: bool,
+    write_every: Duration,
+}
+
+fn args() -> Args {
+    let argv: Vec<String> = std::env::args().collect();
+    let get = |name: &str| {
+        argv.iter()
+            .position(|a| a == name)
+            .and_then(|i| argv.get(i + 1))
+            .cloned()
+    };
+    let need = |name: &str| get(name).unwrap_or_else(|| panic!("{name} is required"));
+    let number = |name: &str, default: u64| get(name).map_or(default, |v| v.parse().expect(name));
+    Args {
+        dsn: need("--dsn"),
+        table: need("--table"),
+        history: need("--history"),
+        name: need("--name"),
+        process: need("--process"),
+        managers: number("--managers", 1) as usize,
+        rounds: number("--rounds", 1) as usize,
+        hold: Duration::from_millis(number("--hold-ms", 0)),
+        lease: Duration::from_millis(number("--lease-ms", 2000)),
+        heartbeat: Duration::from_millis(number("--heartbeat-ms", 400)),
+        hold_mode: argv.iter().any(|a| a == "--hold"),
+        write_every: Duration::from_millis(number("--write-every-ms", 100)),
+    }
+}
+
+/// Prints one event line at once (stdout is a pipe, so it is flushed by hand).
+fn say(line: String) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn config(args: &Args, owner: &str) -> Config {
+    Config::builder()
+        .dsn(&args.dsn)
+        .lock_table(&args.table)
+        .owner(owner)
+        .application_name(format!("holder {owner}"))
+        .lease(args.lease)
+        .heartbeat(args.heartbeat)
+        .build()
+        .expect("valid configuration")
+}
+
+/// A random duration up to `max`, from std's randomly keyed hasher.
+fn up_to(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    if max.is_zero() {
+        return max;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u8(0);
+    Duration::from_micros(h.finish() % max.as_micros().max(1) as u64)
+}
+
+/// The holder's own connection for its fenced transactions, opened again after it failed (a
+/// restart, a terminated session), as an application would.
+async fn reconnect(config: &Config, client: &mut tokio_postgres::Client) {
+    if !client.is_closed() {
+        return;
+    }
+    for _ in 0..600 {
+        if let Ok(fresh) = pgcoord::db::connect_spawned(config).await {
+            *client = fresh;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    say("ERROR cannot reconnect".into());
+}
+
+async fn rounds(args: &Args, history: &History, index: usize) -> usize {
+    let owner = format!("{}-{index}", args.process);
+    let config = config(args, &owner);
+    let mut client = pgcoord::db::connect_spawned(&config)
+        .await
+        .expect("connect");
+    let manager = LockManager::new(config.clone()).start();
+    let mut sections = 0;
+    for _ in 0..args.rounds {
+        reconnect(&config, &mut client).await;
+        let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
+        let lease = match manager.send(acquire).await.expect("manager running") {
+            Ok(lease) => lease,
+            Err(e) => {
+                say(format!("ERROR acquire: {e}"));
+                continue;
+            }
+        };
+        match history
+            .section(&mut client, &lease, &owner, up_to(args.hold))
+            .await
+        {
+            Ok(ack) => {
+                sections += 1;
+                say(format!("ACK {} {}", ack.token, ack.write));
+            }
+            Err(e) if e.is_lock_lost() => say(format!("REJECTED {}", lease.token())),
+            Err(e) => say(format!("ERROR section: {e}")),
+        }
+        let _ = lease.release().await;
+    }
+    sections
+}
+
+async fn hold(args: &Args, history: &History) {
+    let owner = format!("{}-0", args.process);
+    let config = config(args, &owner);
+    let mut client = pgcoord::db::connect_spawned(&config)
+        .await
+        .expect("connect");
+    let manager = LockManager::new(config.clone()).start();
+    let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
+    let lease = manager
+        .send(acquire)
+        .await
+        .expect("manager running")
+        .expect("acquired");
+    say(format!("HELD {}", lease.token()));
+    let lost = lease.lost();
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            reason = &mut lost => {
+                say(format!("LOST {} {reason:?}", lease.token()));
+                return;
+            }
+            _ = tokio::time::sleep(args.write_every) => {}
+        }
+        reconnect(&config, &mut client).await;
+        match history
+            .section(&mut client, &lease, &owner, Duration::ZERO)
+            .await
+        {
+            Ok(ack) => say(format!("ACK {} {}", ack.token, ack.write)),
+            Err(e) if e.is_lock_lost() => {
+                say(format!("REJECTED {}", lease.token()));
+                // The manager reports the loss itself at its next renewal or deadline.
+                let reason = lost.await;
+                say(format!("LOST {} {reason:?}", lease.token()));
+                return;
+            }
+            Err(e) => say(format!("ERROR section: {e}")),
+        }
+    }
+}
+
+#[actix::main]
+async fn main() {
+    let args = args();
+    let history = History::new(&args.history).expect("history prefix");
+    say("READY".into());
+    if args.hold_mode {
+        hold(&args, &history).await;
+        return;
+    }
+    let runs: Vec<_> = (0..args.managers)
+        .map(|index| rounds(&args, &history, index))
+        .collect();
+    let sections: usize = futures_util::future::join_all(runs).await.into_iter().sum();
+    say(format!("DONE {sections}"));
+}

@@ -1,0 +1,20 @@
+//! pgcoord's fault suite (a dev-only crate, never published): the pieces that let a test break
+//! things for real and then check that mutual exclusion held.
+//!
+//! Layout:
+//! - [`history`] — the lock-set workload's record and its checker: every critical section
+//!   writes a guarded resource row through `Lease::fence` and records its interval, token and
+//!   write number; [`history::History::check`] reports overlapping accepted intervals, tokens
+//!   that go back in commit order, and acknowledged writes that are missing.
+//! - [`process`] — [`process::HolderProcess`]: a real holder process (the `holder` binary in
+//!   `src/bin/holder.rs`) that a test can pause (SIGSTOP), resume and kill, and whose reports
+//!   (held, acknowledged writes, rejections, losses) it reads line by line.
+//!
+//! The network and server faults live with the throwaway cluster in `pgcoord::embedded`
+//! (pause, freeze a backend, restart, stop and start) so that both crates' tests share them.
+//! The scenarios are in `tests/scenarios/`; the long torture run is documented in
+//! docs/RELIABILITY.md.
+#![deny(missing_docs)]
+
+pub mod history;
+pub mod process;

@@ -1,0 +1,155 @@
+//! The fault scenarios of docs/RELIABILITY.md, against a real PostgreSQL: holder processes that
+//! are paused and killed, a server that is paused and restarted, and the lock-set checker's
+//! verdict at the end of each.
+
+mod checker;
+mod contention;
+mod pauses;
+mod restarts;
+mod torture;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgcoord::Config;
+use pgcoord::embedded::{TempPostgres, unique_name};
+use pgcoord_faults::history::{Ack, History, Verdict};
+use pgcoord_faults::process::HolderProcess;
+use tokio_postgres::Client;
+
+/// Shows pgcoord's warnings in test output (`RUST_LOG` overrides the level).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// One workload: a server, a lock table, a history, and an admin client.
+pub struct Workload {
+    /// Present when the workload has a server of its own (to pause or restart it).
+    pub server: Option<Arc<TempPostgres>>,
+    pub dsn: String,
+    pub table: String,
+    pub prefix: String,
+    pub history: History,
+    /// A client for inspection; a scenario that restarts the server uses [`Workload::client`].
+    pub admin: Client,
+}
+
+impl Workload {
+    /// On a throwaway cluster of its own, which the scenario may pause, stop or restart.
+    pub async fn own_server() -> Workload {
+        let server = tokio::task::spawn_blocking(TempPostgres::start)
+            .await
+            .unwrap()
+            .unwrap();
+        let dsn = server.dsn();
+        Workload::on(Some(Arc::new(server)), dsn).await
+    }
+
+    /// On the test database (`DATABASE_URL` or the shared cluster), for scenarios that do not
+    /// touch the server.
+    pub async fn shared_server() -> Workload {
+        let dsn = match std::env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => TempPostgres::shared().unwrap().dsn(),
+        };
+        Workload::on(None, dsn).await
+    }
+
+    async fn on(server: Option<Arc<TempPostgres>>, dsn: String) -> Workload {
+        init_tracing();
+        let table = unique_name("locks");
+        let prefix = unique_name("lockset");
+        let config = Config::builder()
+            .dsn(&dsn)
+            .lock_table(&table)
+            .build()
+            .unwrap();
+        let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+        pgcoord::schema::migrate(&admin, &config).await.unwrap();
+        let history = History::new(&prefix).unwrap();
+        history.create(&admin).await.unwrap();
+        Workload {
+            server,
+            dsn,
+            table,
+            prefix,
+            history,
+            admin,
+        }
+    }
+
+    /// A configuration for an in-test manager on this workload's table.
+    pub fn config(&self, owner: &str, lease: Duration, heartbeat: Duration) -> Config {
+        Config::builder()
+            .dsn(&self.dsn)
+            .lock_table(&self.table)
+            .owner(owner)
+            .lease(lease)
+            .heartbeat(heartbeat)
+            .build()
+            .unwrap()
+    }
+
+    /// Starts a holder process on lease `name` with `extra` arguments.
+    pub fn holder(&self, process: &str, name: &str, extra: &[&str]) -> HolderProcess {
+        let mut args: Vec<String> = [
+            "--dsn",
+            &self.dsn,
+            "--table",
+            &self.table,
+            "--history",
+            &self.prefix,
+            "--name",
+            name,
+            "--process",
+            process,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        HolderProcess::spawn(env!("CARGO_BIN_EXE_holder"), &args)
+    }
+
+    /// A new client (the admin's session does not survive a restart of the server).
+    pub async fn client(&self) -> Client {
+        let config = Config::builder().dsn(&self.dsn).build().unwrap();
+        pgcoord::db::connect_spawned(&config).await.unwrap()
+    }
+
+    /// The checker's verdict on everything acknowledged, read on a new session.
+    pub async fn verdict(&self, acks: &[Ack]) -> Verdict {
+        self.history
+            .check(&self.client().await, acks)
+            .await
+            .unwrap()
+    }
+}
+
+/// Collects the messages of one type it receives.
+pub struct Collector<M>(pub Arc<std::sync::Mutex<Vec<M>>>);
+
+impl<M: actix::Message<Result = ()> + Unpin + Send + 'static> actix::Actor for Collector<M> {
+    type Context = actix::Context<Self>;
+}
+
+impl<M: actix::Message<Result = ()> + Unpin + Send + 'static> actix::Handler<M> for Collector<M> {
+    type Result = ();
+    fn handle(&mut self, message: M, _: &mut actix::Context<Self>) {
+        self.0.lock().unwrap().push(message);
+    }
+}
+
+/// A started collector: what it received, and its recipient.
+pub fn collector<M: actix::Message<Result = ()> + Unpin + Send + 'static>()
+-> (Arc<std::sync::Mutex<Vec<M>>>, actix::Recipient<M>) {
+    use actix::Actor;
+    let received = Arc::default();
+    let recipient = Collector(Arc::clone(&received)).start().recipient();
+    (received, recipient)
+}
