@@ -6,6 +6,7 @@ mod connection_faults;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
+mod reliability;
 mod signal_faults;
 mod signals;
 

@@ -1,0 +1,257 @@
+//! Fault scenarios of docs/RELIABILITY.md that need no holder process: connections reset or
+//! closed under held locks (scenario 5), a frozen advisory backend (7), a responder that dies
+//! or answers late (13), a slow subscriber under 10,000 notifications (14). The others are in
+//! the `pgcoord-faults` crate and beside the features they exercise.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord::embedded::{TempPostgres, unique_name};
+use pgcoord_actors::Request;
+use pgcoord_actors::*;
+
+use super::signals::{listener, setup, subscribe};
+use super::{Collector, Proxy, Setup};
+
+const FAST: Duration = Duration::from_millis(200);
+
+async fn reset_or_close_while_holding(close: bool) {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let proxy = Proxy::start(&setup.pg).await;
+    let config = setup
+        .builder("holder")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .build()
+        .unwrap();
+    let holder = LockManager::new(config).start();
+    let lost = Collector::subscribe(&holder).await;
+    let lease = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let key = pgcoord::advisory::key_for_name(&setup.table);
+    holder.send(AdvisoryLock::new(key)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let cut = Instant::now();
+    if close {
+        proxy.close();
+    } else {
+        proxy.reset();
+    }
+    // The advisory lock's session ended, so the server released the lock: reported at once.
+    let reported = lost.wait_for(1, Duration::from_secs(2)).await;
+    assert_eq!(reported[0].key, LockKey::Advisory(key));
+    assert_eq!(reported[0].reason, LossReason::ConnectionLost);
+    assert!(
+        cut.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        cut.elapsed()
+    );
+    let other = setup.manager("other");
+    other.send(AdvisoryLock::new(key)).await.unwrap().unwrap();
+
+    // The lease is not tied to a session: the heartbeat reconnects and keeps it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lost.received().len(), 1, "{:?}", lost.received());
+    assert_eq!(lease.loss(), None);
+    let info = holder.send(Get("job".into())).await.unwrap().unwrap();
+    assert!(
+        info.remaining.unwrap() > Duration::from_secs(1),
+        "renewed: {info:?}"
+    );
+    drop(admin);
+}
+
+#[actix_rt::test]
+async fn a_reset_connection_loses_advisory_locks_and_keeps_leases() {
+    reset_or_close_while_holding(false).await;
+}
+
+#[actix_rt::test]
+async fn a_closed_connection_loses_advisory_locks_and_keeps_leases() {
+    reset_or_close_while_holding(true).await;
+}
+
+#[actix_rt::test]
+async fn a_frozen_advisory_backend_is_reported_and_its_lock_stays_out_of_reach() {
+    let server = Arc::new(
+        tokio::task::spawn_blocking(TempPostgres::start)
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let config = |owner: &str| {
+        pgcoord::Config::builder()
+            .pg_config(&server.pg_config())
+            .owner(owner)
+            .ping_interval(FAST)
+            .ping_timeout(FAST)
+            .build()
+            .unwrap()
+    };
+    let admin = pgcoord::db::connect_spawned(&config("admin"))
+        .await
+        .unwrap();
+    pgcoord::schema::migrate(&admin, &config("admin"))
+        .await
+        .unwrap();
+    let holder = LockManager::new(config("holder")).start();
+    let lost = Collector::subscribe(&holder).await;
+    holder.send(AdvisoryLock::new(7)).await.unwrap().unwrap();
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 7 AND granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    server.freeze_backend(pid as u32).unwrap();
+    let frozen = Instant::now();
+    let reported = lost.wait_for(1, Duration::from_secs(3)).await;
+    assert_eq!(reported[0].reason, LossReason::Stalled);
+    assert!(frozen.elapsed() < FAST * 3, "{:?}", frozen.elapsed());
+
+    // The server still holds the lock for the frozen session: nobody else gets it...
+    let other = LockManager::new(config("other")).start();
+    let err = other.send(AdvisoryLock::new(7)).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    // ...until the session ends (its client closed it when it gave the lock up).
+    server.thaw_backend(pid as u32).unwrap();
+    other
+        .send(AdvisoryLock::new(7).wait(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[actix_rt::test]
+async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadline() {
+    let (setup, _) = setup().await;
+    let client = listener(&setup);
+    let (slow, dying) = (unique_name("slow"), unique_name("dying"));
+
+    // A responder that answers after the caller's deadline.
+    let responder = listener(&setup);
+    responder
+        .send(Serve::new(&slow, |payload: Vec<u8>| async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(payload)
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    let err = client
+        .send(Request::new(&slow, b"x".to_vec()).timeout(FAST))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(started.elapsed() < FAST * 2);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let stats = client.send(GetListenerStats).await.unwrap();
+    assert_eq!((stats.unmatched_replies, stats.pending_requests), (1, 0));
+
+    // A responder whose process dies mid-handler: its own System, stopped while it works.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (setup2, channel) = (setup.clone(), dying.clone());
+    let responder = std::thread::spawn(move || {
+        let system = actix::System::new();
+        system.block_on(async move {
+            let listener = super::signals::listener(&setup2);
+            listener
+                .send(Serve::new(&channel, |_| async move {
+                    // Stops the whole System, as a crash would, before answering.
+                    actix::System::current().stop();
+                    std::future::pending::<()>().await;
+                    Ok(Vec::new())
+                }))
+                .await
+                .unwrap()
+                .unwrap();
+            ready_tx.send(()).unwrap();
+        });
+        system.run().unwrap();
+    });
+    ready_rx.recv().unwrap();
+    let started = Instant::now();
+    let err = client
+        .send(Request::new(&dying, b"x".to_vec()).timeout(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    responder.join().unwrap();
+    assert_eq!(
+        client
+            .send(GetListenerStats)
+            .await
+            .unwrap()
+            .pending_requests,
+        0
+    );
+}
+
+/// A subscriber that takes 1 ms per message on its own thread, with a mailbox of 1.
+struct Slow;
+impl Actor for Slow {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1);
+    }
+}
+impl Handler<Signal> for Slow {
+    type Result = ();
+    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[actix_rt::test]
+async fn ten_thousand_notifications_and_a_slow_subscriber() {
+    let (setup, admin) = setup().await;
+    let listener = listener(&setup);
+    let channel = unique_name("burst");
+    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow);
+    listener
+        .send(Subscribe {
+            channel: channel.clone(),
+            recipient: slow.recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let fast = subscribe(&listener, &channel).await;
+    // 10,000 envelopes sent by one statement, as a burst from elsewhere looks.
+    let texts: Vec<String> = (0..10_000u32)
+        .map(|i| {
+            pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, i.to_be_bytes().to_vec())
+                .encode()
+                .unwrap()
+        })
+        .collect();
+    admin
+        .execute(
+            "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) WITH ORDINALITY AS m(t, n)",
+            &[&channel, &texts],
+        )
+        .await
+        .unwrap();
+    let received = fast.wait_for(10_000, Duration::from_secs(30)).await;
+    let order: Vec<u32> = received
+        .iter()
+        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        order,
+        (0..10_000).collect::<Vec<_>>(),
+        "in order, none lost"
+    );
+    let stats = listener.send(GetListenerStats).await.unwrap();
+    assert!(stats.overflowed > 0, "the slow one's overflow is counted");
+    assert_eq!(stats.delivered + stats.overflowed, 20_000, "{stats:?}");
+}
