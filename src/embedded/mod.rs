@@ -14,12 +14,17 @@
 //! [`TempPostgres::restart_immediate`]), paused as a hung server is
 //! ([`TempPostgres::pause`]), and single backends frozen ([`TempPostgres::freeze_backend`]),
 //! found by `application_name` ([`backend_pids`]) or terminated ([`terminate_backends`]).
+//!
+//! For failover tests a cluster can have streaming standbys ([`TempPostgres::start_primary`],
+//! [`TempPostgres::start_standby`], [`TempPostgres::promote`], [`failover_pg_config`]), which
+//! replicate synchronously or asynchronously ([`Replication`]).
 
 use std::fs;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,9 +32,11 @@ use crate::error::{Error, ErrorKind, Result};
 
 mod control;
 mod reap;
+mod standby;
 mod support;
 
 pub use control::{backend_pids, terminate_backends};
+pub use standby::{Replication, failover_pg_config};
 pub use support::{from_env_or_start, test_pg_config, unique_name};
 
 /// The prefix of every throwaway cluster's directory under the temporary directory.
@@ -52,26 +59,32 @@ pub struct TempPostgres {
     child: Mutex<Option<Child>>,
     dir: Mutex<Option<tempfile::TempDir>>,
     data: PathBuf,
+    /// `-c` settings after the defaults, which they override: from [`TempPostgres::start_with`],
+    /// or a standby's inherited from its primary.
+    settings: Vec<(String, String)>,
+    /// How many standbys this server started, to name the next one.
+    standbys: AtomicU32,
+    /// The `application_name` a standby streams from its primary with.
+    standby_name: Option<String>,
 }
 
 impl TempPostgres {
     /// Initializes and starts a new cluster. Errors say what is missing: without the server
     /// binaries, install the PostgreSQL server package (Debian: `apt-get install postgresql`).
     pub fn start() -> Result<TempPostgres> {
+        Self::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), with server settings passed as `-c name=value` after the
+    /// defaults (`fsync=off`, `synchronous_commit=off`, `full_page_writes=off`,
+    /// `max_connections=500`, `listen_addresses=127.0.0.1`), which they override. They stay
+    /// in force across restarts, and standbys started from this server inherit them. For
+    /// example `&[("synchronous_commit", "on")]` for durable commits; see also
+    /// [`start_primary`](Self::start_primary).
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<TempPostgres> {
         let bindir = find_bindir()?;
         let user = server_user()?;
-        reap::reap_orphans(DIR_PREFIX, OWNER_FILE);
-        let dir = tempfile::Builder::new()
-            .prefix(DIR_PREFIX)
-            .tempdir()
-            .map_err(|e| other("cannot create a temporary directory", e))?;
-        // Who owns this cluster, so a later run can reap it if this process is killed.
-        fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
-            .map_err(|e| other("cannot record the cluster's owner", e))?;
-        if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .map_err(|e| other("cannot hand the data directory to the postgres user", e))?;
-        }
+        let dir = new_dir(user)?;
         let data = dir.path().join("data");
         let output = command(&bindir.join("initdb"), user)
             .args(["-D"])
@@ -104,6 +117,12 @@ impl TempPostgres {
             child: Mutex::new(None),
             dir: Mutex::new(Some(dir)),
             data,
+            settings: settings
+                .iter()
+                .map(|&(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
+            standbys: AtomicU32::new(0),
+            standby_name: None,
         };
         server.launch()?;
         Ok(server)
@@ -312,6 +331,11 @@ impl TempPostgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
             .args(["-c", "full_page_writes=off", "-c", "max_connections=500"])
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|(name, value)| ["-c".to_owned(), format!("{name}={value}")]),
+            )
             .stdout(log)
             .stderr(stderr)
             .spawn()
@@ -342,11 +366,13 @@ impl TempPostgres {
                 ));
             }
             // The postmaster writes its pid as the first line of postmaster.pid and "ready" as
-            // the last once it accepts connections. The pid tells this postmaster's file from one
-            // a killed server left behind.
+            // the last once it accepts connections ("standby" for a hot standby). The pid tells
+            // this postmaster's file from one a killed server left behind.
             let pid_file = fs::read_to_string(self.data.join("postmaster.pid")).unwrap_or_default();
             let mut lines = pid_file.lines().map(str::trim);
-            if lines.next() == Some(pid.to_string().as_str()) && lines.nth(6) == Some("ready") {
+            if lines.next() == Some(pid.to_string().as_str())
+                && matches!(lines.nth(6), Some("ready" | "standby"))
+            {
                 return Ok(());
             }
             if started.elapsed() > STARTUP_TIMEOUT {
@@ -410,6 +436,24 @@ impl Drop for TempPostgres {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// A new temporary directory for a cluster, owned by the server user, recording this process as
+/// its owner; orphans of killed processes are reaped first.
+fn new_dir(user: Option<(u32, u32)>) -> Result<tempfile::TempDir> {
+    reap::reap_orphans(DIR_PREFIX, OWNER_FILE);
+    let dir = tempfile::Builder::new()
+        .prefix(DIR_PREFIX)
+        .tempdir()
+        .map_err(|e| other("cannot create a temporary directory", e))?;
+    // Who owns this cluster, so a later run can reap it if this process is killed.
+    fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+        .map_err(|e| other("cannot record the cluster's owner", e))?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+            .map_err(|e| other("cannot hand the data directory to the postgres user", e))?;
+    }
+    Ok(dir)
 }
 
 fn command(program: &Path, user: Option<(u32, u32)>) -> Command {
