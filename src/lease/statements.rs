@@ -3,6 +3,17 @@
 use super::LeaseTable;
 use crate::config::Config;
 
+/// What a grant's token adds to the sequence's value: the server's current WAL timeline, less
+/// one, times 2^40. On a cluster that never failed over it is 0, so tokens are the sequence's
+/// values. A promoted standby starts a new timeline, so every token it grants is greater than
+/// every token granted before the failover — even when asynchronous replication left its copy
+/// of the sequence behind, which would otherwise hand out the same tokens again (measured by the
+/// failover scenario: the old holder and the new one both held token 1, and the old holder's
+/// renewals and fenced writes matched the new holder's row). Tokens keep strictly increasing as
+/// long as a timeline grants fewer than 2^40 leases.
+const TIMELINE_BASE: &str =
+    "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
+
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
     "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
@@ -26,7 +37,8 @@ impl LeaseTable {
             acquire: format!(
                 "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT)
                  INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                 SELECT $1, $2, nextval($6::regclass), $3, now(), now() + $4 * interval '1 millisecond'
+                 SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
+                        now() + $4 * interval '1 millisecond'
                  FROM (SELECT count(*) FROM locked) AS row_lock
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token,

@@ -4,6 +4,7 @@
 
 mod checker;
 mod contention;
+mod failover;
 mod pauses;
 mod restarts;
 mod torture;
@@ -60,7 +61,8 @@ impl Workload {
         Workload::on(None, dsn).await
     }
 
-    async fn on(server: Option<Arc<TempPostgres>>, dsn: String) -> Workload {
+    /// On the server(s) `dsn` names.
+    pub async fn on(server: Option<Arc<TempPostgres>>, dsn: String) -> Workload {
         init_tracing();
         let table = unique_name("locks");
         let prefix = unique_name("lockset");
