@@ -13,14 +13,12 @@ use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row, Statement, Transaction};
+use tokio_postgres::{Client, Row, Statement, Transaction};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A boxed `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -106,6 +104,11 @@ impl CachingClient {
         }
     }
 
+    /// The client itself, mutably (bb8-postgres's validity check takes one).
+    pub(crate) fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
     /// Marks the connection as not to be used again.
     pub fn discard(&self) {
         self.broken.store(true, Ordering::Relaxed);
@@ -139,47 +142,4 @@ fn is_stale(error: &tokio_postgres::Error) -> bool {
     matches!(error.code(), Some(c) if *c == SqlState::FEATURE_NOT_SUPPORTED
         || *c == SqlState::UNDEFINED_TABLE
         || *c == SqlState::UNDEFINED_COLUMN)
-}
-
-/// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, bounded by the
-/// connect timeout as a whole, plus the statement cache.
-pub struct Manager {
-    postgres: PostgresConnectionManager<NoTls>,
-    config: tokio_postgres::Config,
-    connect_timeout: Duration,
-}
-
-impl Manager {
-    /// A manager connecting with `config`, each connect bounded by `connect_timeout`.
-    pub fn new(config: tokio_postgres::Config, connect_timeout: Duration) -> Manager {
-        Manager {
-            postgres: PostgresConnectionManager::new(config.clone(), NoTls),
-            config,
-            connect_timeout,
-        }
-    }
-}
-
-impl bb8::ManageConnection for Manager {
-    type Connection = CachingClient;
-    type Error = Error;
-
-    async fn connect(&self) -> Result<CachingClient> {
-        match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
-            Ok(Ok(client)) => Ok(CachingClient::new(client)),
-            Ok(Err(e)) => Err(crate::db::connect_failed(&self.config, e)),
-            Err(_) => Err(crate::db::connect_timed_out(
-                &self.config,
-                self.connect_timeout,
-            )),
-        }
-    }
-
-    async fn is_valid(&self, conn: &mut CachingClient) -> Result<()> {
-        Ok(self.postgres.is_valid(&mut conn.client).await?)
-    }
-
-    fn has_broken(&self, conn: &mut CachingClient) -> bool {
-        conn.is_broken()
-    }
 }

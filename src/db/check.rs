@@ -2,7 +2,8 @@
 //! migrated.
 
 use crate::config::Config;
-use crate::db::{connect_as, describe};
+use crate::db::connect::describe;
+use crate::db::connect_as;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Checks, on a connection of its own, that the server is reachable, is a writable primary, and

@@ -14,25 +14,21 @@
 
 mod bounded;
 mod check;
+mod connect;
 mod pool;
 
 pub use bounded::{Bounded, Until, cancel, run_until, until};
 pub use check::check_server;
-pub use pool::{Discard, Pool, Pooled};
+pub use connect::{Dedicated, connect, connect_as, connect_spawned};
+pub use pool::{Discard, Manager, Pool, Pooled};
 
 use std::future::Future;
 use std::time::Duration;
 
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{Client, Connection, NoTls, Socket};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::config::{Config, random_u64};
 use crate::error::{Error, ErrorKind, Result};
-
-/// A connection that belongs to one owner and never returns to a pool, with the future that
-/// drives it. The owner must spawn or poll the connection; dropping it closes the session.
-pub type Dedicated = (Client, Connection<Socket, NoTlsStream>);
 
 /// How many times [`retry`] runs an operation that keeps hitting serialization failures or
 /// deadlocks.
@@ -41,90 +37,6 @@ pub const RETRY_ATTEMPTS: u32 = 5;
 /// Builds the pool from the configuration. Connections are opened lazily, on first use.
 pub fn pool(config: &Config) -> Pool {
     Pool::new(config)
-}
-
-/// Opens a dedicated connection outside the pool, for sessions that must stay pinned. Bounded by
-/// the connect timeout; every failure is [`ErrorKind::Unavailable`] with the cause as source.
-pub async fn connect(config: &Config) -> Result<Dedicated> {
-    connect_with(&config.pg, config.connect_timeout).await
-}
-
-/// Opens a dedicated connection whose application_name says what it is for (`"<name> <role>"`,
-/// for instance `pgcoord listener`), so it can be told apart in `pg_stat_activity`.
-pub async fn connect_as(config: &Config, role: &str) -> Result<Dedicated> {
-    let mut pg = config.pg.clone();
-    let name = format!("{} {role}", pg.get_application_name().unwrap_or("pgcoord"));
-    pg.application_name(&name);
-    connect_with(&pg, config.connect_timeout).await
-}
-
-/// Connects with `pg`, the whole handshake (TCP, TLS, startup, authentication) bounded by
-/// `timeout`: an endpoint that accepts TCP and then says nothing must not hang the caller.
-pub(crate) async fn connect_with(
-    pg: &tokio_postgres::Config,
-    timeout: Duration,
-) -> Result<Dedicated> {
-    match tokio::time::timeout(timeout, pg.connect(NoTls)).await {
-        Ok(Ok(connected)) => Ok(connected),
-        Ok(Err(e)) => Err(connect_failed(pg, e)),
-        Err(_) => Err(connect_timed_out(pg, timeout)),
-    }
-}
-
-/// The error of a failed connect. A server that refuses us for a reason of its own
-/// (authentication, a database that does not exist) keeps its SQLSTATE; everything else —
-/// refused, reset, not PostgreSQL at all — is [`ErrorKind::Unavailable`].
-pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
-    let kind = match crate::error::classify(&e) {
-        ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
-        kind => kind,
-    };
-    // tokio-postgres says "error connecting to server" and keeps the reason (refused, reset,
-    // an unexpected message) in its source: the message carries both.
-    let reason = std::error::Error::source(&e)
-        .map(|s| format!(": {s}"))
-        .unwrap_or_default();
-    Error::new(
-        kind,
-        format!("cannot connect to {}: {e}{reason}", describe(pg)),
-    )
-    .with_source(e)
-}
-
-/// The error of a connect that did not finish in time.
-pub(crate) fn connect_timed_out(pg: &tokio_postgres::Config, timeout: Duration) -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        format!(
-            "cannot connect to {}: no answer within {timeout:?}",
-            describe(pg)
-        ),
-    )
-    .with_source(std::io::Error::from(std::io::ErrorKind::TimedOut))
-}
-
-/// `host:port` of the first host, for error messages (never the password).
-pub(crate) fn describe(pg: &tokio_postgres::Config) -> String {
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        #[cfg(unix)]
-        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_owned(),
-    };
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
-}
-
-/// Opens a dedicated connection and drives it on a tokio task, logging how it ended. For
-/// sessions that do not need the connection's asynchronous messages.
-pub async fn connect_spawned(config: &Config) -> Result<Client> {
-    let (client, connection) = connect(config).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            debug!(error = %e, "dedicated connection ended");
-        }
-    });
-    Ok(client)
 }
 
 /// Runs `operation` until it succeeds or fails with something other than a serialization failure

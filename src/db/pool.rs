@@ -16,7 +16,9 @@ use tracing::debug;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::statement::{CachingClient, Manager};
+use crate::statement::CachingClient;
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::NoTls;
 
 /// How long one request for a pooled connection waits before it asks again. Each request makes
 /// at most one connect attempt, so this is also the pace of reconnect attempts during an outage.
@@ -161,5 +163,48 @@ pub trait Discard {
 impl Discard for Pooled<'_> {
     fn discard(&self) {
         CachingClient::discard(self);
+    }
+}
+
+/// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, bounded by the
+/// connect timeout as a whole, plus the statement cache.
+pub struct Manager {
+    postgres: PostgresConnectionManager<NoTls>,
+    config: tokio_postgres::Config,
+    connect_timeout: Duration,
+}
+
+impl Manager {
+    /// A manager connecting with `config`, each connect bounded by `connect_timeout`.
+    pub fn new(config: tokio_postgres::Config, connect_timeout: Duration) -> Manager {
+        Manager {
+            postgres: PostgresConnectionManager::new(config.clone(), NoTls),
+            config,
+            connect_timeout,
+        }
+    }
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = CachingClient;
+    type Error = Error;
+
+    async fn connect(&self) -> Result<CachingClient> {
+        match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
+            Ok(Ok(client)) => Ok(CachingClient::new(client)),
+            Ok(Err(e)) => Err(super::connect::connect_failed(&self.config, e)),
+            Err(_) => Err(super::connect::connect_timed_out(
+                &self.config,
+                self.connect_timeout,
+            )),
+        }
+    }
+
+    async fn is_valid(&self, conn: &mut CachingClient) -> Result<()> {
+        Ok(self.postgres.is_valid(conn.client_mut()).await?)
+    }
+
+    fn has_broken(&self, conn: &mut CachingClient) -> bool {
+        conn.is_broken()
     }
 }
