@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{
-    Acquire, AdvisoryLock, AdvisoryUnlock, Coordinator, Publish, Serve, WaitNext,
-};
+use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, Serve, WaitNext};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -58,9 +56,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // An advisory lock on a dedicated, pinged session.
     let key = pgcoord::advisory::key_for_name("nightly-report");
-    coord.locks.send(AdvisoryLock::new(key)).await??;
+    let guard = coord.advisory.send(AdvisoryLock::new(key)).await??;
     println!("advisory lock {key} held");
-    coord.locks.send(AdvisoryUnlock(key)).await??;
+    guard.release().await?; // or drop it
 
     // An event, and a request answered by the other "process".
     let next = coord.signals.send(WaitNext("greetings".into()));

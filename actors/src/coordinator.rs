@@ -6,15 +6,18 @@ use actix::prelude::*;
 use pgcoord::Config;
 use pgcoord::payload::PayloadTable;
 
-use crate::listener::ListenerActor;
-use crate::manager::LockManager;
-use crate::payload_actor::PayloadStoreActor;
+use crate::advisory::AdvisoryLocks;
+use crate::leases::LockManager;
+use crate::payloads::PayloadStoreActor;
+use crate::signals::ListenerActor;
 
-/// The addresses of a process's pgcoord actors.
+/// The addresses of a process's pgcoord actors, which share one connection pool.
 #[derive(Clone)]
 pub struct Coordinator {
-    /// Leases and advisory locks.
+    /// Leases.
     pub locks: Addr<LockManager>,
+    /// Advisory locks, each on a session of its own (not from the pool).
+    pub advisory: Addr<AdvisoryLocks>,
     /// Publish/subscribe and request/reply (supervised).
     pub signals: Addr<ListenerActor>,
     /// The payload store and its expiry timer.
@@ -32,19 +35,24 @@ impl Coordinator {
     }
 
     /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
-    /// that hears lease releases through it (so the process has one LISTEN connection), and a
-    /// `PayloadStoreActor`. Must run inside an actix System; the tables must exist
+    /// that hears lease releases through it (so the process has one LISTEN connection), an
+    /// `AdvisoryLocks` and a `PayloadStoreActor`, all over one pool of at most
+    /// `config.pool_size()` connections (plus the LISTEN connection, the heartbeat's, and one per
+    /// held advisory lock). Must run inside an actix System; the tables must exist
     /// (`pgcoord::schema::migrate`). Nothing is checked: with the database down, everything
     /// starts and becomes usable when it is back. Prefer [`connect`](Self::connect) to learn of a
     /// wrong DSN or missing tables at once.
     pub fn start(config: Config) -> Coordinator {
-        let table = PayloadTable::new(&config, pgcoord::db::pool(&config));
+        let pool = pgcoord::db::pool(&config);
+        let table = PayloadTable::new(&config, pool.clone());
         let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));
         let signals =
-            ListenerActor::new(config.clone(), Some(Arc::new(table.clone()))).start_supervised();
+            ListenerActor::with_pool(config.clone(), pool.clone(), Some(Arc::new(table.clone())))
+                .start_supervised();
         Coordinator {
             // One LISTEN connection per process: lease wake-ups come through the listener.
-            locks: LockManager::with_listener(config, signals.clone()).start(),
+            locks: LockManager::with_pool(config.clone(), pool, Some(signals.clone())).start(),
+            advisory: AdvisoryLocks::new(config).start(),
             payloads: PayloadStoreActor::new(table, expire_every).start(),
             signals,
         }

@@ -31,11 +31,13 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, ErrorKind, Result};
 
 mod control;
+mod proxy;
 mod reap;
 mod standby;
 mod support;
 
 pub use control::{backend_pids, terminate_backends};
+pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
 pub use support::{from_env_or_start, test_pg_config, unique_name};
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{AdvisoryLock, AdvisoryUnlock, LockLost, LockManager, SubscribeLockLost};
+use pgcoord_actors::{AdvisoryLock, AdvisoryLocks, LockLost, SubscribeLockLost};
 
 use crate::Sizes;
 use crate::report::{Report, Samples, ms};
@@ -36,7 +36,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         admin.prepare("SELECT pg_advisory_lock($1)").await?,
         admin.prepare("SELECT pg_advisory_unlock($1)").await?,
     );
-    let manager = LockManager::new(config).start();
+    let manager = AdvisoryLocks::new(config).start();
     // Interleaved in blocks of 20, so both sides see the same machine (these machines are shared
     // and noisy) and each runs in its steady state: the first operation after a switch is slower.
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
@@ -49,8 +49,8 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     admin.query_one(&unlock, &[&key]).await?;
                     raw.push(t.elapsed());
                 } else {
-                    manager.send(AdvisoryLock::new(key)).await??;
-                    manager.send(AdvisoryUnlock(key)).await??;
+                    let guard = manager.send(AdvisoryLock::new(key)).await??;
+                    guard.release().await?;
                     ours.push(t.elapsed());
                 }
             }
@@ -72,7 +72,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let mut detect = Vec::new();
     for key in 0..3i64 {
         let key = 1_000_000 + key;
-        manager.send(AdvisoryLock::new(key)).await??;
+        let _held = manager.send(AdvisoryLock::new(key)).await??;
         let killed = Instant::now();
         admin
             .execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid::text::bigint = $1", &[&key])

@@ -1,15 +1,15 @@
-//! Advisory locks through the LockManager: contention, modes, waits, cancellation, and lost
-//! sessions (terminated and black-holed).
+//! Advisory locks through `AdvisoryLocks`: contention, modes, waits, cancellation, guards, and
+//! lost sessions (terminated and black-holed).
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::unique_name;
+use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
-use super::{Collector, Proxy, Setup};
+use super::{Collector, Setup};
 
 const FAST: Duration = Duration::from_millis(200);
 
@@ -18,11 +18,18 @@ fn key() -> i64 {
     pgcoord::advisory::key_for_name(&unique_name("key")) & 0x7fff_ffff
 }
 
+/// A started collector subscribed to `locks`' losses.
+async fn subscribe(locks: &Addr<AdvisoryLocks>) -> Collector<LockLost> {
+    let (collector, recipient) = Collector::start_new();
+    locks.send(SubscribeLockLost(recipient)).await.unwrap();
+    collector
+}
+
 async fn setup() -> (Setup, Client) {
     Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await
 }
 
-fn manager_with(setup: &Setup, owner: &str, pg: &tokio_postgres::Config) -> Addr<LockManager> {
+fn manager_with(setup: &Setup, owner: &str, pg: &tokio_postgres::Config) -> Addr<AdvisoryLocks> {
     let config = setup
         .builder(owner)
         .pg_config(pg)
@@ -30,11 +37,11 @@ fn manager_with(setup: &Setup, owner: &str, pg: &tokio_postgres::Config) -> Addr
         .ping_timeout(FAST)
         .build()
         .unwrap();
-    LockManager::new(config).start()
+    AdvisoryLocks::new(config).start()
 }
 
 /// Managers "a" and "b" on the test database, and a key of the test's own.
-fn two_managers(setup: &Setup) -> (Addr<LockManager>, Addr<LockManager>, i64) {
+fn two_managers(setup: &Setup) -> (Addr<AdvisoryLocks>, Addr<AdvisoryLocks>, i64) {
     (
         manager_with(setup, "a", &setup.pg),
         manager_with(setup, "b", &setup.pg),
@@ -59,7 +66,7 @@ async fn locks(admin: &Client, key: i64) -> (i64, i64) {
 async fn two_managers_contend_and_locks_never_stack() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard1 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     assert_eq!(
         b.send(AdvisoryLock::new(k))
             .await
@@ -82,7 +89,7 @@ async fn two_managers_contend_and_locks_never_stack() {
         a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
         ErrorKind::LockLost
     );
-    b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard2 = b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
     assert_eq!(locks(&admin, k).await, (0, 0));
 }
@@ -96,11 +103,13 @@ async fn shared_holders_exclude_an_exclusive_one() {
         manager_with(&setup, "c", &setup.pg),
         key(),
     );
-    a.send(AdvisoryLock::new(k).shared())
+    let _guard3 = a
+        .send(AdvisoryLock::new(k).shared())
         .await
         .unwrap()
         .unwrap();
-    b.send(AdvisoryLock::new(k).shared())
+    let _guard4 = b
+        .send(AdvisoryLock::new(k).shared())
         .await
         .unwrap()
         .unwrap();
@@ -108,7 +117,7 @@ async fn shared_holders_exclude_an_exclusive_one() {
     assert_eq!(err.kind(), ErrorKind::NotAcquired);
     a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
     b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
-    c.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard5 = c.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let err = a
         .send(AdvisoryLock::new(k).shared())
         .await
@@ -121,7 +130,7 @@ async fn shared_holders_exclude_an_exclusive_one() {
 async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard6 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let started = Instant::now();
     let err = b
         .send(AdvisoryLock::new(k).wait(Duration::from_millis(300)))
@@ -146,7 +155,7 @@ async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
 async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard7 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let gave_up = b
         .send(AdvisoryLock::new(k).wait(Duration::from_secs(60)))
         .timeout(Duration::from_millis(300))
@@ -177,12 +186,12 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
         .build()
         .unwrap();
     let (a, b, k) = (
-        LockManager::new(slow_pings).start(),
+        AdvisoryLocks::new(slow_pings).start(),
         manager_with(&setup, "b", &setup.pg),
         key(),
     );
-    let lost = Collector::subscribe(&a).await;
-    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let lost = subscribe(&a).await;
+    let _guard8 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let killed = Instant::now();
     admin
         .execute(
@@ -209,7 +218,7 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
         (received[0].key.clone(), received[0].reason),
         (LockKey::Advisory(k), LossReason::ConnectionLost)
     );
-    b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let _guard9 = b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     assert_eq!(
         a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
         ErrorKind::LockLost
@@ -221,11 +230,11 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
 #[actix_rt::test]
 async fn a_black_holed_session_is_reported_stalled() {
     let (setup, _) = setup().await;
-    let proxy = Proxy::start(&setup.pg).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
     let via_proxy = proxy.pg_config(&setup.pg);
     let (a, k) = (manager_with(&setup, "a", &via_proxy), key());
-    let lost = Collector::subscribe(&a).await;
-    a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let lost = subscribe(&a).await;
+    let _guard10 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     proxy.cut();
     let cut = Instant::now();
     while lost.received().is_empty() {
@@ -250,10 +259,17 @@ async fn stopping_the_manager_releases_every_lock() {
     let (setup, admin) = setup().await;
     let a = manager_with(&setup, "a", &setup.pg);
     let keys = [key(), key(), key()];
+    let lost = subscribe(&a).await;
+    let mut guards = Vec::new();
     for k in keys {
-        a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+        guards.push(a.send(AdvisoryLock::new(k)).await.unwrap().unwrap());
     }
     a.send(Shutdown).await.unwrap();
+    let reported = lost.wait_for(3, Duration::from_secs(5)).await;
+    assert!(reported.iter().all(|l| l.reason == LossReason::Shutdown));
+    for guard in &guards {
+        assert_eq!(guard.lost().await, LossReason::Shutdown);
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     for k in keys {
         assert_eq!(locks(&admin, k).await, (0, 0));
@@ -281,10 +297,10 @@ async fn a_session_that_holds_nothing_is_reused() {
         manager_with(&setup, "b", &setup.pg),
     );
     let (k1, k2, k3) = (key(), key(), key());
-    a.send(AdvisoryLock::new(k1)).await.unwrap().unwrap();
+    let _guard12 = a.send(AdvisoryLock::new(k1)).await.unwrap().unwrap();
     let first = holder_pid(&admin, k1).await;
     a.send(AdvisoryUnlock(k1)).await.unwrap().unwrap();
-    a.send(AdvisoryLock::new(k2)).await.unwrap().unwrap();
+    let _guard13 = a.send(AdvisoryLock::new(k2)).await.unwrap().unwrap();
     assert_eq!(holder_pid(&admin, k2).await, first, "same session, reused");
     assert_eq!(
         locks(&admin, k1).await,
@@ -292,10 +308,61 @@ async fn a_session_that_holds_nothing_is_reused() {
         "holding nothing from before"
     );
     // A refused try leaves its session clean, too; a concurrent second acquire is refused.
-    b.send(AdvisoryLock::new(k3)).await.unwrap().unwrap();
+    let _guard14 = b.send(AdvisoryLock::new(k3)).await.unwrap().unwrap();
     let (x, y) = (a.send(AdvisoryLock::new(k3)), a.send(AdvisoryLock::new(k3)));
     let (x, y) = (x.await.unwrap().unwrap_err(), y.await.unwrap().unwrap_err());
     let mut kinds = [x.kind(), y.kind()];
     kinds.sort_by_key(|k| format!("{k:?}"));
     assert_eq!(kinds, [ErrorKind::AlreadyHeld, ErrorKind::NotAcquired]);
+}
+
+#[actix_rt::test]
+async fn a_dropped_guard_releases_and_a_lost_lock_is_reported_to_its_guard() {
+    let (setup, admin) = setup().await;
+    let (a, b, k) = two_managers(&setup);
+    let guard = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    assert_eq!((guard.key(), guard.loss()), (k, None));
+    drop(guard);
+    // Released in the background: the other side gets it.
+    let taken = b
+        .send(AdvisoryLock::new(k).wait(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(locks(&admin, k).await, (1, 0));
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
+            &[&k],
+        )
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), taken.lost())
+        .await
+        .expect("the guard hears of the loss");
+    assert_eq!(reason, LossReason::ConnectionLost);
+    assert_eq!(taken.loss(), Some(LossReason::ConnectionLost));
+    assert_eq!(
+        taken.release().await.unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+}
+
+#[actix_rt::test]
+async fn a_guard_from_an_earlier_tenure_does_not_release_a_later_one() {
+    let (setup, admin) = setup().await;
+    let (a, _, k) = two_managers(&setup);
+    let first = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    let second = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        locks(&admin, k).await,
+        (1, 0),
+        "still held by the second guard"
+    );
+    assert_eq!(second.loss(), None);
+    second.release().await.unwrap();
+    assert_eq!(locks(&admin, k).await, (0, 0));
 }

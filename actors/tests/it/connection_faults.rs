@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::{TempPostgres, backend_pids, unique_name};
+use pgcoord::embedded::{Proxy, TempPostgres, backend_pids, unique_name};
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
-use super::{Collector, Proxy, Setup};
+use super::{Collector, Setup};
 
 const LEASE: Duration = Duration::from_secs(2);
 const HEARTBEAT: Duration = Duration::from_millis(400);
@@ -159,7 +159,7 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
 #[actix_rt::test]
 async fn black_holed_connections_then_healed_lose_no_lease() {
     let (_server, setup, _admin) = own_cluster().await;
-    let proxy = Proxy::start(&setup.pg).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
     let config = setup
         .builder("holder")
         .pg_config(&proxy.pg_config(&setup.pg))
@@ -256,7 +256,12 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         .await
         .unwrap()
         .unwrap();
-    a.send(AdvisoryLock::new(7)).await.unwrap().unwrap();
+    let _held = coordinator
+        .advisory
+        .send(AdvisoryLock::new(7))
+        .await
+        .unwrap()
+        .unwrap();
     tokio::time::sleep(LEASE * 2).await;
     assert!(lost_a.received().is_empty(), "{:?}", lost_a.received());
     assert!(lost_b.received().is_empty(), "{:?}", lost_b.received());
@@ -312,8 +317,8 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
         .unwrap();
     let first_acquire = up.elapsed();
     assert!(first_acquire < Duration::from_secs(2), "{first_acquire:?}");
-    coordinator
-        .locks
+    let _held = coordinator
+        .advisory
         .send(AdvisoryLock::new(42))
         .await
         .unwrap()

@@ -236,7 +236,7 @@ async fn heartbeats_outlive_the_acquire_deadline() {
 async fn a_holder_cut_off_from_the_database_gives_up_before_the_server_would() {
     let lease = Duration::from_millis(1000);
     let (setup, _) = Setup::new(lease, Duration::from_millis(200)).await;
-    let proxy = super::Proxy::start(&setup.pg).await;
+    let proxy = super::Proxy::start(&setup.pg).await.unwrap();
     let config = setup
         .builder("cut-off")
         .pg_config(&proxy.pg_config(&setup.pg))

@@ -10,16 +10,14 @@ mod reliability;
 mod signal_faults;
 mod signals;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use pgcoord::embedded::{test_pg_config, unique_name};
+use pgcoord::embedded::{Proxy, test_pg_config, unique_name};
 use pgcoord::{Config, ConfigBuilder};
 use pgcoord_actors::{LockLost, LockManager, SubscribeLockLost};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
 /// Names shared by the managers of one test: its own lock table and channel.
@@ -145,242 +143,11 @@ impl Collector<LockLost> {
     }
 }
 
-/// A TCP proxy to the test database that injects network faults into the connections through
-/// it:
-/// - [`cut`](Proxy::cut) black-holes the connections open so far: it stops forwarding but keeps
-///   their sockets open, as a network partition looks to a client. They stay black-holed.
-/// - [`reset`](Proxy::reset) aborts them with an RST to both sides, as a crashed middlebox or a
-///   rebooted peer does.
-/// - [`close`](Proxy::close) closes them cleanly (FIN) on both sides.
-/// - [`refuse`](Proxy::refuse) makes new connections fail at once, as when the database is down.
-///
-/// Connections made after a cut, reset or close pass as usual.
-pub struct Proxy {
-    pub port: u16,
-    conns: Arc<Mutex<Vec<watch::Sender<Mode>>>>,
-    refusing: Arc<AtomicBool>,
-}
-
-/// What the proxy does with one connection; it only moves down this list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Mode {
-    Forward,
-    /// Black-holed: nothing is read or written, the sockets stay open.
-    Cut,
-    /// FIN to both sides, then read what they still send until they close.
-    Close,
-    /// RST to both sides.
-    Reset,
-}
-
-impl Proxy {
-    pub async fn start(pg: &tokio_postgres::Config) -> Proxy {
-        let upstream = match pg.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => {
-                format!("{host}:{}", pg.get_ports().first().copied().unwrap_or(5432))
-            }
-            _ => panic!("the proxy needs a TCP database"),
-        };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<watch::Sender<Mode>>>> = Arc::default();
-        let refusing = Arc::new(AtomicBool::new(false));
-        let (all, refuse) = (conns.clone(), refusing.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if refuse.load(Ordering::SeqCst) {
-                    let _ = client.set_zero_linger();
-                    continue;
-                }
-                // Registered before the upstream connect, so a fault injected meanwhile applies.
-                let (mode, rx) = watch::channel(Mode::Forward);
-                {
-                    let mut all = all.lock().unwrap();
-                    all.retain(|conn| !conn.is_closed());
-                    all.push(mode);
-                }
-                let upstream = upstream.clone();
-                tokio::spawn(async move {
-                    // Database unreachable: the client sees its connection closed.
-                    let Ok(server) = TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    let (client, server) = (Arc::new(client), Arc::new(server));
-                    tokio::spawn(forward(client.clone(), server.clone(), rx.clone()));
-                    forward(server, client, rx).await;
-                });
-            }
-        });
-        Proxy {
-            port,
-            conns,
-            refusing,
-        }
-    }
-
-    /// Black-holes every connection open now.
-    pub fn cut(&self) {
-        self.set_mode(Mode::Cut);
-    }
-
-    /// Aborts every connection open now (black-holed ones too) with an RST to both the client
-    /// and the database: their next read fails with "connection reset".
-    pub fn reset(&self) {
-        self.set_mode(Mode::Reset);
-    }
-
-    /// Closes every connection open now (black-holed ones too) cleanly: a FIN to both the client
-    /// and the database, which read end-of-file.
-    pub fn close(&self) {
-        self.set_mode(Mode::Close);
-    }
-
-    /// While `on`, new connections are accepted and aborted at once (RST) before reaching the
-    /// database, so connecting fails; off again, they pass. Open connections are unaffected.
-    pub fn refuse(&self, on: bool) {
-        self.refusing.store(on, Ordering::SeqCst);
-    }
-
-    fn set_mode(&self, mode: Mode) {
-        for conn in self.conns.lock().unwrap().iter() {
-            conn.send_if_modified(|current| {
-                let later = *current < mode;
-                if later {
-                    *current = mode;
-                }
-                later
-            });
-        }
-    }
-
-    /// Settings for connecting through the proxy (Config::host and ::port append, so they are
-    /// built afresh).
-    pub fn pg_config(&self, pg: &tokio_postgres::Config) -> tokio_postgres::Config {
-        let mut via = tokio_postgres::Config::new();
-        via.host("127.0.0.1").port(self.port);
-        via.user(pg.get_user().unwrap_or("postgres"));
-        via.dbname(pg.get_dbname().unwrap_or("postgres"));
-        if let Some(password) = pg.get_password() {
-            via.password(password);
-        }
-        via
-    }
-}
-
-/// Forwards one direction of a proxied connection, `from` to `to`, obeying its mode. Both
-/// directions hold both sockets, which close when both are done.
-async fn forward(from: Arc<TcpStream>, to: Arc<TcpStream>, mut mode: watch::Receiver<Mode>) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let current = *mode.borrow_and_update();
-        match current {
-            Mode::Forward => {}
-            Mode::Cut => loop {
-                // Keep the sockets open, read nothing, until closed or reset.
-                if next_mode(&mut mode).await > Mode::Cut {
-                    break;
-                }
-            },
-            Mode::Close => return close(&from, &to, mode).await,
-            Mode::Reset => return reset(&from, &to),
-        }
-        if *mode.borrow() != Mode::Forward {
-            continue;
-        }
-        let n = tokio::select! {
-            biased;
-            _ = next_mode(&mut mode) => continue,
-            read = read_some(&from, &mut buf) => read,
-        };
-        match n {
-            Ok(0) | Err(_) => {
-                // End of this direction: pass the FIN on, as the peer's close.
-                shutdown_write(&to);
-                return;
-            }
-            // Changed while reading: the chunk is swallowed.
-            Ok(_) if *mode.borrow() != Mode::Forward => continue,
-            Ok(n) => {
-                tokio::select! {
-                    biased;
-                    _ = next_mode(&mut mode) => continue,
-                    written = write_all(&to, &buf[..n]) => if written.is_err() {
-                        return;
-                    },
-                }
-            }
-        }
-    }
-}
-
-/// The next mode of a connection; never, once the proxy is gone.
-async fn next_mode(mode: &mut watch::Receiver<Mode>) -> Mode {
-    if mode.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-    *mode.borrow_and_update()
-}
-
-/// FIN to the peer of `to`, then reads `from` until its peer closes too, so that closing the
-/// socket sends no RST for unread data; gives up after a while, or on a reset.
-async fn close(from: &TcpStream, to: &TcpStream, mut mode: watch::Receiver<Mode>) {
-    shutdown_write(to);
-    let drain = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n) = read_some(from, &mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
-    };
-    tokio::select! {
-        _ = drain => {}
-        _ = tokio::time::sleep(Duration::from_secs(10)) => {}
-        _ = async { while next_mode(&mut mode).await != Mode::Reset {} } => reset(from, to),
-    }
-}
-
-/// Makes closing both sockets send an RST (SO_LINGER 0); they close when both directions let go.
-fn reset(from: &TcpStream, to: &TcpStream) {
-    let _ = from.set_zero_linger();
-    let _ = to.set_zero_linger();
-}
-
-/// Sends a FIN on `socket` (shutdown of its write side), keeping it open for reading.
-fn shutdown_write(socket: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: shutdown on a descriptor this proxy owns and keeps open; nothing is freed.
-    unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_WR) };
-}
-
-async fn read_some(socket: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
-    loop {
-        socket.readable().await?;
-        match socket.try_read(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            done => return done,
-        }
-    }
-}
-
-async fn write_all(socket: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        socket.writable().await?;
-        match socket.try_write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// The proxy's faults do what they say: RST, FIN, refusal, and an unreachable database.
 #[tokio::test]
 async fn proxy_resets_closes_and_refuses() {
     let pg = test_pg_config().expect("test database");
-    let proxy = Proxy::start(&pg).await;
+    let proxy = Proxy::start(&pg).await.unwrap();
     let via = &proxy.pg_config(&pg);
     let connect = || async move {
         let (client, conn) = via.connect(tokio_postgres::NoTls).await?;
@@ -435,7 +202,7 @@ async fn proxy_resets_closes_and_refuses() {
         .port();
     let mut nowhere = tokio_postgres::Config::new();
     nowhere.host("127.0.0.1").port(closed_port).user("postgres");
-    let dead_end = Proxy::start(&nowhere).await;
+    let dead_end = Proxy::start(&nowhere).await.unwrap();
     for _ in 0..2 {
         assert!(
             dead_end
@@ -445,7 +212,58 @@ async fn proxy_resets_closes_and_refuses() {
                 .is_err()
         );
     }
-    TcpStream::connect(("127.0.0.1", dead_end.port))
+    TcpStream::connect(("127.0.0.1", dead_end.port()))
         .await
         .expect("still accepting");
+}
+
+/// A delayed proxy is a slow network: each round trip takes twice the delay more, on
+/// connections open before and made after, large results arrive whole and in order, and no
+/// delay again is fast.
+#[tokio::test]
+async fn proxy_delays() {
+    let pg = test_pg_config().expect("test database");
+    let proxy = Proxy::start(&pg).await.unwrap();
+    let via = proxy.pg_config(&pg);
+    let connect = || async {
+        let (client, conn) = via.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    async fn timed(client: &Client) -> Duration {
+        let start = std::time::Instant::now();
+        let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(one, 1);
+        start.elapsed()
+    }
+    let open = connect().await;
+    timed(&open).await;
+
+    let delay = Duration::from_millis(200);
+    proxy.delay(delay);
+    let later = connect().await;
+    for client in [&open, &later] {
+        let took = timed(client).await;
+        assert!(took >= 2 * delay, "a round trip took {took:?}");
+    }
+    // A large result, many chunks, whole and in order.
+    let text: String = later
+        .query_one(
+            "SELECT string_agg(i::text, ',') FROM generate_series(1, 200000) i",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let expected: Vec<String> = (1..=200_000).map(|i: i32| i.to_string()).collect();
+    assert!(
+        text == expected.join(","),
+        "the result arrived out of order"
+    );
+
+    proxy.delay(Duration::ZERO);
+    for client in [&open, &later] {
+        let took = timed(client).await;
+        assert!(took < delay, "a round trip took {took:?} without delay");
+    }
 }

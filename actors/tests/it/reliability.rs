@@ -8,18 +8,18 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{TempPostgres, unique_name};
+use pgcoord::embedded::{Proxy, TempPostgres, unique_name};
 use pgcoord_actors::Request;
 use pgcoord_actors::*;
 
 use super::signals::{listener, setup, subscribe};
-use super::{Collector, Proxy, Setup};
+use super::{Collector, Setup};
 
 const FAST: Duration = Duration::from_millis(200);
 
 async fn reset_or_close_while_holding(close: bool) {
     let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
-    let proxy = Proxy::start(&setup.pg).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
     let config = setup
         .builder("holder")
         .pg_config(&proxy.pg_config(&setup.pg))
@@ -27,11 +27,21 @@ async fn reset_or_close_while_holding(close: bool) {
         .ping_timeout(FAST)
         .build()
         .unwrap();
-    let holder = LockManager::new(config).start();
-    let lost = Collector::subscribe(&holder).await;
+    let holder = LockManager::new(config.clone()).start();
+    let advisory = AdvisoryLocks::new(config).start();
+    let (lost, recipient) = Collector::<LockLost>::start_new();
+    holder
+        .send(SubscribeLockLost(recipient.clone()))
+        .await
+        .unwrap();
+    advisory.send(SubscribeLockLost(recipient)).await.unwrap();
     let lease = holder.send(Acquire::new("job")).await.unwrap().unwrap();
     let key = pgcoord::advisory::key_for_name(&setup.table);
-    holder.send(AdvisoryLock::new(key)).await.unwrap().unwrap();
+    let guard = advisory
+        .send(AdvisoryLock::new(key))
+        .await
+        .unwrap()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let cut = Instant::now();
@@ -44,13 +54,14 @@ async fn reset_or_close_while_holding(close: bool) {
     let reported = lost.wait_for(1, Duration::from_secs(2)).await;
     assert_eq!(reported[0].key, LockKey::Advisory(key));
     assert_eq!(reported[0].reason, LossReason::ConnectionLost);
+    assert_eq!(guard.loss(), Some(LossReason::ConnectionLost));
     assert!(
         cut.elapsed() < Duration::from_secs(1),
         "{:?}",
         cut.elapsed()
     );
-    let other = setup.manager("other");
-    other.send(AdvisoryLock::new(key)).await.unwrap().unwrap();
+    let other = AdvisoryLocks::new(setup.builder("other").build().unwrap()).start();
+    let _taken = other.send(AdvisoryLock::new(key)).await.unwrap().unwrap();
 
     // The lease is not tied to a session: the heartbeat reconnects and keeps it.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -97,9 +108,10 @@ async fn a_frozen_advisory_backend_is_reported_and_its_lock_stays_out_of_reach()
     pgcoord::schema::migrate(&admin, &config("admin"))
         .await
         .unwrap();
-    let holder = LockManager::new(config("holder")).start();
-    let lost = Collector::subscribe(&holder).await;
-    holder.send(AdvisoryLock::new(7)).await.unwrap().unwrap();
+    let holder = AdvisoryLocks::new(config("holder")).start();
+    let (lost, recipient) = Collector::<LockLost>::start_new();
+    holder.send(SubscribeLockLost(recipient)).await.unwrap();
+    let _guard3 = holder.send(AdvisoryLock::new(7)).await.unwrap().unwrap();
     let pid: i32 = admin
         .query_one(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 7 AND granted",
@@ -115,12 +127,12 @@ async fn a_frozen_advisory_backend_is_reported_and_its_lock_stays_out_of_reach()
     assert!(frozen.elapsed() < FAST * 3, "{:?}", frozen.elapsed());
 
     // The server still holds the lock for the frozen session: nobody else gets it...
-    let other = LockManager::new(config("other")).start();
+    let other = AdvisoryLocks::new(config("other")).start();
     let err = other.send(AdvisoryLock::new(7)).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired);
     // ...until the session ends (its client closed it when it gave the lock up).
     server.thaw_backend(pid as u32).unwrap();
-    other
+    let _guard4 = other
         .send(AdvisoryLock::new(7).wait(Duration::from_secs(5)))
         .await
         .unwrap()

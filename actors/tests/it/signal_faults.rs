@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::unique_name;
+use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord_actors::Request;
 use pgcoord_actors::*;
 
+use super::Collector;
 use super::signals::{FAST, listener, listener_on, setup, subscribe};
-use super::{Collector, Proxy};
 
 async fn conn_states(listener: &Addr<ListenerActor>) -> Collector<ConnState> {
     let (collector, recipient) = Collector::start_new();
@@ -89,7 +89,7 @@ async fn a_terminated_listener_reconnects_relistens_and_delivers_again() {
 #[actix_rt::test]
 async fn a_black_holed_listener_is_stalled_then_reconnected() {
     let (setup, _) = setup().await;
-    let proxy = Proxy::start(&setup.pg).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
     let listener = listener_on(&setup, &proxy.pg_config(&setup.pg), 4096);
     let states = conn_states(&listener).await;
     let channel = unique_name("holed");

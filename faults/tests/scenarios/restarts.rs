@@ -30,6 +30,11 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
     let (losses, recipient) = super::collector::<LockLost>();
     coordinator
         .locks
+        .send(SubscribeLockLost(recipient.clone()))
+        .await
+        .unwrap();
+    coordinator
+        .advisory
         .send(SubscribeLockLost(recipient))
         .await
         .unwrap();
@@ -39,8 +44,8 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
         .await
         .unwrap()
         .unwrap();
-    coordinator
-        .locks
+    let advisory = coordinator
+        .advisory
         .send(AdvisoryLock::new(99))
         .await
         .unwrap()
@@ -76,7 +81,7 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
     // Tokens kept increasing across the restarts: no regression, and the last tenure's token is
     // the largest ever issued.
     assert_eq!(kept.loss(), None, "a lease outlasting the restart is kept");
-    let advisory: Vec<LossReason> = losses
+    let advisory_losses: Vec<LossReason> = losses
         .lock()
         .unwrap()
         .iter()
@@ -84,9 +89,14 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
         .map(|l| l.reason)
         .collect();
     assert_eq!(
-        advisory,
+        advisory_losses,
         [LossReason::ConnectionLost],
         "the server released it"
+    );
+    assert_eq!(
+        advisory.loss(),
+        Some(LossReason::ConnectionLost),
+        "and its guard knows"
     );
 }
 

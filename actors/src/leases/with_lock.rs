@@ -3,9 +3,9 @@
 use actix::Addr;
 use pgcoord::{Error, ErrorKind, Result};
 
-use crate::lease::Lease;
-use crate::manager::LockManager;
-use crate::messages::Acquire;
+use super::LockManager;
+use super::lease::Lease;
+use super::messages::Acquire;
 
 /// Acquires `request`, runs `work` with the lease, and releases it when the work returns. If the
 /// lease is lost first, the work is dropped (cancelled at its next `.await`) and the result is

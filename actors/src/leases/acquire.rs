@@ -14,12 +14,18 @@ use actix::dev::OneshotSender;
 use pgcoord::db::until;
 use pgcoord::lease::{Attempt, Grant};
 use pgcoord::{Error, ErrorKind, LeaseTable, Pool, Result};
+
 use tracing::{debug, warn};
 
-use crate::lease::Lease;
-use crate::messages::Acquire;
+use actix::dev::MessageResponse;
+use actix::prelude::*;
+use tracing::info_span;
+
+use super::LockManager;
+use super::lease::Lease;
+use super::messages::Acquire;
+use super::wake::Queues;
 use crate::reply::caller_gone;
-use crate::wake::Queues;
 
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
 pub(crate) struct AcquireJob {
@@ -256,4 +262,61 @@ impl AcquireJob {
 fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
     let bound = Instant::now() + statement_timeout;
     deadline.map_or(bound, |d| d.min(bound))
+}
+
+/// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
+/// caller that gives up cancels it.
+pub struct AcquireResponse(Result<AcquireJob>);
+
+impl MessageResponse<LockManager, Acquire> for AcquireResponse {
+    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
+        let job = match self.0 {
+            Ok(job) => job,
+            Err(error) => return crate::reply::refuse(reply, error),
+        };
+        let request = job.request.clone();
+        let span = info_span!("acquire", lease = %request.name);
+        let wait = async move {
+            let mut reply = reply;
+            let outcome = job.run(&mut reply).await;
+            (outcome, reply)
+        };
+        let wait = tracing::Instrument::instrument(wait, span);
+        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
+            move |(outcome, reply), act, ctx| match outcome {
+                Outcome::Granted { grant, sent } => act.granted(&request, grant, sent, reply, ctx),
+                Outcome::Failed(error) => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+                Outcome::Cancelled => {
+                    debug!(lease = %request.name, "acquire cancelled by its caller")
+                }
+            },
+        ));
+    }
+}
+
+impl Handler<Acquire> for LockManager {
+    type Result = AcquireResponse;
+
+    fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
+        if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
+            return AcquireResponse(Err(e));
+        }
+        if self.held.contains_key(&request.name) {
+            return AcquireResponse(Err(already_held(&request.name)));
+        }
+        AcquireResponse(Ok(AcquireJob {
+            request,
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            queues: self.queues.clone(),
+            holding: self.holding.clone(),
+            owner: self.config.owner().to_owned(),
+            lease: self.config.lease(),
+            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+        }))
+    }
 }

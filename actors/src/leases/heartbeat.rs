@@ -18,8 +18,8 @@ use actix::prelude::*;
 use pgcoord::Error;
 use tracing::{debug, warn};
 
-use crate::manager::{Held, LockManager};
-use crate::messages::{LockKey, LockLost, LossReason};
+use super::{Held, LockManager};
+use crate::losses::{LockKey, LockLost, LossReason};
 use crate::session::Pinned;
 
 impl LockManager {
@@ -176,17 +176,7 @@ impl LockManager {
             token: Some(held.token),
             reason,
         };
-        self.broadcast(lost);
+        self.subscribers.broadcast(lost);
         self.queues.wake(name);
-    }
-
-    /// Sends `lost` to every subscriber, forgetting those that are gone.
-    pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        // do_send ignores the mailbox's capacity: a loss report must never be dropped because a
-        // subscriber is busy.
-        self.subscribers.retain(|s| {
-            s.do_send(lost.clone());
-            s.connected()
-        });
     }
 }

@@ -21,7 +21,14 @@ use tokio::sync::oneshot;
 use tokio_postgres::{AsyncMessage, Client};
 use tracing::{info, warn};
 
-use crate::signal_messages::*;
+mod dispatch;
+mod messages;
+mod round_trip;
+
+pub use messages::*;
+// Named, so it wins over the `Request` that actix's prelude glob brings into this module.
+pub use messages::Request;
+pub use round_trip::{RequestResponse, RoundTrip, TypedRequest, TypedResponse};
 
 /// One channel this process listens on.
 #[derive(Default)]
@@ -54,6 +61,9 @@ pub struct ListenerActor {
     pub(crate) pending: Pending,
     conn_subscribers: Vec<Recipient<ConnState>>,
     failures: u32,
+    /// Set by [`Shutdown`]: the supervisor restarts a stopped actor while anyone holds its
+    /// address, so a shut-down listener stays idle instead of connecting again.
+    shut_down: bool,
     pub(crate) stats: ListenerStats,
 }
 
@@ -64,11 +74,21 @@ impl ListenerActor {
     /// A listener for `config`; payloads too large for a notification go to `store` (without
     /// one they are [`ErrorKind::PayloadTooLarge`]).
     pub fn new(config: Config, store: Option<Arc<dyn PayloadStore>>) -> ListenerActor {
+        let pool = pgcoord::db::pool(&config);
+        ListenerActor::with_pool(config, pool, store)
+    }
+
+    /// A listener whose statements (publishes, replies) run on `pool`, shared with other actors.
+    pub fn with_pool(
+        config: Config,
+        pool: Pool,
+        store: Option<Arc<dyn PayloadStore>>,
+    ) -> ListenerActor {
         let reply_channel =
             Ident::new(&format!("pgcoord_reply_{:016x}", pgcoord::signal::new_id()))
                 .expect("a valid generated identifier");
         ListenerActor {
-            pool: pgcoord::db::pool(&config),
+            pool,
             config,
             store,
             reply_channel,
@@ -81,6 +101,7 @@ impl ListenerActor {
             pending: Pending::default(),
             conn_subscribers: Vec::new(),
             failures: 0,
+            shut_down: false,
             stats: ListenerStats::default(),
         }
     }
@@ -289,6 +310,9 @@ impl Actor for ListenerActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.shut_down {
+            return;
+        }
         let delay = backoff(self.failures);
         if delay.is_zero() {
             self.connect(ctx);
@@ -331,6 +355,23 @@ impl StreamHandler<std::result::Result<AsyncMessage, tokio_postgres::Error>> for
                 error: "connection closed".into(),
             },
         );
+    }
+}
+
+impl Handler<crate::losses::Shutdown> for ListenerActor {
+    type Result = ();
+
+    /// Closes the connection for good: subscriptions, handlers and waiting callers are dropped
+    /// (waiting callers get an error), and nothing reconnects.
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
+        self.shut_down = true;
+        self.client = None;
+        self.ready = false;
+        self.channels.clear();
+        self.confirm_waiters.clear();
+        self.ready_waiters.clear();
+        self.pending.lock().expect("pending").clear();
+        ctx.stop();
     }
 }
 

@@ -8,8 +8,9 @@ use pgcoord::{Error, ErrorKind, LeaseTable, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::manager::LockManager;
-use crate::messages::{LossReason, Release};
+use super::LockManager;
+use super::messages::Release;
+use crate::losses::LossReason;
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
 /// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.

@@ -18,9 +18,9 @@ use pgcoord::{Error, ErrorKind, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
-use crate::dispatch::{channel_ident, send};
-use crate::listener::{ListenerActor, Pending};
-use crate::signal_messages::Request;
+use super::dispatch::{channel_ident, send};
+use super::messages::Request;
+use super::{ListenerActor, Pending};
 
 /// One request on its way: registered in the pending map, not yet sent.
 pub struct RoundTrip {

@@ -9,8 +9,8 @@ use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use crate::listener::{Channel, ListenerActor};
-use crate::signal_messages::*;
+use super::messages::*;
+use super::{Channel, ListenerActor};
 
 impl ListenerActor {
     /// Routes one notification. Never waits: stored payloads and handlers run on their own.

@@ -4,19 +4,27 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::{Config, Error, ErrorKind, LeaseInfo, LeaseTable, Pool, Result};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tracing::{debug, info_span, warn};
+use tracing::{debug, warn};
 
-use crate::acquire::{AcquireJob, Outcome, Reply, already_held};
-use crate::lease::Lease;
-use crate::listener::ListenerActor;
-use crate::messages::*;
-use crate::signal_messages::{ConnState, RawNotification, SubscribeConnState, SubscribeRaw};
-use crate::wake::{Queues, spawn_listener};
+use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
+use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
+use acquire::Reply;
+use wake::Queues;
+
+mod acquire;
+mod heartbeat;
+mod lease;
+mod messages;
+mod wake;
+mod with_lock;
+
+pub use acquire::AcquireResponse;
+pub use lease::Lease;
+pub use messages::*;
+pub use with_lock::with_lock;
 
 /// One lease this process holds.
 pub(crate) struct Held {
@@ -40,16 +48,11 @@ pub struct LockManager {
     pub(crate) held: HashMap<String, Held>,
     /// The names in `held`, shared with acquires under way (they refuse a name held meanwhile).
     pub(crate) holding: Arc<Mutex<HashSet<String>>>,
-    pub(crate) subscribers: Vec<Recipient<LockLost>>,
-    /// Our own LISTEN connection for lease wake-ups, when there is no shared listener.
-    listener: Option<JoinHandle<()>>,
-    /// The process's shared `ListenerActor`, when the manager uses it for wake-ups.
+    pub(crate) subscribers: LossSubscribers,
+    /// Whether the listener was started by this manager (and is stopped with it).
+    own_listener: bool,
+    /// The `ListenerActor` that hears lease releases: the process's, or this manager's own.
     shared_listener: Option<Addr<ListenerActor>>,
-    pub(crate) sessions: HashMap<i64, crate::advisory::Session>,
-    /// Advisory keys whose acquire is under way, so a concurrent second acquire is refused.
-    pub(crate) pending_keys: std::collections::HashSet<i64>,
-    /// Open sessions that hold no lock, kept for reuse.
-    pub(crate) idle_sessions: Vec<crate::session::Pinned>,
     pub(crate) renewing: bool,
     /// The heartbeat's own connection: renewals never wait for the pool, so blocked acquires or
     /// a busy application cannot starve them. Reopened when it fails.
@@ -68,12 +71,9 @@ impl LockManager {
             queues: Arc::default(),
             held: HashMap::new(),
             holding: Arc::default(),
-            subscribers: Vec::new(),
-            listener: None,
+            subscribers: LossSubscribers::default(),
+            own_listener: true,
             shared_listener: None,
-            sessions: HashMap::new(),
-            pending_keys: Default::default(),
-            idle_sessions: Vec::new(),
             renewing: false,
             heartbeat: None,
             renew_failures: 0,
@@ -87,6 +87,22 @@ impl LockManager {
     pub fn with_listener(config: Config, listener: Addr<ListenerActor>) -> LockManager {
         LockManager {
             shared_listener: Some(listener),
+            own_listener: false,
+            ..LockManager::new(config)
+        }
+    }
+
+    /// A manager over `pool` (shared with other actors), hearing lease releases through
+    /// `listener` when given.
+    pub fn with_pool(
+        config: Config,
+        pool: Pool,
+        listener: Option<Addr<ListenerActor>>,
+    ) -> LockManager {
+        LockManager {
+            pool,
+            own_listener: listener.is_none(),
+            shared_listener: listener,
             ..LockManager::new(config)
         }
     }
@@ -163,56 +179,36 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
-        match &self.shared_listener {
-            Some(listener) => {
-                let channel = self.config.lease_channel().as_str().to_owned();
-                listener.do_send(SubscribeConnState(ctx.address().recipient()));
-                let subscribe = listener.send(SubscribeRaw {
-                    channel,
-                    recipient: ctx.address().recipient(),
-                });
-                ctx.spawn(subscribe.into_actor(self).map(|result, _, _| match result {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        warn!(error = %e, "cannot listen for lease releases; waiters poll")
-                    }
-                    Err(e) => warn!(error = %e, "listener gone; waiters poll"),
-                }));
-            }
-            None => {
-                self.listener = Some(spawn_listener(
-                    self.config.clone(),
-                    self.config.lease_channel().clone(),
-                    self.queues.clone(),
-                ))
-            }
-        }
+        // Releases are announced on the lease channel. Heard through the process's listener
+        // when there is one; otherwise through a listener of this manager's own — the same
+        // supervised actor, so there is one way to LISTEN. Waiters poll besides, in case.
+        let listener = self.shared_listener.get_or_insert_with(|| {
+            ListenerActor::with_pool(self.config.clone(), self.pool.clone(), None)
+                .start_supervised()
+        });
+        let channel = self.config.lease_channel().as_str().to_owned();
+        listener.do_send(SubscribeConnState(ctx.address().recipient()));
+        let subscribe = listener.send(SubscribeRaw {
+            channel,
+            recipient: ctx.address().recipient(),
+        });
+        ctx.spawn(subscribe.into_actor(self).map(|result, _, _| match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "cannot listen for lease releases; waiters poll"),
+            Err(e) => warn!(error = %e, "listener gone; waiters poll"),
+        }));
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
-        ctx.run_interval(self.config.ping_interval(), |act, ctx| {
-            act.ping_sessions(ctx)
-        });
         let sweep = (self.margin() / 2).max(Duration::from_millis(1));
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        if let Some(listener) = self.listener.take() {
-            listener.abort();
+        if let (true, Some(listener)) = (self.own_listener, self.shared_listener.take()) {
+            listener.do_send(Shutdown);
         }
-        // Closing an advisory session releases its locks on the server.
-        let keys: Vec<i64> = self.sessions.keys().copied().collect();
-        self.sessions.clear();
-        self.idle_sessions.clear();
         self.heartbeat = None;
-        for key in keys {
-            self.broadcast(LockLost {
-                key: LockKey::Advisory(key),
-                token: None,
-                reason: LossReason::Shutdown,
-            });
-        }
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();
@@ -220,7 +216,7 @@ impl Actor for LockManager {
         for name in names {
             let held = self.forget_lease(&name).expect("listed above");
             let _ = held.lost.send(Some(LossReason::Shutdown));
-            self.broadcast(LockLost {
+            self.subscribers.broadcast(LockLost {
                 key: LockKey::Lease(name.clone()),
                 token: Some(held.token),
                 reason: LossReason::Shutdown,
@@ -240,63 +236,6 @@ impl Actor for LockManager {
                 }
             });
         }
-    }
-}
-
-/// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
-/// caller that gives up cancels it.
-pub struct AcquireResponse(Result<AcquireJob>);
-
-impl MessageResponse<LockManager, Acquire> for AcquireResponse {
-    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
-        let job = match self.0 {
-            Ok(job) => job,
-            Err(error) => return crate::reply::refuse(reply, error),
-        };
-        let request = job.request.clone();
-        let span = info_span!("acquire", lease = %request.name);
-        let wait = async move {
-            let mut reply = reply;
-            let outcome = job.run(&mut reply).await;
-            (outcome, reply)
-        };
-        let wait = tracing::Instrument::instrument(wait, span);
-        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-            move |(outcome, reply), act, ctx| match outcome {
-                Outcome::Granted { grant, sent } => act.granted(&request, grant, sent, reply, ctx),
-                Outcome::Failed(error) => {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Err(error));
-                    }
-                }
-                Outcome::Cancelled => {
-                    debug!(lease = %request.name, "acquire cancelled by its caller")
-                }
-            },
-        ));
-    }
-}
-
-impl Handler<Acquire> for LockManager {
-    type Result = AcquireResponse;
-
-    fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
-        if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
-            return AcquireResponse(Err(e));
-        }
-        if self.held.contains_key(&request.name) {
-            return AcquireResponse(Err(already_held(&request.name)));
-        }
-        AcquireResponse(Ok(AcquireJob {
-            request,
-            pool: self.pool.clone(),
-            table: self.table.clone(),
-            queues: self.queues.clone(),
-            holding: self.holding.clone(),
-            owner: self.config.owner().to_owned(),
-            lease: self.config.lease(),
-            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
-        }))
     }
 }
 
@@ -382,7 +321,7 @@ impl Handler<SubscribeLockLost> for LockManager {
     type Result = ();
 
     fn handle(&mut self, SubscribeLockLost(recipient): SubscribeLockLost, _: &mut Context<Self>) {
-        self.subscribers.push(recipient);
+        self.subscribers.add(recipient);
     }
 }
 

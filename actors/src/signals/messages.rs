@@ -220,8 +220,8 @@ impl Request {
     }
 
     /// The same request, with its reply decoded from MessagePack into `R`.
-    pub fn returning<R: DeserializeOwned>(self) -> crate::round_trip::TypedRequest<R> {
-        crate::round_trip::TypedRequest {
+    pub fn returning<R: DeserializeOwned>(self) -> super::round_trip::TypedRequest<R> {
+        super::round_trip::TypedRequest {
             request: self,
             reply: std::marker::PhantomData,
         }

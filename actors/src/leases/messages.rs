@@ -1,4 +1,4 @@
-//! The messages `LockManager` answers, and the `LockLost` broadcast.
+//! The messages `LockManager` answers.
 
 use std::time::Duration;
 
@@ -6,7 +6,7 @@ use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 use serde::Serialize;
 
-use crate::lease::Lease;
+use super::lease::Lease;
 
 /// Acquire a lease. Waits until it is free unless [`fail_if_locked`](Acquire::fail_if_locked);
 /// a [`timeout`](Acquire::timeout) bounds the wait. Dropping the request (or letting actix's
@@ -48,7 +48,7 @@ impl Acquire {
     }
 
     /// Typed data, stored as MessagePack (`rmp_serde::to_vec_named`); read it back with
-    /// [`Lease::value`] or [`crate::Get`].
+    /// [`Lease::value`] or [`Get`].
     pub fn value<T: Serialize>(self, value: &T) -> Result<Acquire> {
         let bytes = rmp_serde::to_vec_named(value).map_err(|e| {
             pgcoord::Error::new(
@@ -116,11 +116,6 @@ pub struct List;
 #[rtype(result = "Result<()>")]
 pub struct RenewNow;
 
-/// Register for [`LockLost`] broadcasts.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct SubscribeLockLost(pub Recipient<LockLost>);
-
 /// Counters of what the manager has done, for tests and monitoring.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "ManagerStats")]
@@ -140,100 +135,3 @@ pub struct ManagerStats {
     /// Leases reported lost.
     pub lost: u64,
 }
-
-/// Which lock was lost.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LockKey {
-    /// A lease, by name.
-    Lease(String),
-    /// An advisory lock, by key.
-    Advisory(i64),
-}
-
-/// Why a lock was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The server says the lease is no longer this tenure's: its row is gone or carries
-    /// another token (it expired and was taken over, or was deleted), or it had already expired
-    /// on the server when a renewal reached it (a renewal never revives an expired lease).
-    TakenOver,
-    /// No renewal was confirmed before the holder's own deadline (the database may be
-    /// unreachable); the server may give the lease away from now on.
-    DeadlinePassed,
-    /// The session holding an advisory lock failed: the server released the lock.
-    ConnectionLost,
-    /// The manager stopped ([`Shutdown`] or its System ending) and released the lock.
-    Shutdown,
-    /// The session holding an advisory lock stopped answering pings. Its server session may
-    /// still be alive, but the lock is given up: keeping a lock already lost is the worse bug.
-    Stalled,
-}
-
-/// Broadcast to every subscriber, exactly once per lost lock.
-#[derive(Debug, Clone, PartialEq, Eq, Message)]
-#[rtype(result = "()")]
-pub struct LockLost {
-    /// The lock.
-    pub key: LockKey,
-    /// The fencing token of the lost tenure (leases only).
-    pub token: Option<i64>,
-    /// Why it was lost.
-    pub reason: LossReason,
-}
-
-/// Take an advisory lock on a dedicated session of its own. With no
-/// [`wait`](AdvisoryLock::wait), one try: [`pgcoord::ErrorKind::NotAcquired`] at once when it is
-/// taken. Re-acquiring a key this manager holds is refused ([`pgcoord::ErrorKind::AlreadyHeld`]):
-/// locks never stack. A caller that gives up while waiting cancels the wait on the server.
-#[derive(Debug, Clone)]
-pub struct AdvisoryLock {
-    pub(crate) key: i64,
-    pub(crate) mode: pgcoord::advisory::Mode,
-    pub(crate) wait: Option<Duration>,
-}
-
-impl Message for AdvisoryLock {
-    type Result = Result<()>;
-}
-
-impl AdvisoryLock {
-    /// The exclusive lock on `key`, tried once.
-    pub fn new(key: i64) -> AdvisoryLock {
-        AdvisoryLock {
-            key,
-            mode: pgcoord::advisory::Mode::Exclusive,
-            wait: None,
-        }
-    }
-
-    /// The lock on [`pgcoord::advisory::key_for_name`]`(name)`.
-    pub fn named(name: &str) -> AdvisoryLock {
-        AdvisoryLock::new(pgcoord::advisory::key_for_name(name))
-    }
-
-    /// Take it in shared mode. Default: exclusive.
-    pub fn shared(mut self) -> AdvisoryLock {
-        self.mode = pgcoord::advisory::Mode::Shared;
-        self
-    }
-
-    /// Wait up to `timeout` for it (enforced by the server's `lock_timeout`). Default: one try.
-    pub fn wait(mut self, timeout: Duration) -> AdvisoryLock {
-        self.wait = Some(timeout);
-        self
-    }
-}
-
-/// Release an advisory lock this manager holds and close its session.
-/// [`pgcoord::ErrorKind::LockLost`] when it was lost (and already reported) or not held.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<()>")]
-pub struct AdvisoryUnlock(pub i64);
-
-/// Stop the manager: every advisory session is closed (releasing its locks) and every held lease
-/// released. A manager runs until this is sent or its System stops: its timers keep it alive.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;

@@ -1,0 +1,60 @@
+//! The messages [`AdvisoryLocks`](super::AdvisoryLocks) answers.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Result;
+
+use super::AdvisoryGuard;
+
+/// Take an advisory lock on a dedicated session of its own; the answer is an [`AdvisoryGuard`]:
+/// the lock is held while the guard lives, and released when it is dropped or
+/// [released](AdvisoryGuard::release). With no [`wait`](AdvisoryLock::wait), one try:
+/// [`pgcoord::ErrorKind::NotAcquired`] at once when it is taken. Re-acquiring a key held here is
+/// refused ([`pgcoord::ErrorKind::AlreadyHeld`]): locks never stack. A caller that gives up
+/// while waiting cancels the wait on the server.
+#[derive(Debug, Clone)]
+pub struct AdvisoryLock {
+    pub(crate) key: i64,
+    pub(crate) mode: pgcoord::advisory::Mode,
+    pub(crate) wait: Option<Duration>,
+}
+
+impl Message for AdvisoryLock {
+    type Result = Result<AdvisoryGuard>;
+}
+
+impl AdvisoryLock {
+    /// The exclusive lock on `key`, tried once.
+    pub fn new(key: i64) -> AdvisoryLock {
+        AdvisoryLock {
+            key,
+            mode: pgcoord::advisory::Mode::Exclusive,
+            wait: None,
+        }
+    }
+
+    /// The lock on [`pgcoord::advisory::key_for_name`]`(name)`.
+    pub fn named(name: &str) -> AdvisoryLock {
+        AdvisoryLock::new(pgcoord::advisory::key_for_name(name))
+    }
+
+    /// Take it in shared mode. Default: exclusive.
+    pub fn shared(mut self) -> AdvisoryLock {
+        self.mode = pgcoord::advisory::Mode::Shared;
+        self
+    }
+
+    /// Wait up to `timeout` for it (enforced by the server's `lock_timeout`). Default: one try.
+    pub fn wait(mut self, timeout: Duration) -> AdvisoryLock {
+        self.wait = Some(timeout);
+        self
+    }
+}
+
+/// Release an advisory lock held here ([`AdvisoryGuard::release`] sends it; a dropped guard
+/// sends it too). [`pgcoord::ErrorKind::LockLost`] when it was lost (and already reported) or
+/// not held.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct AdvisoryUnlock(pub i64);

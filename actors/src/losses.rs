@@ -1,0 +1,79 @@
+//! What every lock-holding actor broadcasts when a lock is lost, and the subscriber list that
+//! delivers it: [`LockLost`], [`LockKey`], [`LossReason`], [`SubscribeLockLost`], and the
+//! [`Shutdown`] both lock actors answer.
+
+use actix::prelude::*;
+
+/// Register for [`LockLost`] broadcasts.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SubscribeLockLost(pub Recipient<LockLost>);
+
+/// Which lock was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKey {
+    /// A lease, by name.
+    Lease(String),
+    /// An advisory lock, by key.
+    Advisory(i64),
+}
+
+/// Why a lock was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The server says the lease is no longer this tenure's: its row is gone or carries
+    /// another token (it expired and was taken over, or was deleted), or it had already expired
+    /// on the server when a renewal reached it (a renewal never revives an expired lease).
+    TakenOver,
+    /// No renewal was confirmed before the holder's own deadline (the database may be
+    /// unreachable); the server may give the lease away from now on.
+    DeadlinePassed,
+    /// The session holding an advisory lock failed: the server released the lock.
+    ConnectionLost,
+    /// The manager stopped ([`Shutdown`] or its System ending) and released the lock.
+    Shutdown,
+    /// The session holding an advisory lock stopped answering pings. Its server session may
+    /// still be alive, but the lock is given up: keeping a lock already lost is the worse bug.
+    Stalled,
+}
+
+/// Broadcast to every subscriber, exactly once per lost lock.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct LockLost {
+    /// The lock.
+    pub key: LockKey,
+    /// The fencing token of the lost tenure (leases only).
+    pub token: Option<i64>,
+    /// Why it was lost.
+    pub reason: LossReason,
+}
+
+/// Stop an actor: a `LockManager` releases every held lease, an `AdvisoryLocks` closes every
+/// session (releasing its locks), a `ListenerActor` closes its connection; every lock still held
+/// is reported to subscribers as lost with [`LossReason::Shutdown`]. Lock actors run until this
+/// is sent or their System stops: their timers keep them alive.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// The subscribers of [`LockLost`] of one actor.
+#[derive(Default)]
+pub(crate) struct LossSubscribers(Vec<Recipient<LockLost>>);
+
+impl LossSubscribers {
+    pub(crate) fn add(&mut self, recipient: Recipient<LockLost>) {
+        self.0.push(recipient);
+    }
+
+    /// Sends `lost` to every subscriber, forgetting those that are gone. `do_send` ignores the
+    /// mailbox's capacity: a loss report must never be dropped because a subscriber is busy.
+    pub(crate) fn broadcast(&mut self, lost: LockLost) {
+        self.0.retain(|s| {
+            s.do_send(lost.clone());
+            s.connected()
+        });
+    }
+}
