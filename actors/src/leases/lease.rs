@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::LockManager;
-use super::messages::Release;
 use crate::losses::LossReason;
+use actix::prelude::*;
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
 /// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.
@@ -112,4 +112,15 @@ impl std::fmt::Debug for Lease {
             .field("lost", &self.loss())
             .finish()
     }
+}
+
+/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
+/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Release {
+    /// The lease's name.
+    pub name: String,
+    /// The fencing token of the tenure to end.
+    pub token: i64,
 }

@@ -1,6 +1,7 @@
 //! The messages `ListenerActor` answers, and what it sends to subscribers.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,10 +221,10 @@ impl Request {
     }
 
     /// The same request, with its reply decoded from MessagePack into `R`.
-    pub fn returning<R: DeserializeOwned>(self) -> super::round_trip::TypedRequest<R> {
-        super::round_trip::TypedRequest {
+    pub fn returning<R: DeserializeOwned>(self) -> TypedRequest<R> {
+        TypedRequest {
             request: self,
-            reply: std::marker::PhantomData,
+            reply: PhantomData,
         }
     }
 }
@@ -264,3 +265,14 @@ pub struct GetListenerStats;
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<String>>")]
 pub struct ListeningChannels;
+
+/// A [`Request`] whose reply is decoded from MessagePack into `R`; made by
+/// [`Request::returning`].
+pub struct TypedRequest<R> {
+    pub(crate) request: Request,
+    pub(crate) reply: PhantomData<fn() -> R>,
+}
+
+impl<R: 'static> Message for TypedRequest<R> {
+    type Result = Result<R>;
+}

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
 use super::dispatch::{channel_ident, send};
-use super::messages::Request;
+use super::messages::{Request, TypedRequest};
 use super::{ListenerActor, Pending};
 
 /// One request on its way: registered in the pending map, not yet sent.
@@ -135,17 +135,6 @@ impl MessageResponse<ListenerActor, Request> for RequestResponse {
     fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
         spawn(self.0, reply, Ok);
     }
-}
-
-/// A [`Request`] whose reply is decoded from MessagePack into `R`; made by
-/// [`Request::returning`].
-pub struct TypedRequest<R> {
-    pub(crate) request: Request,
-    pub(crate) reply: PhantomData<fn() -> R>,
-}
-
-impl<R: 'static> Message for TypedRequest<R> {
-    type Result = Result<R>;
 }
 
 /// The reply to [`TypedRequest`]: the reply decoded.
