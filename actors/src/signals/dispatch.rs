@@ -42,7 +42,7 @@ impl ListenerActor {
         }
         match envelope.kind {
             Kind::Event => match &envelope.body {
-                Body::Inline(payload) => self.deliver(channel, envelope.id, payload.clone()),
+                Body::Inline(payload) => self.deliver(channel, envelope.id, payload.clone(), ctx),
                 Body::Stored(_) => {
                     let store = self.store.clone();
                     let channel = channel.to_owned();
@@ -53,8 +53,8 @@ impl ListenerActor {
                     };
                     ctx.spawn(
                         open.into_actor(self)
-                            .map(move |result, act, _| match result {
-                                Ok((id, payload)) => act.deliver(&channel, id, payload),
+                            .map(move |result, act, ctx| match result {
+                                Ok((id, payload)) => act.deliver(&channel, id, payload, ctx),
                                 Err(e) => act.undeliverable(&channel, &e),
                             }),
                     );
@@ -90,7 +90,7 @@ impl ListenerActor {
     }
 
     /// Hands a message to every waiter and subscriber of `channel` without blocking.
-    fn deliver(&mut self, channel: &str, id: u64, payload: Vec<u8>) {
+    fn deliver(&mut self, channel: &str, id: u64, payload: Vec<u8>, ctx: &mut Context<Self>) {
         let Some(entry) = self.channels.get_mut(channel) else {
             return;
         };
@@ -119,6 +119,44 @@ impl ListenerActor {
             }
             Err(SendError::Closed(_)) => false,
         });
+        // Subscribers that are gone, and waiters served, may leave nobody listening.
+        self.unlisten_if_unused(channel, ctx);
+    }
+
+    /// Forgets `channel` and UNLISTENs it when nobody subscribes, waits or serves on it any
+    /// more: subscriptions end.
+    pub(crate) fn unlisten_if_unused(&mut self, channel: &str, ctx: &mut Context<Self>) {
+        let unused = self.channels.get(channel).is_some_and(|entry| {
+            entry.subscribers.is_empty()
+                && entry.raw.is_empty()
+                && entry.waiters.is_empty()
+                && entry.handler.is_none()
+        });
+        if !unused {
+            return;
+        }
+        self.channels.remove(channel);
+        self.confirm_waiters.remove(channel);
+        let (Some(client), true) = (self.client.clone(), self.ready) else {
+            // Not connected: the next connection does not LISTEN on it.
+            return;
+        };
+        let (bound, channel) = (self.config.statement_timeout(), channel.to_owned());
+        let unlisten = async move {
+            let sql = format!("UNLISTEN {}", Ident::new(&channel)?.quoted());
+            tokio::time::timeout(bound, client.batch_execute(&sql))
+                .await
+                .map_err(|_| {
+                    Error::new(ErrorKind::Unavailable, "UNLISTEN not confirmed in time")
+                })??;
+            Ok::<_, Error>(())
+        };
+        ctx.spawn(unlisten.into_actor(self).map(|result, _, _| {
+            if let Err(e) = result {
+                // The connection is failing; the next one will not LISTEN on the channel.
+                debug!(error = %e, "UNLISTEN failed");
+            }
+        }));
     }
 
     fn on_reply(&mut self, envelope: Envelope) {
@@ -275,6 +313,28 @@ impl Handler<Subscribe> for ListenerActor {
         ctx: &mut Context<Self>,
     ) -> Self::Result {
         self.registered(&channel, |entry| entry.subscribers.push(recipient), ctx)
+    }
+}
+
+impl Handler<Unsubscribe> for ListenerActor {
+    type Result = ();
+
+    fn handle(&mut self, Unsubscribe { channel, recipient }: Unsubscribe, ctx: &mut Context<Self>) {
+        if let Some(entry) = self.channels.get_mut(&channel) {
+            entry.subscribers.retain(|s| *s != recipient);
+        }
+        self.unlisten_if_unused(&channel, ctx);
+    }
+}
+
+impl Handler<StopServing> for ListenerActor {
+    type Result = ();
+
+    fn handle(&mut self, StopServing(channel): StopServing, ctx: &mut Context<Self>) {
+        if let Some(entry) = self.channels.get_mut(&channel) {
+            entry.handler = None;
+        }
+        self.unlisten_if_unused(&channel, ctx);
     }
 }
 

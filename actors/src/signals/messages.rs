@@ -100,6 +100,24 @@ pub struct Subscribe {
     pub recipient: Recipient<Signal>,
 }
 
+/// End a [`Subscribe`]: `recipient` gets nothing more from `channel`. When nobody subscribes,
+/// waits or serves on the channel any more, it is UNLISTENed. A subscriber that is gone (its
+/// actor stopped) is forgotten the same way at the next message, without this.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Unsubscribe {
+    /// The channel.
+    pub channel: String,
+    /// The recipient given to [`Subscribe`].
+    pub recipient: Recipient<Signal>,
+}
+
+/// Stop answering requests on a channel (the handler given to [`Serve`] is dropped); UNLISTENs
+/// it when nobody else uses it.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct StopServing(pub String);
+
 /// A notification as PostgreSQL delivered it, for channels that do not carry pgcoord envelopes.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]

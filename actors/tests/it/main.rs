@@ -7,6 +7,7 @@ mod lease_contention;
 mod lease_guarantees;
 mod leases;
 mod reliability;
+mod runtime;
 mod signal_faults;
 mod signals;
 
