@@ -17,6 +17,11 @@
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 #![deny(missing_docs)]
 
+// The README's examples are compiled as doctests (`cargo test --doc`), so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExamples;
+
 pub mod advisory;
 pub mod coordinator;
 pub mod leases;
