@@ -75,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok::<_, String>(n * 2)
         }))
         .await??;
-    let request = pgcoord_actors::Request::value("double", &21i64)?.timeout(Duration::from_secs(5));
+    let request = pgcoord_actors::Ask::value("double", &21i64)?.timeout(Duration::from_secs(5));
     let reply: i64 = coord.signals.send(request.returning()).await??;
     println!("request/reply: 21 doubled is {reply}");
     Ok(())

@@ -13,6 +13,7 @@
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
+//! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
 //! - `session` (private) — dedicated connections (advisory sessions, the heartbeat).
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 #![deny(missing_docs)]
@@ -23,6 +24,7 @@
 struct ReadmeExamples;
 
 pub mod advisory;
+mod call;
 pub mod coordinator;
 pub mod leases;
 pub mod losses;
@@ -32,6 +34,7 @@ mod session;
 pub mod signals;
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryUnlock};
+pub use call::Call;
 pub use coordinator::Coordinator;
 pub use leases::*;
 pub use losses::*;

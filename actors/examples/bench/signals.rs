@@ -10,7 +10,7 @@ use futures_util::future::poll_fn;
 use pgcoord::Config;
 use pgcoord::payload::PayloadTable;
 use pgcoord::signal::{Envelope, Kind};
-use pgcoord_actors::Request;
+use pgcoord_actors::Ask;
 use pgcoord_actors::{ListenerActor, Serve, Signal, Subscribe};
 use tokio_postgres::AsyncMessage;
 
@@ -79,7 +79,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     one_way.push(arrivals.recv().await.unwrap() - sent);
                 } else {
                     let t = Instant::now();
-                    let request = Request::new("bench_echo", (i as u32).to_be_bytes().to_vec());
+                    let request = Ask::new("bench_echo", (i as u32).to_be_bytes().to_vec());
                     client.send(request).await??;
                     trips.push(t.elapsed());
                 }
@@ -160,7 +160,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let floor = t.elapsed();
     let t = Instant::now();
     let echoed = client
-        .send(Request::new("bench_echo", payload.clone()))
+        .send(Ask::new("bench_echo", payload.clone()))
         .await??;
     assert!(echoed == payload);
     report.time(

@@ -199,28 +199,29 @@ impl Serve {
     }
 }
 
-/// A round trip: send `payload` on `channel` and wait for one handler's reply. A handler's error
-/// is [`pgcoord::ErrorKind::Remote`]; with a [`timeout`](Request::timeout), no reply in time is
+/// A request/reply round trip (the ask pattern): send `payload` on `channel` and wait for one
+/// handler's reply. (Named `Ask`, not `Request`, so it does not clash with actix's prelude.) A handler's error
+/// is [`pgcoord::ErrorKind::Remote`]; with a [`timeout`](Ask::timeout), no reply in time is
 /// [`pgcoord::ErrorKind::Timeout`]. Dropping the request forgets it; a late reply is dropped.
 /// A request in flight when the listener's connection fails goes on across the reconnect: it
 /// ends with the reply (when the reply arrived after the reconnect) or its deadline, never a
 /// closed mailbox. Without a timeout, a reply lost in the gap is waited for until the caller
 /// gives up.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub struct Ask {
     pub(crate) channel: String,
     pub(crate) payload: Vec<u8>,
     pub(crate) timeout: Option<Duration>,
 }
 
-impl Message for Request {
+impl Message for Ask {
     type Result = Result<Vec<u8>>;
 }
 
-impl Request {
+impl Ask {
     /// Raw bytes.
-    pub fn new(channel: impl Into<String>, payload: impl Into<Vec<u8>>) -> Request {
-        Request {
+    pub fn new(channel: impl Into<String>, payload: impl Into<Vec<u8>>) -> Ask {
+        Ask {
             channel: channel.into(),
             payload: payload.into(),
             timeout: None,
@@ -228,12 +229,12 @@ impl Request {
     }
 
     /// A serde value, as MessagePack; decode the reply with `pgcoord::signal::from_payload`.
-    pub fn value<T: Serialize + ?Sized>(channel: impl Into<String>, value: &T) -> Result<Request> {
-        Ok(Request::new(channel, pgcoord::signal::to_payload(value)?))
+    pub fn value<T: Serialize + ?Sized>(channel: impl Into<String>, value: &T) -> Result<Ask> {
+        Ok(Ask::new(channel, pgcoord::signal::to_payload(value)?))
     }
 
     /// Give up after `timeout`. Default: wait until the caller drops the request.
-    pub fn timeout(mut self, timeout: Duration) -> Request {
+    pub fn timeout(mut self, timeout: Duration) -> Ask {
         self.timeout = Some(timeout);
         self
     }
@@ -284,10 +285,10 @@ pub struct GetListenerStats;
 #[rtype(result = "Result<Vec<String>>")]
 pub struct ListeningChannels;
 
-/// A [`Request`] whose reply is decoded from MessagePack into `R`; made by
-/// [`Request::returning`].
+/// An [`Ask`] whose reply is decoded from MessagePack into `R`; made by
+/// [`Ask::returning`].
 pub struct TypedRequest<R> {
-    pub(crate) request: Request,
+    pub(crate) request: Ask,
     pub(crate) reply: PhantomData<fn() -> R>,
 }
 

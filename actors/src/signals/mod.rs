@@ -25,8 +25,6 @@ mod messages;
 mod round_trip;
 
 pub use messages::*;
-// Named, so it wins over the `Request` that actix's prelude glob brings into this module.
-pub use messages::Request;
 pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 
 /// One channel this process listens on.

@@ -1,4 +1,4 @@
-//! Request/reply in `ListenerActor`: a [`Request`] goes out once the reply channel is listened
+//! Request/reply in `ListenerActor`: an [`Ask`] goes out once the reply channel is listened
 //! on, waits for the reply routed to it by id, and ends at the caller's deadline or when the
 //! caller gives up (watched through actix's reply channel), whichever comes first.
 //!
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
 use super::dispatch::{channel_ident, send};
-use super::messages::{Request, TypedRequest};
+use super::messages::{Ask, TypedRequest};
 use super::{ListenerActor, Pending};
 
 /// One request on its way: registered in the pending map, not yet sent.
@@ -32,7 +32,7 @@ pub struct RoundTrip {
 }
 
 impl ListenerActor {
-    fn start_round_trip(&mut self, request: Request) -> Result<RoundTrip> {
+    fn start_round_trip(&mut self, request: Ask) -> Result<RoundTrip> {
         let channel = channel_ident(&request.channel)?;
         let mut envelope = Envelope::new(Kind::Request, Vec::new());
         envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
@@ -120,18 +120,18 @@ fn spawn<T: Send + 'static>(
     ));
 }
 
-/// The reply to [`Request`]: the reply's bytes.
+/// The reply to [`Ask`]: the reply's bytes.
 pub struct RequestResponse(Result<RoundTrip>);
 
-impl Handler<Request> for ListenerActor {
+impl Handler<Ask> for ListenerActor {
     type Result = RequestResponse;
 
-    fn handle(&mut self, request: Request, _: &mut Context<Self>) -> RequestResponse {
+    fn handle(&mut self, request: Ask, _: &mut Context<Self>) -> RequestResponse {
         RequestResponse(self.start_round_trip(request))
     }
 }
 
-impl MessageResponse<ListenerActor, Request> for RequestResponse {
+impl MessageResponse<ListenerActor, Ask> for RequestResponse {
     fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
         spawn(self.0, reply, Ok);
     }

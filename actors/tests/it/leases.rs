@@ -307,3 +307,21 @@ async fn shutdown_tells_every_subscriber_once_per_lease() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[actix_rt::test]
+async fn call_folds_a_stopped_actor_into_unavailable() {
+    let (setup, _) = Setup::new(LONG, BEAT).await;
+    let a = setup.manager("a");
+    let lease = a.call(Acquire::new("job")).await.unwrap();
+    let err = a.call(Acquire::new("job")).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::AlreadyHeld,
+        "pgcoord's errors come through as they are"
+    );
+    drop(lease);
+    a.send(Shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = a.call(Acquire::new("other")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}

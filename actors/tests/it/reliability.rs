@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::ErrorKind;
 use pgcoord::embedded::{Proxy, TempPostgres, unique_name};
-use pgcoord_actors::Request;
+use pgcoord_actors::Ask;
 use pgcoord_actors::*;
 
 use super::signals::{listener, setup, subscribe};
@@ -157,7 +157,7 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
         .unwrap();
     let started = Instant::now();
     let err = client
-        .send(Request::new(&slow, b"x".to_vec()).timeout(FAST))
+        .send(Ask::new(&slow, b"x".to_vec()).timeout(FAST))
         .await
         .unwrap()
         .unwrap_err();
@@ -191,7 +191,7 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
     ready_rx.recv().unwrap();
     let started = Instant::now();
     let err = client
-        .send(Request::new(&dying, b"x".to_vec()).timeout(Duration::from_secs(1)))
+        .send(Ask::new(&dying, b"x".to_vec()).timeout(Duration::from_secs(1)))
         .await
         .unwrap()
         .unwrap_err();

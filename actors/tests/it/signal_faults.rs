@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::ErrorKind;
 use pgcoord::embedded::{Proxy, unique_name};
-use pgcoord_actors::Request;
+use pgcoord_actors::Ask;
 use pgcoord_actors::*;
 
 use super::Collector;
@@ -201,14 +201,14 @@ async fn a_panicking_handler_gives_an_error_reply_and_serving_goes_on() {
         .unwrap()
         .unwrap();
     let err = client
-        .send(Request::new(&channel, b"boom".to_vec()))
+        .send(Ask::new(&channel, b"boom".to_vec()))
         .await
         .unwrap()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Remote);
     assert!(err.to_string().contains("panicked"));
     let ok = client
-        .send(Request::new(&channel, b"fine".to_vec()))
+        .send(Ask::new(&channel, b"fine".to_vec()))
         .await
         .unwrap()
         .unwrap();
@@ -238,7 +238,7 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     listener.send(slow_echo(&echo)).await.unwrap().unwrap();
     let requests: Vec<_> = (0..4u8)
         .map(|i| {
-            let request = Request::new(&echo, vec![i]).timeout(Duration::from_secs(3));
+            let request = Ask::new(&echo, vec![i]).timeout(Duration::from_secs(3));
             tokio::spawn(listener.send(request))
         })
         .collect();

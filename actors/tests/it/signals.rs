@@ -9,7 +9,7 @@ use pgcoord::ErrorKind;
 use pgcoord::embedded::unique_name;
 use pgcoord::payload::{PayloadStore, PayloadTable};
 use pgcoord::signal::{Envelope, Kind, NOTIFY_LIMIT};
-use pgcoord_actors::Request;
+use pgcoord_actors::Ask;
 use pgcoord_actors::*;
 
 use super::{Collector, Setup};
@@ -120,7 +120,7 @@ async fn typed_request_reply_and_remote_errors() {
     });
     server.send(serve).await.unwrap().unwrap();
     let reply = client
-        .send(Request::value(&channel, &Add { a: 40, b: 2 }).unwrap())
+        .send(Ask::value(&channel, &Add { a: 40, b: 2 }).unwrap())
         .await
         .unwrap()
         .unwrap();
@@ -128,7 +128,7 @@ async fn typed_request_reply_and_remote_errors() {
     // Decoded by the request itself.
     let sum: i64 = client
         .send(
-            Request::value(&channel, &Add { a: 1, b: 2 })
+            Ask::value(&channel, &Add { a: 1, b: 2 })
                 .unwrap()
                 .returning(),
         )
@@ -138,7 +138,7 @@ async fn typed_request_reply_and_remote_errors() {
     assert_eq!(sum, 3);
     let err = client
         .send(
-            Request::value(&channel, &Add { a: 1, b: 0 })
+            Ask::value(&channel, &Add { a: 1, b: 0 })
                 .unwrap()
                 .returning::<i64>(),
         )
@@ -155,9 +155,7 @@ async fn without_a_handler_the_deadline_ends_the_request_and_nothing_leaks() {
     let client = listener(&setup);
     let started = Instant::now();
     let err = client
-        .send(
-            Request::new(unique_name("nobody"), b"hi".to_vec()).timeout(Duration::from_millis(300)),
-        )
+        .send(Ask::new(unique_name("nobody"), b"hi".to_vec()).timeout(Duration::from_millis(300)))
         .await
         .unwrap()
         .unwrap_err();
@@ -165,7 +163,7 @@ async fn without_a_handler_the_deadline_ends_the_request_and_nothing_leaks() {
     assert!(started.elapsed() < Duration::from_secs(2));
     // A caller that gives up through actix's timeout is forgotten too.
     let gave_up = client
-        .send(Request::new(unique_name("nobody"), b"hi".to_vec()))
+        .send(Ask::new(unique_name("nobody"), b"hi".to_vec()))
         .timeout(FAST)
         .await;
     assert!(matches!(gave_up, Err(MailboxError::Timeout)));
@@ -193,7 +191,7 @@ async fn with_two_handlers_exactly_one_reply_is_used() {
         server.send(serve).await.unwrap().unwrap();
     }
     let reply = client
-        .send(Request::new(&channel, b"who".to_vec()))
+        .send(Ask::new(&channel, b"who".to_vec()))
         .await
         .unwrap()
         .unwrap();
@@ -219,9 +217,8 @@ async fn a_thousand_concurrent_requests_are_all_correlated() {
         .unwrap();
     let requests: Vec<_> = (0..1000u32)
         .map(|i| {
-            client.send(
-                Request::new(&channel, i.to_be_bytes().to_vec()).timeout(Duration::from_secs(30)),
-            )
+            client
+                .send(Ask::new(&channel, i.to_be_bytes().to_vec()).timeout(Duration::from_secs(30)))
         })
         .collect();
     for (i, request) in requests.into_iter().enumerate() {
@@ -304,7 +301,7 @@ async fn a_one_mebibyte_round_trip_goes_through_the_store() {
         .unwrap();
     let payload: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     let reply = client
-        .send(Request::new(&channel, payload.clone()).timeout(Duration::from_secs(30)))
+        .send(Ask::new(&channel, payload.clone()).timeout(Duration::from_secs(30)))
         .await
         .unwrap()
         .unwrap();
