@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
 use crate::statement::Statements;
@@ -104,18 +103,6 @@ pub async fn unlock(client: &impl Statements, key: i64, mode: Mode) -> Result<()
 fn one_row(rows: &[tokio_postgres::Row]) -> Result<&tokio_postgres::Row> {
     rows.first()
         .ok_or_else(|| Error::new(ErrorKind::Other, "advisory lock function returned no row"))
-}
-
-/// One round trip on the session; [`ErrorKind::Timeout`] when unanswered within `timeout`.
-#[instrument(skip_all, level = "trace")]
-pub async fn ping(client: &Client, timeout: Duration) -> Result<()> {
-    match tokio::time::timeout(timeout, client.simple_query("")).await {
-        Ok(result) => result.map(drop).map_err(Error::from),
-        Err(_) => Err(Error::new(
-            ErrorKind::Timeout,
-            format!("session did not answer a ping within {timeout:?}"),
-        )),
-    }
 }
 
 #[cfg(test)]

@@ -97,3 +97,17 @@ pub async fn connect_spawned(config: &Config) -> Result<Client> {
     });
     Ok(client)
 }
+
+/// One round trip on a dedicated session (an advisory lock's, the listener's): whether it is
+/// alive. [`ErrorKind::Timeout`] when unanswered within `timeout`, the connection's error when
+/// it failed.
+#[tracing::instrument(skip_all, level = "trace")]
+pub async fn ping(client: &Client, timeout: Duration) -> Result<()> {
+    match tokio::time::timeout(timeout, client.simple_query("")).await {
+        Ok(result) => result.map(drop).map_err(Error::from),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!("session did not answer a ping within {timeout:?}"),
+        )),
+    }
+}

@@ -19,7 +19,7 @@ mod pool;
 
 pub use bounded::{Bounded, Until, cancel, run_until, until};
 pub use check::check_server;
-pub use connect::{Dedicated, connect, connect_as, connect_spawned};
+pub use connect::{Dedicated, connect, connect_as, connect_spawned, ping};
 pub use pool::{Discard, Manager, Pool, Pooled};
 
 use std::future::Future;

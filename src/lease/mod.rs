@@ -311,7 +311,8 @@ impl LeaseTable {
     }
 }
 
-fn check_name(name: &str) -> Result<()> {
+/// Checks a lock name or owner without taking it: 1 to 255 bytes, no NUL.
+pub fn check_name(name: &str) -> Result<()> {
     // validate_name takes ownership to hand the string back; names here are borrowed.
     if name.is_empty() || name.len() > crate::config::MAX_NAME_BYTES || name.contains('\0') {
         validate_name("lock name or owner", name.to_owned())?;

@@ -111,7 +111,7 @@ impl AdvisoryLocks {
             })
             .collect();
         for (key, client) in due {
-            let ping = async move { advisory::ping(&client.client, timeout).await };
+            let ping = async move { pgcoord::db::ping(&client.client, timeout).await };
             ctx.spawn(
                 ping.into_actor(self)
                     .map(move |result, act: &mut AdvisoryLocks, ctx| {

@@ -274,8 +274,9 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
             Ok(job) => job,
             Err(error) => return crate::reply::refuse(reply, error),
         };
-        let request = job.request.clone();
-        let span = info_span!("acquire", lease = %request.name);
+        // Only what the grant needs: the request's data stays with the job.
+        let (name, keep_on_release) = (job.request.name.clone(), job.request.keep_on_release);
+        let span = info_span!("acquire", lease = %name);
         let wait = async move {
             let mut reply = reply;
             let outcome = job.run(&mut reply).await;
@@ -284,14 +285,16 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
         let wait = tracing::Instrument::instrument(wait, span);
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
             move |(outcome, reply), act, ctx| match outcome {
-                Outcome::Granted { grant, sent } => act.granted(&request, grant, sent, reply, ctx),
+                Outcome::Granted { grant, sent } => {
+                    act.granted(name, keep_on_release, grant, sent, reply, ctx)
+                }
                 Outcome::Failed(error) => {
                     if let Some(reply) = reply {
                         let _ = reply.send(Err(error));
                     }
                 }
                 Outcome::Cancelled => {
-                    debug!(lease = %request.name, "acquire cancelled by its caller")
+                    debug!(lease = %name, "acquire cancelled by its caller")
                 }
             },
         ));
@@ -302,7 +305,8 @@ impl Handler<Acquire> for LockManager {
     type Result = AcquireResponse;
 
     fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
-        if let Err(e) = pgcoord::config::validate_name("lock name", request.name.clone()) {
+        // Borrowed check (validate_name takes ownership to hand the string back).
+        if let Err(e) = pgcoord::lease::check_name(&request.name) {
             return AcquireResponse(Err(e));
         }
         if self.held.contains_key(&request.name) {

@@ -45,12 +45,7 @@ impl Lease {
     pub fn value<T: DeserializeOwned>(&self) -> Result<Option<T>> {
         self.data
             .as_deref()
-            .map(|bytes| {
-                rmp_serde::from_slice(bytes).map_err(|e| {
-                    Error::new(ErrorKind::Other, format!("cannot decode lock data: {e}"))
-                        .with_source(e)
-                })
-            })
+            .map(pgcoord::signal::from_payload)
             .transpose()
     }
 

@@ -48,17 +48,10 @@ impl Acquire {
         self
     }
 
-    /// Typed data, stored as MessagePack (`rmp_serde::to_vec_named`); read it back with
-    /// [`Lease::value`] or [`Get`].
+    /// Typed data, stored as MessagePack (pgcoord's one codec, `pgcoord::signal::to_payload`);
+    /// read it back with [`Lease::value`] or [`Get`].
     pub fn value<T: Serialize>(self, value: &T) -> Result<Acquire> {
-        let bytes = rmp_serde::to_vec_named(value).map_err(|e| {
-            pgcoord::Error::new(
-                pgcoord::ErrorKind::Other,
-                format!("cannot encode data: {e}"),
-            )
-            .with_source(e)
-        })?;
-        Ok(self.data(bytes))
+        Ok(self.data(pgcoord::signal::to_payload(value)?))
     }
 
     /// Replace the data of a kept row instead of reusing it. Default: off.

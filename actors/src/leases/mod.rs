@@ -138,7 +138,8 @@ impl LockManager {
     /// gets nothing, and the handle's drop releases the lease at once.
     fn granted(
         &mut self,
-        request: &Acquire,
+        name: String,
+        keep_on_release: bool,
         grant: pgcoord::lease::Grant,
         sent: Instant,
         reply: Option<Reply>,
@@ -147,16 +148,16 @@ impl LockManager {
         let (lost_tx, lost_rx) = watch::channel(None);
         self.stats.granted += 1;
         self.hold_lease(
-            request.name.clone(),
+            name.clone(),
             Held {
                 token: grant.token,
-                keep_on_release: request.keep_on_release,
+                keep_on_release,
                 deadline: sent + self.config.lease() - self.margin(),
                 lost: lost_tx,
             },
         );
         let lease = Lease {
-            name: request.name.clone(),
+            name,
             token: grant.token,
             data: grant.data,
             manager: ctx.address(),

@@ -80,3 +80,11 @@ impl Handler<DeleteExpired> for PayloadStoreActor {
         Box::pin(async move { table.delete_expired().await })
     }
 }
+
+impl Handler<crate::losses::Shutdown> for PayloadStoreActor {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

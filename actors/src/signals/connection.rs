@@ -93,16 +93,16 @@ impl ListenerActor {
             return;
         };
         let timeout = self.config.ping_timeout();
-        let ping = async move { tokio::time::timeout(timeout, client.simple_query("")).await };
+        let ping = async move { pgcoord::db::ping(&client, timeout).await };
         ctx.spawn(ping.into_actor(self).map(|result, act, ctx| match result {
-            Err(_) => act.fail(ctx, ConnState::Stalled),
-            Ok(Err(e)) => act.fail(
+            Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
+            Err(e) => act.fail(
                 ctx,
                 ConnState::Disconnected {
                     error: e.to_string(),
                 },
             ),
-            Ok(Ok(_)) => {}
+            Ok(()) => {}
         }));
     }
 
