@@ -1,7 +1,10 @@
 //! What `ListenerActor` does with messages: routing notifications to subscribers, handlers and
 //! pending requests, and the handlers of `Publish`, `Subscribe`, `WaitNext`, `Serve`, `Request`.
 
+use std::sync::Arc;
+
 use actix::prelude::*;
+use bytes::Bytes;
 use pgcoord::ident::Ident;
 use pgcoord::payload::PayloadStore;
 use pgcoord::signal::{self, Body, Envelope, Kind};
@@ -95,9 +98,9 @@ impl ListenerActor {
             return;
         };
         let signal = Signal {
-            channel: channel.to_owned(),
+            channel: Arc::from(channel),
             id,
-            payload,
+            payload: Bytes::from(payload),
         };
         let stats = &mut self.stats;
         for waiter in entry.waiters.drain(..) {

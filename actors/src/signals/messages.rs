@@ -7,20 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use bytes::Bytes;
 use pgcoord::Result;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// A message received on a channel.
+/// A message received on a channel. Cheap to clone: every subscriber of a channel gets the same
+/// channel name and payload buffer, shared, not copied.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct Signal {
     /// The channel it arrived on.
-    pub channel: String,
+    pub channel: Arc<str>,
     /// The sender's message id.
     pub id: u64,
     /// The payload bytes (fetched from the payload store when it travelled by key).
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 impl Signal {

@@ -276,7 +276,7 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         .unwrap()
         .unwrap();
     let got = events.wait_for(1, Duration::from_secs(5)).await;
-    assert!(got.iter().any(|s| s.payload == b"later"));
+    assert!(got.iter().any(|s| s.payload[..] == *b"later"));
     eprintln!("restart took {restart:?}; first acquire {first_acquire:?} after it");
 }
 
@@ -331,7 +331,7 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
         .unwrap()
         .unwrap();
     let got = events.wait_for(1, Duration::from_secs(5)).await;
-    assert_eq!(got[0].payload, b"hello");
+    assert_eq!(got[0].payload[..], *b"hello");
     assert!(states.received().contains(&ConnState::Connected));
     lease.release().await.unwrap();
     eprintln!("first acquire {first_acquire:?} after the server was up");

@@ -127,7 +127,7 @@ async fn garbage_is_skipped_and_the_next_message_delivered() {
         .unwrap()
         .unwrap();
     let received = collector.wait_for(1, Duration::from_secs(5)).await;
-    assert_eq!(received[0].payload, b"valid");
+    assert_eq!(received[0].payload[..], *b"valid");
     assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 3);
 }
 
@@ -272,10 +272,10 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
         }
     }
     let next = waiting.await.unwrap().expect("no MailboxError").unwrap();
-    assert_eq!(next.payload, b"after");
+    assert_eq!(next.payload[..], *b"after");
     assert_eq!(
-        late.wait_for(1, Duration::from_secs(5)).await[0].payload,
-        b"after"
+        late.wait_for(1, Duration::from_secs(5)).await[0].payload[..],
+        *b"after"
     );
     assert_eq!(
         listener
@@ -337,8 +337,8 @@ async fn a_garbage_flood_is_counted_and_served_traffic_goes_on() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        collector.wait_for(1, Duration::from_secs(10)).await[0].payload,
-        b"valid"
+        collector.wait_for(1, Duration::from_secs(10)).await[0].payload[..],
+        *b"valid"
     );
     assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 2000);
     // Warned about at the first and at every power of two: 11 lines for 2,000.

@@ -98,7 +98,7 @@ async fn a_publish_reaches_subscribers_in_two_runtimes() {
     assert_eq!(received[0].value::<String>().unwrap(), "hello");
     let remote = other.join().unwrap();
     assert_eq!(remote[0].value::<String>().unwrap(), "hello");
-    assert_eq!(remote[0].channel, channel);
+    assert_eq!(&*remote[0].channel, channel.as_str());
 }
 
 #[actix_rt::test]
@@ -370,7 +370,7 @@ async fn wait_next_returns_the_next_message_and_bad_channels_are_refused() {
             .unwrap()
             .unwrap();
     });
-    assert_eq!(next.await.unwrap().unwrap().payload, b"first");
+    assert_eq!(next.await.unwrap().unwrap().payload[..], *b"first");
     for bad in ["", "x; LISTEN y", "chännel", &"c".repeat(64)] {
         let err = listener
             .send(Publish::new(bad, b"x".to_vec()))
