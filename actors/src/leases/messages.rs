@@ -94,7 +94,7 @@ pub struct Get(pub String);
 pub struct List;
 
 /// Renew every held lease now, in one statement; for configurations with heartbeats off.
-/// Leases that could not be renewed are reported through [`LockLost`].
+/// Leases that could not be renewed are reported through [`LockLost`](crate::LockLost).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<()>")]
 pub struct RenewNow;
