@@ -77,3 +77,18 @@ impl LossSubscribers {
         });
     }
 }
+
+/// Resolves with the reason `lost` reports, or `otherwise` when its sender is dropped first:
+/// the loss signal of a lease's or an advisory lock's handle.
+pub(crate) fn when_lost(
+    lost: &tokio::sync::watch::Receiver<Option<LossReason>>,
+    otherwise: LossReason,
+) -> impl Future<Output = LossReason> + Send + 'static {
+    let mut lost = lost.clone();
+    async move {
+        match lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.unwrap_or(otherwise),
+            Err(_) => otherwise,
+        }
+    }
+}

@@ -45,14 +45,8 @@ impl AdvisoryGuard {
     /// Resolves when the lock is lost (or ended otherwise: released by an [`AdvisoryUnlock`], or
     /// the actor stopped — then [`LossReason::Shutdown`]); pending forever while it is held.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let mut lost = self.lost.clone();
-        async move {
-            match lost.wait_for(Option::is_some).await {
-                Ok(reason) => reason.expect("waited for Some"),
-                // The actor is gone, and with it the session: the server released the lock.
-                Err(_) => LossReason::Shutdown,
-            }
-        }
+        // The actor is gone, and with it the session: the server released the lock.
+        crate::losses::when_lost(&self.lost, LossReason::Shutdown)
     }
 
     /// Releases the lock. [`ErrorKind::LockLost`] when it was already lost.

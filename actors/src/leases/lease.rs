@@ -56,14 +56,8 @@ impl Lease {
 
     /// Resolves when the lease is lost; pending forever while it is held.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let mut lost = self.lost.clone();
-        async move {
-            match lost.wait_for(Option::is_some).await {
-                Ok(reason) => reason.expect("waited for Some"),
-                // The manager is gone, and with it the heartbeats: the lease will expire.
-                Err(_) => LossReason::DeadlinePassed,
-            }
-        }
+        // The manager is gone, and with it the heartbeats: the lease will expire.
+        crate::losses::when_lost(&self.lost, LossReason::DeadlinePassed)
     }
 
     /// The fencing guard: run inside your own transaction, it fails with
