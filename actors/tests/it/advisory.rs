@@ -147,7 +147,7 @@ async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         a2.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
     });
-    waiting.await.unwrap().unwrap();
+    let _taken = waiting.await.unwrap().unwrap();
     assert_eq!(locks(&admin, k).await, (1, 0));
 }
 
