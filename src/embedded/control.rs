@@ -1,9 +1,10 @@
-//! Fault injection for the throwaway cluster: signalling its processes, finding and ending
-//! backends.
+//! Fault injection for the throwaway cluster: stopping, restarting, pausing and freezing it or
+//! one of its backends, signalling its processes, finding and ending backends.
 
 use std::fs;
 use std::time::{Duration, Instant};
 
+use super::TempPostgres;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a stopped process may take to show as stopped in `/proc`.
@@ -134,5 +135,129 @@ pub(super) fn wait_stopped(pids: &[u32]) -> Result<()> {
             ));
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Fault injection on the whole server or one backend: stops, restarts, pauses, freezes.
+impl TempPostgres {
+    /// Stops the server (fast shutdown: sessions are terminated) and starts it again on the same
+    /// port with the same data: a real restart, for fault tests.
+    pub fn restart(&self) -> Result<()> {
+        self.stop_server();
+        self.launch()
+    }
+
+    /// Stops the server with a fast shutdown (SIGINT: sessions are terminated, a checkpoint is
+    /// written) and waits until the postmaster exited. The data and the port stay, for
+    /// [`start_again`](Self::start_again); connecting fails meanwhile. A paused server is
+    /// resumed first. Ok when the server is not running; a timeout error when it did not exit
+    /// within 10 s, after which it and its children were killed.
+    pub fn stop(&self) -> Result<()> {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Stops the server with an immediate shutdown (SIGQUIT: every process exits at once, without
+    /// a checkpoint, as after a crash) and waits until the postmaster exited. Otherwise as
+    /// [`stop`](Self::stop); the next start runs crash recovery.
+    pub fn stop_immediate(&self) -> Result<()> {
+        self.stop_with(libc::SIGQUIT)
+    }
+
+    /// Starts the stopped server again on the same port with the same data and waits until it
+    /// accepts connections. An error when it is running.
+    pub fn start_again(&self) -> Result<()> {
+        if let Some(pid) = self.running_pid() {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!("postgres is running (pid {pid}): stop it before starting it again"),
+            ));
+        }
+        // A postmaster that exited by itself leaves its handle behind.
+        if let Ok(mut child) = self.child.lock()
+            && let Some(mut exited) = child.take()
+        {
+            let _ = exited.wait();
+        }
+        self.launch()
+    }
+
+    /// A crash-like restart: [`stop_immediate`](Self::stop_immediate), then
+    /// [`start_again`](Self::start_again), which runs crash recovery before accepting
+    /// connections.
+    pub fn restart_immediate(&self) -> Result<()> {
+        self.stop_immediate()?;
+        self.start_again()
+    }
+
+    /// Stops (SIGSTOP) the postmaster and every process it started, and waits until they are
+    /// stopped: the server hangs as an overloaded or partitioned one does. Connections stay open
+    /// and new ones are accepted by the kernel, but nothing answers until
+    /// [`resume`](Self::resume). Dropping or stopping a paused server resumes it first. An error
+    /// when the server is not running.
+    pub fn pause(&self) -> Result<()> {
+        let pid = self.expect_running()?;
+        // The postmaster first, so it starts no process that would escape.
+        signal(pid, libc::SIGSTOP)?;
+        let mut stopped = children(pid);
+        for &child in &stopped {
+            let _ = signal(child, libc::SIGSTOP);
+        }
+        stopped.push(pid);
+        wait_stopped(&stopped)
+    }
+
+    /// Continues (SIGCONT) the postmaster and every process it started, after
+    /// [`pause`](Self::pause) or [`freeze_backend`](Self::freeze_backend). Harmless when
+    /// nothing is stopped; an error when the server is not running.
+    pub fn resume(&self) -> Result<()> {
+        let pid = self.expect_running()?;
+        for child in children(pid) {
+            let _ = signal(child, libc::SIGCONT);
+        }
+        signal(pid, libc::SIGCONT)
+    }
+
+    /// Stops (SIGSTOP) one backend of this server, as found by [`backend_pids`] or
+    /// `pg_backend_pid()`, and waits until it is stopped: its session hangs while the rest of the
+    /// server serves. An error when `pid` is not a process started by this server's postmaster,
+    /// so a pid from another server is never signalled.
+    pub fn freeze_backend(&self, pid: u32) -> Result<()> {
+        self.expect_child(pid)?;
+        signal(pid, libc::SIGSTOP)?;
+        wait_stopped(&[pid])
+    }
+
+    /// Continues (SIGCONT) one backend stopped by [`freeze_backend`](Self::freeze_backend).
+    /// An error when `pid` is not a process started by this server's postmaster.
+    pub fn thaw_backend(&self, pid: u32) -> Result<()> {
+        self.expect_child(pid)?;
+        signal(pid, libc::SIGCONT)
+    }
+
+    /// The postmaster's pid, unless it is not running or has exited.
+    fn running_pid(&self) -> Option<u32> {
+        let mut child = self.child.lock().ok()?;
+        let child = child.as_mut()?;
+        match child.try_wait() {
+            Ok(None) => Some(child.id()),
+            _ => None,
+        }
+    }
+
+    fn expect_running(&self) -> Result<u32> {
+        self.running_pid()
+            .ok_or_else(|| Error::new(ErrorKind::Unavailable, "postgres is not running"))
+    }
+
+    fn expect_child(&self, pid: u32) -> Result<()> {
+        let postmaster = self.expect_running()?;
+        if is_child_of(pid, postmaster) {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("process {pid} is not a backend of this server (postmaster {postmaster})"),
+            ))
+        }
     }
 }

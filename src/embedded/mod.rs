@@ -29,8 +29,10 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
+use install::{find_bindir, server_user};
 
 mod control;
+mod install;
 mod proxy;
 mod reap;
 mod standby;
@@ -184,127 +186,6 @@ impl TempPostgres {
             "host=127.0.0.1 port={} user=postgres dbname=postgres",
             self.port
         )
-    }
-
-    /// Stops the server (fast shutdown: sessions are terminated) and starts it again on the same
-    /// port with the same data: a real restart, for fault tests.
-    pub fn restart(&self) -> Result<()> {
-        self.stop_server();
-        self.launch()
-    }
-
-    /// Stops the server with a fast shutdown (SIGINT: sessions are terminated, a checkpoint is
-    /// written) and waits until the postmaster exited. The data and the port stay, for
-    /// [`start_again`](Self::start_again); connecting fails meanwhile. A paused server is
-    /// resumed first. Ok when the server is not running; a timeout error when it did not exit
-    /// within 10 s, after which it and its children were killed.
-    pub fn stop(&self) -> Result<()> {
-        self.stop_with(libc::SIGINT)
-    }
-
-    /// Stops the server with an immediate shutdown (SIGQUIT: every process exits at once, without
-    /// a checkpoint, as after a crash) and waits until the postmaster exited. Otherwise as
-    /// [`stop`](Self::stop); the next start runs crash recovery.
-    pub fn stop_immediate(&self) -> Result<()> {
-        self.stop_with(libc::SIGQUIT)
-    }
-
-    /// Starts the stopped server again on the same port with the same data and waits until it
-    /// accepts connections. An error when it is running.
-    pub fn start_again(&self) -> Result<()> {
-        if let Some(pid) = self.running_pid() {
-            return Err(Error::new(
-                ErrorKind::Other,
-                format!("postgres is running (pid {pid}): stop it before starting it again"),
-            ));
-        }
-        // A postmaster that exited by itself leaves its handle behind.
-        if let Ok(mut child) = self.child.lock()
-            && let Some(mut exited) = child.take()
-        {
-            let _ = exited.wait();
-        }
-        self.launch()
-    }
-
-    /// A crash-like restart: [`stop_immediate`](Self::stop_immediate), then
-    /// [`start_again`](Self::start_again), which runs crash recovery before accepting
-    /// connections.
-    pub fn restart_immediate(&self) -> Result<()> {
-        self.stop_immediate()?;
-        self.start_again()
-    }
-
-    /// Stops (SIGSTOP) the postmaster and every process it started, and waits until they are
-    /// stopped: the server hangs as an overloaded or partitioned one does. Connections stay open
-    /// and new ones are accepted by the kernel, but nothing answers until
-    /// [`resume`](Self::resume). Dropping or stopping a paused server resumes it first. An error
-    /// when the server is not running.
-    pub fn pause(&self) -> Result<()> {
-        let pid = self.expect_running()?;
-        // The postmaster first, so it starts no process that would escape.
-        control::signal(pid, libc::SIGSTOP)?;
-        let mut stopped = control::children(pid);
-        for &child in &stopped {
-            let _ = control::signal(child, libc::SIGSTOP);
-        }
-        stopped.push(pid);
-        control::wait_stopped(&stopped)
-    }
-
-    /// Continues (SIGCONT) the postmaster and every process it started, after
-    /// [`pause`](Self::pause) or [`freeze_backend`](Self::freeze_backend). Harmless when
-    /// nothing is stopped; an error when the server is not running.
-    pub fn resume(&self) -> Result<()> {
-        let pid = self.expect_running()?;
-        for child in control::children(pid) {
-            let _ = control::signal(child, libc::SIGCONT);
-        }
-        control::signal(pid, libc::SIGCONT)
-    }
-
-    /// Stops (SIGSTOP) one backend of this server, as found by [`backend_pids`] or
-    /// `pg_backend_pid()`, and waits until it is stopped: its session hangs while the rest of the
-    /// server serves. An error when `pid` is not a process started by this server's postmaster,
-    /// so a pid from another server is never signalled.
-    pub fn freeze_backend(&self, pid: u32) -> Result<()> {
-        self.expect_child(pid)?;
-        control::signal(pid, libc::SIGSTOP)?;
-        control::wait_stopped(&[pid])
-    }
-
-    /// Continues (SIGCONT) one backend stopped by [`freeze_backend`](Self::freeze_backend).
-    /// An error when `pid` is not a process started by this server's postmaster.
-    pub fn thaw_backend(&self, pid: u32) -> Result<()> {
-        self.expect_child(pid)?;
-        control::signal(pid, libc::SIGCONT)
-    }
-
-    /// The postmaster's pid, unless it is not running or has exited.
-    fn running_pid(&self) -> Option<u32> {
-        let mut child = self.child.lock().ok()?;
-        let child = child.as_mut()?;
-        match child.try_wait() {
-            Ok(None) => Some(child.id()),
-            _ => None,
-        }
-    }
-
-    fn expect_running(&self) -> Result<u32> {
-        self.running_pid()
-            .ok_or_else(|| Error::new(ErrorKind::Unavailable, "postgres is not running"))
-    }
-
-    fn expect_child(&self, pid: u32) -> Result<()> {
-        let postmaster = self.expect_running()?;
-        if control::is_child_of(pid, postmaster) {
-            Ok(())
-        } else {
-            Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!("process {pid} is not a backend of this server (postmaster {postmaster})"),
-            ))
-        }
     }
 
     fn launch(&self) -> Result<()> {
@@ -465,67 +346,6 @@ fn command(program: &Path, user: Option<(u32, u32)>) -> Command {
         command.uid(uid).gid(gid);
     }
     command
-}
-
-/// The `postgres` user's ids when this process is root, since initdb refuses to run as root.
-fn server_user() -> Result<Option<(u32, u32)>> {
-    // SAFETY: geteuid has no preconditions; getpwnam returns a pointer into static storage that
-    // is read at once, before any other call could overwrite it.
-    unsafe {
-        if libc::geteuid() != 0 {
-            return Ok(None);
-        }
-        let entry = libc::getpwnam(c"postgres".as_ptr());
-        if entry.is_null() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "running as root needs a `postgres` user to run the server as; install the \
-                 PostgreSQL server package or create the user",
-            ));
-        }
-        Ok(Some(((*entry).pw_uid, (*entry).pw_gid)))
-    }
-}
-
-/// Finds the directory holding `initdb` and `postgres`: `PATH`, then `pg_config --bindir`, then
-/// the newest `/usr/lib/postgresql/*/bin`.
-fn find_bindir() -> Result<PathBuf> {
-    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-    let from_path = std::env::var_os("PATH").into_iter().flat_map(|p| {
-        std::env::split_paths(&p)
-            .map(|dir| dir.join("initdb"))
-            .filter_map(|initdb| fs::canonicalize(initdb).ok())
-            .filter_map(|initdb| initdb.parent().map(Path::to_path_buf))
-            .collect::<Vec<_>>()
-    });
-    let from_pg_config = Command::new("pg_config")
-        .arg("--bindir")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            Some((version, e.path().join("bin")))
-        })
-        .collect();
-    versions.sort();
-    from_path
-        .chain(from_pg_config)
-        .chain(versions.into_iter().rev().map(|(_, dir)| dir))
-        .find(|dir| has_server(dir))
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Unavailable,
-                "PostgreSQL server binaries (initdb, postgres) not found in PATH, pg_config \
-                 --bindir or /usr/lib/postgresql/*/bin: install the PostgreSQL server package \
-                 (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL",
-            )
-        })
 }
 
 fn free_port() -> Result<u16> {

@@ -8,6 +8,7 @@ mod ident;
 mod lease;
 
 mod schema;
+mod standby;
 
 use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::{Config, ConfigBuilder};

@@ -1,14 +1,14 @@
-//! The runtime when connections fail: a frozen heartbeat backend, black-holed connections, a
-//! server restart, a server that is down when the runtime starts, a fenced transaction in front
-//! of a small pool, endpoints that are not a database. Each test that stops, pauses or restarts
+//! The runtime when connections fail under it: a frozen heartbeat or pooled backend,
+//! black-holed connections, a server restart, a fenced transaction in front of a small pool.
+//! Starting against a database that is down or wrong is in `startup`. Each test that stops, pauses or restarts
 //! the server gets a throwaway cluster of its own, so the other tests keep theirs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use pgcoord::ErrorKind;
 use pgcoord::embedded::{Proxy, TempPostgres, backend_pids, unique_name};
-use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
@@ -18,7 +18,7 @@ const LEASE: Duration = Duration::from_secs(2);
 const HEARTBEAT: Duration = Duration::from_millis(400);
 
 /// A cluster of the test's own, migrated, with a [`Setup`] pointing at it and an admin client.
-async fn own_cluster() -> (Arc<TempPostgres>, Setup, Client) {
+pub(super) async fn own_cluster() -> (Arc<TempPostgres>, Setup, Client) {
     super::init_tracing();
     // Durable commits (the throwaway default is synchronous_commit=off): a crash restart must
     // not forget grants the test saw acknowledged.
@@ -48,7 +48,10 @@ async fn connect(setup: &Setup) -> Client {
 }
 
 /// Runs a blocking cluster operation (stop, restart, ...) without blocking the actors.
-async fn on_server(server: &Arc<TempPostgres>, op: fn(&TempPostgres) -> pgcoord::Result<()>) {
+pub(super) async fn on_server(
+    server: &Arc<TempPostgres>,
+    op: fn(&TempPostgres) -> pgcoord::Result<()>,
+) {
     let server = server.clone();
     tokio::task::spawn_blocking(move || op(&server))
         .await
@@ -288,63 +291,6 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
 }
 
 #[actix_rt::test]
-async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
-    let (server, setup, _admin) = own_cluster().await;
-    on_server(&server, TempPostgres::stop).await;
-    let coordinator = Coordinator::start(setup.builder("late").build().unwrap());
-    let (states, recipient) = Collector::<ConnState>::start_new();
-    coordinator
-        .signals
-        .send(SubscribeConnState(recipient))
-        .await
-        .unwrap();
-    // Accepted while the database is down: listened on once it is up.
-    let channel = unique_name("events");
-    let (events, recipient) = Collector::<Signal>::start_new();
-    let subscribed = coordinator.signals.send(Subscribe {
-        channel: channel.clone(),
-        recipient,
-    });
-    let down = coordinator
-        .locks
-        .send(Acquire::new("job").timeout(Duration::from_millis(300)))
-        .await
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(down.kind(), ErrorKind::Unavailable, "{down}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    on_server(&server, TempPostgres::start_again).await;
-    let up = Instant::now();
-    let lease = coordinator
-        .locks
-        .send(Acquire::new("job").timeout(Duration::from_secs(5)))
-        .await
-        .unwrap()
-        .unwrap();
-    let first_acquire = up.elapsed();
-    assert!(first_acquire < Duration::from_secs(2), "{first_acquire:?}");
-    let _held = coordinator
-        .advisory
-        .send(AdvisoryLock::new(42))
-        .await
-        .unwrap()
-        .unwrap();
-    subscribed.await.unwrap().unwrap();
-    coordinator
-        .signals
-        .send(Publish::new(&channel, b"hello".to_vec()))
-        .await
-        .unwrap()
-        .unwrap();
-    let got = events.wait_for(1, Duration::from_secs(5)).await;
-    assert_eq!(got[0].payload[..], *b"hello");
-    assert!(states.received().contains(&ConnState::Connected));
-    lease.release().await.unwrap();
-    eprintln!("first acquire {first_acquire:?} after the server was up");
-}
-
-#[actix_rt::test]
 async fn a_fenced_transaction_stalls_nobody_behind_a_small_pool() {
     let (setup, mut admin) = Setup::new(LEASE, HEARTBEAT).await;
     let holder = setup.manager("holder");
@@ -428,117 +374,4 @@ async fn a_takeover_blocked_by_a_guard_succeeds_as_soon_as_it_commits() {
         after_commit < Duration::from_millis(300),
         "{after_commit:?}"
     );
-}
-
-#[actix_rt::test]
-async fn connect_fails_with_the_cause_within_the_connect_timeout() {
-    super::init_tracing();
-    let timeout = Duration::from_millis(800);
-    let config = |dsn: String| {
-        Config::builder()
-            .dsn(dsn)
-            .connect_timeout(timeout)
-            .build()
-            .unwrap()
-    };
-    // Nothing listens.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
-    // Accepts, then says nothing.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_port = silent.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            held.push(socket);
-        }
-    });
-    // Accepts and answers with something that is not PostgreSQL.
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http_port = http.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
-        while let Ok((mut socket, _)) = http.accept().await {
-            let _ = socket
-                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-                .await;
-        }
-    });
-    for port in [port, silent_port, http_port] {
-        let started = Instant::now();
-        let err = LockManager::connect(config(format!(
-            "host=127.0.0.1 port={port} user=postgres connect_timeout=1"
-        )))
-        .await
-        .unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(err.kind(), ErrorKind::Unavailable, "port {port}: {err}");
-        assert!(
-            std::error::Error::source(&err).is_some(),
-            "a cause: {err:?}"
-        );
-        assert!(took < Duration::from_millis(1500), "port {port}: {took:?}");
-        let err = Coordinator::connect(config(format!("host=127.0.0.1 port={port} user=postgres")))
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(err.kind(), ErrorKind::Unavailable);
-    }
-}
-
-#[actix_rt::test]
-async fn connect_names_missing_tables_and_refuses_a_read_only_server() {
-    let (setup, admin) = Setup::new(LEASE, HEARTBEAT).await;
-    let missing = setup
-        .builder("x")
-        .lock_table(unique_name("nothing"))
-        .build()
-        .unwrap();
-    let err = LockManager::connect(missing).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert!(err.to_string().contains("schema::migrate"), "{err}");
-    assert!(err.to_string().contains("migrations/"), "{err}");
-
-    let database = unique_name("ro");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!(
-            "ALTER DATABASE {database} SET default_transaction_read_only = on"
-        ))
-        .await
-        .unwrap();
-    let mut pg = setup.pg.clone();
-    pg.dbname(&database);
-    let read_only = setup.builder("x").pg_config(&pg).build().unwrap();
-    let err = Coordinator::connect(read_only).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::ReadOnly, "{err}");
-
-    let fine = LockManager::connect(setup.builder("x").build().unwrap()).await;
-    assert!(fine.is_ok());
-}
-
-#[actix_rt::test]
-async fn an_acquire_with_no_connection_is_unavailable_not_contention() {
-    super::init_tracing();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
-    let config = Config::builder()
-        .dsn(format!("host=127.0.0.1 port={port} user=postgres"))
-        .build()
-        .unwrap();
-    let manager = LockManager::new(config).start();
-    let started = Instant::now();
-    let err = manager
-        .send(Acquire::new("job").timeout(Duration::from_millis(500)))
-        .await
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(err.to_string().contains("refused"), "says why: {err}");
-    assert!(started.elapsed() < Duration::from_secs(1));
 }

@@ -10,6 +10,7 @@ mod reliability;
 mod runtime;
 mod signal_faults;
 mod signals;
+mod startup;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -266,5 +267,23 @@ async fn proxy_delays() {
     for client in [&open, &later] {
         let took = timed(client).await;
         assert!(took < delay, "a round trip took {took:?} without delay");
+    }
+}
+
+/// A subscriber that takes its time per message, on the thread it is started on, with a
+/// mailbox of one: what a slow consumer looks like to the listener.
+pub struct Slow(pub Duration);
+
+impl Actor for Slow {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1);
+    }
+}
+
+impl Handler<pgcoord_actors::Signal> for Slow {
+    type Result = ();
+    fn handle(&mut self, _: pgcoord_actors::Signal, _: &mut Context<Self>) {
+        std::thread::sleep(self.0);
     }
 }

@@ -13,7 +13,7 @@ use pgcoord_actors::Ask;
 use pgcoord_actors::*;
 
 use super::signals::{listener, setup, subscribe};
-use super::{Collector, Setup};
+use super::{Collector, Setup, Slow};
 
 const FAST: Duration = Duration::from_millis(200);
 
@@ -208,27 +208,12 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
     );
 }
 
-/// A subscriber that takes 1 ms per message on its own thread, with a mailbox of 1.
-struct Slow;
-impl Actor for Slow {
-    type Context = Context<Self>;
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(1);
-    }
-}
-impl Handler<Signal> for Slow {
-    type Result = ();
-    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 #[actix_rt::test]
 async fn ten_thousand_notifications_and_a_slow_subscriber() {
     let (setup, admin) = setup().await;
     let listener = listener(&setup);
     let channel = unique_name("burst");
-    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow);
+    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow(Duration::from_millis(1)));
     listener
         .send(Subscribe {
             channel: channel.clone(),

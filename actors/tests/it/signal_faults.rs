@@ -10,8 +10,8 @@ use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord_actors::Ask;
 use pgcoord_actors::*;
 
-use super::Collector;
 use super::signals::{FAST, listener, listener_on, setup, subscribe};
+use super::{Collector, Slow};
 
 async fn conn_states(listener: &Addr<ListenerActor>) -> Collector<ConnState> {
     let (collector, recipient) = Collector::start_new();
@@ -131,27 +131,14 @@ async fn garbage_is_skipped_and_the_next_message_delivered() {
     assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 3);
 }
 
-/// A subscriber that takes 50 ms per message on its own thread, with a mailbox of 1.
-struct Slow;
-impl Actor for Slow {
-    type Context = Context<Self>;
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(1);
-    }
-}
-impl Handler<Signal> for Slow {
-    type Result = ();
-    fn handle(&mut self, _: Signal, _: &mut Context<Self>) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[actix_rt::test]
 async fn a_slow_subscriber_does_not_hold_up_the_others() {
     let (setup, _) = setup().await;
     let listener = listener(&setup);
     let channel = unique_name("fanout");
-    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow);
+    let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| {
+        Slow(Duration::from_millis(50))
+    });
     listener
         .send(Subscribe {
             channel: channel.clone(),

@@ -1,112 +1,11 @@
-//! [`Config`]: everything pgcoord needs to know, validated once, up front.
+//! [`ConfigBuilder`]: every setting with its default, and the one place that validates them.
 
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::{Config, SEQUENCE_SUFFIX, default_owner, validate_name};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
-
-/// The longest lock name or owner, in bytes (the columns are `varchar(255)`).
-pub const MAX_NAME_BYTES: usize = 255;
-
-/// Suffix of the fencing-token sequence derived from the lock table's name.
-pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
-
-/// A validated configuration. Build one with [`Config::builder`]; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub(crate) pg: tokio_postgres::Config,
-    pub(crate) owner: String,
-    pub(crate) lock_table: QualifiedName,
-    pub(crate) lock_sequence: QualifiedName,
-    pub(crate) lease_channel: Ident,
-    pub(crate) payload_table: QualifiedName,
-    pub(crate) lease: Duration,
-    pub(crate) heartbeat: Duration,
-    pub(crate) ping_interval: Duration,
-    pub(crate) ping_timeout: Duration,
-    pub(crate) pool_size: u32,
-    pub(crate) pool_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) statement_timeout: Duration,
-    pub(crate) inline_limit: usize,
-    pub(crate) payload_ttl: Duration,
-}
-
-impl Config {
-    /// A builder with every default set; only the connection must be given.
-    pub fn builder() -> ConfigBuilder {
-        ConfigBuilder::default()
-    }
-
-    /// The connection settings, with pgcoord's application_name, keepalives and connect timeout
-    /// applied (on a copy: the caller's value is never changed).
-    pub fn pg_config(&self) -> &tokio_postgres::Config {
-        &self.pg
-    }
-    /// This process's owner identity, stored with every lease it holds.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-    /// The lease table.
-    pub fn lock_table(&self) -> &QualifiedName {
-        &self.lock_table
-    }
-    /// The fencing-token sequence: the lock table's name with `_rvn` appended.
-    pub fn lock_sequence(&self) -> &QualifiedName {
-        &self.lock_sequence
-    }
-    /// The channel on which released leases are announced to waiters.
-    pub fn lease_channel(&self) -> &Ident {
-        &self.lease_channel
-    }
-    /// The payload-store table.
-    pub fn payload_table(&self) -> &QualifiedName {
-        &self.payload_table
-    }
-    /// How long a lease lasts on the server's clock after each grant or renewal.
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-    /// How often held leases are renewed; `None` when automatic heartbeats are off.
-    pub fn heartbeat(&self) -> Option<Duration> {
-        (!self.heartbeat.is_zero()).then_some(self.heartbeat)
-    }
-    /// How often a session holding advisory locks is pinged.
-    pub fn ping_interval(&self) -> Duration {
-        self.ping_interval
-    }
-    /// How long a ping may stay unanswered before its session counts as lost.
-    pub fn ping_timeout(&self) -> Duration {
-        self.ping_timeout
-    }
-    /// The most connections the pool opens.
-    pub fn pool_size(&self) -> u32 {
-        self.pool_size
-    }
-    /// The longest one wait for a pooled connection may last; callers' deadlines and the
-    /// statement timeout usually end it first.
-    pub fn pool_timeout(&self) -> Duration {
-        self.pool_timeout
-    }
-    /// How long opening a connection may take, handshake included.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-    /// The bound of every statement the runtime issues without a caller's deadline (renew,
-    /// release, publish, inspect, payload puts and gets), waiting for a connection included.
-    pub fn statement_timeout(&self) -> Duration {
-        self.statement_timeout
-    }
-    /// Payloads larger than this many bytes travel through the payload store.
-    pub fn inline_limit(&self) -> usize {
-        self.inline_limit
-    }
-    /// How long a stored payload lives.
-    pub fn payload_ttl(&self) -> Duration {
-        self.payload_ttl
-    }
-}
 
 enum Connection {
     Unset,
@@ -406,47 +305,4 @@ impl ConfigBuilder {
             payload_ttl: self.payload_ttl,
         })
     }
-}
-
-/// Checks a lock name or owner: 1 to 255 bytes, no NUL (PostgreSQL text cannot hold one).
-pub fn validate_name(what: &str, name: String) -> Result<String> {
-    if name.contains('\0') {
-        return Err(Error::new(
-            ErrorKind::InvalidName,
-            format!("{what} {name:?} contains a NUL byte"),
-        ));
-    }
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(Error::new(
-            ErrorKind::InvalidName,
-            format!(
-                "{what} must be 1 to {MAX_NAME_BYTES} bytes, got {} bytes",
-                name.len()
-            ),
-        ));
-    }
-    Ok(name)
-}
-
-fn default_owner() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let suffix = format!("-{}-{:08x}", std::process::id(), random_u64() as u32);
-    let mut host_end = host.len().min(MAX_NAME_BYTES - suffix.len());
-    while !host.is_char_boundary(host_end) {
-        host_end -= 1;
-    }
-    format!("{}{suffix}", &host[..host_end])
-}
-
-/// A random number from std's per-instance hash keys; enough for suffixes and jitter.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    hasher.finish()
 }
