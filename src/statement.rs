@@ -79,19 +79,17 @@ impl CachingClient {
         sql: &str,
         params: &[Param<'_>],
     ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-        {
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            let statement = self.prepared(sql, params).await?;
-            match self.client.query(&statement, &values).await {
-                // A table dropped and created again with another shape invalidates what was
-                // prepared against it: prepare afresh, once.
-                Err(e) if is_stale(&e) => {
-                    self.prepared.lock().expect("statement cache").remove(sql);
-                    let statement = self.prepared(sql, params).await?;
-                    self.client.query(&statement, &values).await
-                }
-                result => result,
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        let statement = self.prepared(sql, params).await?;
+        match self.client.query(&statement, &values).await {
+            // A table dropped and created again with another shape invalidates what was
+            // prepared against it: prepare afresh, once.
+            Err(e) if is_stale(&e) => {
+                self.prepared.lock().expect("statement cache").remove(sql);
+                let statement = self.prepared(sql, params).await?;
+                self.client.query(&statement, &values).await
             }
+            result => result,
         }
     }
 

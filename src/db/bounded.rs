@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{NoTls, Row};
 use tracing::{debug, warn};
 
-use crate::db::{Discard, Pool};
+use crate::db::Pool;
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{BoxFuture, CachingClient, Param, Statements};
 

@@ -20,7 +20,7 @@ mod pool;
 pub use bounded::{Bounded, Until, cancel, run_until, until};
 pub use check::check_server;
 pub use connect::{Dedicated, connect, connect_as, connect_spawned, ping};
-pub use pool::{Discard, Manager, Pool, Pooled};
+pub use pool::{Manager, Pool, Pooled};
 
 use std::future::Future;
 use std::time::Duration;

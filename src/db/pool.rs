@@ -147,23 +147,6 @@ impl Pool {
     pub fn idempotent(&self, deadline: Option<Instant>) -> crate::db::Bounded<'_> {
         crate::db::Bounded::new(self, deadline, true)
     }
-
-    /// Connections open now (idle or in use), for stats and tests.
-    pub fn connections(&self) -> u32 {
-        self.inner.state().connections
-    }
-}
-
-/// Makes sure a pooled connection does not go back to the pool.
-pub trait Discard {
-    /// Marks the connection broken: it is closed instead of returned to the pool.
-    fn discard(&self);
-}
-
-impl Discard for Pooled<'_> {
-    fn discard(&self) {
-        CachingClient::discard(self);
-    }
 }
 
 /// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, bounded by the

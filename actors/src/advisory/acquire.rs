@@ -106,9 +106,11 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                     (result, clean)
                 }
                 _ = gone => {
-                    // Dropping the wait does not stop it on the server: cancel it there, then
+                    // Dropping the wait does not stop it on the server: cancel it there (the
+                    // cancel request opens a connection of its own, so it is bounded too), then
                     // close the session so nothing it might still get is kept.
-                    let _ = cancel.cancel_query(NoTls).await;
+                    let cancelled = cancel.cancel_query(NoTls);
+                    let _ = tokio::time::timeout(config.connect_timeout(), cancelled).await;
                     (Err(Error::new(ErrorKind::Timeout, "caller gave up")), false)
                 }
             };
