@@ -42,7 +42,7 @@ pub fn key_for_name(name: &str) -> i64 {
 
 /// Takes the lock if it is free, at once; `false` when someone else holds it.
 #[instrument(skip(client), level = "debug")]
-pub async fn try_lock(client: &impl Statements, key: i64, mode: Mode) -> Result<bool> {
+pub async fn try_lock(client: &(impl Statements + ?Sized), key: i64, mode: Mode) -> Result<bool> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
         Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
@@ -55,7 +55,12 @@ pub async fn try_lock(client: &impl Statements, key: i64, mode: Mode) -> Result<
 /// wait ends there too; [`ErrorKind::NotAcquired`] when it expires. To give up earlier, cancel
 /// with the client's `cancel_token()`: the wait then fails with [`ErrorKind::Timeout`].
 #[instrument(skip(client), level = "debug")]
-pub async fn lock(client: &impl Statements, key: i64, mode: Mode, timeout: Duration) -> Result<()> {
+pub async fn lock(
+    client: &(impl Statements + ?Sized),
+    key: i64,
+    mode: Mode,
+    timeout: Duration,
+) -> Result<()> {
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_lock($1)::text",
@@ -85,7 +90,7 @@ pub async fn lock(client: &impl Statements, key: i64, mode: Mode, timeout: Durat
 /// Releases the lock; [`ErrorKind::LockLost`] when this session did not hold it (PostgreSQL's
 /// unlock returned false).
 #[instrument(skip(client), level = "debug")]
-pub async fn unlock(client: &impl Statements, key: i64, mode: Mode) -> Result<()> {
+pub async fn unlock(client: &(impl Statements + ?Sized), key: i64, mode: Mode) -> Result<()> {
     let sql = match mode {
         Mode::Exclusive => "SELECT pg_advisory_unlock($1)",
         Mode::Shared => "SELECT pg_advisory_unlock_shared($1)",

@@ -35,6 +35,10 @@ pub mod schema;
 pub mod signal;
 pub mod statement;
 
+/// The versions of bb8, bb8-postgres and tokio-postgres pgcoord is built with, for building a
+/// pool to share with it ([`Pool::from_bb8`]) without a version mismatch.
+pub use {bb8, bb8_postgres, tokio_postgres};
+
 pub use config::{Config, ConfigBuilder};
 pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};

@@ -33,6 +33,16 @@ pub trait Statements: Sync {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>>;
 }
 
+/// A connection pgcoord's bounded statements run on (see [`crate::db::run_until`]): it runs
+/// statements, can be asked to cancel what it runs, and can be marked as not to be used again.
+pub trait Session: Statements + Send {
+    /// The underlying client (its cancel token, whether it closed).
+    fn client(&self) -> &Client;
+    /// Marks the connection as not to be used again: a pool closes it (or, for an
+    /// application's pool, keeps it aside until it answers again) instead of reusing it.
+    fn discard(&self);
+}
+
 /// Callers' own clients and transactions: `query_typed`, one round trip, nothing prepared.
 macro_rules! typed_statements {
     ($($client:ty),*) => {$(
@@ -73,6 +83,16 @@ impl Statements for CachingClient {
     }
 }
 
+impl Session for CachingClient {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn discard(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+}
+
 impl CachingClient {
     async fn run_raw(
         &self,
@@ -107,12 +127,7 @@ impl CachingClient {
         &mut self.client
     }
 
-    /// Marks the connection as not to be used again.
-    pub fn discard(&self) {
-        self.broken.store(true, Ordering::Relaxed);
-    }
-
-    /// True once [`discard`](Self::discard)ed or closed.
+    /// True once [`discard`](Session::discard)ed or closed.
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Relaxed) || self.client.is_closed()
     }

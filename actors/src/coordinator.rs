@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use pgcoord::Config;
 use pgcoord::payload::PayloadTable;
+use pgcoord::{Config, Pool};
 
 use crate::advisory::AdvisoryLocks;
 use crate::leases::LockManager;
@@ -44,6 +44,34 @@ impl Coordinator {
     /// wrong DSN or missing tables at once.
     pub fn start(config: Config) -> Coordinator {
         let pool = pgcoord::db::pool(&config);
+        Coordinator::start_with_pool(config, pool)
+    }
+
+    /// Checks the server, then starts the actors on `pool` as
+    /// [`start_with_pool`](Self::start_with_pool) does.
+    pub async fn connect_with_pool(config: Config, pool: Pool) -> pgcoord::Result<Coordinator> {
+        pgcoord::db::check_server(&config).await?;
+        Ok(Coordinator::start_with_pool(config, pool))
+    }
+
+    /// Starts the actors as [`start`](Self::start) does, with their statements on `pool`: the
+    /// application's own bb8-postgres pool through [`Pool::from_bb8`], so the process keeps one
+    /// pool. The dedicated sessions (the LISTEN connection, the heartbeat, advisory locks) still
+    /// connect with `config`'s DSN: they hold session state no pool may hand on.
+    ///
+    /// ```no_run
+    /// # async fn example(config: pgcoord::Config) -> pgcoord::Result<()> {
+    /// use pgcoord::bb8_postgres::PostgresConnectionManager;
+    /// use pgcoord::{bb8, tokio_postgres::NoTls};
+    /// use pgcoord_actors::Coordinator;
+    ///
+    /// let manager = PostgresConnectionManager::new(config.pg_config().clone(), NoTls);
+    /// let app_pool = bb8::Pool::builder().max_size(8).build(manager).await?;
+    /// let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
+    /// let coordinator = Coordinator::connect_with_pool(config, pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn start_with_pool(config: Config, pool: Pool) -> Coordinator {
         let table = PayloadTable::new(&config, pool.clone());
         let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));
         let signals =

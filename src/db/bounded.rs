@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::db::Pool;
 use crate::error::{Error, ErrorKind, Result};
-use crate::statement::{BoxFuture, CachingClient, Param, Statements};
+use crate::statement::{BoxFuture, Param, Session, Statements};
 
 /// How long a cancel request may take; it opens a connection of its own.
 const CANCEL_BOUND: Duration = Duration::from_secs(5);
@@ -55,7 +55,7 @@ impl Statements for Bounded<'_> {
         Box::pin(async move {
             loop {
                 let conn = self.pool.checkout(self.deadline).await?;
-                match run_until(&conn, sql, params, self.deadline).await {
+                match run_until(&*conn, sql, params, self.deadline).await {
                     Err(e)
                         if self.idempotent
                             && e.is_connection_failure()
@@ -74,8 +74,8 @@ impl Statements for Bounded<'_> {
 
 /// Runs one statement on `client`, bounded by `deadline`. Past it, the statement is cancelled on
 /// the server and the client marked broken; a connection failure marks it broken too.
-pub async fn run_until(
-    client: &CachingClient,
+pub async fn run_until<S: Session + ?Sized>(
+    client: &S,
     sql: &str,
     params: &[Param<'_>],
     deadline: Instant,
@@ -88,7 +88,7 @@ pub async fn run_until(
         Ok(result) => result,
         Err(_) => {
             client.discard();
-            cancel(client);
+            cancel(client.client());
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "the database did not answer in time; the statement was cancelled and its \
@@ -115,12 +115,12 @@ pub fn cancel(client: &tokio_postgres::Client) {
 /// Statements on one given connection, each bounded by one deadline: for dedicated connections
 /// (the heartbeat's) and for a pooled connection a caller checked out itself. Made by [`until`].
 pub struct Until<'c> {
-    client: &'c CachingClient,
+    client: &'c dyn Session,
     deadline: Instant,
 }
 
 /// Statements on `client` bounded by `deadline` (see [`run_until`]).
-pub fn until(client: &CachingClient, deadline: Instant) -> Until<'_> {
+pub fn until(client: &dyn Session, deadline: Instant) -> Until<'_> {
     Until { client, deadline }
 }
 

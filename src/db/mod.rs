@@ -12,11 +12,13 @@
 //! ([`Bounded`], [`run_until`]), and any failure to reach the server is
 //! [`ErrorKind::Unavailable`] with the cause as its source.
 
+mod borrowed;
 mod bounded;
 mod check;
 mod connect;
 mod pool;
 
+pub use borrowed::Borrowed;
 pub use bounded::{Bounded, Until, cancel, run_until, until};
 pub use check::check_server;
 pub use connect::{Dedicated, connect, connect_as, connect_spawned, ping};

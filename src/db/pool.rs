@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
+use super::borrowed::Borrowed;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::statement::CachingClient;
+use crate::statement::{CachingClient, Session};
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::NoTls;
 
@@ -24,15 +25,39 @@ use tokio_postgres::NoTls;
 /// at most one connect attempt, so this is also the pace of reconnect attempts during an outage.
 const CHECKOUT_SLICE: Duration = Duration::from_millis(50);
 
-/// A pooled connection, returned to the pool when dropped unless it was discarded.
-pub type Pooled<'a> = bb8::PooledConnection<'a, Manager>;
-
 /// The connection pool pgcoord's statements run on. Cheap to clone; clones share connections.
+///
+/// Either pgcoord's own ([`Pool::new`]: statements stay prepared on each connection) or the
+/// application's bb8-postgres pool ([`Pool::from_bb8`]: one pool for the whole process).
 #[derive(Clone)]
 pub struct Pool {
-    inner: bb8::Pool<Manager>,
+    source: Source,
     last_failure: LastFailure,
     pub(crate) statement_timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Source {
+    Own(bb8::Pool<Manager>),
+    Application(bb8::Pool<PostgresConnectionManager<NoTls>>),
+}
+
+/// A connection from a [`Pool`], returned to it when dropped unless it was discarded.
+pub enum Pooled<'a> {
+    /// From pgcoord's own pool.
+    Own(bb8::PooledConnection<'a, Manager>),
+    /// From the application's pool.
+    Application(Borrowed),
+}
+
+impl std::ops::Deref for Pooled<'_> {
+    type Target = dyn Session;
+    fn deref(&self) -> &(dyn Session + 'static) {
+        match self {
+            Pooled::Own(conn) => &**conn,
+            Pooled::Application(conn) => conn,
+        }
+    }
 }
 
 /// The most recent failed connect, for the error of whoever waited for a connection.
@@ -44,8 +69,7 @@ type Failure = (Instant, Arc<Error>);
 
 impl bb8::ErrorSink<Error> for LastFailure {
     fn sink(&self, error: Error) {
-        debug!(error = %error, "pooled connect failed");
-        *self.0.lock().expect("last failure") = Some((Instant::now(), Arc::new(error)));
+        self.record(error);
     }
 
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<Error>> {
@@ -54,6 +78,11 @@ impl bb8::ErrorSink<Error> for LastFailure {
 }
 
 impl LastFailure {
+    fn record(&self, error: Error) {
+        debug!(error = %error, "pooled connect failed");
+        *self.0.lock().expect("last failure") = Some((Instant::now(), Arc::new(error)));
+    }
+
     fn since(&self, start: Instant) -> Option<Arc<Error>> {
         let last = self.0.lock().expect("last failure");
         last.as_ref()
@@ -77,8 +106,24 @@ impl Pool {
             .error_sink(Box::new(last_failure.clone()))
             .build_unchecked(manager);
         Pool {
-            inner,
+            source: Source::Own(inner),
             last_failure,
+            statement_timeout: config.statement_timeout,
+        }
+    }
+
+    /// pgcoord's statements on the application's own bb8-postgres pool, so that one process
+    /// has one pool. `config` gives the statement timeout and deadlines; the pool's own
+    /// settings (size, timeouts, DSN) stay the application's. The differences from
+    /// [`Pool::new`]: statements are not kept prepared (each is sent with its types in one round
+    /// trip, so the server parses it each time), and a connection on which a statement passed
+    /// its deadline is not closed (bb8 offers no way to) but kept out of the pool until it
+    /// answers again within the statement timeout (or closes), so no borrower inherits a
+    /// backend that hung. Advisory locks, LISTEN and the heartbeat never use the pool.
+    pub fn from_bb8(config: &Config, pool: bb8::Pool<PostgresConnectionManager<NoTls>>) -> Pool {
+        Pool {
+            source: Source::Application(pool),
+            last_failure: LastFailure::default(),
             statement_timeout: config.statement_timeout,
         }
     }
@@ -101,16 +146,34 @@ impl Pool {
                 return Err(self.unavailable(start, discarded));
             }
             let slice = deadline.min(now + CHECKOUT_SLICE);
-            match tokio::time::timeout_at(slice.into(), self.inner.get()).await {
-                Ok(Ok(conn)) if conn.is_closed() => {
-                    // Died while idle: nothing was sent on it, so asking again is always safe.
-                    conn.discard();
-                    discarded += 1;
+            let conn = match &self.source {
+                Source::Own(pool) => {
+                    match tokio::time::timeout_at(slice.into(), pool.get()).await {
+                        Ok(Ok(conn)) => Pooled::Own(conn),
+                        Ok(Err(bb8::RunError::User(e))) => return Err(e),
+                        Ok(Err(bb8::RunError::TimedOut)) | Err(_) => continue,
+                    }
                 }
-                Ok(Ok(conn)) => return Ok(conn),
-                Ok(Err(bb8::RunError::User(e))) => return Err(e),
-                Ok(Err(bb8::RunError::TimedOut)) | Err(_) => {}
+                Source::Application(pool) => {
+                    match tokio::time::timeout_at(slice.into(), pool.get_owned()).await {
+                        Ok(Ok(conn)) => {
+                            Pooled::Application(Borrowed::new(conn, self.statement_timeout))
+                        }
+                        Ok(Err(bb8::RunError::User(e))) => {
+                            self.last_failure.record(Error::from(e));
+                            continue;
+                        }
+                        Ok(Err(bb8::RunError::TimedOut)) | Err(_) => continue,
+                    }
+                }
+            };
+            if conn.client().is_closed() {
+                // Died while idle: nothing was sent on it, so asking again is always safe.
+                conn.discard();
+                discarded += 1;
+                continue;
             }
+            return Ok(conn);
         }
     }
 
@@ -130,7 +193,10 @@ impl Pool {
                 ErrorKind::Unavailable,
                 format!(
                     "every pooled connection stayed busy for {waited:?} (pool size {})",
-                    self.inner.state().connections
+                    match &self.source {
+                        Source::Own(pool) => pool.state().connections,
+                        Source::Application(pool) => pool.state().connections,
+                    }
                 ),
             ),
         }

@@ -108,7 +108,7 @@ impl LeaseTable {
     #[instrument(skip(self, client, data), level = "debug")]
     pub async fn try_acquire(
         &self,
-        client: &impl Statements,
+        client: &(impl Statements + ?Sized),
         name: &str,
         owner: &str,
         data: Option<&[u8]>,
@@ -149,7 +149,7 @@ impl LeaseTable {
     #[instrument(skip(self, client), level = "debug")]
     pub async fn enqueue(
         &self,
-        client: &impl Statements,
+        client: &(impl Statements + ?Sized),
         name: &str,
         owner: &str,
         hold_for: Duration,
@@ -168,7 +168,12 @@ impl LeaseTable {
     }
 
     /// Gives up `owner`'s reservation of `name`, when it has one.
-    pub async fn dequeue(&self, client: &impl Statements, name: &str, owner: &str) -> Result<()> {
+    pub async fn dequeue(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+        owner: &str,
+    ) -> Result<()> {
         client
             .run(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
             .await?;
@@ -176,7 +181,7 @@ impl LeaseTable {
         self.cleanup(client, name).await
     }
 
-    async fn cleanup(&self, client: &impl Statements, name: &str) -> Result<()> {
+    async fn cleanup(&self, client: &(impl Statements + ?Sized), name: &str) -> Result<()> {
         client.run(&self.cleanup, &[(&name, Type::TEXT)]).await?;
         Ok(())
     }
@@ -187,7 +192,7 @@ impl LeaseTable {
     /// hold `name` legitimately — the caller must know it holds no tenure of `name`.
     pub async fn release_orphan(
         &self,
-        client: &impl Statements,
+        client: &(impl Statements + ?Sized),
         name: &str,
         owner: &str,
     ) -> Result<()> {
@@ -210,7 +215,11 @@ impl LeaseTable {
     }
 
     /// The current holder of `name`, if any.
-    pub async fn holder(&self, client: &impl Statements, name: &str) -> Result<Option<Holder>> {
+    pub async fn holder(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+    ) -> Result<Option<Holder>> {
         let rows = client.run(&self.holder, &[(&name, Type::TEXT)]).await?;
         holder_from(rows.first())
     }
@@ -220,7 +229,7 @@ impl LeaseTable {
     #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
     pub async fn renew(
         &self,
-        client: &impl Statements,
+        client: &(impl Statements + ?Sized),
         held: &[(String, i64)],
         lease: Duration,
     ) -> Result<Vec<(String, i64)>> {
@@ -248,7 +257,7 @@ impl LeaseTable {
     #[instrument(skip(self, client), level = "debug")]
     pub async fn release(
         &self,
-        client: &impl Statements,
+        client: &(impl Statements + ?Sized),
         name: &str,
         token: i64,
         keep: bool,
@@ -274,7 +283,7 @@ impl LeaseTable {
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.
-    pub async fn get(&self, client: &impl Statements, name: &str) -> Result<LeaseInfo> {
+    pub async fn get(&self, client: &(impl Statements + ?Sized), name: &str) -> Result<LeaseInfo> {
         check_name(name)?;
         let rows = client.run(&self.get, &[(&name, Type::TEXT)]).await?;
         match rows.first() {
@@ -287,7 +296,7 @@ impl LeaseTable {
     }
 
     /// Every lock in the table, by name.
-    pub async fn list(&self, client: &impl Statements) -> Result<Vec<LeaseInfo>> {
+    pub async fn list(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<LeaseInfo>> {
         let rows = client.run(&self.list, &[]).await?;
         rows.iter().map(info_from).collect()
     }
@@ -297,7 +306,12 @@ impl LeaseTable {
     /// transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`] otherwise.
     /// Keep guarded transactions short: a contender waits for them.
     #[instrument(skip(self, client), level = "debug")]
-    pub async fn fence(&self, client: &impl Statements, name: &str, token: i64) -> Result<()> {
+    pub async fn fence(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+        token: i64,
+    ) -> Result<()> {
         let rows = client
             .run(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])
             .await?;

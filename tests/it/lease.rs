@@ -9,7 +9,7 @@ const LEASE: Duration = Duration::from_secs(30);
 
 async fn grant(
     table: &LeaseTable,
-    client: &impl pgcoord::statement::Statements,
+    client: &(impl pgcoord::statement::Statements + ?Sized),
     name: &str,
     owner: &str,
     lease: Duration,
@@ -255,13 +255,13 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
     table.release(&*conn, "a", g.token, false).await.unwrap();
-    let after_first: i64 = conn.query_one(prepared, &[]).await.unwrap().get(0);
+    let after_first: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_first, 2, "acquire and release prepared");
     for _ in 0..5 {
         let g = grant(&table, &*conn, "a", "me", LEASE).await;
         table.release(&*conn, "a", g.token, false).await.unwrap();
     }
-    let after_more: i64 = conn.query_one(prepared, &[]).await.unwrap().get(0);
+    let after_more: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_more, after_first, "not prepared again");
 
     // The table is dropped and created again with another shape behind the pool's back.

@@ -136,7 +136,7 @@ impl AcquireJob {
                 },
                 _ = caller_gone(reply) => break Outcome::Cancelled,
             };
-            let statements = until(&conn, bound);
+            let statements = until(&*conn, bound);
             let sent = Instant::now();
             let attempt = pgcoord::db::retry(|| async {
                 let attempt = self

@@ -64,7 +64,7 @@ impl Lease {
     /// [`ErrorKind::LockLost`] unless this lease is still held with this token, and keeps it from
     /// being taken over or released until the transaction ends. Writes in that transaction are
     /// exclusive. Keep such transactions short.
-    pub async fn fence(&self, client: &impl Statements) -> Result<()> {
+    pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
         self.table.fence(client, &self.name, self.token).await
     }
 

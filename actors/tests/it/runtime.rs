@@ -193,3 +193,90 @@ async fn a_coordinator_opens_one_pool_one_listener_and_a_session_per_advisory_lo
     assert_eq!(count(format!("{app} advisory")).await, guards.len());
     drop(leases);
 }
+
+/// The application's own bb8-postgres pool: pgcoord's statements run on it, nothing is prepared
+/// on its connections, and pgcoord opens no pool of its own.
+#[actix_rt::test]
+async fn a_coordinator_runs_on_the_applications_own_pool() {
+    use pgcoord::bb8_postgres::PostgresConnectionManager;
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("byo")
+        .application_name(format!("{app}-pgcoord"))
+        .inline_limit(1000)
+        .build()
+        .unwrap();
+    let mut own = setup.pg.clone();
+    own.application_name(&app);
+    let app_pool = pgcoord::bb8::Pool::builder()
+        .max_size(2)
+        .build(PostgresConnectionManager::new(own, tokio_postgres::NoTls))
+        .await
+        .unwrap();
+    let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
+    let coordinator = Coordinator::connect_with_pool(config, pool).await.unwrap();
+
+    let leases: Vec<_> = (0..6)
+        .map(|i| coordinator.locks.send(Acquire::new(format!("l{i}"))))
+        .collect();
+    let leases: Vec<_> = futures_util::future::join_all(leases)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let (collector, recipient) = Collector::<Signal>::start_new();
+    let channel = unique_name("byo");
+    let subscribe = Subscribe {
+        channel: channel.clone(),
+        recipient,
+    };
+    coordinator.signals.call(subscribe).await.unwrap();
+    // One inline message and one through the payload table, both on the application's pool.
+    coordinator
+        .signals
+        .call(Publish::new(&channel, vec![1]))
+        .await
+        .unwrap();
+    coordinator
+        .signals
+        .call(Publish::new(&channel, vec![2; 5000]))
+        .await
+        .unwrap();
+    let got = collector.wait_for(2, Duration::from_secs(5)).await;
+    assert_eq!(got[1].payload.len(), 5000);
+    let guard = coordinator
+        .advisory
+        .call(AdvisoryLock::new(7))
+        .await
+        .unwrap();
+    coordinator.locks.call(RenewNow).await.unwrap();
+
+    let count = |name: String| {
+        let admin = &admin;
+        async move { backend_pids(admin, &name).await.unwrap().len() }
+    };
+    assert!(
+        (1..=2).contains(&count(app.clone()).await),
+        "the application's pool serves"
+    );
+    assert_eq!(
+        count(format!("{app}-pgcoord")).await,
+        0,
+        "no pool of pgcoord's own"
+    );
+    assert_eq!(count(format!("{app}-pgcoord listener")).await, 1);
+    assert_eq!(count(format!("{app}-pgcoord advisory")).await, 1);
+    let conn = app_pool.get().await.unwrap();
+    let prepared: i64 = conn
+        // Unnamed, so that this query does not count itself.
+        .query_typed("SELECT count(*) FROM pg_prepared_statements", &[])
+        .await
+        .unwrap()[0]
+        .get(0);
+    assert_eq!(
+        prepared, 0,
+        "nothing prepared on the application's connections"
+    );
+    drop((conn, leases, guard));
+}
