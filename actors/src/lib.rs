@@ -14,6 +14,7 @@
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
 //! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
+//! - [`GetStats`] — one message for every actor's counters.
 //! - `session` (private) — dedicated connections (advisory sessions, the heartbeat).
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 #![deny(missing_docs)]
@@ -32,6 +33,7 @@ pub mod payloads;
 mod reply;
 mod session;
 pub mod signals;
+mod stats;
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryUnlock};
 pub use call::Call;
@@ -40,3 +42,4 @@ pub use leases::*;
 pub use losses::*;
 pub use payloads::{DeleteExpired, GetPayload, PayloadStoreActor, PutPayload};
 pub use signals::*;
+pub use stats::GetStats;

@@ -256,9 +256,9 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         ),
         format!("{:.1} MiB", per_10k / (1 << 20) as f64),
     );
-    let stats = holder.send(GetStats).await?;
+    let stats = holder.send(GetStats::new()).await?;
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    let ticks = holder.send(GetStats).await?.renew_statements - stats.renew_statements;
+    let ticks = holder.send(GetStats::new()).await?.renew_statements - stats.renew_statements;
     let snapshot: Vec<(String, i64)> = held
         .iter()
         .map(|l| (l.name().to_owned(), l.token()))

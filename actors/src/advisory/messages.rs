@@ -58,3 +58,19 @@ impl AdvisoryLock {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<()>")]
 pub struct AdvisoryUnlock(pub i64);
+
+/// What `AdvisoryLocks` answers to [`GetStats`](crate::GetStats).
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
+pub struct AdvisoryStats {
+    /// Locks held now, each on a session of its own.
+    pub held: usize,
+    /// Open sessions that hold no lock, kept for the next acquire.
+    pub idle_sessions: usize,
+    /// Locks granted.
+    pub granted: u64,
+    /// Locks released by their holder (an unlock or a dropped guard).
+    pub released: u64,
+    /// Locks reported lost (session ended, ping failed or unanswered, shutdown).
+    pub lost: u64,
+}

@@ -22,6 +22,7 @@ use tracing::warn;
 
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
 use crate::session::Pinned;
+use crate::stats::GetStats;
 
 mod acquire;
 mod guard;
@@ -29,7 +30,7 @@ mod messages;
 
 pub use acquire::AdvisoryResponse;
 pub use guard::AdvisoryGuard;
-pub use messages::{AdvisoryLock, AdvisoryUnlock};
+pub use messages::{AdvisoryLock, AdvisoryStats, AdvisoryUnlock};
 
 /// The actor holding this process's advisory locks. Start it inside an actix System with
 /// [`AdvisoryLocks::new`] and `.start()` (a `Coordinator` starts one).
@@ -41,6 +42,7 @@ pub struct AdvisoryLocks {
     /// Open sessions that hold no lock, kept for reuse.
     idle_sessions: Vec<Pinned>,
     subscribers: LossSubscribers,
+    stats: AdvisoryStats,
 }
 
 impl AdvisoryLocks {
@@ -52,6 +54,7 @@ impl AdvisoryLocks {
             pending_keys: Default::default(),
             idle_sessions: Vec::new(),
             subscribers: LossSubscribers::default(),
+            stats: AdvisoryStats::default(),
         }
     }
 }
@@ -73,6 +76,7 @@ impl Actor for AdvisoryLocks {
         for key in keys {
             if let Some(session) = self.sessions.remove(&key) {
                 let _ = session.lost.send(Some(LossReason::Shutdown));
+                self.stats.lost += 1;
             }
             self.subscribers.broadcast(LockLost {
                 key: LockKey::Advisory(key),
@@ -164,6 +168,7 @@ impl AdvisoryLocks {
             })),
         );
         self.sessions.insert(key, session);
+        self.stats.granted += 1;
         lost_rx
     }
 
@@ -187,6 +192,7 @@ impl AdvisoryLocks {
         if let Some(watch) = session.watch {
             ctx.cancel_future(watch);
         }
+        self.stats.lost += 1;
         warn!(key, ?reason, error = %error, "advisory lock lost; its session is closed");
         let _ = session.lost.send(Some(reason));
         self.subscribers.broadcast(LockLost {
@@ -233,9 +239,13 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
                     if let Some(pinned) = reusable {
                         act.park(pinned);
                     }
+                    if result.is_ok() {
+                        act.stats.released += 1;
+                    }
                     if let Err(e) = &result
                         && e.is_lock_lost()
                     {
+                        act.stats.lost += 1;
                         // The session no longer held it: that is a loss nobody was told about.
                         act.subscribers.broadcast(LockLost {
                             key: LockKey::Advisory(key),
@@ -254,6 +264,18 @@ impl Handler<SubscribeLockLost> for AdvisoryLocks {
 
     fn handle(&mut self, SubscribeLockLost(recipient): SubscribeLockLost, _: &mut Context<Self>) {
         self.subscribers.add(recipient);
+    }
+}
+
+impl Handler<GetStats<AdvisoryStats>> for AdvisoryLocks {
+    type Result = AdvisoryStats;
+
+    fn handle(&mut self, _: GetStats<AdvisoryStats>, _: &mut Context<Self>) -> AdvisoryStats {
+        AdvisoryStats {
+            held: self.sessions.len(),
+            idle_sessions: self.idle_sessions.len(),
+            ..self.stats.clone()
+        }
     }
 }
 

@@ -99,13 +99,9 @@ pub struct List;
 #[rtype(result = "Result<()>")]
 pub struct RenewNow;
 
-/// Counters of what the manager has done, for tests and monitoring.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "ManagerStats")]
-pub struct GetStats;
-
-/// What [`GetStats`] returns.
+/// What a `LockManager` answers to [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
 pub struct ManagerStats {
     /// Leases held now.
     pub held: usize,

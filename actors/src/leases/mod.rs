@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
+use crate::stats::GetStats;
 use acquire::Reply;
 use wake::Queues;
 
@@ -326,10 +327,10 @@ impl Handler<SubscribeLockLost> for LockManager {
     }
 }
 
-impl Handler<GetStats> for LockManager {
+impl Handler<GetStats<ManagerStats>> for LockManager {
     type Result = ManagerStats;
 
-    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> ManagerStats {
+    fn handle(&mut self, _: GetStats<ManagerStats>, _: &mut Context<Self>) -> ManagerStats {
         ManagerStats {
             held: self.held.len(),
             ..self.stats.clone()

@@ -255,8 +255,10 @@ impl Ask {
 #[rtype(result = "()")]
 pub struct SubscribeConnState(pub Recipient<ConnState>);
 
-/// Counters of what the listener has done.
+/// Counters of what the listener has done: what a `ListenerActor` answers to
+/// [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
 pub struct ListenerStats {
     /// Messages delivered to subscribers and waiters.
     pub delivered: u64,
@@ -275,11 +277,6 @@ pub struct ListenerStats {
     /// Connections opened, the first included.
     pub connections: u64,
 }
-
-/// Ask for [`ListenerStats`].
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "ListenerStats")]
-pub struct GetListenerStats;
 
 /// The channels the listener's current session is listening on, from `pg_listening_channels()`
 /// on that very session.

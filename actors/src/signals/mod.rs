@@ -19,6 +19,8 @@ use pgcoord::{Config, Error, ErrorKind, Pool, Result};
 use tokio::sync::oneshot;
 use tokio_postgres::{AsyncMessage, Client};
 
+use crate::stats::GetStats;
+
 mod connection;
 mod dispatch;
 mod messages;
@@ -211,10 +213,10 @@ impl Handler<ListeningChannels> for ListenerActor {
     }
 }
 
-impl Handler<GetListenerStats> for ListenerActor {
+impl Handler<GetStats<ListenerStats>> for ListenerActor {
     type Result = ListenerStats;
 
-    fn handle(&mut self, _: GetListenerStats, _: &mut Context<Self>) -> ListenerStats {
+    fn handle(&mut self, _: GetStats<ListenerStats>, _: &mut Context<Self>) -> ListenerStats {
         ListenerStats {
             pending_requests: self.pending.lock().expect("pending").len(),
             ..self.stats.clone()

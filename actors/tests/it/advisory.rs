@@ -346,6 +346,21 @@ async fn a_dropped_guard_releases_and_a_lost_lock_is_reported_to_its_guard() {
         taken.release().await.unwrap_err().kind(),
         ErrorKind::LockLost
     );
+    let (a, b) = (
+        a.send(GetStats::new()).await.unwrap(),
+        b.send(GetStats::new()).await.unwrap(),
+    );
+    assert_eq!(
+        (a.granted, a.released, a.lost, a.held),
+        (1, 1, 0, 0),
+        "{a:?}"
+    );
+    assert_eq!(
+        (b.granted, b.released, b.lost, b.held),
+        (1, 0, 1, 0),
+        "{b:?}"
+    );
+    assert_eq!(a.idle_sessions, 1, "the released session kept for reuse");
 }
 
 #[actix_rt::test]

@@ -60,7 +60,7 @@ pub(super) async fn on_server(
 }
 
 async fn stats(manager: &Addr<LockManager>) -> ManagerStats {
-    manager.send(GetStats).await.unwrap()
+    manager.send(GetStats::new()).await.unwrap()
 }
 
 /// Waits until `application_name` has a backend, and returns its pid.

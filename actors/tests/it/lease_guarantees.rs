@@ -120,7 +120,7 @@ async fn a_lease_taken_away_is_reported_lost_exactly_once() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(first.received().len(), 1, "still exactly once");
-    assert_eq!(a.send(GetStats).await.unwrap().held, 1);
+    assert_eq!(a.send(GetStats::new()).await.unwrap().held, 1);
 }
 
 #[actix_rt::test]
@@ -134,9 +134,9 @@ async fn a_thousand_leases_are_renewed_by_one_statement_per_tick() {
     for request in requests {
         leases.push(request.await.unwrap().unwrap());
     }
-    let before = a.send(GetStats).await.unwrap();
+    let before = a.send(GetStats::new()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    let after = a.send(GetStats).await.unwrap();
+    let after = a.send(GetStats::new()).await.unwrap();
     let ticks = after.renew_statements - before.renew_statements;
     assert!((2..=4).contains(&ticks), "one statement per tick: {ticks}");
     // One statement renews every row with the same server timestamp.
@@ -173,7 +173,7 @@ async fn releases_racing_heartbeats_are_never_reported_as_losses() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(lost.received().is_empty(), "{:?}", lost.received());
-    assert!(a.send(GetStats).await.unwrap().renew_statements > 0);
+    assert!(a.send(GetStats::new()).await.unwrap().renew_statements > 0);
 }
 
 #[actix_rt::test]

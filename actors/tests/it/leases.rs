@@ -75,7 +75,7 @@ async fn a_timed_out_or_cancelled_wait_never_enters_the_critical_section() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let err = b.send(Get("job".into())).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "no row left behind");
-    assert_eq!(b.send(GetStats).await.unwrap().granted, 0);
+    assert_eq!(b.send(GetStats::new()).await.unwrap().granted, 0);
 }
 
 #[actix_rt::test]
@@ -97,7 +97,7 @@ async fn holding_longer_than_a_heartbeat_stays_valid() {
     held.fence(&tx).await.unwrap();
     tx.commit().await.unwrap();
     assert!(lost.received().is_empty());
-    let stats = a.send(GetStats).await.unwrap();
+    let stats = a.send(GetStats::new()).await.unwrap();
     assert!(stats.renew_statements >= 10, "{stats:?}");
     held.release().await.unwrap();
 }

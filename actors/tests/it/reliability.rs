@@ -164,7 +164,7 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert!(started.elapsed() < FAST * 2);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let stats = client.send(GetListenerStats).await.unwrap();
+    let stats = client.send(GetStats::new()).await.unwrap();
     assert_eq!((stats.unmatched_replies, stats.pending_requests), (1, 0));
 
     // A responder whose process dies mid-handler: its own System, stopped while it works.
@@ -199,11 +199,7 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
     assert!(started.elapsed() >= Duration::from_secs(1));
     responder.join().unwrap();
     assert_eq!(
-        client
-            .send(GetListenerStats)
-            .await
-            .unwrap()
-            .pending_requests,
+        client.send(GetStats::new()).await.unwrap().pending_requests,
         0
     );
 }
@@ -248,7 +244,7 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
         (0..10_000).collect::<Vec<_>>(),
         "in order, none lost"
     );
-    let stats = listener.send(GetListenerStats).await.unwrap();
+    let stats = listener.send(GetStats::new()).await.unwrap();
     assert!(stats.overflowed > 0, "the slow one's overflow is counted");
     assert_eq!(stats.delivered + stats.overflowed, 20_000, "{stats:?}");
 }

@@ -128,7 +128,7 @@ async fn garbage_is_skipped_and_the_next_message_delivered() {
         .unwrap();
     let received = collector.wait_for(1, Duration::from_secs(5)).await;
     assert_eq!(received[0].payload[..], *b"valid");
-    assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 3);
+    assert_eq!(listener.send(GetStats::new()).await.unwrap().garbage, 3);
 }
 
 #[actix_rt::test]
@@ -167,7 +167,7 @@ async fn a_slow_subscriber_does_not_hold_up_the_others() {
         .collect();
     assert_eq!(order, (0..200).collect::<Vec<_>>(), "in order, none lost");
     assert!(
-        listener.send(GetListenerStats).await.unwrap().overflowed > 0,
+        listener.send(GetStats::new()).await.unwrap().overflowed > 0,
         "the slow one's overflow is counted"
     );
 }
@@ -266,7 +266,7 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     );
     assert_eq!(
         listener
-            .send(GetListenerStats)
+            .send(GetStats::new())
             .await
             .unwrap()
             .pending_requests,
@@ -327,7 +327,7 @@ async fn a_garbage_flood_is_counted_and_served_traffic_goes_on() {
         collector.wait_for(1, Duration::from_secs(10)).await[0].payload[..],
         *b"valid"
     );
-    assert_eq!(listener.send(GetListenerStats).await.unwrap().garbage, 2000);
+    assert_eq!(listener.send(GetStats::new()).await.unwrap().garbage, 2000);
     // Warned about at the first and at every power of two: 11 lines for 2,000.
     assert_eq!(log.lines_containing("not pgcoord messages"), 11);
 }
@@ -371,7 +371,7 @@ async fn a_stored_payload_that_cannot_be_fetched_is_reported_to_the_application(
     assert_eq!(on, channel);
     assert!(error.contains("not in the store"), "{error}");
     assert_eq!(
-        listener.send(GetListenerStats).await.unwrap().undeliverable,
+        listener.send(GetStats::new()).await.unwrap().undeliverable,
         1
     );
     assert!(collector.received().is_empty());

@@ -169,11 +169,7 @@ async fn without_a_handler_the_deadline_ends_the_request_and_nothing_leaks() {
     assert!(matches!(gave_up, Err(MailboxError::Timeout)));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
-        client
-            .send(GetListenerStats)
-            .await
-            .unwrap()
-            .pending_requests,
+        client.send(GetStats::new()).await.unwrap().pending_requests,
         0
     );
 }
@@ -197,7 +193,7 @@ async fn with_two_handlers_exactly_one_reply_is_used() {
         .unwrap();
     assert!(reply == b"first" || reply == b"second");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = client.send(GetListenerStats).await.unwrap();
+    let stats = client.send(GetStats::new()).await.unwrap();
     assert_eq!(
         (stats.unmatched_replies, stats.pending_requests),
         (1, 0),
