@@ -8,7 +8,7 @@ use pgcoord::{Config, Pool};
 
 use crate::advisory::AdvisoryLocks;
 use crate::leases::LockManager;
-use crate::payloads::PayloadStoreActor;
+use crate::payloads::PayloadExpiry;
 use crate::signals::ListenerActor;
 
 /// The addresses of a process's pgcoord actors, which share one connection pool.
@@ -20,8 +20,8 @@ pub struct Coordinator {
     pub advisory: Addr<AdvisoryLocks>,
     /// Publish/subscribe and request/reply (supervised).
     pub signals: Addr<ListenerActor>,
-    /// The payload store and its expiry timer.
-    pub payloads: Addr<PayloadStoreActor>,
+    /// Deletes expired rows of the payload table on a timer.
+    pub payload_expiry: Addr<PayloadExpiry>,
 }
 
 impl Coordinator {
@@ -36,7 +36,7 @@ impl Coordinator {
 
     /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
     /// that hears lease releases through it (so the process has one LISTEN connection), an
-    /// `AdvisoryLocks` and a `PayloadStoreActor`, all over one pool of at most
+    /// `AdvisoryLocks` and a `PayloadExpiry`, all over one pool of at most
     /// `config.pool_size()` connections (plus the LISTEN connection, the heartbeat's, and one per
     /// held advisory lock). Must run inside an actix System; the tables must exist
     /// (`pgcoord::schema::migrate`). Nothing is checked: with the database down, everything
@@ -81,7 +81,7 @@ impl Coordinator {
             // One LISTEN connection per process: lease wake-ups come through the listener.
             locks: LockManager::with_pool(config.clone(), pool, Some(signals.clone())).start(),
             advisory: AdvisoryLocks::new(config).start(),
-            payloads: PayloadStoreActor::new(table, expire_every).start(),
+            payload_expiry: PayloadExpiry::new(table, expire_every).start(),
             signals,
         }
     }

@@ -9,7 +9,8 @@
 //!   [`AdvisoryGuard`], released when dropped.
 //! - [`signals`] — [`ListenerActor`]: the process's one LISTEN connection, supervised and
 //!   reconnecting, with [`ConnState`] broadcasts; publish/subscribe, serving, request/reply.
-//! - [`payloads`] — [`PayloadStoreActor`]: large payloads and their expiry.
+//! - [`payloads`] — [`PayloadExpiry`]: deletes expired stored payloads on a timer (the listener
+//!   puts and fetches them itself, without a mailbox in between).
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
@@ -40,6 +41,6 @@ pub use call::Call;
 pub use coordinator::Coordinator;
 pub use leases::*;
 pub use losses::*;
-pub use payloads::{DeleteExpired, GetPayload, PayloadStoreActor, PutPayload};
+pub use payloads::{DeleteExpired, PayloadExpiry};
 pub use signals::*;
 pub use stats::GetStats;

@@ -1,30 +1,36 @@
-//! [`PayloadStoreActor`]: puts and gets large payloads, and expires old rows on a timer.
+//! [`PayloadExpiry`]: deletes expired rows of the payload table on a timer.
+//!
+//! Large payloads themselves go straight from the `ListenerActor` to its
+//! [`PayloadStore`](pgcoord::payload::PayloadStore) (on a task per message, never through a
+//! mailbox: an actor hop would add latency and serialize fetches without doing anything). What
+//! is left to own is the table's lifetime: rows outlive their message by the payload TTL, and
+//! something has to delete them.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Result;
-use pgcoord::payload::{PayloadStore, PayloadTable};
+use pgcoord::payload::PayloadTable;
 use tracing::{debug, warn};
 
-/// Owns the payload table and deletes expired rows every `expire_every`.
-pub struct PayloadStoreActor {
+/// Deletes expired payload rows every `expire_every`. A `Coordinator` starts one.
+pub struct PayloadExpiry {
     table: PayloadTable,
     expire_every: Duration,
 }
 
-impl PayloadStoreActor {
-    /// An actor over `table`, expiring rows every `expire_every` (a tenth of the time-to-live is
-    /// a sensible choice).
-    pub fn new(table: PayloadTable, expire_every: Duration) -> PayloadStoreActor {
-        PayloadStoreActor {
+impl PayloadExpiry {
+    /// An actor over `table`, deleting expired rows every `expire_every` (a tenth of the
+    /// time-to-live is a sensible choice).
+    pub fn new(table: PayloadTable, expire_every: Duration) -> PayloadExpiry {
+        PayloadExpiry {
             table,
             expire_every,
         }
     }
 }
 
-impl Actor for PayloadStoreActor {
+impl Actor for PayloadExpiry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
@@ -42,38 +48,12 @@ impl Actor for PayloadStoreActor {
     }
 }
 
-/// Store a payload; returns its key.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<String>")]
-pub struct PutPayload(pub Vec<u8>);
-
-/// Fetch a payload by key; [`pgcoord::ErrorKind::NotFound`] when it expired or never existed.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Vec<u8>>")]
-pub struct GetPayload(pub String);
-
 /// Delete expired payloads now; returns how many.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<u64>")]
 pub struct DeleteExpired;
 
-impl Handler<PutPayload> for PayloadStoreActor {
-    type Result = ResponseFuture<Result<String>>;
-    fn handle(&mut self, PutPayload(bytes): PutPayload, _: &mut Context<Self>) -> Self::Result {
-        let table = self.table.clone();
-        Box::pin(async move { table.put(bytes).await })
-    }
-}
-
-impl Handler<GetPayload> for PayloadStoreActor {
-    type Result = ResponseFuture<Result<Vec<u8>>>;
-    fn handle(&mut self, GetPayload(key): GetPayload, _: &mut Context<Self>) -> Self::Result {
-        let table = self.table.clone();
-        Box::pin(async move { table.get(&key).await })
-    }
-}
-
-impl Handler<DeleteExpired> for PayloadStoreActor {
+impl Handler<DeleteExpired> for PayloadExpiry {
     type Result = ResponseFuture<Result<u64>>;
     fn handle(&mut self, _: DeleteExpired, _: &mut Context<Self>) -> Self::Result {
         let table = self.table.clone();
@@ -81,7 +61,7 @@ impl Handler<DeleteExpired> for PayloadStoreActor {
     }
 }
 
-impl Handler<crate::losses::Shutdown> for PayloadStoreActor {
+impl Handler<crate::losses::Shutdown> for PayloadExpiry {
     type Result = ();
 
     fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
