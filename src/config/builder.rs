@@ -25,6 +25,7 @@ pub struct ConfigBuilder {
     heartbeat: Duration,
     ping_interval: Duration,
     ping_timeout: Duration,
+    backoff: (Duration, Duration),
     pool_size: u32,
     pool_timeout: Duration,
     application_name: Option<String>,
@@ -48,6 +49,7 @@ impl Default for ConfigBuilder {
             heartbeat: Duration::from_secs(5),
             ping_interval: Duration::from_secs(15),
             ping_timeout: Duration::from_secs(5),
+            backoff: (Duration::from_millis(5), Duration::from_millis(500)),
             pool_size: 10,
             pool_timeout: Duration::from_secs(30),
             application_name: None,
@@ -132,6 +134,15 @@ impl ConfigBuilder {
     /// How long a ping may stay unanswered before its session counts as lost. Default: 5 s.
     pub fn ping_timeout(mut self, timeout: Duration) -> Self {
         self.ping_timeout = timeout;
+        self
+    }
+
+    /// The jittered backoff between reconnect attempts of the listener and between retries of a
+    /// failed renewal: a random delay up to `initial` × 2^attempt, at most `max`. Renewal retries
+    /// are also capped by the heartbeat. Both must be at least 1 ms and `initial` ≤ `max`.
+    /// Default: 5 ms, at most 500 ms (back within half a second of the server).
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff = (initial, max);
         self
     }
 
@@ -280,6 +291,15 @@ impl ConfigBuilder {
                 ));
             }
         }
+        let (initial, max) = self.backoff;
+        if initial < Duration::from_millis(1) || max < initial {
+            return Err(Error::new(
+                ErrorKind::DurationTooSmall,
+                format!(
+                    "backoff {initial:?} to {max:?}: the initial delay must be at least 1 ms and at most the maximum"
+                ),
+            ));
+        }
         if self.pool_size == 0 {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
@@ -303,6 +323,7 @@ impl ConfigBuilder {
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
             payload_ttl: self.payload_ttl,
+            backoff: crate::db::Backoff::new(initial, max),
         })
     }
 }

@@ -35,6 +35,7 @@ pub struct Config {
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
     pub(crate) payload_ttl: Duration,
+    pub(crate) backoff: crate::db::Backoff,
 }
 
 impl Config {
@@ -83,6 +84,11 @@ impl Config {
     /// How long a ping may stay unanswered before its session counts as lost.
     pub fn ping_timeout(&self) -> Duration {
         self.ping_timeout
+    }
+
+    /// The backoff between reconnect attempts (listener) and renewal retries (heartbeat).
+    pub fn backoff(&self) -> crate::db::Backoff {
+        self.backoff
     }
     /// The most connections the pool opens.
     pub fn pool_size(&self) -> u32 {

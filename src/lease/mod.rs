@@ -225,16 +225,18 @@ impl LeaseTable {
     }
 
     /// Renews every `(name, token)` lease for another `lease`, in one statement. Returns the
-    /// leases renewed; any other was lost (row gone, token changed, or already expired).
+    /// tokens of the leases renewed (a token names one lease: tokens are unique); any other was
+    /// lost (row gone, token changed, or already expired). Names may be any string type, so a
+    /// heartbeat can pass the names it holds without copying them.
     #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
-    pub async fn renew(
+    pub async fn renew<N: AsRef<str>>(
         &self,
         client: &(impl Statements + ?Sized),
-        held: &[(String, i64)],
+        held: &[(N, i64)],
         lease: Duration,
-    ) -> Result<Vec<(String, i64)>> {
+    ) -> Result<Vec<i64>> {
         let (names, tokens): (Vec<&str>, Vec<i64>) =
-            held.iter().map(|(n, t)| (n.as_str(), *t)).unzip();
+            held.iter().map(|(n, t)| (n.as_ref(), *t)).unzip();
         let rows = client
             .run(
                 &self.renew,
@@ -245,9 +247,7 @@ impl LeaseTable {
                 ],
             )
             .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     /// Releases `name` if `token` still holds it, deleting the row — unless a waiter reserved

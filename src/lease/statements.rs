@@ -74,7 +74,7 @@ impl LeaseTable {
                 "UPDATE {t} AS l SET expires_at = now() + $3 * interval '1 millisecond'
                  FROM unnest($1::text[], $2::int8[]) AS h(name, token)
                  WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
-                 RETURNING l.name, l.token"
+                 RETURNING l.token"
             ),
             // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
             // only (and on $3), so a reservation made concurrently cannot make the release miss.

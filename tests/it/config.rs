@@ -73,6 +73,21 @@ fn bad_values_have_their_own_errors() {
         kind(base().ping_timeout(Duration::ZERO)),
         ErrorKind::DurationTooSmall
     );
+    let ms = Duration::from_millis;
+    assert_eq!(
+        kind(base().backoff(Duration::ZERO, ms(10))),
+        ErrorKind::DurationTooSmall
+    );
+    assert_eq!(
+        kind(base().backoff(ms(100), ms(10))),
+        ErrorKind::DurationTooSmall
+    );
+    let backoff = base().backoff(ms(20), ms(3000)).build().unwrap().backoff();
+    assert_eq!((backoff.initial(), backoff.max()), (ms(20), ms(3000)));
+    assert_eq!(
+        base().build().unwrap().backoff(),
+        pgcoord::db::Backoff::DEFAULT
+    );
     assert_eq!(kind(base().pool_size(0)), ErrorKind::InvalidConfig);
     assert_eq!(
         kind(base().lock_table("x; DROP TABLE y")),

@@ -66,7 +66,7 @@ async fn renew_never_inserts_steals_or_revives() {
         ("a".to_string(), a.token + 1000),
     ];
     let renewed = table.renew(&client, &held, LEASE).await.unwrap();
-    assert_eq!(renewed, vec![("a".to_string(), a.token)]);
+    assert_eq!(renewed, vec![a.token]);
     assert_eq!(
         table.get(&client, "missing").await.unwrap_err().kind(),
         ErrorKind::NotFound
@@ -178,7 +178,7 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
     table.fence(&tx, "job", g.token).await.unwrap();
     // ...while the holder can still renew.
     let renewed = table
-        .renew(&other, &[("job".into(), g.token)], short)
+        .renew(&other, &[("job", g.token)], short)
         .await
         .unwrap();
     assert_eq!(renewed.len(), 1);

@@ -259,10 +259,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let stats = holder.send(GetStats::new()).await?;
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let ticks = holder.send(GetStats::new()).await?.renew_statements - stats.renew_statements;
-    let snapshot: Vec<(String, i64)> = held
-        .iter()
-        .map(|l| (l.name().to_owned(), l.token()))
-        .collect();
+    let snapshot: Vec<(&str, i64)> = held.iter().map(|l| (l.name(), l.token())).collect();
     let t = Instant::now();
     let renewed = table
         .renew(&admin, &snapshot, Duration::from_secs(60))

@@ -34,7 +34,7 @@ pub(crate) struct AcquireJob {
     pub(crate) table: Arc<LeaseTable>,
     pub(crate) queues: Arc<Queues>,
     /// The names the manager holds now, shared with it.
-    pub(crate) holding: Arc<Mutex<HashSet<String>>>,
+    pub(crate) holding: Arc<Mutex<HashSet<Arc<str>>>>,
     pub(crate) owner: String,
     pub(crate) lease: Duration,
     /// The longest a waiter sleeps without a wake-up.
@@ -81,7 +81,13 @@ impl AcquireJob {
             // One try, now: when local callers already wait for the name, it is not free, and
             // taking it ahead of them would not be fair either.
             match queue.turn.try_lock() {
-                Ok(_turn) if self.holding.lock().expect("holding").contains(&name) => {
+                Ok(_turn)
+                    if self
+                        .holding
+                        .lock()
+                        .expect("holding")
+                        .contains(name.as_str()) =>
+                {
                     Outcome::Failed(already_held(&name))
                 }
                 Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
@@ -95,7 +101,13 @@ impl AcquireJob {
             };
             match turn {
                 // A local caller ahead in the queue got it meanwhile.
-                Ok(_turn) if self.holding.lock().expect("holding").contains(&name) => {
+                Ok(_turn)
+                    if self
+                        .holding
+                        .lock()
+                        .expect("holding")
+                        .contains(name.as_str()) =>
+                {
                     Outcome::Failed(already_held(&name))
                 }
                 Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
@@ -309,7 +321,7 @@ impl Handler<Acquire> for LockManager {
         if let Err(e) = pgcoord::lease::check_name(&request.name) {
             return AcquireResponse(Err(e));
         }
-        if self.held.contains_key(&request.name) {
+        if self.held.contains_key(request.name.as_str()) {
             return AcquireResponse(Err(already_held(&request.name)));
         }
         AcquireResponse(Ok(AcquireJob {

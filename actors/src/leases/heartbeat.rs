@@ -48,7 +48,8 @@ impl LockManager {
         let bound = earliest.min(now + attempt);
         self.renewing = true;
         self.stats.renew_statements += 1;
-        let snapshot: Vec<(String, i64)> = self
+        // The names are shared (`Arc<str>`), not copied: a tick allocates one vector.
+        let snapshot: Vec<(Arc<str>, i64)> = self
             .held
             .iter()
             .map(|(name, h)| (name.clone(), h.token))
@@ -96,17 +97,12 @@ impl LockManager {
 
     /// Moves the deadline of every lease the renewal confirmed; the others are gone on the
     /// server.
-    fn renewed(
-        &mut self,
-        sent: Instant,
-        snapshot: Vec<(String, i64)>,
-        renewed: Vec<(String, i64)>,
-    ) {
+    fn renewed(&mut self, sent: Instant, snapshot: Vec<(Arc<str>, i64)>, renewed: Vec<i64>) {
         let deadline = sent + self.config.lease() - self.margin();
-        let renewed: HashSet<_> = renewed.into_iter().collect();
+        let renewed: HashSet<i64> = renewed.into_iter().collect();
         for (name, token) in snapshot {
-            if renewed.contains(&(name.clone(), token)) {
-                if let Some(held) = self.held.get_mut(&name).filter(|h| h.token == token) {
+            if renewed.contains(&token) {
+                if let Some(held) = self.held.get_mut(&*name).filter(|h| h.token == token) {
                     held.deadline = deadline;
                 }
             } else {
@@ -128,7 +124,8 @@ impl LockManager {
                 "lease renewal failed; retrying (leases not renewed by their deadline are reported lost)"
             );
         }
-        let retry = pgcoord::db::backoff(self.renew_failures)
+        let retry = (self.config.backoff())
+            .delay(self.renew_failures - 1)
             .max(Duration::from_millis(10))
             .min(self.config.heartbeat().unwrap_or(self.config.lease() / 4));
         debug!(?retry, "renewal retry scheduled");
@@ -138,7 +135,7 @@ impl LockManager {
     /// Reports every lease whose deadline has passed.
     pub(crate) fn sweep_deadlines(&mut self) {
         let now = Instant::now();
-        let expired: Vec<(String, i64)> = self
+        let expired: Vec<(Arc<str>, i64)> = self
             .held
             .iter()
             .filter(|(_, h)| h.deadline <= now)

@@ -46,9 +46,10 @@ pub struct LockManager {
     pub(crate) pool: Pool,
     pub(crate) table: Arc<LeaseTable>,
     pub(crate) queues: Arc<Queues>,
-    pub(crate) held: HashMap<String, Held>,
+    /// Keyed by shared names, so that a heartbeat tick copies no name.
+    pub(crate) held: HashMap<Arc<str>, Held>,
     /// The names in `held`, shared with acquires under way (they refuse a name held meanwhile).
-    pub(crate) holding: Arc<Mutex<HashSet<String>>>,
+    pub(crate) holding: Arc<Mutex<HashSet<Arc<str>>>>,
     pub(crate) subscribers: LossSubscribers,
     /// Whether the listener was started by this manager (and is stopped with it).
     own_listener: bool,
@@ -118,7 +119,7 @@ impl LockManager {
     }
 
     /// Records `name` as held.
-    pub(crate) fn hold_lease(&mut self, name: String, held: Held) {
+    pub(crate) fn hold_lease(&mut self, name: Arc<str>, held: Held) {
         self.holding.lock().expect("holding").insert(name.clone());
         self.held.insert(name, held);
     }
@@ -149,7 +150,7 @@ impl LockManager {
         let (lost_tx, lost_rx) = watch::channel(None);
         self.stats.granted += 1;
         self.hold_lease(
-            name.clone(),
+            Arc::from(name.as_str()),
             Held {
                 token: grant.token,
                 keep_on_release,
@@ -214,12 +215,12 @@ impl Actor for LockManager {
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();
-        let names: Vec<String> = self.held.keys().cloned().collect();
+        let names: Vec<Arc<str>> = self.held.keys().cloned().collect();
         for name in names {
             let held = self.forget_lease(&name).expect("listed above");
             let _ = held.lost.send(Some(LossReason::Shutdown));
             self.subscribers.broadcast(LockLost {
-                key: LockKey::Lease(name.clone()),
+                key: LockKey::Lease(name.to_string()),
                 token: Some(held.token),
                 reason: LossReason::Shutdown,
             });
@@ -247,7 +248,11 @@ impl Handler<Release> for LockManager {
     fn handle(&mut self, Release { name, token }: Release, _: &mut Context<Self>) -> Self::Result {
         // Forget it before the statement runs, so a heartbeat in flight that no longer finds
         // the row does not report a loss.
-        if self.held.get(&name).is_none_or(|h| h.token != token) {
+        if self
+            .held
+            .get(name.as_str())
+            .is_none_or(|h| h.token != token)
+        {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!("lease {name:?} (token {token}) was already released or lost"),

@@ -220,26 +220,30 @@ async fn listen_on(
     }
 }
 
-/// No delay for the first connection (or the first after a working one), then pgcoord's
-/// jittered backoff, at most 500 ms: the listener is back within half a second of the server.
-pub(super) fn backoff(failures: u32) -> Duration {
+/// No delay for the first connection (or the first after a working one), then the configured
+/// jittered backoff (default at most 500 ms: the listener is back within half a second of the
+/// server).
+pub(super) fn backoff(failures: u32, backoff: pgcoord::db::Backoff) -> Duration {
     match failures {
         0 | 1 => Duration::ZERO,
-        n => pgcoord::db::backoff(n - 1),
+        n => backoff.delay(n - 2),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::backoff;
+    use pgcoord::db::Backoff;
     use std::time::Duration;
 
     #[test]
     fn backoff_starts_at_once_and_is_capped() {
-        assert_eq!(backoff(0), Duration::ZERO);
-        assert_eq!(backoff(1), Duration::ZERO);
+        let configured = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        assert_eq!(backoff(0, configured), Duration::ZERO);
+        assert_eq!(backoff(1, configured), Duration::ZERO);
         for failures in 2..40 {
-            assert!(backoff(failures) <= Duration::from_millis(500));
+            assert!(backoff(failures, configured) <= Duration::from_millis(500));
         }
+        assert!(backoff(2, configured) <= Duration::from_millis(5));
     }
 }

@@ -44,9 +44,14 @@ impl ListenerActor {
             };
         }
         match envelope.kind {
-            Kind::Event => match &envelope.body {
-                Body::Inline(payload) => self.deliver(channel, envelope.id, payload.clone(), ctx),
-                Body::Stored(_) => {
+            Kind::Event => match envelope.body {
+                // Decoded once into its own buffer: moved, then shared by every subscriber.
+                Body::Inline(payload) => self.deliver(channel, envelope.id, payload, ctx),
+                stored @ Body::Stored(_) => {
+                    let envelope = Envelope {
+                        body: stored,
+                        ..envelope
+                    };
                     let store = self.store.clone();
                     let channel = channel.to_owned();
                     let open = async move {

@@ -123,7 +123,7 @@ impl Actor for ListenerActor {
         if self.shut_down {
             return;
         }
-        let delay = connection::backoff(self.failures);
+        let delay = connection::backoff(self.failures, self.config.backoff());
         if delay.is_zero() {
             self.connect(ctx);
         } else {

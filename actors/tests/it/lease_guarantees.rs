@@ -48,7 +48,7 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     let renewed = table
-        .renew(&admin, &[("job".into(), old.token)], lease)
+        .renew(&admin, &[("job", old.token)], lease)
         .await
         .unwrap();
     assert!(renewed.is_empty());
