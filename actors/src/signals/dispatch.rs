@@ -16,7 +16,8 @@ use super::messages::*;
 use super::{Channel, ListenerActor};
 
 impl ListenerActor {
-    /// Routes one notification. Never waits: stored payloads and handlers run on their own.
+    /// Routes one notification. Never waits: stored payloads (see `ordered`) and handlers run on
+    /// their own.
     pub(crate) fn dispatch(&mut self, channel: &str, text: &str, ctx: &mut Context<Self>) {
         if let Some(entry) = self.channels.get_mut(channel)
             && !entry.raw.is_empty()
@@ -46,26 +47,13 @@ impl ListenerActor {
         match envelope.kind {
             Kind::Event => match envelope.body {
                 // Decoded once into its own buffer: moved, then shared by every subscriber.
-                Body::Inline(payload) => self.deliver(channel, envelope.id, payload, ctx),
+                Body::Inline(payload) => self.deliver_in_order(channel, envelope.id, payload, ctx),
                 stored @ Body::Stored(_) => {
                     let envelope = Envelope {
                         body: stored,
                         ..envelope
                     };
-                    let store = self.store.clone();
-                    let channel = channel.to_owned();
-                    let open = async move {
-                        signal::open(&envelope, store.as_deref())
-                            .await
-                            .map(|p| (envelope.id, p))
-                    };
-                    ctx.spawn(
-                        open.into_actor(self)
-                            .map(move |result, act, ctx| match result {
-                                Ok((id, payload)) => act.deliver(&channel, id, payload, ctx),
-                                Err(e) => act.undeliverable(&channel, &e),
-                            }),
-                    );
+                    self.fetch_in_order(channel, envelope, ctx);
                 }
             },
             Kind::Request => {
@@ -88,7 +76,7 @@ impl ListenerActor {
 
     /// A message whose stored payload cannot be fetched (expired, deleted, store unreachable):
     /// counted, and announced to `ConnState` subscribers, since its subscribers miss it.
-    fn undeliverable(&mut self, channel: &str, error: &Error) {
+    pub(crate) fn undeliverable(&mut self, channel: &str, error: &Error) {
         self.stats.undeliverable += 1;
         warn!(%channel, error = %error, "cannot fetch a stored payload; message not delivered");
         self.broadcast(ConnState::MessageLost {
@@ -98,7 +86,13 @@ impl ListenerActor {
     }
 
     /// Hands a message to every waiter and subscriber of `channel` without blocking.
-    fn deliver(&mut self, channel: &str, id: u64, payload: Vec<u8>, ctx: &mut Context<Self>) {
+    pub(crate) fn deliver(
+        &mut self,
+        channel: &str,
+        id: u64,
+        payload: Vec<u8>,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(entry) = self.channels.get_mut(channel) else {
             return;
         };

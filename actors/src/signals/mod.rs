@@ -6,7 +6,8 @@
 //! it fails, closes, or leaves a ping unanswered for `ping_timeout`, the actor stops and its
 //! supervisor restarts it: the state (subscriptions, handlers, pending requests) survives, a new
 //! connection is opened after a backoff, every channel is LISTENed again, and only then is
-//! `Reconnected` broadcast. Routing of what arrives is in `dispatch`.
+//! `Reconnected` broadcast. Routing of what arrives is in `dispatch`; keeping the order of
+//! messages whose payloads are fetched from the store, in `ordered`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,7 @@ use crate::stats::GetStats;
 mod connection;
 mod dispatch;
 mod messages;
+mod ordered;
 mod round_trip;
 
 pub use messages::*;
@@ -37,6 +39,8 @@ pub(crate) struct Channel {
     pub(crate) raw: Vec<Recipient<RawNotification>>,
     pub(crate) waiters: Vec<oneshot::Sender<Signal>>,
     pub(crate) handler: Option<RequestHandler>,
+    /// Messages waiting for an earlier one's stored payload (see `ordered`).
+    pub(crate) backlog: ordered::Backlog,
 }
 
 /// The actor owning the process's LISTEN connection. Start it with
@@ -64,6 +68,8 @@ pub struct ListenerActor {
     /// address, so a shut-down listener stays idle instead of connecting again.
     shut_down: bool,
     pub(crate) stats: ListenerStats,
+    /// Numbers the messages of channel backlogs.
+    next_seq: u64,
 }
 
 /// The pending requests of a listener: reply senders by request id.
@@ -102,6 +108,7 @@ impl ListenerActor {
             failures: 0,
             shut_down: false,
             stats: ListenerStats::default(),
+            next_seq: 0,
         }
     }
 

@@ -384,3 +384,34 @@ async fn wait_next_returns_the_next_message_and_bad_channels_are_refused() {
         assert_eq!(err.kind(), ErrorKind::InvalidIdentifier);
     }
 }
+
+/// Messages whose payload went through the store are fetched on their own, but reach
+/// subscribers in the order they were published, mixed with inline ones.
+#[actix_rt::test]
+async fn stored_and_inline_messages_arrive_in_publish_order() {
+    let (setup, _) = setup().await;
+    let (publisher, listener) = (listener(&setup), listener(&setup));
+    let channel = unique_name("mixed");
+    let events = subscribe(&listener, &channel).await;
+    let sizes: Vec<usize> = (0..40).map(|i| if i % 3 == 0 { 6000 } else { 1 }).collect();
+    for (i, &size) in sizes.iter().enumerate() {
+        let mut payload = vec![0u8; size];
+        payload[0] = i as u8;
+        publisher
+            .send(Publish::new(&channel, payload))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let got = events.wait_for(sizes.len(), Duration::from_secs(10)).await;
+    let order: Vec<(u8, usize)> = got
+        .iter()
+        .map(|s| (s.payload[0], s.payload.len()))
+        .collect();
+    let expected: Vec<(u8, usize)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (i as u8, n))
+        .collect();
+    assert_eq!(order, expected);
+}
