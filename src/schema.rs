@@ -42,10 +42,69 @@ pub fn sql(config: &Config) -> String {
             schema.quoted()
         ));
     }
-    for (_, text) in MIGRATIONS {
-        out.push_str(&render(text, config));
+    for (file, text) in MIGRATIONS {
+        if *file == "0001_locks.sql" && config.unlogged_lock_table {
+            out.push_str(&render(&unlogged(text), config));
+        } else {
+            out.push_str(&render(text, config));
+        }
     }
     out
+}
+
+/// The lock table's migration with the table created `UNLOGGED` (the sequence stays logged, so
+/// tokens keep increasing across a crash).
+fn unlogged(text: &str) -> String {
+    const LOGGED: &str = "CREATE TABLE IF NOT EXISTS \"pgcoord_locks\"";
+    assert!(
+        text.contains(LOGGED),
+        "the lock table's migration creates it"
+    );
+    text.replace(
+        LOGGED,
+        "CREATE UNLOGGED TABLE IF NOT EXISTS \"pgcoord_locks\"",
+    )
+}
+
+/// Switches the existing lock table to `UNLOGGED` (or back to logged), as
+/// [`ConfigBuilder::unlogged_lock_table`](crate::ConfigBuilder::unlogged_lock_table) describes.
+/// The table is rewritten under an exclusive lock: every lease statement waits for it, so run it
+/// when the table is quiet. Leases survive the switch.
+#[instrument(skip_all, fields(lock_table = %config.lock_table))]
+pub async fn set_lock_table_unlogged(
+    client: &Client,
+    config: &Config,
+    unlogged: bool,
+) -> Result<()> {
+    let persistence = if unlogged { "UNLOGGED" } else { "LOGGED" };
+    let sql = format!(
+        "ALTER TABLE {} SET {persistence}",
+        config.lock_table.quoted()
+    );
+    client.batch_execute(&sql).await?;
+    info!(unlogged, "lock table persistence set");
+    Ok(())
+}
+
+/// Whether the lock table is `UNLOGGED` now. [`ErrorKind::NotFound`](crate::ErrorKind::NotFound)
+/// when it does not exist.
+pub async fn lock_table_is_unlogged(client: &Client, config: &Config) -> Result<bool> {
+    let row = client
+        .query_opt(
+            "SELECT relpersistence = 'u' FROM pg_class WHERE oid = to_regclass($1)",
+            &[&config.lock_table.quoted()],
+        )
+        .await?;
+    match row {
+        Some(row) => Ok(row.get(0)),
+        None => Err(crate::Error::new(
+            crate::ErrorKind::NotFound,
+            format!(
+                "lock table {} does not exist; run pgcoord::schema::migrate",
+                config.lock_table
+            ),
+        )),
+    }
 }
 
 /// Replaces each quoted default name in `text` with the configured one, in a single pass so a
@@ -98,6 +157,10 @@ pub async fn migrate(client: &Client, config: &Config) -> Result<()> {
 pub async fn create_tables(client: &Client, config: &Config) -> Result<()> {
     let script = sql(config)
         .replace("CREATE TABLE IF NOT EXISTS", "CREATE TABLE")
+        .replace(
+            "CREATE UNLOGGED TABLE IF NOT EXISTS",
+            "CREATE UNLOGGED TABLE",
+        )
         .replace("CREATE SEQUENCE IF NOT EXISTS", "CREATE SEQUENCE");
     // Sequences report duplicate_table (42P07) too, which classifies as AlreadyExists.
     client.batch_execute(&script).await?;

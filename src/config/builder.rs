@@ -33,6 +33,7 @@ pub struct ConfigBuilder {
     statement_timeout: Duration,
     tcp_user_timeout: Option<Duration>,
     inline_limit: usize,
+    unlogged_lock_table: bool,
     payload_ttl: Duration,
 }
 
@@ -57,6 +58,7 @@ impl Default for ConfigBuilder {
             statement_timeout: Duration::from_secs(5),
             tcp_user_timeout: None,
             inline_limit: 4096,
+            unlogged_lock_table: false,
             payload_ttl: Duration::from_secs(3600),
         }
     }
@@ -191,6 +193,21 @@ impl ConfigBuilder {
         self
     }
 
+    /// Create the lock table `UNLOGGED` (as River keeps its leader table): a grant, renewal or
+    /// release writes no WAL, so it costs no WAL flush — about twice the lease throughput
+    /// where commits are durable (docs/BENCHMARKS.md). The price is exact: after a server
+    /// crash (an immediate shutdown included) and on a promoted standby the table is empty, so
+    /// every lease is gone at once. Holders learn it at their next renewal (`TakenOver`) —
+    /// within a heartbeat, before their deadline — and fencing tokens still only increase (the
+    /// token sequence stays logged). Choose it when losing every lease on a crash or failover
+    /// is acceptable (leader election, work that is safe to restart), not when a lease guards
+    /// state that must survive one. Read by `schema::migrate` when it creates the table; an
+    /// existing table is switched with `schema::set_lock_table_unlogged`. Default: false.
+    pub fn unlogged_lock_table(mut self, unlogged: bool) -> Self {
+        self.unlogged_lock_table = unlogged;
+        self
+    }
+
     /// Payloads larger than this many bytes go to the payload store and only their key travels;
     /// smaller ones still go to the store when their encoded envelope would reach PostgreSQL's
     /// 8,000-byte limit. Default: 4,096.
@@ -322,6 +339,7 @@ impl ConfigBuilder {
             connect_timeout,
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
+            unlogged_lock_table: self.unlogged_lock_table,
             payload_ttl: self.payload_ttl,
             backoff: crate::db::Backoff::new(initial, max),
         })

@@ -34,6 +34,7 @@ pub struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
+    pub(crate) unlogged_lock_table: bool,
     pub(crate) payload_ttl: Duration,
     pub(crate) backoff: crate::db::Backoff,
 }
@@ -56,6 +57,11 @@ impl Config {
     /// The lease table.
     pub fn lock_table(&self) -> &QualifiedName {
         &self.lock_table
+    }
+    /// Whether [`crate::schema::migrate`] creates the lock table `UNLOGGED` (see
+    /// [`ConfigBuilder::unlogged_lock_table`](crate::ConfigBuilder::unlogged_lock_table)).
+    pub fn unlogged_lock_table(&self) -> bool {
+        self.unlogged_lock_table
     }
     /// The fencing-token sequence: the lock table's name with `_rvn` appended.
     pub fn lock_sequence(&self) -> &QualifiedName {

@@ -168,3 +168,87 @@ async fn sequence_never_wraps() {
         Some(&tokio_postgres::error::SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED)
     );
 }
+
+#[tokio::test]
+async fn an_unlogged_lock_table_is_created_unlogged_and_can_be_switched() {
+    let table = pgcoord::embedded::unique_name("locks");
+    let unlogged = super::builder()
+        .lock_table(&table)
+        .unlogged_lock_table(true)
+        .build()
+        .unwrap();
+    assert!(
+        schema::sql(&unlogged)
+            .contains(&format!("CREATE UNLOGGED TABLE IF NOT EXISTS \"{table}\""))
+    );
+    let client = super::connect(&unlogged).await;
+    let err = schema::lock_table_is_unlogged(&client, &unlogged)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    schema::migrate(&client, &unlogged).await.unwrap();
+    schema::migrate(&client, &unlogged).await.unwrap();
+    assert!(
+        schema::lock_table_is_unlogged(&client, &unlogged)
+            .await
+            .unwrap()
+    );
+    // The token sequence stays logged: tokens keep increasing across a crash.
+    let sequence: String = client
+        .query_one(
+            "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)",
+            &[&unlogged.lock_sequence().quoted()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sequence, "p");
+    // Switched back and forth with leases in it, which survive.
+    let leases = pgcoord::LeaseTable::new(&unlogged);
+    let grant = match leases
+        .try_acquire(
+            &client,
+            "kept",
+            "me",
+            None,
+            false,
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    {
+        pgcoord::lease::Attempt::Granted(grant) => grant,
+        other => panic!("{other:?}"),
+    };
+    schema::set_lock_table_unlogged(&client, &unlogged, false)
+        .await
+        .unwrap();
+    assert!(
+        !schema::lock_table_is_unlogged(&client, &unlogged)
+            .await
+            .unwrap()
+    );
+    schema::set_lock_table_unlogged(&client, &unlogged, true)
+        .await
+        .unwrap();
+    assert!(
+        schema::lock_table_is_unlogged(&client, &unlogged)
+            .await
+            .unwrap()
+    );
+    let info = leases.get(&client, "kept").await.unwrap();
+    assert_eq!(info.token, Some(grant.token));
+    // The default stays logged.
+    let logged = super::builder()
+        .lock_table(pgcoord::embedded::unique_name("locks"))
+        .build()
+        .unwrap();
+    schema::migrate(&client, &logged).await.unwrap();
+    assert!(
+        !schema::lock_table_is_unlogged(&client, &logged)
+            .await
+            .unwrap()
+    );
+    schema::drop_tables(&client, &unlogged).await.unwrap();
+    schema::drop_tables(&client, &logged).await.unwrap();
+}

@@ -11,6 +11,7 @@ mod runtime;
 mod signal_faults;
 mod signals;
 mod startup;
+mod unlogged;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
