@@ -23,7 +23,10 @@ use crate::config::validate_name;
 use crate::error::{Error, ErrorKind, Holder, Result};
 use crate::statement::Statements;
 
+mod batch;
 mod statements;
+
+pub use batch::AcquireRequest;
 
 /// A lease granted by [`LeaseTable::try_acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +86,7 @@ impl LeaseInfo {
 #[derive(Debug, Clone)]
 pub struct LeaseTable {
     acquire: String,
+    acquire_many: String,
     enqueue: String,
     dequeue: String,
     owned_token: String,

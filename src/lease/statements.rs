@@ -50,6 +50,37 @@ impl LeaseTable {
                    AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
                  RETURNING l.token, l.data"
             ),
+            // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
+            // batch form of `acquire` (group commit for one process's concurrent first attempts),
+            // with the same conditions, except that a row another transaction holds is skipped
+            // (`SKIP LOCKED`, found by difference in `busy`) instead of failing the statement: its
+            // caller asks again alone, which tells it Busy or Held. New names are inserted in
+            // name order, so two batches inserting the same new names cannot deadlock.
+            acquire_many: format!(
+                "WITH req AS (
+                     SELECT * FROM unnest($1::text[], $2::bytea[], $3::bool[]) AS r(name, data, replace_data)
+                 ), locked AS (
+                     SELECT l.name FROM {t} AS l WHERE l.name = ANY($1::text[]) FOR UPDATE SKIP LOCKED
+                 ), busy AS (
+                     SELECT l.name FROM {t} AS l WHERE l.name = ANY($1::text[])
+                     EXCEPT SELECT name FROM locked
+                 )
+                 INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                 SELECT r.name, $4, {TIMELINE_BASE} + nextval($6::regclass), r.data, now(),
+                        now() + $5 * interval '1 millisecond'
+                 FROM req AS r WHERE r.name NOT IN (SELECT name FROM busy)
+                 ORDER BY r.name
+                 ON CONFLICT (name) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = EXCLUDED.token,
+                     data = CASE WHEN (SELECT q.replace_data FROM req AS q WHERE q.name = EXCLUDED.name)
+                                 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
+                     waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
+                     waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
+                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
+                 RETURNING l.name, l.token, l.data"
+            ),
             // $1 name, $2 owner, $3 reservation ms. Takes the reservation when it is free or
             // lapsed, and reports the holder either way.
             enqueue: format!(

@@ -276,3 +276,124 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
         .unwrap();
     grant(&table, &*conn, "b", "me", LEASE).await;
 }
+
+/// The batch acquire grants exactly what single attempts would, and never waits on a row
+/// another transaction holds.
+#[tokio::test]
+async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows() {
+    use pgcoord::lease::AcquireRequest;
+    let (config, client) = super::setup().await;
+    let other = super::connect(&config).await;
+    let table = LeaseTable::new(&config);
+    // held: someone else's live lease. expired: someone else's, lapsed. reserved: free, but
+    // its next grant reserved for another waiter. kept: free, kept with data. fenced: a row
+    // another transaction holds locked.
+    grant(&table, &client, "held", "other", LEASE).await;
+    grant(
+        &table,
+        &client,
+        "expired",
+        "other",
+        Duration::from_millis(1),
+    )
+    .await;
+    let r = grant(&table, &client, "reserved", "other", LEASE).await;
+    table
+        .enqueue(&client, "reserved", "waiter", LEASE)
+        .await
+        .unwrap();
+    table
+        .release(&client, "reserved", r.token, false)
+        .await
+        .unwrap();
+    let k = grant(&table, &client, "kept", "other", LEASE).await;
+    table.release(&client, "kept", k.token, true).await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE {} SET data = 'old' WHERE name = 'kept'",
+                config.lock_table().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let f = grant(&table, &client, "fenced", "other", Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut fence = super::connect(&config).await;
+    let tx = fence.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {} WHERE name = 'fenced' FOR UPDATE",
+            config.lock_table().quoted()
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let request = |name| AcquireRequest {
+        name,
+        data: Some(b"new".as_slice()),
+        replace_data: false,
+    };
+    let requests = [
+        request("new"),
+        request("held"),
+        request("expired"),
+        request("reserved"),
+        request("kept"),
+        AcquireRequest {
+            replace_data: true,
+            ..request("kept-replaced")
+        },
+        request("fenced"),
+    ];
+    let started = std::time::Instant::now();
+    let granted = table
+        .try_acquire_many(&other, &requests, "me", LEASE)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no wait on the locked row"
+    );
+    let mut names: Vec<&str> = granted.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["expired", "kept", "kept-replaced", "new"]);
+    assert_eq!(
+        granted["kept"].data.as_deref(),
+        Some(b"old".as_slice()),
+        "kept data stays"
+    );
+    assert_eq!(granted["new"].data.as_deref(), Some(b"new".as_slice()));
+    let mut tokens: Vec<i64> = granted.values().map(|g| g.token).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 4, "a token per grant");
+    assert!(tokens[0] > f.token, "tokens keep increasing");
+    // What the server says matches: the grants are ours, the rest untouched.
+    for name in ["new", "expired", "kept"] {
+        let info = table.get(&client, name).await.unwrap();
+        assert_eq!(
+            (info.owner.as_deref(), info.token),
+            (Some("me"), Some(granted[name].token))
+        );
+    }
+    assert_eq!(
+        table.get(&client, "held").await.unwrap().owner.as_deref(),
+        Some("other")
+    );
+    assert_eq!(table.get(&client, "reserved").await.unwrap().owner, None);
+    tx.rollback().await.unwrap();
+    // Bad names are refused before any SQL, and nothing is granted.
+    let err = table
+        .try_acquire_many(&other, &[request("ok"), request("")], "me", LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+    assert_eq!(
+        table.get(&client, "ok").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}

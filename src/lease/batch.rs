@@ -1,0 +1,74 @@
+//! Batched lease statements: one statement for many first attempts of one owner (group commit).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+use tracing::instrument;
+
+use super::{Grant, LeaseTable, check_name, millis};
+use crate::error::Result;
+use crate::statement::Statements;
+
+/// One acquire attempt of a batch: the name, the data to store, and whether it replaces data
+/// a kept row holds.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    /// The lease's name.
+    pub name: &'a str,
+    /// Data to store with the grant.
+    pub data: Option<&'a [u8]>,
+    /// Replace data a kept row holds, instead of keeping it.
+    pub replace_data: bool,
+}
+
+impl LeaseTable {
+    /// One attempt at each of `requests` (distinct names) for `owner`, in one statement, with
+    /// the conditions of [`try_acquire`](Self::try_acquire). Returns the grants by name; a name
+    /// missing from the map was not granted — held by someone, reserved for another waiter, or
+    /// its row locked by another transaction (not waited for) — and its caller asks again alone
+    /// to learn which.
+    #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
+    pub async fn try_acquire_many(
+        &self,
+        client: &(impl Statements + ?Sized),
+        requests: &[AcquireRequest<'_>],
+        owner: &str,
+        lease: Duration,
+    ) -> Result<HashMap<String, Grant>> {
+        check_name(owner)?;
+        let mut names = Vec::with_capacity(requests.len());
+        let mut data = Vec::with_capacity(requests.len());
+        let mut replace = Vec::with_capacity(requests.len());
+        for request in requests {
+            check_name(request.name)?;
+            names.push(request.name);
+            data.push(request.data);
+            replace.push(request.replace_data);
+        }
+        let rows = client
+            .run(
+                &self.acquire_many,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&data, Type::BYTEA_ARRAY),
+                    (&replace, Type::BOOL_ARRAY),
+                    (&owner, Type::TEXT),
+                    (&millis(lease)?, Type::INT8),
+                    (&self.sequence, Type::TEXT),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    Grant {
+                        token: row.try_get(1)?,
+                        data: row.try_get(2)?,
+                    },
+                ))
+            })
+            .collect()
+    }
+}
