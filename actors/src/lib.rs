@@ -36,7 +36,7 @@ mod session;
 pub mod signals;
 mod stats;
 
-pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryUnlock};
+pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
 pub use leases::*;
