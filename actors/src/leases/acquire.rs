@@ -39,6 +39,8 @@ pub(crate) struct AcquireJob {
     pub(crate) lease: Duration,
     /// The longest a waiter sleeps without a wake-up.
     pub(crate) poll: Duration,
+    /// Where the first attempt goes, to share a statement with concurrent ones.
+    pub(crate) batcher: Option<super::batch::Batcher>,
 }
 
 /// How a wait ended.
@@ -133,11 +135,36 @@ impl AcquireJob {
         } = &self.request;
         let mut reserved = false;
         let mut busy = 0u32;
+        // `fail_if_locked` asks alone: it needs the holder when not granted.
+        let mut batched = self.batcher.as_ref().filter(|_| !*fail_if_locked);
         let outcome = loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Outcome::Failed(Error::not_acquired(name, None));
             }
             let bound = bound(deadline, self.pool.statement_timeout());
+            if let Some(batcher) = batched.take() {
+                // Abandoning the batch's answer is safe: a grant nobody takes is released.
+                let first = tokio::select! {
+                    first = batcher.first_attempt(name, data.clone(), *replace_data, bound) => first,
+                    _ = caller_gone(reply) => break Outcome::Cancelled,
+                };
+                match first {
+                    Some((Ok(Attempt::Granted(grant)), sent)) => {
+                        break Outcome::Granted { grant, sent };
+                    }
+                    Some((Err(e), _)) if e.is_unavailable() => {
+                        // Unknown outcome, as after a single attempt (below).
+                        let cleaned = self.release_orphan(name).await;
+                        if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
+                            continue;
+                        }
+                        break Outcome::Failed(e);
+                    }
+                    Some((Err(e), _)) => break Outcome::Failed(e),
+                    // Not granted in the batch (or not batched): ask alone, at once.
+                    Some((Ok(_), _)) | None => continue,
+                }
+            }
             // Waiting for a connection is safe to abandon (nothing was sent yet), so the caller's
             // departure ends it too. Past the bound it is `Unavailable` with the cause: an
             // unreachable database is never reported as contention.
@@ -333,6 +360,7 @@ impl Handler<Acquire> for LockManager {
             owner: self.config.owner().to_owned(),
             lease: self.config.lease(),
             poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+            batcher: self.batcher.clone(),
         }))
     }
 }

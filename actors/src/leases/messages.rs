@@ -17,7 +17,8 @@ pub use super::lease::Release;
 #[derive(Debug, Clone)]
 pub struct Acquire {
     pub(crate) name: String,
-    pub(crate) data: Option<Vec<u8>>,
+    /// Shared, not copied, between the wait and a batched first attempt.
+    pub(crate) data: Option<bytes::Bytes>,
     pub(crate) replace_data: bool,
     pub(crate) keep_on_release: bool,
     pub(crate) fail_if_locked: bool,
@@ -44,7 +45,7 @@ impl Acquire {
     /// Data stored with the lock. A kept row's existing data wins unless
     /// [`replace_data`](Self::replace_data) is set. Default: none.
     pub fn data(mut self, data: impl Into<Vec<u8>>) -> Acquire {
-        self.data = Some(data.into());
+        self.data = Some(bytes::Bytes::from(data.into()));
         self
     }
 

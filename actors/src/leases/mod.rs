@@ -16,6 +16,7 @@ use acquire::Reply;
 use wake::Queues;
 
 mod acquire;
+mod batch;
 mod heartbeat;
 mod lease;
 mod messages;
@@ -62,6 +63,8 @@ pub struct LockManager {
     /// Renewals that failed in a row; retries come sooner than the next tick.
     pub(crate) renew_failures: u32,
     pub(crate) stats: ManagerStats,
+    /// Sends concurrent first attempts as one statement; started with the actor.
+    pub(crate) batcher: Option<batch::Batcher>,
 }
 
 impl LockManager {
@@ -80,6 +83,7 @@ impl LockManager {
             heartbeat: None,
             renew_failures: 0,
             stats: ManagerStats::default(),
+            batcher: None,
             config,
         }
     }
@@ -182,6 +186,12 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
+        self.batcher = Some(batch::Batcher::start(
+            self.pool.clone(),
+            self.table.clone(),
+            self.config.owner().to_owned(),
+            self.config.lease(),
+        ));
         // Releases are announced on the lease channel. Heard through the process's listener
         // when there is one; otherwise through a listener of this manager's own — the same
         // supervised actor, so there is one way to LISTEN. Waiters poll besides, in case.
