@@ -41,6 +41,8 @@ pub(crate) struct AcquireJob {
     pub(crate) poll: Duration,
     /// Where the first attempt goes, to share a statement with concurrent ones.
     pub(crate) batcher: Option<super::batch::Batcher>,
+    /// The manager's count of acquire statements sent.
+    pub(crate) statements_sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How a wait ended.
@@ -178,6 +180,8 @@ impl AcquireJob {
             let statements = until(&*conn, bound);
             let sent = Instant::now();
             let attempt = pgcoord::db::retry(|| async {
+                self.statements_sent
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let attempt = self
                     .table
                     .try_acquire(
@@ -361,6 +365,7 @@ impl Handler<Acquire> for LockManager {
             lease: self.config.lease(),
             poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
             batcher: self.batcher.clone(),
+            statements_sent: self.acquire_statements.clone(),
         }))
     }
 }

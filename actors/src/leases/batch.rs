@@ -17,6 +17,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -58,6 +59,7 @@ struct Runner {
     table: Arc<LeaseTable>,
     owner: String,
     lease: std::time::Duration,
+    statements_sent: Arc<AtomicU64>,
 }
 
 impl Batcher {
@@ -67,6 +69,7 @@ impl Batcher {
         table: Arc<LeaseTable>,
         owner: String,
         lease: std::time::Duration,
+        statements_sent: Arc<AtomicU64>,
     ) -> Batcher {
         let (queue, items) = mpsc::unbounded_channel();
         let runner = Arc::new(Runner {
@@ -74,6 +77,7 @@ impl Batcher {
             table,
             owner,
             lease,
+            statements_sent,
         });
         tokio::spawn(collect(items, runner));
         Batcher { queue }
@@ -154,6 +158,7 @@ impl Runner {
         let statements = self.pool.statements(Some(bound));
         let sent = Instant::now();
         let granted = pgcoord::db::retry(|| {
+            self.statements_sent.fetch_add(1, Ordering::Relaxed);
             self.table
                 .try_acquire_many(&statements, &requests, &self.owner, self.lease)
         })
@@ -177,7 +182,8 @@ impl Runner {
                 // Every job learns the batch's fate; each frees what it may have been granted.
                 let error = Arc::new(error);
                 for item in batch {
-                    let own = Error::new(error.kind(), error.to_string()).with_source(error.clone());
+                    let own =
+                        Error::new(error.kind(), error.to_string()).with_source(error.clone());
                     let _ = item.reply.send(Some((Err(own), sent)));
                 }
             }

@@ -112,6 +112,9 @@ pub struct ManagerStats {
     pub renew_failures: u64,
     /// Leases granted.
     pub granted: u64,
+    /// Acquire statements sent: single attempts, and batches of concurrent first attempts
+    /// counted once each.
+    pub acquire_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
 }

@@ -65,6 +65,8 @@ pub struct LockManager {
     pub(crate) stats: ManagerStats,
     /// Sends concurrent first attempts as one statement; started with the actor.
     pub(crate) batcher: Option<batch::Batcher>,
+    /// Acquire statements sent (by jobs and the batcher, outside the actor).
+    pub(crate) acquire_statements: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LockManager {
@@ -84,6 +86,7 @@ impl LockManager {
             renew_failures: 0,
             stats: ManagerStats::default(),
             batcher: None,
+            acquire_statements: Arc::default(),
             config,
         }
     }
@@ -191,6 +194,7 @@ impl Actor for LockManager {
             self.table.clone(),
             self.config.owner().to_owned(),
             self.config.lease(),
+            self.acquire_statements.clone(),
         ));
         // Releases are announced on the lease channel. Heard through the process's listener
         // when there is one; otherwise through a listener of this manager's own — the same
@@ -348,6 +352,9 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
     fn handle(&mut self, _: GetStats<ManagerStats>, _: &mut Context<Self>) -> ManagerStats {
         ManagerStats {
             held: self.held.len(),
+            acquire_statements: self
+                .acquire_statements
+                .load(std::sync::atomic::Ordering::Relaxed),
             ..self.stats.clone()
         }
     }
