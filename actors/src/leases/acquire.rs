@@ -144,6 +144,15 @@ impl AcquireJob {
                 break Outcome::Failed(Error::not_acquired(name, None));
             }
             let bound = bound(deadline, self.pool.statement_timeout());
+            // Alone unless a burst of first attempts is under way (see `batch`). The guard marks
+            // this one as under way until its statement returns, so a burst is seen as one.
+            let mut alone = None;
+            if let Some(batcher) = batched.take() {
+                match batcher.enter() {
+                    (guard, true) => alone = Some(guard),
+                    (_, false) => batched = Some(batcher),
+                }
+            }
             if let Some(batcher) = batched.take() {
                 // Abandoning the batch's answer is safe: a grant nobody takes is released.
                 let first = tokio::select! {
@@ -201,6 +210,7 @@ impl AcquireJob {
                 }
             })
             .await;
+            drop(alone);
             let holder = match attempt {
                 Err(e) if e.is_unavailable() => {
                     // The acquire may have run and granted a lease nobody received: free it. Once

@@ -4,7 +4,9 @@
 //! A job hands its first attempt to the [`Batcher`] and waits for its own answer. The batcher
 //! takes whatever has queued while earlier batches were in flight (at most [`MAX_BATCH`], and at
 //! most [`IN_FLIGHT`] batches at once), so an idle manager sends a lone attempt at once and a busy
-//! one sends fewer, larger statements: one round trip and one commit for many callers. Only the
+//! one sends fewer, larger statements: one round trip and one commit for many callers. While
+//! fewer than [`BATCH_FROM`] first attempts are under way, each goes alone, without the batcher:
+//! batching pays for bursts, not for a few concurrent callers. Only the
 //! first attempt is batched. A name the batch did not grant (held, reserved, its row locked) is
 //! asked again alone, which tells the job Busy or Held exactly as before, so waiting, fairness,
 //! deadlines and cancellation keep the single-attempt path's guarantees. A lone attempt is not
@@ -17,7 +19,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -28,6 +30,13 @@ use tracing::{debug, warn};
 
 /// The most first attempts in one statement.
 pub(crate) const MAX_BATCH: usize = 1000;
+
+/// How many first attempts must be under way at once before they are batched. Below it each goes
+/// alone, on its own pooled connection: measured on a 2-core machine with `fsync=off`, a few
+/// concurrent callers (8 clients in a loop) ran about a third slower batched than alone, since
+/// their statements already run side by side; a burst (a worker pool claiming its keys) gains
+/// by orders of magnitude (docs/BENCHMARKS.md).
+pub(crate) const BATCH_FROM: usize = 16;
 
 /// The most batches in flight at once: enough to keep a connection busy while the next batch
 /// fills, few enough that batches do form.
@@ -51,6 +60,17 @@ struct Item {
 #[derive(Clone)]
 pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Item>,
+    /// First attempts under way, batched or alone.
+    under_way: Arc<AtomicUsize>,
+}
+
+/// Marks a first attempt as under way while it lives.
+pub(crate) struct UnderWay(Arc<AtomicUsize>);
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a batch needs to run.
@@ -80,7 +100,17 @@ impl Batcher {
             statements_sent,
         });
         tokio::spawn(collect(items, runner));
-        Batcher { queue }
+        Batcher {
+            queue,
+            under_way: Arc::default(),
+        }
+    }
+
+    /// Marks a first attempt as under way; true when fewer than [`BATCH_FROM`] are, so it goes
+    /// alone at once instead of through a batch.
+    pub(crate) fn enter(&self) -> (UnderWay, bool) {
+        let before = self.under_way.fetch_add(1, Ordering::Relaxed);
+        (UnderWay(self.under_way.clone()), before + 1 < BATCH_FROM)
     }
 
     /// The first attempt at `name`, in a batch when others are under way. `None`: ask alone.
@@ -91,6 +121,7 @@ impl Batcher {
         replace_data: bool,
         bound: Instant,
     ) -> FirstAttempt {
+        let _under_way = self.enter().0;
         let (reply, answer) = oneshot::channel();
         let item = Item {
             name: name.to_owned(),
