@@ -85,15 +85,7 @@ impl AcquireJob {
             // One try, now: when local callers already wait for the name, it is not free, and
             // taking it ahead of them would not be fair either.
             match queue.turn.try_lock() {
-                Ok(_turn)
-                    if self
-                        .holding
-                        .lock()
-                        .expect("holding")
-                        .contains(name.as_str()) =>
-                {
-                    Outcome::Failed(already_held(&name))
-                }
+                Ok(_turn) if self.holds(&name) => Outcome::Failed(already_held(&name)),
                 Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
                 Err(_) => Outcome::Failed(Error::not_acquired(&name, self.holder(&name).await)),
             }
@@ -105,15 +97,7 @@ impl AcquireJob {
             };
             match turn {
                 // A local caller ahead in the queue got it meanwhile.
-                Ok(_turn)
-                    if self
-                        .holding
-                        .lock()
-                        .expect("holding")
-                        .contains(name.as_str()) =>
-                {
-                    Outcome::Failed(already_held(&name))
-                }
+                Ok(_turn) if self.holds(&name) => Outcome::Failed(already_held(&name)),
                 Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
                 Err(outcome) => outcome,
             }
@@ -283,6 +267,11 @@ impl AcquireJob {
             }
         }
         outcome
+    }
+
+    /// Whether the manager holds `name` now (a local caller ahead in the queue got it).
+    fn holds(&self, name: &str) -> bool {
+        self.holding.lock().expect("holding").contains(name)
     }
 
     /// Who holds `name`, as far as a bounded read can tell; `None` when it cannot.

@@ -124,6 +124,15 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
     assert_ne!(now, frozen);
 }
 
+/// A `List` on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
+async fn cut_off_at_the_bound(manager: &Addr<LockManager>, bound: Duration) {
+    let started = Instant::now();
+    let err = manager.send(List).await.unwrap().unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(took >= bound && took < bound * 2, "{took:?}");
+}
+
 #[actix_rt::test]
 async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
     let (server, setup, admin) = own_cluster().await;
@@ -141,11 +150,7 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
     let pooled = backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
-    let started = Instant::now();
-    let err = manager.send(List).await.unwrap().unwrap_err();
-    let took = started.elapsed();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(took >= bound && took < bound * 2, "{took:?}");
+    cut_off_at_the_bound(&manager, bound).await;
     // The frozen connection is not back in the pool: the next call gets a new one at once.
     let started = Instant::now();
     manager.send(List).await.unwrap().unwrap();
@@ -404,11 +409,7 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
     let pooled = backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
-    let started = Instant::now();
-    let err = manager.send(List).await.unwrap().unwrap_err();
-    let took = started.elapsed();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(took >= bound && took < bound * 2, "{took:?}");
+    cut_off_at_the_bound(&manager, bound).await;
     // Kept aside: the application's pool (of one) has nothing to lend while the backend hangs.
     assert!(
         app_pool.get().await.is_err(),
