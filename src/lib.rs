@@ -7,6 +7,7 @@
 //!
 //! Layout:
 //! - [`config`] — [`Config`], built and validated once.
+//! - `backoff` — [`db::Backoff`], the one jittered backoff (configurable), and its randomness.
 //! - [`error`] — [`Error`] and its [`ErrorKind`]s, classified from SQLSTATE and connection state.
 //! - [`ident`] — validation and quoting of table, schema and channel names.
 //! - [`db`] — connections that fail: the pool (dead connections replaced before use, prompt
@@ -23,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod advisory;
+mod backoff;
 pub mod config;
 pub mod db;
 #[cfg(feature = "embedded")]

@@ -129,7 +129,7 @@ impl Envelope {
 /// as a 9-byte uint64 and the text mapping keeps each byte at one character, so every envelope's
 /// encoded size depends on its payload alone. 56 random bits.
 pub fn new_id() -> u64 {
-    (crate::config::random_u64() & 0x7f7f_7f7f_7f7f_7f7f) | 0x0101_0101_0101_0101
+    (crate::backoff::random_u64() & 0x7f7f_7f7f_7f7f_7f7f) | 0x0101_0101_0101_0101
 }
 
 fn to_text(bytes: &[u8]) -> String {

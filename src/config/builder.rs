@@ -341,7 +341,7 @@ impl ConfigBuilder {
             inline_limit: self.inline_limit,
             unlogged_lock_table: self.unlogged_lock_table,
             payload_ttl: self.payload_ttl,
-            backoff: crate::db::Backoff::new(initial, max),
+            backoff: crate::backoff::Backoff::new(initial, max),
         })
     }
 }

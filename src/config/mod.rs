@@ -36,7 +36,7 @@ pub struct Config {
     pub(crate) inline_limit: usize,
     pub(crate) unlogged_lock_table: bool,
     pub(crate) payload_ttl: Duration,
-    pub(crate) backoff: crate::db::Backoff,
+    pub(crate) backoff: crate::backoff::Backoff,
 }
 
 impl Config {
@@ -93,7 +93,7 @@ impl Config {
     }
 
     /// The backoff between reconnect attempts (listener) and renewal retries (heartbeat).
-    pub fn backoff(&self) -> crate::db::Backoff {
+    pub fn backoff(&self) -> crate::backoff::Backoff {
         self.backoff
     }
     /// The most connections the pool opens.
@@ -146,23 +146,14 @@ pub fn validate_name(what: &str, name: String) -> Result<String> {
 
 fn default_owner() -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let suffix = format!("-{}-{:08x}", std::process::id(), random_u64() as u32);
+    let suffix = format!(
+        "-{}-{:08x}",
+        std::process::id(),
+        crate::backoff::random_u64() as u32
+    );
     let mut host_end = host.len().min(MAX_NAME_BYTES - suffix.len());
     while !host.is_char_boundary(host_end) {
         host_end -= 1;
     }
     format!("{}{suffix}", &host[..host_end])
-}
-
-/// A random number from std's per-instance hash keys; enough for suffixes and jitter.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    hasher.finish()
 }

@@ -25,7 +25,7 @@ pub fn unique_name(prefix: &str) -> String {
     format!(
         "{prefix}_{}_{}_{}",
         std::process::id(),
-        crate::config::random_u64() % 10_000,
+        crate::backoff::random_u64() % 10_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
