@@ -1,5 +1,5 @@
 //! Lease workloads: acquire+release (1 and 8 clients), contended handoff and fairness,
-//! takeover past expiry, heartbeat cost and memory for many held leases.
+//! takeover past expiry, heartbeat cost and memory for many held leases, the 10,000-lease claim.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use pgcoord_actors::{Acquire, GetStats, LockManager};
 use crate::Sizes;
 use crate::report::{Report, Samples, ms};
 
-type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+pub(crate) type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 fn config(
     pg: &tokio_postgres::Config,
@@ -34,7 +34,7 @@ fn config(
 
 /// Connections for the raw floor, opened and warmed (statements prepared) before any clock
 /// starts: a floor is the best the raw statements can do.
-async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<CachingClient>>> {
+pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<CachingClient>>> {
     let table = LeaseTable::new(cfg);
     let mut opened = Vec::new();
     for c in 0..clients {
@@ -55,7 +55,7 @@ async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<CachingClien
 
 /// The raw floor: pgcoord's own acquire and release statements, prepared, back to back on one
 /// warm connection per client, all clients at once, with no runtime in between.
-async fn floor(
+pub(crate) async fn floor(
     cfg: &Config,
     clients: &[Arc<CachingClient>],
     pairs: usize,
@@ -94,7 +94,7 @@ async fn floor(
     Ok((started.elapsed(), all))
 }
 
-async fn through_manager(
+pub(crate) async fn through_manager(
     manager: &Addr<LockManager>,
     clients: usize,
     pairs: usize,
@@ -351,70 +351,5 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     while admin.query_one(remaining, &[]).await?.get::<_, i64>(0) > 0 && Instant::now() < give_up {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    unlogged(pg, sizes, report).await
-}
-
-/// The unlogged lock table next to the logged one, 1 client, with durable commits: what an
-/// unlogged table saves is the WAL flush of each commit, which the throwaway cluster (fsync
-/// off) does not pay. So this part runs on a cluster of its own with `fsync=on` and
-/// `synchronous_commit=on` — or on `DATABASE_URL`'s server with `synchronous_commit=on` for
-/// these sessions.
-async fn unlogged(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let durable_settings = [
-        ("fsync", "on"),
-        ("synchronous_commit", "on"),
-        ("full_page_writes", "on"),
-    ];
-    let (_server, mut durable) = match std::env::var("DATABASE_URL") {
-        Ok(_) => (None, pg.clone()),
-        Err(_) => {
-            let server = tokio::task::spawn_blocking(move || {
-                pgcoord::embedded::TempPostgres::start_with(&durable_settings)
-            })
-            .await??;
-            let pg = server.pg_config();
-            (Some(server), pg)
-        }
-    };
-    durable.options("-c synchronous_commit=on");
-    let mut floors = Vec::new();
-    for (unlogged, table) in [(false, "bench_logged"), (true, "bench_unlogged")] {
-        let cfg = Config::builder()
-            .pg_config(&durable)
-            .owner("bench")
-            .lock_table(table)
-            .payload_table(format!("{table}_payloads"))
-            .unlogged_lock_table(unlogged)
-            .pool_size(4)
-            .build()?;
-        let admin = pgcoord::db::connect_spawned(&cfg).await?;
-        pgcoord::schema::drop_tables(&admin, &cfg).await?;
-        pgcoord::schema::migrate(&admin, &cfg).await?;
-        let raw = floor_clients(&cfg, 1).await?;
-        let manager = LockManager::new(cfg.clone()).start();
-        let (mut floor_time, mut floor_pairs, mut time, mut pairs) =
-            (Duration::ZERO, 0, Duration::ZERO, 0);
-        for _ in 0..4 {
-            let (t, s) = floor(&cfg, &raw, sizes.pairs / 4).await?;
-            (floor_time, floor_pairs) = (floor_time + t, floor_pairs + s.len());
-            let (t, s) = through_manager(&manager, 1, sizes.pairs / 4).await?;
-            (time, pairs) = (time + t, pairs + s.len());
-        }
-        let floor_rate = floor_pairs as f64 / floor_time.as_secs_f64();
-        let kind = if unlogged { "unlogged" } else { "logged" };
-        report.rate(
-            &format!("lease acquire+release, 1 client, fsync and synchronous_commit on, {kind} lock table"),
-            pairs as f64 / time.as_secs_f64(),
-            floor_rate,
-            "pairs/s",
-        );
-        floors.push(floor_rate);
-        manager.send(pgcoord_actors::Shutdown).await?;
-        pgcoord::schema::drop_tables(&admin, &cfg).await?;
-    }
-    report.note(
-        "unlogged ÷ logged lock table, raw floor rate, fsync and synchronous_commit on",
-        format!("{:.2}×", floors[1] / floors[0]),
-    );
     Ok(())
 }

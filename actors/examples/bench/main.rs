@@ -12,6 +12,7 @@ mod leases;
 mod locks;
 mod report;
 mod signals;
+mod unlogged;
 
 use report::Report;
 
@@ -81,6 +82,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
+        unlogged::run(&pg, &sizes, &mut report).await?;
     }
     if run("advisory") {
         locks::run(&pg, &sizes, &mut report).await?;

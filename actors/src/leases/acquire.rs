@@ -127,17 +127,17 @@ impl AcquireJob {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Outcome::Failed(Error::not_acquired(name, None));
             }
-            let bound = bound(deadline, self.pool.statement_timeout());
+            let bound = bound_from_now(deadline, self.pool.statement_timeout());
             // Alone unless a burst of first attempts is under way (see `batch`). The guard marks
             // this one as under way until its statement returns, so a burst is seen as one.
-            let mut alone = None;
+            let mut under_way = None;
+            let mut batch = None;
             if let Some(batcher) = batched.take() {
-                match batcher.enter() {
-                    (guard, true) => alone = Some(guard),
-                    (_, false) => batched = Some(batcher),
-                }
+                let (guard, alone) = batcher.enter();
+                under_way = Some(guard);
+                batch = (!alone).then_some(batcher);
             }
-            if let Some(batcher) = batched.take() {
+            if let Some(batcher) = batch {
                 // Abandoning the batch's answer is safe: a grant nobody takes is released.
                 let first = tokio::select! {
                     first = batcher.first_attempt(name, data.clone(), *replace_data, bound) => first,
@@ -194,7 +194,7 @@ impl AcquireJob {
                 }
             })
             .await;
-            drop(alone);
+            drop(under_way);
             let holder = match attempt {
                 Err(e) if e.is_unavailable() => {
                     // The acquire may have run and granted a lease nobody received: free it. Once
@@ -301,7 +301,7 @@ impl AcquireJob {
 }
 
 /// The end of one attempt: the caller's deadline, or the statement timeout from now.
-fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
+fn bound_from_now(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
     let bound = Instant::now() + statement_timeout;
     deadline.map_or(bound, |d| d.min(bound))
 }

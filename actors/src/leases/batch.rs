@@ -113,7 +113,8 @@ impl Batcher {
         (UnderWay(self.under_way.clone()), before + 1 < BATCH_FROM)
     }
 
-    /// The first attempt at `name`, in a batch when others are under way. `None`: ask alone.
+    /// The first attempt at `name`, in a batch with others under way (the caller holds its
+    /// [`enter`](Self::enter) guard meanwhile). `None`: ask alone.
     pub(crate) async fn first_attempt(
         &self,
         name: &str,
@@ -121,7 +122,6 @@ impl Batcher {
         replace_data: bool,
         bound: Instant,
     ) -> FirstAttempt {
-        let _under_way = self.enter().0;
         let (reply, answer) = oneshot::channel();
         let item = Item {
             name: name.to_owned(),

@@ -64,7 +64,7 @@ async fn stats(manager: &Addr<LockManager>) -> ManagerStats {
 }
 
 /// Waits until `application_name` has a backend, and returns its pid.
-async fn backend_of(admin: &Client, application_name: &str) -> u32 {
+pub(super) async fn backend_of(admin: &Client, application_name: &str) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(&pid) = backend_pids(admin, application_name).await.unwrap().first() {
@@ -125,7 +125,7 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
 }
 
 /// A `List` on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
-async fn cut_off_at_the_bound(manager: &Addr<LockManager>, bound: Duration) {
+pub(super) async fn cut_off_at_the_bound(manager: &Addr<LockManager>, bound: Duration) {
     let started = Instant::now();
     let err = manager.send(List).await.unwrap().unwrap_err();
     let took = started.elapsed();
@@ -379,58 +379,4 @@ async fn a_takeover_blocked_by_a_guard_succeeds_as_soon_as_it_commits() {
         after_commit < Duration::from_millis(300),
         "{after_commit:?}"
     );
-}
-
-/// A statement that hangs on a connection of the application's pool: pgcoord cannot close it
-/// (bb8 decides), so it keeps it aside until it answers again, and the application's next
-/// borrower never gets the hung backend.
-#[actix_rt::test]
-async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answers() {
-    use pgcoord::bb8_postgres::PostgresConnectionManager;
-    let (server, setup, admin) = own_cluster().await;
-    let app = unique_name("app");
-    let bound = Duration::from_millis(500);
-    let config = setup
-        .builder("inspector")
-        .statement_timeout(bound)
-        .build()
-        .unwrap();
-    let mut own = setup.pg.clone();
-    own.application_name(&app);
-    let app_pool = pgcoord::bb8::Pool::builder()
-        .max_size(1)
-        .connection_timeout(Duration::from_millis(300))
-        .build(PostgresConnectionManager::new(own, tokio_postgres::NoTls))
-        .await
-        .unwrap();
-    let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
-    let manager = LockManager::with_pool(config, pool, None).start();
-    manager.send(List).await.unwrap().unwrap();
-    let pooled = backend_of(&admin, &app).await;
-    server.freeze_backend(pooled).unwrap();
-
-    cut_off_at_the_bound(&manager, bound).await;
-    // Kept aside: the application's pool (of one) has nothing to lend while the backend hangs.
-    assert!(
-        app_pool.get().await.is_err(),
-        "the hung connection was lent out"
-    );
-
-    server.thaw_backend(pooled).unwrap();
-    // Thawed, it answers the next ping and goes back, the same session.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let conn = loop {
-        if let Ok(conn) = app_pool.get().await {
-            break conn;
-        }
-        assert!(Instant::now() < deadline, "the connection came back");
-    };
-    let pid: i32 = conn
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(pid as u32, pooled);
-    drop(conn);
-    manager.send(List).await.unwrap().unwrap();
 }

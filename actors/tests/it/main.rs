@@ -2,6 +2,8 @@
 //! cluster, or `DATABASE_URL` when it is set.
 
 mod advisory;
+mod app_pool;
+mod batching;
 mod connection_faults;
 mod lease_contention;
 mod lease_guarantees;
