@@ -161,15 +161,20 @@ impl AcquireJob {
                 }
             }
             // Waiting for a connection is safe to abandon (nothing was sent yet), so the caller's
-            // departure ends it too. Past the bound it is `Unavailable` with the cause: an
-            // unreachable database is never reported as contention.
+            // departure ends it too. A busy pool is waited for until the caller's deadline (a
+            // caller that waits 10 s for a lease also waits for a connection), without one for
+            // the statement timeout; a failed connect ends the wait at once. Either way it is
+            // `Unavailable` with the cause: an unreachable database is never reported as
+            // contention.
             let conn = tokio::select! {
-                conn = self.pool.checkout(bound) => match conn {
+                conn = self.pool.checkout(deadline.unwrap_or(bound)) => match conn {
                     Ok(conn) => conn,
                     Err(e) => break Outcome::Failed(e),
                 },
                 _ = caller_gone(reply) => break Outcome::Cancelled,
             };
+            // The statement's own bound starts once it has a connection.
+            let bound = bound_from_now(deadline, self.pool.statement_timeout());
             let statements = until(&*conn, bound);
             let sent = Instant::now();
             let attempt = pgcoord::db::retry(|| async {

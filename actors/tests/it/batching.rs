@@ -1,11 +1,14 @@
 //! Group commit for acquires: a burst from one manager shares statements, each caller still gets
-//! its own lease.
+//! its own lease, and a batch whose connection fails leaves nothing behind.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use actix::prelude::*;
+use pgcoord::embedded::Proxy;
 use pgcoord_actors::*;
 
 use super::Setup;
+use super::connection_faults::own_cluster;
 
 /// A burst of acquires from one manager goes to the server in a few statements (group commit),
 /// and each caller still gets its own lease, token and data; names another process holds are
@@ -53,4 +56,56 @@ async fn a_burst_of_acquires_is_batched_and_each_caller_gets_its_own_lease() {
         leases[7].token() > taken_token,
         "burst-7 granted after the other's tenure"
     );
+}
+
+/// A burst whose batch goes to a black-holed pooled connection: the batch is cut off at the
+/// statement timeout, its outcome unknown; every caller frees what it may have been granted and
+/// asks again on a fresh connection, and gets its lease within its deadline, exactly once.
+#[actix_rt::test]
+async fn a_batch_on_a_black_holed_connection_is_retried_and_leaves_nothing_behind() {
+    let (_server, setup, admin) = own_cluster().await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("burst")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(300))
+        .pool_size(4)
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    // Open the pool's connections, then black-hole them (new connections pass).
+    let warm: Vec<_> = (0..8)
+        .map(|i| manager.send(Acquire::new(format!("warm-{i}"))))
+        .collect();
+    for lease in futures_util::future::join_all(warm).await {
+        lease.unwrap().unwrap().release().await.unwrap();
+    }
+    proxy.cut();
+    let started = Instant::now();
+    let requests: Vec<_> = (0..40)
+        .map(|i| manager.send(Acquire::new(format!("cut-{i}")).timeout(Duration::from_secs(10))))
+        .collect();
+    let leases: Vec<Lease> = futures_util::future::join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let sql = format!(
+        "SELECT name, token FROM {} WHERE owner = 'burst' AND name LIKE 'cut-%' ORDER BY token",
+        setup.quoted_table()
+    );
+    let rows = admin.query(&sql, &[]).await.unwrap();
+    assert_eq!(rows.len(), 40, "one row per caller, no orphan grant left");
+    for lease in &leases {
+        let on_server = rows
+            .iter()
+            .find(|r| r.get::<_, String>(0) == lease.name())
+            .map(|r| r.get::<_, i64>(1));
+        assert_eq!(on_server, Some(lease.token()), "{}", lease.name());
+    }
 }
