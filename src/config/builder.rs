@@ -198,7 +198,7 @@ impl ConfigBuilder {
     /// where commits are durable (docs/BENCHMARKS.md). The price is exact: after a server
     /// crash (an immediate shutdown included) and on a promoted standby the table is empty, so
     /// every lease is gone at once. Holders learn it at their next renewal (`TakenOver`) —
-    /// within a heartbeat, before their deadline — and fencing tokens still only increase (the
+    /// before their own deadline — and fencing tokens still only increase (the
     /// token sequence stays logged). Choose it when losing every lease on a crash or failover
     /// is acceptable (leader election, work that is safe to restart), not when a lease guards
     /// state that must survive one. Read by `schema::migrate` when it creates the table; an
