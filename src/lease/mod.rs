@@ -24,9 +24,11 @@ use crate::error::{Error, ErrorKind, Holder, Result};
 use crate::statement::Statements;
 
 mod batch;
+mod release;
 mod statements;
 
 pub use batch::AcquireRequest;
+pub use release::{ReleaseRequest, Released};
 
 /// A lease granted by [`LeaseTable::try_acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +95,7 @@ pub struct LeaseTable {
     holder: String,
     renew: String,
     release: String,
+    release_many: String,
     cleanup: String,
     get: String,
     list: String,
@@ -102,7 +105,7 @@ pub struct LeaseTable {
 }
 
 impl LeaseTable {
-    /// The channel on which releases are announced; its payload is the lock name.
+    /// The channel on which releases are announced; its payloads are read by [`Released::parse`].
     pub fn channel(&self) -> &str {
         &self.channel
     }
@@ -179,7 +182,14 @@ impl LeaseTable {
         owner: &str,
     ) -> Result<()> {
         client
-            .run(&self.dequeue, &[(&name, Type::TEXT), (&owner, Type::TEXT)])
+            .run(
+                &self.dequeue,
+                &[
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
             .await?;
         // A row that only stayed for this reservation goes with it.
         self.cleanup(client, name).await
@@ -252,38 +262,6 @@ impl LeaseTable {
             )
             .await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-    }
-
-    /// Releases `name` if `token` still holds it, deleting the row — unless a waiter reserved
-    /// the next grant, then it stays free without data — or, with `keep`, keeping it (and its
-    /// data) free. Waiters everywhere are woken through the lease channel. A
-    /// [`ErrorKind::LockLost`] error when the lease was no longer held with that token.
-    #[instrument(skip(self, client), level = "debug")]
-    pub async fn release(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        token: i64,
-        keep: bool,
-    ) -> Result<()> {
-        let rows = client
-            .run(
-                &self.release,
-                &[
-                    (&name, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&keep, Type::BOOL),
-                    (&self.channel, Type::TEXT),
-                ],
-            )
-            .await?;
-        if rows.is_empty() {
-            return Err(Error::new(
-                ErrorKind::LockLost,
-                format!("lock {name:?} was already released or lost (token {token})"),
-            ));
-        }
-        Ok(())
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.

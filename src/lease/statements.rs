@@ -14,6 +14,11 @@ use crate::config::Config;
 const TIMELINE_BASE: &str =
     "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
 
+/// The payload announcing the release of `released.name` (see `Released`): the name's length in
+/// bytes, a colon, the name, and the waiter the next grant is reserved for, if any.
+const ANNOUNCE: &str = "octet_length(released.name)::text || ':' || released.name
+    || CASE WHEN released.waiter_until > now() THEN coalesce(released.waiter, '') ELSE '' END";
+
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
     "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
@@ -92,8 +97,15 @@ impl LeaseTable {
                  WHERE l.name = $1
                  RETURNING l.owner, l.token, {REMAINING_MS}"
             ),
+            // $1 name, $2 owner, $3 channel. A waiter that gives up a reservation of a free row
+            // announces it, or the other waiters would sleep until their next poll.
             dequeue: format!(
-                "UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2"
+                "WITH dequeued AS (
+                     UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2
+                     RETURNING name, owner
+                 )
+                 SELECT pg_notify($3, octet_length(name)::text || ':' || name)::text
+                 FROM dequeued WHERE owner IS NULL"
             ),
             owned_token: format!("SELECT token FROM {t} WHERE name = $1 AND owner = $2"),
             holder: format!(
@@ -110,7 +122,8 @@ impl LeaseTable {
             // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
             // only (and on $3), so a reservation made concurrently cannot make the release miss.
             // A deleted row whose next grant was reserved comes back free, without data, with
-            // the reservation, so the waiter keeps its turn.
+            // the reservation, so the waiter keeps its turn. The announcement names the
+            // reserved waiter (see `Released`), so only its process needs to wake.
             release: format!(
                 "WITH deleted AS (
                      DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
@@ -119,16 +132,49 @@ impl LeaseTable {
                      UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
                          kept = true
                      WHERE name = $1 AND token = $2 AND $3
-                     RETURNING name
+                     RETURNING name, waiter, waiter_until
                  ), reserved AS (
                      INSERT INTO {t} (name, waiter, waiter_until)
                      SELECT name, waiter, waiter_until FROM deleted
                      WHERE waiter IS NOT NULL AND waiter_until > now()
                      ON CONFLICT (name) DO NOTHING
                  ), released AS (
-                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
+                     SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, released.name)::text FROM released"
+                 SELECT released.name, pg_notify($4, {ANNOUNCE})::text FROM released"
+            ),
+            // $1 names, $2 tokens, $3 keep flags, $4 channel. The batch form of `release`, with
+            // the same effects. Rows another transaction has locked (a renewal, a fencing guard)
+            // are skipped rather than waited for, so two multi-row statements never wait on
+            // each other's rows in opposite orders (a deadlock, noticed only after the server's
+            // `deadlock_timeout`); their callers release alone, which waits for one row.
+            release_many: format!(
+                "WITH req AS (
+                     SELECT * FROM unnest($1::text[], $2::int8[], $3::bool[]) AS r(name, token, keep)
+                 ), locked AS (
+                     SELECT l.name, l.token, r.keep FROM {t} AS l
+                     JOIN req AS r ON l.name = r.name AND l.token = r.token
+                     FOR UPDATE OF l SKIP LOCKED
+                 ), deleted AS (
+                     DELETE FROM {t} AS l USING locked
+                     WHERE l.name = locked.name AND l.token = locked.token AND NOT locked.keep
+                     RETURNING l.name, l.waiter, l.waiter_until
+                 ), kept AS (
+                     UPDATE {t} AS l SET owner = NULL, token = NULL, acquired_at = NULL,
+                         expires_at = NULL, kept = true
+                     FROM locked
+                     WHERE l.name = locked.name AND l.token = locked.token AND locked.keep
+                     RETURNING l.name, l.waiter, l.waiter_until
+                 ), reserved AS (
+                     INSERT INTO {t} (name, waiter, waiter_until)
+                     SELECT name, waiter, waiter_until FROM deleted
+                     WHERE waiter IS NOT NULL AND waiter_until > now()
+                     ORDER BY name
+                     ON CONFLICT (name) DO NOTHING
+                 ), released AS (
+                     SELECT * FROM deleted UNION ALL SELECT * FROM kept
+                 )
+                 SELECT released.name, pg_notify($4, {ANNOUNCE})::text FROM released"
             ),
             // Deletes the row of `name` if it is free, not kept and not reserved: safe at any
             // moment, since each condition is checked on the row as it is when deleted.

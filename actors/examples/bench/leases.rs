@@ -15,6 +15,9 @@ use crate::report::{Report, Samples, ms};
 
 pub(crate) type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// When the last release was sent, and when it was answered.
+type ReleaseTimes = (Instant, Option<Instant>);
+
 fn config(
     pg: &tokio_postgres::Config,
     owner: &str,
@@ -153,16 +156,18 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
 
     let manager = LockManager::new(config(pg, "bench", lease, beat)).start();
     let mut one_client_floor = None;
-    for clients in [1, 8] {
+    for clients in [1, 8, 64] {
         // Alternate rounds of floor and pgcoord, so both see the same (shared, noisy) machine.
         let (mut floor_time, mut floor_samples, mut time, mut samples) =
             (Duration::ZERO, Vec::new(), Duration::ZERO, Vec::new());
         let raw = floor_clients(&admin_cfg, clients).await?;
+        // Enough pairs per client to reach a steady state.
+        let pairs = sizes.pairs.max(clients * 16);
         for _ in 0..4 {
-            let (t, s) = floor(&admin_cfg, &raw, sizes.pairs / 4).await?;
+            let (t, s) = floor(&admin_cfg, &raw, pairs / 4).await?;
             floor_time += t;
             floor_samples.extend(s);
-            let (t, s) = through_manager(&manager, clients, sizes.pairs / 4).await?;
+            let (t, s) = through_manager(&manager, clients, pairs / 4).await?;
             time += t;
             samples.extend(s);
         }
@@ -189,14 +194,22 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     }
     let floor = one_client_floor.expect("measured above");
 
-    // Contended handoff: 8 managers, as 8 processes would, loop on one name.
-    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // Contended handoff: 8 managers, as 8 processes would, loop on one name. Each handoff is
+    // timed from the release being sent, and split at the release's answer.
+    let released_at: Arc<Mutex<Option<ReleaseTimes>>> = Arc::default();
     let handoffs = Arc::new(Mutex::new(Vec::new()));
     let stop = Instant::now() + Duration::from_secs(sizes.contend_secs);
-    let tasks: Vec<_> = (0..8)
-        .map(|c| {
-            let manager =
-                LockManager::new(config(pg, &format!("contender-{c}"), lease, beat)).start();
+    let managers: Vec<_> = (0..8)
+        .map(|c| LockManager::new(config(pg, &format!("contender-{c}"), lease, beat)).start())
+        .collect();
+    let mut attempts_before = 0;
+    for manager in &managers {
+        attempts_before += manager.send(GetStats::new()).await?.acquire_statements;
+    }
+    let tasks: Vec<_> = managers
+        .iter()
+        .map(|manager| {
+            let manager = manager.clone();
             let (released_at, handoffs) = (released_at.clone(), handoffs.clone());
             actix_rt::spawn(async move {
                 let mut count = 0u32;
@@ -206,12 +219,16 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                         .await
                         .unwrap()
                         .unwrap();
-                    if let Some(at) = released_at.lock().unwrap().take() {
-                        handoffs.lock().unwrap().push(at.elapsed());
+                    let now = Instant::now();
+                    if let Some((sent, Some(answered))) = released_at.lock().unwrap().take() {
+                        handoffs.lock().unwrap().push((now - sent, answered - sent));
                     }
                     count += 1;
-                    *released_at.lock().unwrap() = Some(Instant::now());
+                    *released_at.lock().unwrap() = Some((Instant::now(), None));
                     lease.release().await.unwrap();
+                    if let Some((_, answered)) = released_at.lock().unwrap().as_mut() {
+                        *answered = Some(Instant::now());
+                    }
                 }
                 count
             })
@@ -221,7 +238,14 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for t in tasks {
         counts.push(t.await?);
     }
-    let handoffs = Samples::new(Arc::try_unwrap(handoffs).unwrap().into_inner()?);
+    let mut attempts = 0;
+    for manager in &managers {
+        attempts += manager.send(GetStats::new()).await?.acquire_statements;
+    }
+    let (handoffs, release_parts): (Vec<_>, Vec<_>) =
+        Arc::try_unwrap(handoffs).unwrap().into_inner()?.into_iter().unzip();
+    let measured = handoffs.len();
+    let (handoffs, release_parts) = (Samples::new(handoffs), Samples::new(release_parts));
     report.time(
         "handoff, release sent → next holder, p50 (floor: one acquire+release)",
         handoffs.p(0.5),
@@ -229,6 +253,22 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     report.time("handoff p99", handoffs.p(0.99), floor.p(0.99));
     report.note("handoff max", ms(handoffs.max()));
+    report.note(
+        "handoff breakdown: the release statement (sent → answered), p50",
+        ms(release_parts.p(0.5)),
+    );
+    report.note(
+        "handoff breakdown: answered → announced, heard, woken, granted, p50 (difference of p50s)",
+        ms(handoffs.p(0.5).saturating_sub(release_parts.p(0.5))),
+    );
+    let total: u32 = counts.iter().sum();
+    report.note(
+        "handoff breakdown: acquire statements per acquisition, all 8 managers",
+        format!(
+            "{:.2} ({measured} handoffs)",
+            (attempts - attempts_before) as f64 / f64::from(total.max(1))
+        ),
+    );
     let mean = counts.iter().sum::<u32>() as f64 / counts.len() as f64;
     let min = *counts.iter().min().unwrap() as f64;
     report.note(

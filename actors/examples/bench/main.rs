@@ -3,7 +3,7 @@
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
 //! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals|faults`, sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`,
-//! `--rounds N` of server restarts),
+//! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 

@@ -10,7 +10,7 @@ use crate::Sizes;
 use crate::leases::{Res, floor, floor_clients, through_manager};
 use crate::report::Report;
 
-/// The unlogged lock table next to the logged one, 1 client, with durable commits: what an
+/// The unlogged lock table next to the logged one, 1 and 8 clients, with durable commits: what an
 /// unlogged table saves is the WAL flush of each commit, which the throwaway cluster (fsync
 /// off) does not pay. So this part runs on a cluster of its own with `fsync=on` and
 /// `synchronous_commit=on` — or on `DATABASE_URL`'s server with `synchronous_commit=on` for
@@ -41,30 +41,34 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             .lock_table(table)
             .payload_table(format!("{table}_payloads"))
             .unlogged_lock_table(unlogged)
-            .pool_size(4)
+            .pool_size(16)
             .build()?;
         let admin = pgcoord::db::connect_spawned(&cfg).await?;
         pgcoord::schema::drop_tables(&admin, &cfg).await?;
         pgcoord::schema::migrate(&admin, &cfg).await?;
-        let raw = floor_clients(&cfg, 1).await?;
         let manager = LockManager::new(cfg.clone()).start();
-        let (mut floor_time, mut floor_pairs, mut time, mut pairs) =
-            (Duration::ZERO, 0, Duration::ZERO, 0);
-        for _ in 0..4 {
-            let (t, s) = floor(&cfg, &raw, sizes.pairs / 4).await?;
-            (floor_time, floor_pairs) = (floor_time + t, floor_pairs + s.len());
-            let (t, s) = through_manager(&manager, 1, sizes.pairs / 4).await?;
-            (time, pairs) = (time + t, pairs + s.len());
+        for clients in [1, 8] {
+            let raw = floor_clients(&cfg, clients).await?;
+            let (mut floor_time, mut floor_pairs, mut time, mut pairs) =
+                (Duration::ZERO, 0, Duration::ZERO, 0);
+            for _ in 0..4 {
+                let (t, s) = floor(&cfg, &raw, sizes.pairs / 4).await?;
+                (floor_time, floor_pairs) = (floor_time + t, floor_pairs + s.len());
+                let (t, s) = through_manager(&manager, clients, sizes.pairs / 4).await?;
+                (time, pairs) = (time + t, pairs + s.len());
+            }
+            let floor_rate = floor_pairs as f64 / floor_time.as_secs_f64();
+            let kind = if unlogged { "unlogged" } else { "logged" };
+            report.rate(
+                &format!("lease acquire+release, {clients} client(s), fsync and synchronous_commit on, {kind} lock table"),
+                pairs as f64 / time.as_secs_f64(),
+                floor_rate,
+                "pairs/s",
+            );
+            if clients == 1 {
+                floors.push(floor_rate);
+            }
         }
-        let floor_rate = floor_pairs as f64 / floor_time.as_secs_f64();
-        let kind = if unlogged { "unlogged" } else { "logged" };
-        report.rate(
-            &format!("lease acquire+release, 1 client, fsync and synchronous_commit on, {kind} lock table"),
-            pairs as f64 / time.as_secs_f64(),
-            floor_rate,
-            "pairs/s",
-        );
-        floors.push(floor_rate);
         manager.send(pgcoord_actors::Shutdown).await?;
         pgcoord::schema::drop_tables(&admin, &cfg).await?;
     }

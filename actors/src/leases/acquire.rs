@@ -40,7 +40,7 @@ pub(crate) struct AcquireJob {
     /// The longest a waiter sleeps without a wake-up.
     pub(crate) poll: Duration,
     /// Where the first attempt goes, to share a statement with concurrent ones.
-    pub(crate) batcher: Option<super::batch::Batcher>,
+    pub(crate) batcher: Option<super::batch::acquire::AcquireBatcher>,
     /// The manager's count of acquire statements sent.
     pub(crate) statements_sent: Arc<std::sync::atomic::AtomicU64>,
 }

@@ -115,6 +115,9 @@ pub struct ManagerStats {
     /// Acquire statements sent: single attempts, and batches of concurrent first attempts
     /// counted once each.
     pub acquire_statements: u64,
+    /// Release statements sent: single releases, and batches of concurrent releases counted
+    /// once each.
+    pub release_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
 }

@@ -1,11 +1,13 @@
 //! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::{Config, Error, ErrorKind, LeaseInfo, LeaseTable, Pool, Result};
+use pgcoord::lease::Released;
+use pgcoord::{Config, LeaseInfo, LeaseTable, Pool, Result};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -20,6 +22,7 @@ mod batch;
 mod heartbeat;
 mod lease;
 mod messages;
+mod release;
 mod wake;
 mod with_lock;
 
@@ -64,9 +67,13 @@ pub struct LockManager {
     pub(crate) renew_failures: u32,
     pub(crate) stats: ManagerStats,
     /// Sends concurrent first attempts as one statement; started with the actor.
-    pub(crate) batcher: Option<batch::Batcher>,
+    pub(crate) batcher: Option<batch::acquire::AcquireBatcher>,
+    /// Sends releases, concurrent ones as one statement; started with the actor.
+    releaser: Option<batch::release::Releaser>,
     /// Acquire statements sent (by jobs and the batcher, outside the actor).
-    pub(crate) acquire_statements: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) acquire_statements: Arc<AtomicU64>,
+    /// Release statements sent (outside the actor).
+    release_statements: Arc<AtomicU64>,
 }
 
 impl LockManager {
@@ -86,7 +93,9 @@ impl LockManager {
             renew_failures: 0,
             stats: ManagerStats::default(),
             batcher: None,
+            releaser: None,
             acquire_statements: Arc::default(),
+            release_statements: Arc::default(),
             config,
         }
     }
@@ -189,12 +198,19 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
-        self.batcher = Some(batch::Batcher::start(
+        self.batcher = Some(batch::Batcher::start(Arc::new(
+            batch::acquire::AcquireRunner {
+                pool: self.pool.clone(),
+                table: self.table.clone(),
+                owner: self.config.owner().to_owned(),
+                lease: self.config.lease(),
+                statements_sent: self.acquire_statements.clone(),
+            },
+        )));
+        self.releaser = Some(batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),
-            self.config.owner().to_owned(),
-            self.config.lease(),
-            self.acquire_statements.clone(),
+            self.release_statements.clone(),
         ));
         // Releases are announced on the lease channel. Heard through the process's listener
         // when there is one; otherwise through a listener of this manager's own — the same
@@ -242,70 +258,19 @@ impl Actor for LockManager {
                 warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
                 continue;
             };
-            let (pool, table) = (self.pool.clone(), self.table.clone());
+            let Some(releaser) = self.releaser.clone() else {
+                continue;
+            };
+            // One task per lease, so that thousands of them go out batched.
             runtime.spawn(async move {
-                let statements = pool.statements(None);
-                if let Err(e) = table
-                    .release(&statements, &name, held.token, held.keep_on_release)
+                if let Err(e) = releaser
+                    .release(name.clone(), held.token, held.keep_on_release)
                     .await
                 {
                     warn!(lease = %name, error = %e, "release at shutdown failed; the lease expires on its own");
                 }
             });
         }
-    }
-}
-
-impl Handler<Release> for LockManager {
-    type Result = ResponseActFuture<Self, Result<()>>;
-
-    fn handle(&mut self, Release { name, token }: Release, _: &mut Context<Self>) -> Self::Result {
-        // Forget it before the statement runs, so a heartbeat in flight that no longer finds
-        // the row does not report a loss.
-        if self
-            .held
-            .get(name.as_str())
-            .is_none_or(|h| h.token != token)
-        {
-            let error = Error::new(
-                ErrorKind::LockLost,
-                format!("lease {name:?} (token {token}) was already released or lost"),
-            );
-            return Box::pin(actix::fut::ready(Err(error)));
-        }
-        let held = self.forget_lease(&name).expect("checked above");
-        let (pool, table, keep) = (self.pool.clone(), self.table.clone(), held.keep_on_release);
-        let statement_name = name.clone();
-        // On its own task, so a manager stopping (Shutdown) does not abandon a release it has
-        // already taken out of `held`. Bounded by the statement timeout; retried on another
-        // connection only when its own was found dead before it was sent (a release that may
-        // have run is not repeated: a second run would report the lease lost).
-        let release = tokio::spawn(async move {
-            let statements = pool.statements(None);
-            table
-                .release(&statements, &statement_name, token, keep)
-                .await
-        });
-        let release = async move {
-            release.await.unwrap_or_else(|e| {
-                Err(Error::new(
-                    ErrorKind::Other,
-                    format!("release task failed: {e}"),
-                ))
-            })
-        };
-        Box::pin(release.into_actor(self).map(move |result, act, _| {
-            match &result {
-                // Gone on the server before we released it: that is a loss, reported once.
-                Err(e) if e.is_lock_lost() => act.announce_loss(&name, held, LossReason::TakenOver),
-                Err(e) => {
-                    warn!(lease = %name, error = %e, "release failed; the lease expires on its own")
-                }
-                Ok(()) => {}
-            }
-            act.queues.wake(&name);
-            result
-        }))
     }
 }
 
@@ -352,9 +317,8 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
     fn handle(&mut self, _: GetStats<ManagerStats>, _: &mut Context<Self>) -> ManagerStats {
         ManagerStats {
             held: self.held.len(),
-            acquire_statements: self
-                .acquire_statements
-                .load(std::sync::atomic::Ordering::Relaxed),
+            acquire_statements: self.acquire_statements.load(Ordering::Relaxed),
+            release_statements: self.release_statements.load(Ordering::Relaxed),
             ..self.stats.clone()
         }
     }
@@ -363,8 +327,15 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
 impl Handler<RawNotification> for LockManager {
     type Result = ();
 
-    fn handle(&mut self, released: RawNotification, _: &mut Context<Self>) {
-        self.queues.wake(&released.payload);
+    fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
+        match Released::parse(&notification.payload) {
+            // Reserved for another process's waiter: an attempt here could only be refused.
+            // Its grant (or the reservation lapsing) is announced or polled for later.
+            Some(released) if !released.may_grant(self.config.owner()) => {}
+            Some(released) => self.queues.wake(released.name),
+            // Not an announcement (written by hand, say): wake whoever waits for that name.
+            None => self.queues.wake(&notification.payload),
+        }
     }
 }
 

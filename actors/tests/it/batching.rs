@@ -1,5 +1,5 @@
-//! Group commit for acquires: a burst from one manager shares statements, each caller still gets
-//! its own lease, and a batch whose connection fails leaves nothing behind.
+//! Group commit: a burst of acquires or releases from one manager shares statements, each caller
+//! still gets its own answer, and a batch whose connection fails leaves nothing behind.
 
 use std::time::{Duration, Instant};
 
@@ -107,5 +107,127 @@ async fn a_batch_on_a_black_holed_connection_is_retried_and_leaves_nothing_behin
             .find(|r| r.get::<_, String>(0) == lease.name())
             .map(|r| r.get::<_, i64>(1));
         assert_eq!(on_server, Some(lease.token()), "{}", lease.name());
+    }
+}
+
+/// A burst of releases goes out in a few statements, each caller still learns its own outcome: a
+/// lease taken over meanwhile is reported lost (to its caller and to loss subscribers), a row a
+/// fencing guard holds is released once the guard ends, a waiter elsewhere gets its lease.
+#[actix_rt::test]
+async fn a_burst_of_releases_is_batched_and_each_caller_learns_its_own_outcome() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let manager = setup.manager("burst");
+    let losses = super::Collector::subscribe(&manager).await;
+    let requests: Vec<_> = (0..1_000)
+        .map(|i| manager.send(Acquire::new(format!("r-{i}"))))
+        .collect();
+    let mut leases: Vec<Lease> = futures_util::future::join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    // r-1 is taken over on the server (another token); r-2 is under a fencing guard; r-3 has a
+    // waiter in another manager.
+    let table = setup.quoted_table();
+    admin
+        .execute(
+            &format!("UPDATE {table} SET token = token + 1000000 WHERE name = 'r-1'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut guard = pgcoord::db::connect_spawned(&setup.builder("guard").build().unwrap())
+        .await
+        .unwrap();
+    let fenced = guard.transaction().await.unwrap();
+    leases[2].fence(&fenced).await.unwrap();
+    let other = setup.manager("other");
+    let waiter = other.send(Acquire::new("r-3").timeout(Duration::from_secs(10)));
+    let waiting = actix_rt::spawn(waiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let before = manager.send(GetStats::new()).await.unwrap();
+    let fenced_lease = leases.remove(2);
+    let fenced_release = actix_rt::spawn(fenced_lease.release());
+    let results = futures_util::future::join_all(leases.into_iter().map(|l| l.release())).await;
+    let stats = manager.send(GetStats::new()).await.unwrap();
+    let statements = stats.release_statements - before.release_statements;
+    assert!(
+        statements < 100,
+        "{statements} statements for 1,000 releases"
+    );
+    for (i, result) in results.iter().enumerate() {
+        let name = if i < 2 { i } else { i + 1 };
+        if name == 1 {
+            assert_eq!(
+                result.as_ref().unwrap_err().kind(),
+                pgcoord::ErrorKind::LockLost
+            );
+        } else {
+            assert!(result.is_ok(), "r-{name}: {result:?}");
+        }
+    }
+    let lost = losses.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(lost[0].key, LockKey::Lease("r-1".into()));
+    assert_eq!(lost[0].reason, LossReason::TakenOver);
+    // The waiter elsewhere was woken by the batch's announcement.
+    let granted = waiting.await.unwrap().unwrap().unwrap();
+    assert_eq!(granted.name(), "r-3");
+    // The guarded row waits for its guard, then goes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!fenced_release.is_finished(), "waits for the guard");
+    fenced.commit().await.unwrap();
+    fenced_release.await.unwrap().unwrap();
+    let left: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {table} WHERE owner = 'burst'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        left, 1,
+        "only the lease taken over (now someone else's) is left"
+    );
+}
+
+/// A manager stopping with thousands of leases lets them go in a few statements, and tells
+/// every holder.
+#[actix_rt::test]
+async fn a_manager_stopping_with_thousands_of_leases_releases_them_in_a_few_statements() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let manager = setup.manager("stopping");
+    let requests: Vec<_> = (0..2_000)
+        .map(|i| manager.send(Acquire::new(format!("s-{i}"))))
+        .collect();
+    let leases: Vec<Lease> = futures_util::future::join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let commits_before: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    manager.send(Shutdown).await.unwrap();
+    let count = format!(
+        "SELECT count(*) FROM {} WHERE owner = 'stopping'",
+        setup.quoted_table()
+    );
+    let started = Instant::now();
+    while admin.query_one(&count, &[]).await.unwrap().get::<_, i64>(0) > 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "rows left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Statistics lag: read them after a pause. Every session of the database counts, so the
+    // bound is loose; one statement per lease would be 2,000.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let commits_after: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    assert!(
+        commits_after - commits_before < 300,
+        "{} transactions for 2,000 releases",
+        commits_after - commits_before
+    );
+    for lease in &leases {
+        assert_eq!(lease.loss(), Some(LossReason::Shutdown));
     }
 }

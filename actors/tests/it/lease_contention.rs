@@ -137,3 +137,43 @@ async fn releases_under_contention_never_miss_their_own_lease() {
     eprintln!("{total} handoffs");
     assert!(total > 100, "{total}");
 }
+
+/// A release whose next grant is reserved wakes only the reserved waiter's process: the others
+/// would only be refused (and on a hot lock their attempts would hold up the waiter's). When the
+/// waiter's tenure ends, the next release wakes the rest.
+#[actix_rt::test]
+async fn a_reserved_release_wakes_only_the_reserved_waiter() {
+    let (setup, _) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let (holder, first, second) = (
+        setup.manager("holder"),
+        setup.manager("first"),
+        setup.manager("second"),
+    );
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let first_waits =
+        actix_rt::spawn(first.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(200)).await; // first has reserved the next grant
+    let second_waits =
+        actix_rt::spawn(second.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(200)).await; // second was refused and sleeps
+    let attempts = |m: &actix::Addr<LockManager>| m.send(GetStats::new());
+    let before = attempts(&second).await.unwrap().acquire_statements;
+    held.release().await.unwrap();
+    let lease = first_waits.await.unwrap().unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = attempts(&second).await.unwrap().acquire_statements;
+    assert_eq!(
+        after, before,
+        "the second waiter was not woken for a grant it cannot get"
+    );
+    // Its poll is a quarter of the lease (5 s) away: the release of an unreserved grant wakes it.
+    let released = Instant::now();
+    lease.release().await.unwrap();
+    let lease = second_waits.await.unwrap().unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+}

@@ -1,0 +1,132 @@
+//! Releases, batched when a burst is under way (`LeaseTable::release_many`): a worker pool
+//! letting go of its keys, a manager stopping with thousands of leases.
+//!
+//! A release the batch did not do (its lease was lost, or its row was locked by a renewal or a
+//! fencing guard, which a batch does not wait for) is done alone, which tells its caller
+//! `LockLost` or waits for the row, exactly as before. When a batch's outcome is unknown (its
+//! connection failed after sending) every caller gets the error, as a single release would: a
+//! release that may have run is not repeated, since a second run would report the lease lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pgcoord::lease::ReleaseRequest;
+use pgcoord::{LeaseTable, Pool, Result};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use super::acquire::shared;
+use super::{Batcher, RunBatch, without_repeats};
+
+/// One release waiting for its batch; answered `None` when its caller should release alone.
+pub(crate) struct ReleaseItem {
+    name: Arc<str>,
+    token: i64,
+    keep: bool,
+    reply: oneshot::Sender<Option<Result<()>>>,
+}
+
+/// Sends a manager's releases, alone or in batches. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Releaser {
+    batcher: Batcher<ReleaseItem>,
+    runner: Arc<ReleaseRunner>,
+}
+
+/// What a release needs to run.
+pub(crate) struct ReleaseRunner {
+    pool: Pool,
+    table: Arc<LeaseTable>,
+    /// The manager's count of release statements sent.
+    statements_sent: Arc<AtomicU64>,
+}
+
+impl Releaser {
+    /// Starts the batching task on the current tokio runtime.
+    pub(crate) fn start(
+        pool: Pool,
+        table: Arc<LeaseTable>,
+        statements_sent: Arc<AtomicU64>,
+    ) -> Releaser {
+        let runner = Arc::new(ReleaseRunner {
+            pool,
+            table,
+            statements_sent,
+        });
+        Releaser {
+            batcher: Batcher::start(runner.clone()),
+            runner,
+        }
+    }
+
+    /// Releases `name` if `token` still holds it (see `LeaseTable::release`): in a batch when
+    /// many releases are under way, alone otherwise. Bounded by the statement timeout.
+    pub(crate) async fn release(&self, name: Arc<str>, token: i64, keep: bool) -> Result<()> {
+        let (_under_way, alone) = self.batcher.enter();
+        if !alone {
+            let (reply, answer) = oneshot::channel();
+            let item = ReleaseItem {
+                name: name.clone(),
+                token,
+                keep,
+                reply,
+            };
+            if self.batcher.submit(item).is_ok()
+                && let Ok(Some(result)) = answer.await
+            {
+                return result;
+            }
+        }
+        self.runner.release_alone(&name, token, keep).await
+    }
+}
+
+impl ReleaseRunner {
+    async fn release_alone(&self, name: &str, token: i64, keep: bool) -> Result<()> {
+        self.statements_sent.fetch_add(1, Ordering::Relaxed);
+        let statements = self.pool.statements(None);
+        self.table.release(&statements, name, token, keep).await
+    }
+}
+
+impl RunBatch<ReleaseItem> for ReleaseRunner {
+    async fn run(&self, mut batch: Vec<ReleaseItem>) {
+        if batch.len() == 1 {
+            let _ = batch.pop().expect("one").reply.send(None);
+            return;
+        }
+        let (batch, repeats) = without_repeats(batch, |i| &i.name);
+        for repeat in repeats {
+            let _ = repeat.reply.send(None);
+        }
+        let requests: Vec<ReleaseRequest<'_>> = batch
+            .iter()
+            .map(|i| ReleaseRequest {
+                name: &i.name,
+                token: i.token,
+                keep: i.keep,
+            })
+            .collect();
+        let statements = self.pool.statements(None);
+        let released = pgcoord::db::retry(|| {
+            self.statements_sent.fetch_add(1, Ordering::Relaxed);
+            self.table.release_many(&statements, &requests)
+        })
+        .await;
+        debug!(size = batch.len(), ok = released.is_ok(), "release batch");
+        match released {
+            Ok(released) => {
+                for item in batch {
+                    let done = released.contains(&*item.name);
+                    let _ = item.reply.send(done.then_some(Ok(())));
+                }
+            }
+            Err(error) => {
+                let error = Arc::new(error);
+                for item in batch {
+                    let _ = item.reply.send(Some(Err(shared(&error))));
+                }
+            }
+        }
+    }
+}

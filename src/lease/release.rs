@@ -1,0 +1,152 @@
+//! Releasing leases, alone or many in one statement, and the announcement each release makes on
+//! the lease channel.
+
+use std::collections::HashSet;
+
+use tokio_postgres::types::Type;
+use tracing::instrument;
+
+use super::{LeaseTable, check_name};
+use crate::error::{Error, ErrorKind, Result};
+use crate::statement::Statements;
+
+/// A release (or a waiter giving its reservation up) as announced on the lease channel
+/// ([`LeaseTable::channel`]).
+///
+/// The payload is the name's length in bytes, a colon, the name, then the owner the next grant
+/// is reserved for, if any: `3:jobworker-7` announces that `job` is free and reserved for
+/// `worker-7`; `3:job` that it is free for anyone. Any name and owner can be written this way
+/// (neither may contain NUL, which a payload cannot carry), so other languages can read it too.
+/// Processes other than the reserved waiter's have no reason to try: the grant is not theirs
+/// until the reservation is used or lapses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released<'a> {
+    /// The lock's name.
+    pub name: &'a str,
+    /// The owner the next grant is reserved for; `None` when anyone may take it.
+    pub reserved_for: Option<&'a str>,
+}
+
+impl<'a> Released<'a> {
+    /// Reads an announcement; `None` when `payload` is not one (sent by hand, say).
+    pub fn parse(payload: &'a str) -> Option<Released<'a>> {
+        let (length, rest) = payload.split_once(':')?;
+        let length: usize = length.parse().ok()?;
+        // `get` refuses a length past the end or inside a multi-byte character.
+        let name = rest.get(..length).filter(|n| !n.is_empty())?;
+        let reserved_for = Some(&rest[length..]).filter(|w| !w.is_empty());
+        Some(Released { name, reserved_for })
+    }
+
+    /// Whether a process whose owner is `owner` may be granted the lock now.
+    pub fn may_grant(&self, owner: &str) -> bool {
+        self.reserved_for.is_none_or(|waiter| waiter == owner)
+    }
+}
+
+/// One release of a batch: the lease's name, its token, and whether its row (and data) is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseRequest<'a> {
+    /// The lease's name.
+    pub name: &'a str,
+    /// The token of the tenure to end.
+    pub token: i64,
+    /// Keep the row and its data, free, instead of deleting it.
+    pub keep: bool,
+}
+
+impl LeaseTable {
+    /// Releases `name` if `token` still holds it, deleting the row — unless a waiter reserved
+    /// the next grant, then it stays free without data — or, with `keep`, keeping it (and its
+    /// data) free. Waiters everywhere are woken through the lease channel. A
+    /// [`ErrorKind::LockLost`] error when the lease was no longer held with that token.
+    #[instrument(skip(self, client), level = "debug")]
+    pub async fn release(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+        token: i64,
+        keep: bool,
+    ) -> Result<()> {
+        let rows = client
+            .run(
+                &self.release,
+                &[
+                    (&name, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&keep, Type::BOOL),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Err(Error::new(
+                ErrorKind::LockLost,
+                format!("lock {name:?} was already released or lost (token {token})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each of `requests` (distinct names) released as [`release`](Self::release) would, in one
+    /// statement. Returns the names released. A name missing from the set was not released:
+    /// lost, or its row locked by another transaction (a renewal, a fencing guard — not waited
+    /// for, so that two multi-row statements cannot deadlock); its caller releases it alone,
+    /// which tells it which.
+    #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
+    pub async fn release_many(
+        &self,
+        client: &(impl Statements + ?Sized),
+        requests: &[ReleaseRequest<'_>],
+    ) -> Result<HashSet<String>> {
+        let mut names = Vec::with_capacity(requests.len());
+        let mut tokens = Vec::with_capacity(requests.len());
+        let mut keep = Vec::with_capacity(requests.len());
+        for request in requests {
+            check_name(request.name)?;
+            names.push(request.name);
+            tokens.push(request.token);
+            keep.push(request.keep);
+        }
+        let rows = client
+            .run(
+                &self.release_many,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&keep, Type::BOOL_ARRAY),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
+            .await?;
+        rows.iter().map(|row| Ok(row.try_get(0)?)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Released;
+
+    #[test]
+    fn announcements_are_read_back_whatever_the_names_hold() {
+        let free = Released::parse("3:job").unwrap();
+        assert_eq!((free.name, free.reserved_for), ("job", None));
+        assert!(free.may_grant("anyone"));
+        let reserved = Released::parse("3:jobworker-7").unwrap();
+        assert_eq!(
+            (reserved.name, reserved.reserved_for),
+            ("job", Some("worker-7"))
+        );
+        assert!(reserved.may_grant("worker-7") && !reserved.may_grant("worker-8"));
+        // Colons and digits inside names, multi-byte characters: the length says where it ends.
+        let odd = Released::parse("7:1:ä:b2:c").unwrap();
+        assert_eq!((odd.name, odd.reserved_for), ("1:ä:b2", Some(":c")));
+    }
+
+    #[test]
+    fn anything_else_is_not_an_announcement() {
+        for payload in ["", "job", ":job", "0:", "x:job", "9:job", "1:ä", "-1:job"] {
+            assert_eq!(Released::parse(payload), None, "{payload:?}");
+        }
+    }
+}
