@@ -242,8 +242,11 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for manager in &managers {
         attempts += manager.send(GetStats::new()).await?.acquire_statements;
     }
-    let (handoffs, release_parts): (Vec<_>, Vec<_>) =
-        Arc::try_unwrap(handoffs).unwrap().into_inner()?.into_iter().unzip();
+    let (handoffs, release_parts): (Vec<_>, Vec<_>) = Arc::try_unwrap(handoffs)
+        .unwrap()
+        .into_inner()?
+        .into_iter()
+        .unzip();
     let measured = handoffs.len();
     let (handoffs, release_parts) = (Samples::new(handoffs), Samples::new(release_parts));
     report.time(
@@ -312,15 +315,18 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     // the claim is one (the statistics lag, so they are read after a pause).
     let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
     let commits_before: i64 = admin.query_one(commits, &[]).await?.get(0);
+    let statements_before = holder.send(GetStats::new()).await?.acquire_statements;
     let claimed = Instant::now();
-    let requests: Vec<_> = (0..sizes.held)
-        .map(|i| holder.send(Acquire::new(format!("held-{i}"))))
-        .collect();
+    // All sent at once, as a worker pool would. (Awaited one by one instead, the requests past
+    // the manager's mailbox capacity would only be sent as the loop reaches them, one at a time
+    // after the rest are done: measured: 5,925 statements instead of 27.)
+    let requests = (0..sizes.held).map(|i| holder.send(Acquire::new(format!("held-{i}"))));
     let mut held = Vec::new();
-    for r in requests {
-        held.push(r.await??);
+    for r in futures_util::future::join_all(requests).await {
+        held.push(r??);
     }
     let claim_time = claimed.elapsed();
+    let statements = holder.send(GetStats::new()).await?.acquire_statements - statements_before;
     tokio::time::sleep(Duration::from_millis(600)).await;
     let commits_after: i64 = admin.query_one(commits, &[]).await?.get(0);
     report.note(
@@ -329,6 +335,13 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             sizes.held
         ),
         ms(claim_time),
+    );
+    report.note(
+        &format!(
+            "{} distinct leases claimed at once: acquire statements sent",
+            sizes.held
+        ),
+        format!("{statements}"),
     );
     report.note(
         &format!(

@@ -28,6 +28,10 @@ pub struct Sizes {
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Diagnostics on request only: logging would slow what is measured.
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| {
         args.iter()

@@ -154,13 +154,20 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let insert = admin
         .prepare("INSERT INTO raw_blob VALUES ($1, $2)")
         .await?;
-    let select = admin.prepare("SELECT data FROM raw_blob WHERE id = $1").await?;
+    let select = admin
+        .prepare("SELECT data FROM raw_blob WHERE id = $1")
+        .await?;
     let (mut floors, mut trips) = (Vec::new(), Vec::new());
     for round in 0..sizes.rounds as i32 {
         let t = Instant::now();
         for hop in 0..2 {
-            admin.execute(&insert, &[&(round * 2 + hop), &payload]).await?;
-            let _: Vec<u8> = admin.query_one(&select, &[&(round * 2 + hop)]).await?.get(0);
+            admin
+                .execute(&insert, &[&(round * 2 + hop), &payload])
+                .await?;
+            let _: Vec<u8> = admin
+                .query_one(&select, &[&(round * 2 + hop)])
+                .await?
+                .get(0);
         }
         floors.push(t.elapsed() + one_way.p(0.5) * 2);
         let t = Instant::now();
