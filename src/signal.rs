@@ -168,6 +168,29 @@ pub async fn notify(
     Ok(())
 }
 
+/// Sends each `(channel, text)` with `pg_notify`, in order, in one statement (one transaction):
+/// listeners receive them in this order, after the commit. PostgreSQL delivers identical
+/// `(channel, text)` pairs of one transaction once; envelopes carry random ids, so theirs differ.
+#[instrument(skip_all, fields(messages = messages.len()), level = "debug")]
+pub async fn notify_many(
+    client: &impl crate::statement::Statements,
+    messages: &[(&Ident, &str)],
+) -> Result<()> {
+    let channels: Vec<&str> = messages.iter().map(|(c, _)| c.as_str()).collect();
+    let texts: Vec<&str> = messages.iter().map(|(_, t)| *t).collect();
+    // The notifications are sent after the sort (a volatile function in the select list is
+    // evaluated after ORDER BY), so in the order given.
+    client
+        .run(
+            "SELECT pg_notify(n.channel, n.text)::text
+             FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS n(channel, text, position)
+             ORDER BY n.position",
+            &[(&channels, Type::TEXT_ARRAY), (&texts, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(())
+}
+
 /// Encodes a serde value as MessagePack with named fields.
 pub fn to_payload<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     rmp_serde::to_vec_named(value).map_err(|e| {

@@ -18,6 +18,8 @@
 //! - [`GetStats`] — one message for every actor's counters.
 //! - `session` (private) — dedicated connections (advisory sessions, the heartbeat).
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
+//! - `batch` (private) — group commit: requests of one actor under way at the same moment share
+//!   a statement (acquires, releases, notifications).
 #![deny(missing_docs)]
 
 // The README's examples are compiled as doctests (`cargo test --doc`), so they cannot rot.
@@ -26,6 +28,7 @@
 struct ReadmeExamples;
 
 pub mod advisory;
+mod batch;
 mod call;
 pub mod coordinator;
 pub mod leases;

@@ -76,7 +76,8 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         }
         let (r, o) = (Samples::new(raw.clone()), Samples::new(ours.clone()));
         ratios.push(o.p(0.5).as_secs_f64() / r.p(0.5).as_secs_f64());
-        (raw_p50s.push(r.p(0.5)), ours_p50s.push(o.p(0.5)));
+        raw_p50s.push(r.p(0.5));
+        ours_p50s.push(o.p(0.5));
         raw_all.extend(raw);
         ours_all.extend(ours);
     }

@@ -11,7 +11,7 @@ use pgcoord::Config;
 use pgcoord::payload::PayloadTable;
 use pgcoord::signal::{Envelope, Kind};
 use pgcoord_actors::Ask;
-use pgcoord_actors::{ListenerActor, Serve, Signal, Subscribe};
+use pgcoord_actors::{GetStats, ListenerActor, ListenerStats, Publish, Serve, Signal, Subscribe};
 use tokio_postgres::AsyncMessage;
 
 use crate::Sizes;
@@ -142,6 +142,45 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     report.note(
         "fan-out: deliveries/s to subscribers",
         format!("{:.0} /s", 4.0 * sizes.fanout as f64 / ours.as_secs_f64()),
+    );
+
+    // A burst of publishes sent at once through one listener, against the unbatched floor: as
+    // many raw NOTIFY statements, prepared, back to back on one warm connection. Rounds
+    // interleaved; the total of each side.
+    let burst = sizes.requests;
+    let (mut floor_time, mut ours_time) = (Duration::ZERO, Duration::ZERO);
+    let stats_before = client.send(GetStats::<ListenerStats>::new()).await?;
+    for _ in 0..sizes.rounds {
+        let t = Instant::now();
+        for text in &texts[..burst] {
+            admin.query_one(&notify, &[text]).await?;
+        }
+        floor_time += t.elapsed();
+        let t = Instant::now();
+        let publishes = (0..burst).map(|i| {
+            client.send(Publish::new(
+                "bench_burst",
+                (i as u64).to_be_bytes().to_vec(),
+            ))
+        });
+        for result in futures_util::future::join_all(publishes).await {
+            result??;
+        }
+        ours_time += t.elapsed();
+    }
+    let stats = client.send(GetStats::<ListenerStats>::new()).await?;
+    report.rate(
+        &format!("a burst of {burst} publishes sent at once through one listener (floor: as many raw NOTIFY statements on one connection)"),
+        (burst * sizes.rounds) as f64 / ours_time.as_secs_f64(),
+        (burst * sizes.rounds) as f64 / floor_time.as_secs_f64(),
+        "/s",
+    );
+    report.note(
+        &format!("a burst of {burst} publishes: NOTIFY statements sent per burst"),
+        format!(
+            "{:.1}",
+            (stats.notify_statements - stats_before.notify_statements) as f64 / sizes.rounds as f64
+        ),
     );
 
     // 1 MiB round trip through the store. Its fair floor is what a request/reply of 1 MiB does

@@ -198,7 +198,7 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
-        self.batcher = Some(batch::Batcher::start(Arc::new(
+        self.batcher = Some(crate::batch::Batcher::start(Arc::new(
             batch::acquire::AcquireRunner {
                 pool: self.pool.clone(),
                 table: self.table.clone(),

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use actix::prelude::*;
 use bytes::Bytes;
 use pgcoord::ident::Ident;
-use pgcoord::payload::PayloadStore;
 use pgcoord::signal::{self, Body, Envelope, Kind};
-use pgcoord::{Error, ErrorKind, Pool, Result};
+use pgcoord::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
@@ -190,8 +189,8 @@ impl ListenerActor {
         let Some(reply_to) = request.reply_to.as_deref().and_then(|c| Ident::new(c).ok()) else {
             return self.garbage("?", &"a request without a valid reply channel");
         };
-        let (pool, store, limit) = (
-            self.pool.clone(),
+        let (notifier, store, limit) = (
+            self.notifier(),
             self.store.clone(),
             self.config.inline_limit(),
         );
@@ -213,26 +212,14 @@ impl ListenerActor {
                     Vec::new()
                 }
             };
-            if let Err(e) = send(&pool, store.as_deref(), &reply_to, reply, payload, limit).await {
+            let sent = notifier
+                .send(store.as_deref(), reply_to.clone(), reply, payload, limit)
+                .await;
+            if let Err(e) = sent {
                 warn!(channel = %reply_to, error = %e, "cannot send a reply");
             }
         });
     }
-}
-
-/// Seals `payload` into `envelope` (through the store when large) and NOTIFYs it.
-pub(crate) async fn send(
-    pool: &Pool,
-    store: Option<&dyn PayloadStore>,
-    channel: &Ident,
-    envelope: Envelope,
-    payload: Vec<u8>,
-    inline_limit: usize,
-) -> Result<()> {
-    let text = signal::seal(envelope, payload, store, inline_limit).await?;
-    // Not repeated once it may have run: a second NOTIFY would deliver the message twice. A
-    // connection found dead before sending is replaced (see `Pool::checkout`).
-    signal::notify(&pool.statements(None), channel, &text).await
 }
 
 pub(crate) fn channel_ident(channel: &str) -> Result<Ident> {
@@ -247,22 +234,17 @@ impl Handler<Publish> for ListenerActor {
         Publish { channel, payload }: Publish,
         _: &mut Context<Self>,
     ) -> Self::Result {
-        let (pool, store, limit) = (
-            self.pool.clone(),
+        let (notifier, store, limit) = (
+            self.notifier(),
             self.store.clone(),
             self.config.inline_limit(),
         );
         Box::pin(async move {
             let channel = channel_ident(&channel)?;
-            send(
-                &pool,
-                store.as_deref(),
-                &channel,
-                Envelope::new(Kind::Event, Vec::new()),
-                payload,
-                limit,
-            )
-            .await
+            let envelope = Envelope::new(Kind::Event, Vec::new());
+            notifier
+                .send(store.as_deref(), channel, envelope, payload, limit)
+                .await
         })
     }
 }

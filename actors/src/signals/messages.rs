@@ -276,6 +276,9 @@ pub struct ListenerStats {
     pub pending_requests: usize,
     /// Connections opened, the first included.
     pub connections: u64,
+    /// NOTIFY statements sent for events, requests and replies: single ones, and batches of
+    /// concurrent ones counted once each.
+    pub notify_statements: u64,
 }
 
 /// The channels the listener's current session is listening on, from `pg_listening_channels()`

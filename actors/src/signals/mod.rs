@@ -10,6 +10,7 @@
 //! messages whose payloads are fetched from the store, in `ordered`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
@@ -25,6 +26,7 @@ use crate::stats::GetStats;
 mod connection;
 mod dispatch;
 mod messages;
+mod notify;
 mod ordered;
 mod round_trip;
 
@@ -70,6 +72,10 @@ pub struct ListenerActor {
     pub(crate) stats: ListenerStats,
     /// Numbers the messages of channel backlogs.
     next_seq: u64,
+    /// Sends events, requests and replies; started on first use (inside the runtime) and kept
+    /// across restarts.
+    notifier: Option<notify::Notifier>,
+    notify_statements: Arc<AtomicU64>,
 }
 
 /// The pending requests of a listener: reply senders by request id.
@@ -109,7 +115,17 @@ impl ListenerActor {
             shut_down: false,
             stats: ListenerStats::default(),
             next_seq: 0,
+            notifier: None,
+            notify_statements: Arc::default(),
         }
+    }
+
+    /// The sender of this listener's notifications.
+    pub(crate) fn notifier(&mut self) -> notify::Notifier {
+        let (pool, sent) = (&self.pool, &self.notify_statements);
+        self.notifier
+            .get_or_insert_with(|| notify::Notifier::start(pool.clone(), sent.clone()))
+            .clone()
     }
 
     /// Starts the listener under a `Supervisor` in the current actix System.
@@ -226,6 +242,7 @@ impl Handler<GetStats<ListenerStats>> for ListenerActor {
     fn handle(&mut self, _: GetStats<ListenerStats>, _: &mut Context<Self>) -> ListenerStats {
         ListenerStats {
             pending_requests: self.pending.lock().expect("pending").len(),
+            notify_statements: self.notify_statements.load(Ordering::Relaxed),
             ..self.stats.clone()
         }
     }

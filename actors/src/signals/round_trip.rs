@@ -18,7 +18,7 @@ use pgcoord::{Error, ErrorKind, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
-use super::dispatch::{channel_ident, send};
+use super::dispatch::channel_ident;
 use super::messages::{Ask, TypedRequest};
 use super::{ListenerActor, Pending};
 
@@ -41,15 +41,17 @@ impl ListenerActor {
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending").insert(id, tx);
         let ready = self.replies_ready();
-        let (pool, store, limit) = (
-            self.pool.clone(),
+        let (notifier, store, limit) = (
+            self.notifier(),
             self.store.clone(),
             self.config.inline_limit(),
         );
         let payload = request.payload;
         let send = Box::pin(async move {
             ready.await;
-            send(&pool, store.as_deref(), &channel, envelope, payload, limit).await
+            notifier
+                .send(store.as_deref(), channel, envelope, payload, limit)
+                .await
         });
         Ok(RoundTrip {
             id,

@@ -231,3 +231,103 @@ async fn a_manager_stopping_with_thousands_of_leases_releases_them_in_a_few_stat
         assert_eq!(lease.loss(), Some(LossReason::Shutdown));
     }
 }
+
+/// A burst of publishes from one listener goes out in a few NOTIFY statements, and every message
+/// arrives once; stored (large) and inline messages mix.
+#[actix_rt::test]
+async fn a_burst_of_publishes_is_batched_and_every_message_arrives_once() {
+    let (setup, _admin) = super::signals::setup().await;
+    let (publisher, receiver) = (
+        super::signals::listener(&setup),
+        super::signals::listener(&setup),
+    );
+    let channel = pgcoord::embedded::unique_name("burst");
+    let received = super::signals::subscribe(&receiver, &channel).await;
+    let before = publisher.send(GetStats::new()).await.unwrap();
+    let publishes = (0..1_000u32).map(|i| {
+        // Every 100th is larger than the inline limit and goes through the store.
+        let size = if i % 100 == 0 { 10_000 } else { 4 };
+        let mut payload = vec![0u8; size];
+        payload[..4].copy_from_slice(&i.to_be_bytes());
+        publisher.send(Publish::new(&channel, payload))
+    });
+    for result in futures_util::future::join_all(publishes).await {
+        result.unwrap().unwrap();
+    }
+    let stats = publisher.send(GetStats::new()).await.unwrap();
+    let statements = stats.notify_statements - before.notify_statements;
+    assert!(
+        statements < 100,
+        "{statements} statements for 1,000 publishes"
+    );
+    let messages = received.wait_for(1_000, Duration::from_secs(10)).await;
+    let mut seen: Vec<u32> = messages
+        .iter()
+        .map(|m| u32::from_be_bytes(m.payload[..4].try_into().unwrap()))
+        .collect();
+    seen.sort();
+    assert_eq!(seen, (0..1_000).collect::<Vec<_>>(), "each message once");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(received.received().len(), 1_000, "no duplicates");
+}
+
+/// A burst of publishes whose batch goes to a black-holed connection: each publisher gets an
+/// error at the statement deadline (the outcome is unknown: at most once), none waits longer,
+/// and the next burst, on fresh connections, is delivered.
+#[actix_rt::test]
+async fn a_publish_batch_on_a_black_holed_connection_fails_each_publisher_in_time() {
+    let (setup, _admin) = super::signals::setup().await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("cut")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(300))
+        .pool_size(2)
+        .build()
+        .unwrap();
+    let publisher = ListenerActor::new(config, None).start_supervised();
+    let receiver = super::signals::listener(&setup);
+    let channel = pgcoord::embedded::unique_name("cut");
+    let received = super::signals::subscribe(&receiver, &channel).await;
+    let burst = |from: u32| {
+        let publisher = publisher.clone();
+        let channel = channel.clone();
+        futures_util::future::join_all(
+            (from..from + 50)
+                .map(move |i| publisher.send(Publish::new(&channel, i.to_be_bytes().to_vec()))),
+        )
+    };
+    // Open the pool's connections, then black-hole them (new connections pass).
+    for result in burst(0).await {
+        result.unwrap().unwrap();
+    }
+    received.wait_for(50, Duration::from_secs(5)).await;
+    proxy.cut();
+    let started = Instant::now();
+    let results = burst(1_000).await;
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Err(e)) if e.is_unavailable()))
+        .count();
+    assert!(
+        failed > 0,
+        "the black-holed batch is reported to its publishers"
+    );
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(Ok(())) | Ok(Err(_)))),
+        "an answer for everyone"
+    );
+    // Fresh connections deliver the next burst.
+    for result in burst(2_000).await {
+        result.unwrap().unwrap();
+    }
+    // The black-holed burst never reached the server here; the first and the last did.
+    let messages = received.wait_for(50 + 50, Duration::from_secs(5)).await;
+    let ids: std::collections::HashSet<u32> = messages
+        .iter()
+        .map(|m| u32::from_be_bytes(m.payload[..4].try_into().unwrap()))
+        .collect();
+    assert!((2_000..2_050).all(|i| ids.contains(&i)));
+}

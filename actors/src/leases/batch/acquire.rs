@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pgcoord::lease::{AcquireRequest, Attempt};
-use pgcoord::{Error, LeaseTable, Pool, Result};
+use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use super::{Batcher, RunBatch, without_repeats};
+use crate::batch::{Batcher, RunBatch, shared_error, without_repeats};
 
 /// The answer to a first attempt: the attempt's result and when its statement was sent, or
 /// `None` when the job should ask alone.
@@ -116,16 +116,11 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                 // Every job learns the batch's fate; each frees what it may have been granted.
                 let error = Arc::new(error);
                 for item in batch {
-                    let _ = item.reply.send(Some((Err(shared(&error)), sent)));
+                    let _ = item.reply.send(Some((Err(shared_error(&error)), sent)));
                 }
             }
         }
     }
-}
-
-/// One caller's copy of an error a whole batch got.
-pub(crate) fn shared(error: &Arc<Error>) -> Error {
-    Error::new(error.kind(), error.to_string()).with_source(error.clone())
 }
 
 impl AcquireRunner {

@@ -15,8 +15,7 @@ use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use super::acquire::shared;
-use super::{Batcher, RunBatch, without_repeats};
+use crate::batch::{Batcher, RunBatch, shared_error, without_repeats};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
 pub(crate) struct ReleaseItem {
@@ -124,7 +123,7 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
             Err(error) => {
                 let error = Arc::new(error);
                 for item in batch {
-                    let _ = item.reply.send(Some(Err(shared(&error))));
+                    let _ = item.reply.send(Some(Err(shared_error(&error))));
                 }
             }
         }

@@ -1,0 +1,138 @@
+//! Group commit: what one actor has in flight at the same moment goes to the server as one
+//! statement, as renewals already do — a `LockManager`'s first acquire attempts and releases
+//! (`leases::batch`), a `ListenerActor`'s notifications (`signals::notify`).
+//!
+//! A caller hands its item to a [`Batcher`] and waits for its own answer. The batcher takes
+//! whatever has queued while earlier batches were in flight (at most [`MAX_BATCH`], and at most
+//! [`IN_FLIGHT`] batches at once), so an idle manager sends a lone item at once and a busy one
+//! sends fewer, larger statements: one round trip and one commit for many callers. An item alone
+//! (nothing else under way) goes at once, without the batcher. An item the batch could not settle (a row another transaction holds, say) is done
+//! alone by its caller, so every caller gets exactly the answer a single statement would give.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pgcoord::Error;
+use tokio::sync::{Semaphore, mpsc};
+
+/// The most items in one statement.
+pub(crate) const MAX_BATCH: usize = 1000;
+
+/// How many items must be under way at once before they are batched; below it an item goes
+/// alone, on its own pooled connection. Measured (docs/BENCHMARKS.md, 2 cores): batching whenever
+/// two are under way makes 64 clients of one manager about 4× faster than the unbatched floor on
+/// 64 connections, and 8 clients faster than it on a cluster with durable commits; with 16, 64
+/// clients gain only 2×. On a cluster with `fsync=off` a few closed-loop callers run up to a
+/// third slower batched than side by side, since their commits cost nothing: durable commits
+/// are what pgcoord assumes in production.
+pub(crate) const BATCH_FROM: usize = 2;
+
+/// The most batches in flight at once: enough to keep a connection busy while the next batch
+/// fills, few enough that batches do form.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// Runs one batch and answers each of its items.
+pub(crate) trait RunBatch<I>: Send + Sync + 'static {
+    /// Sends `batch` (never empty) and answers every item in it.
+    fn run(&self, batch: Vec<I>) -> impl Future<Output = ()> + Send;
+}
+
+/// Sends items in batches. Cheap to clone; the batching task ends when every clone is dropped
+/// (with the manager) and the batches in flight are answered.
+pub(crate) struct Batcher<I> {
+    queue: mpsc::UnboundedSender<I>,
+    /// Items under way, batched or alone.
+    under_way: Arc<AtomicUsize>,
+}
+
+impl<I> Clone for Batcher<I> {
+    fn clone(&self) -> Self {
+        Batcher {
+            queue: self.queue.clone(),
+            under_way: self.under_way.clone(),
+        }
+    }
+}
+
+/// Marks an item as under way while it lives.
+pub(crate) struct UnderWay(Arc<AtomicUsize>);
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<I: Send + 'static> Batcher<I> {
+    /// Starts the batching task on the current tokio runtime.
+    pub(crate) fn start(runner: Arc<impl RunBatch<I>>) -> Batcher<I> {
+        let (queue, items) = mpsc::unbounded_channel();
+        tokio::spawn(collect(items, runner));
+        Batcher {
+            queue,
+            under_way: Arc::default(),
+        }
+    }
+
+    /// Marks an item as under way; true when fewer than [`BATCH_FROM`] are, so it goes alone at
+    /// once instead of through a batch.
+    pub(crate) fn enter(&self) -> (UnderWay, bool) {
+        let before = self.under_way.fetch_add(1, Ordering::Relaxed);
+        (UnderWay(self.under_way.clone()), before + 1 < BATCH_FROM)
+    }
+
+    /// Queues `item` for the next batch; gives it back when the batching task is gone.
+    pub(crate) fn submit(&self, item: I) -> Result<(), I> {
+        self.queue.send(item).map_err(|e| e.0)
+    }
+}
+
+/// Takes what has queued, up to a batch, whenever a batch may start.
+async fn collect<I: Send + 'static, R: RunBatch<I>>(
+    mut items: mpsc::UnboundedReceiver<I>,
+    runner: Arc<R>,
+) {
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = items.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match items.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            runner.run(batch).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Splits off the items whose name came earlier in `batch`: a statement must not touch a row
+/// twice. (One manager's callers take turns per name, so this is a safeguard.)
+pub(crate) fn without_repeats<I>(batch: Vec<I>, name: impl Fn(&I) -> &str) -> (Vec<I>, Vec<I>) {
+    let mut seen = HashSet::new();
+    let (mut first, mut repeats) = (Vec::new(), Vec::new());
+    for item in batch {
+        if seen.insert(name(&item).to_owned()) {
+            first.push(item);
+        } else {
+            repeats.push(item);
+        }
+    }
+    (first, repeats)
+}
+
+/// One caller's copy of an error a whole batch got.
+pub(crate) fn shared_error(error: &Arc<Error>) -> Error {
+    Error::new(error.kind(), error.to_string()).with_source(error.clone())
+}
