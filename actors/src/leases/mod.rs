@@ -126,9 +126,9 @@ impl LockManager {
     }
 
     /// Checks the server first, then starts a manager in the current actix System: the start
-    /// that can fail. [`ErrorKind::Unavailable`] (with the cause) when the database cannot be
-    /// reached within the connect timeout, [`ErrorKind::ReadOnly`] on a standby,
-    /// [`ErrorKind::NotFound`] when the tables do not exist (see `pgcoord::schema::migrate`).
+    /// that can fail. [`ErrorKind::Unavailable`](pgcoord::ErrorKind::Unavailable) (with the cause) when the database cannot be
+    /// reached within the connect timeout, [`ErrorKind::ReadOnly`](pgcoord::ErrorKind::ReadOnly) on a standby,
+    /// [`ErrorKind::NotFound`](pgcoord::ErrorKind::NotFound) when the tables do not exist (see `pgcoord::schema::migrate`).
     pub async fn connect(config: Config) -> Result<Addr<LockManager>> {
         pgcoord::db::check_server(&config).await?;
         Ok(LockManager::new(config).start())
