@@ -18,6 +18,7 @@
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
+//! - [`election`] — leaders as lease holders: the proclamation stored and announced at once.
 //! - [`signal`] — the notification envelope, its text encoding and measurement, NOTIFY.
 //! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
 //! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
@@ -27,6 +28,7 @@ pub mod advisory;
 mod backoff;
 pub mod config;
 pub mod db;
+pub mod election;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod error;

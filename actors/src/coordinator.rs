@@ -7,6 +7,7 @@ use pgcoord::payload::PayloadTable;
 use pgcoord::{Config, Pool};
 
 use crate::advisory::AdvisoryLocks;
+use crate::election::Election;
 use crate::leases::LockManager;
 use crate::payloads::PayloadExpiry;
 use crate::signals::ListenerActor;
@@ -22,6 +23,8 @@ pub struct Coordinator {
     pub signals: Addr<ListenerActor>,
     /// Deletes expired rows of the payload table on a timer.
     pub payload_expiry: Addr<PayloadExpiry>,
+    /// What the actors were started with.
+    config: Config,
 }
 
 impl Coordinator {
@@ -80,9 +83,21 @@ impl Coordinator {
         Coordinator {
             // One LISTEN connection per process: lease wake-ups come through the listener.
             locks: LockManager::with_pool(config.clone(), pool, Some(signals.clone())).start(),
-            advisory: AdvisoryLocks::new(config).start(),
+            advisory: AdvisoryLocks::new(config.clone()).start(),
             payload_expiry: PayloadExpiry::new(table, expire_every).start(),
             signals,
+            config,
         }
+    }
+
+    /// The election `name` run by this process's actors (see [`Election`]).
+    /// [`pgcoord::ErrorKind::InvalidName`] for a name a lease could not have.
+    pub fn election(&self, name: impl Into<String>) -> pgcoord::Result<Election> {
+        Election::new(&self.config, name, self.locks.clone(), self.signals.clone())
+    }
+
+    /// The configuration the actors were started with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 }

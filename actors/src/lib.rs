@@ -11,6 +11,8 @@
 //!   reconnecting, with [`ConnState`] broadcasts; publish/subscribe, serving, request/reply.
 //! - [`payloads`] — [`PayloadExpiry`]: deletes expired stored payloads on a timer (the listener
 //!   puts and fetches them itself, without a mailbox in between).
+//! - [`election`] — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
+//!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
@@ -31,6 +33,7 @@ pub mod advisory;
 mod batch;
 mod call;
 pub mod coordinator;
+pub mod election;
 pub mod leases;
 pub mod losses;
 pub mod payloads;
@@ -42,6 +45,7 @@ mod stats;
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
+pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
 pub use leases::*;
 pub use losses::*;
 pub use payloads::{DeleteExpired, PayloadExpiry};

@@ -20,6 +20,7 @@ pub struct ConfigBuilder {
     schema: Option<String>,
     lock_table: String,
     lease_channel: Option<String>,
+    election_channel: Option<String>,
     payload_table: String,
     lease: Duration,
     heartbeat: Duration,
@@ -45,6 +46,7 @@ impl Default for ConfigBuilder {
             schema: None,
             lock_table: "pgcoord_locks".into(),
             lease_channel: None,
+            election_channel: None,
             payload_table: "pgcoord_payloads".into(),
             lease: Duration::from_secs(20),
             heartbeat: Duration::from_secs(5),
@@ -104,6 +106,13 @@ impl ConfigBuilder {
     /// unqualified name.
     pub fn lease_channel(mut self, channel: impl Into<String>) -> Self {
         self.lease_channel = Some(channel.into());
+        self
+    }
+
+    /// The channel on which elections announce their leaders (see `pgcoord::election`). Default:
+    /// the lock table's unqualified name with `_ldr` appended.
+    pub fn election_channel(mut self, channel: impl Into<String>) -> Self {
+        self.election_channel = Some(channel.into());
         self
     }
 
@@ -275,6 +284,11 @@ impl ConfigBuilder {
             Some(channel) => Ident::new(channel)?,
             None => lock_table.name().clone(),
         };
+        // The lock table's name leaves room for a 4-byte suffix (see SEQUENCE_SUFFIX).
+        let election_channel = match &self.election_channel {
+            Some(channel) => Ident::new(channel)?,
+            None => lock_table.name().suffixed("_ldr")?,
+        };
         let payload_table =
             QualifiedName::parse(&self.payload_table, 0)?.in_schema(schema.as_ref());
 
@@ -329,6 +343,7 @@ impl ConfigBuilder {
             lock_table,
             lock_sequence,
             lease_channel,
+            election_channel,
             payload_table,
             lease: self.lease,
             heartbeat: self.heartbeat,

@@ -24,6 +24,7 @@ pub struct Config {
     pub(crate) lock_table: QualifiedName,
     pub(crate) lock_sequence: QualifiedName,
     pub(crate) lease_channel: Ident,
+    pub(crate) election_channel: Ident,
     pub(crate) payload_table: QualifiedName,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
@@ -70,6 +71,10 @@ impl Config {
     /// The channel on which released leases are announced to waiters.
     pub fn lease_channel(&self) -> &Ident {
         &self.lease_channel
+    }
+    /// The channel on which elections announce their leaders.
+    pub fn election_channel(&self) -> &Ident {
+        &self.election_channel
     }
     /// The payload-store table.
     pub fn payload_table(&self) -> &QualifiedName {

@@ -100,8 +100,10 @@ pub struct LeaseTable {
     get: String,
     list: String,
     fence: String,
+    pub(crate) proclaim: String,
     sequence: String,
     channel: String,
+    pub(crate) election_channel: String,
 }
 
 impl LeaseTable {

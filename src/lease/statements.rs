@@ -190,6 +190,16 @@ impl LeaseTable {
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
                  FROM {t} AS l ORDER BY l.name"
             ),
+            // $1 name, $2 token, $3 data, $4 channel, $5 announcement. New data for a lease held
+            // with this token, announced in the same transaction: announced exactly when done.
+            proclaim: format!(
+                "WITH proclaimed AS (
+                     UPDATE {t} SET data = $3
+                     WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING name
+                 )
+                 SELECT pg_notify($4, $5)::text FROM proclaimed"
+            ),
             // FOR KEY SHARE conflicts with the token change of a takeover and with release, not
             // with renewals, so the holder keeps renewing while a guarded transaction runs.
             fence: format!(
@@ -198,6 +208,7 @@ impl LeaseTable {
             ),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
+            election_channel: config.election_channel.as_str().to_owned(),
         }
     }
 }

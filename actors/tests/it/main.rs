@@ -5,6 +5,7 @@ mod advisory;
 mod app_pool;
 mod batching;
 mod connection_faults;
+mod election;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;

@@ -1,0 +1,212 @@
+//! [`Election`]: leader election on leases, with terms ordered by fencing tokens.
+//!
+//! The leader is the holder of the lease named after the election; a candidate campaigns by
+//! waiting for that lease ([`Election::campaign`]) and then proclaims its value, stored as the
+//! lease's data and announced on the election channel in the same transaction
+//! (`pgcoord::election`). A [`Leadership`] is the term: its token, its value, [`Leadership::lost`],
+//! [`Leadership::proclaim`] (a new value without a new election) and [`Leadership::resign`], which
+//! releases the lease so the next candidate — woken by the release's announcement — takes over
+//! within one handoff. [`Election::leader`] asks who leads now; [`Election::observe`] starts a
+//! [`LeaderObserver`] that tells a recipient of every change (see `observe`).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::lease::check_name;
+use pgcoord::{Config, ErrorKind, Result};
+use tracing::warn;
+
+use crate::Call;
+use crate::leases::{Acquire, Get, Lease, LockManager};
+use crate::losses::LossReason;
+use crate::signals::ListenerActor;
+
+mod observe;
+mod proclaim;
+
+pub use observe::{LeaderChanged, LeaderObserver};
+pub use proclaim::Proclaim;
+
+/// One election: a name, and the actors that run it. Cheap to clone.
+#[derive(Clone)]
+pub struct Election {
+    name: String,
+    locks: Addr<LockManager>,
+    signals: Addr<ListenerActor>,
+    config: Config,
+}
+
+/// Who leads an election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The leader's owner identity.
+    pub owner: String,
+    /// Its term's fencing token: a later term's is greater.
+    pub token: i64,
+    /// What it proclaims.
+    pub value: Vec<u8>,
+}
+
+impl Election {
+    /// The election `name` among the processes whose `LockManager`s share `config`'s lock table;
+    /// `signals` hears the announcements (the process's listener). [`ErrorKind::InvalidName`] for
+    /// a name a lease could not have.
+    pub fn new(
+        config: &Config,
+        name: impl Into<String>,
+        locks: Addr<LockManager>,
+        signals: Addr<ListenerActor>,
+    ) -> Result<Election> {
+        let name = name.into();
+        check_name(&name)?;
+        Ok(Election {
+            name,
+            locks,
+            signals,
+            config: config.clone(),
+        })
+    }
+
+    /// The election's name (its lease's name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits until elected, then proclaims `value`: the term is yours until you resign or lose
+    /// it. With `timeout`, [`ErrorKind::NotAcquired`] (naming the leader) when it passes first.
+    /// Dropping the returned future withdraws the candidacy.
+    pub async fn campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+        timeout: Option<Duration>,
+    ) -> Result<Leadership> {
+        let value = value.into();
+        let mut acquire = Acquire::new(self.name.as_str())
+            .data(value.clone())
+            .replace_data();
+        if let Some(timeout) = timeout {
+            acquire = acquire.timeout(timeout);
+        }
+        let lease = self.locks.call(acquire).await?;
+        let leadership = Leadership {
+            lease,
+            value,
+            locks: self.locks.clone(),
+        };
+        // The value is stored already (the grant's data); this announces it.
+        match leadership.announce().await {
+            Err(e) if e.is_lock_lost() => Err(e),
+            Err(e) => {
+                warn!(election = %self.name, error = %e, "elected, but the announcement failed; observers learn at their next poll");
+                Ok(leadership)
+            }
+            Ok(()) => Ok(leadership),
+        }
+    }
+
+    /// Who leads now, as far as the database says; `None` between terms.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        leader_of(&self.locks, &self.name).await
+    }
+
+    /// Starts a [`LeaderObserver`] telling `recipient` of every change of leader.
+    pub fn observe(&self, recipient: Recipient<LeaderChanged>) -> Addr<LeaderObserver> {
+        LeaderObserver::new(self, recipient).start()
+    }
+}
+
+/// The leader of `name` as `Get` reports it.
+pub(crate) async fn leader_of(locks: &Addr<LockManager>, name: &str) -> Result<Option<Leader>> {
+    Ok(term_of(locks, name).await?.map(|(leader, _)| leader))
+}
+
+/// The leader of `name` and the time left on its lease, by the server's clock.
+pub(crate) async fn term_of(
+    locks: &Addr<LockManager>,
+    name: &str,
+) -> Result<Option<(Leader, Duration)>> {
+    match locks.call(Get(name.to_owned())).await {
+        Ok(info) if info.is_held() => Ok(Some((
+            Leader {
+                owner: info.owner.unwrap_or_default(),
+                token: info.token.unwrap_or_default(),
+                value: info.data.unwrap_or_default(),
+            },
+            info.remaining.unwrap_or_default(),
+        ))),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A term as leader: a held lease and the value proclaimed with it. Dropping it resigns (in the
+/// background).
+pub struct Leadership {
+    lease: Lease,
+    value: Vec<u8>,
+    locks: Addr<LockManager>,
+}
+
+impl Leadership {
+    /// The term's fencing token: pass it along with the leader's writes, or fence them with
+    /// [`Leadership::lease`]'s guard.
+    pub fn token(&self) -> i64 {
+        self.lease.token()
+    }
+
+    /// What this leader proclaims now.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The lease behind the term (its fencing guard, its name).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Resolves when the term is lost; pending while it lasts.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        self.lease.lost()
+    }
+
+    /// A new value for this term, stored and announced at once, without a new election.
+    /// [`ErrorKind::LockLost`] when the term has ended.
+    pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
+        let value = value.into();
+        self.locks
+            .call(Proclaim {
+                name: self.lease.name().to_owned(),
+                token: self.token(),
+                value: value.clone(),
+            })
+            .await?;
+        self.value = value;
+        Ok(())
+    }
+
+    async fn announce(&self) -> Result<()> {
+        self.locks
+            .call(Proclaim {
+                name: self.lease.name().to_owned(),
+                token: self.token(),
+                value: self.value.clone(),
+            })
+            .await
+    }
+
+    /// Ends the term: the next candidate, woken by the release, takes over within one handoff.
+    /// [`ErrorKind::LockLost`] when the term had already been lost.
+    pub async fn resign(self) -> Result<()> {
+        self.lease.release().await
+    }
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("election", &self.lease.name())
+            .field("token", &self.token())
+            .finish()
+    }
+}

@@ -1,0 +1,216 @@
+//! [`LeaderObserver`]: tells a recipient of every change of an election's leader, in term order.
+//!
+//! What drives it: proclamations on the election channel (each new term and each new value,
+//! with owner, token and value, in commit order); releases on the lease channel (a resignation:
+//! the leader is read again); the current leader's expiry on the server's clock (a leader that
+//! stopped renewing is gone then: read again); the listener's `Reconnected` (announcements may
+//! have been missed: read again and report it as a resync); and a poll every quarter lease as a
+//! fallback. A change is reported once, and never one older than a change already reported:
+//! terms are ordered by their tokens, and a read that was overtaken by a proclamation is not
+//! allowed to undo it.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::election::Proclamation;
+use pgcoord::lease::Released;
+use tracing::{debug, warn};
+
+use super::{Election, Leader, term_of};
+use crate::leases::LockManager;
+use crate::signals::{
+    ConnState, ListenerActor, RawNotification, Signal, Subscribe, SubscribeConnState, SubscribeRaw,
+};
+
+/// A change of leader, told to an observer's recipient.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct LeaderChanged {
+    /// The election.
+    pub election: String,
+    /// The leader now; `None` between terms.
+    pub leader: Option<Leader>,
+    /// True for the first report, and after the listener reconnected: announcements may have
+    /// been missed, and this is the current state as read from the database.
+    pub resync: bool,
+}
+
+/// Watches one election; started by [`Election::observe`]. Stops when its recipient is gone.
+pub struct LeaderObserver {
+    election: String,
+    locks: Addr<LockManager>,
+    signals: Addr<ListenerActor>,
+    election_channel: String,
+    lease_channel: String,
+    poll: Duration,
+    recipient: Recipient<LeaderChanged>,
+    /// What was last reported; `None` before the first report.
+    reported: Option<Option<Leader>>,
+    /// The greatest token reported: nothing older is reported after it.
+    highest: i64,
+    /// Counts proclamations applied, so a read they overtook is not applied after them.
+    generation: u64,
+    /// The read scheduled at the current leader's expiry.
+    expiry: Option<SpawnHandle>,
+}
+
+impl LeaderObserver {
+    pub(crate) fn new(election: &Election, recipient: Recipient<LeaderChanged>) -> LeaderObserver {
+        LeaderObserver {
+            election: election.name.clone(),
+            locks: election.locks.clone(),
+            signals: election.signals.clone(),
+            election_channel: election.config.election_channel().as_str().to_owned(),
+            lease_channel: election.config.lease_channel().as_str().to_owned(),
+            poll: (election.config.lease() / 4).max(Duration::from_millis(10)),
+            recipient,
+            reported: None,
+            highest: i64::MIN,
+            generation: 0,
+            expiry: None,
+        }
+    }
+
+    /// Reads the leader and applies what it finds, unless a proclamation overtook the read; a
+    /// leader found is read again at its lease's expiry, when one that stopped renewing is gone.
+    fn read(&mut self, resync: bool, ctx: &mut Context<Self>) {
+        let (locks, name, started) = (self.locks.clone(), self.election.clone(), self.generation);
+        let read = async move { term_of(&locks, &name).await };
+        ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
+            let term = match result {
+                Ok(term) => term,
+                Err(e) => {
+                    debug!(election = %act.election, error = %e, "cannot read the leader; polling");
+                    return;
+                }
+            };
+            let overtaken = act.generation != started
+                && term.as_ref().is_none_or(|(l, _)| l.token <= act.highest);
+            if overtaken && !resync {
+                return;
+            }
+            if let Some(handle) = act.expiry.take() {
+                ctx.cancel_future(handle);
+            }
+            let leader = term.map(|(leader, remaining)| {
+                let at = remaining + Duration::from_millis(5);
+                act.expiry = Some(ctx.run_later(at, |act, ctx| act.read(false, ctx)));
+                leader
+            });
+            act.report(leader, resync, ctx);
+        }));
+    }
+
+    /// Reports `leader` if it is a change, and never an older term than one reported.
+    fn report(&mut self, leader: Option<Leader>, resync: bool, ctx: &mut Context<Self>) {
+        if let Some(l) = &leader
+            && l.token < self.highest
+        {
+            return;
+        }
+        if !resync && self.reported.as_ref() == Some(&leader) {
+            return;
+        }
+        if let Some(l) = &leader {
+            self.highest = l.token;
+        }
+        self.reported = Some(leader.clone());
+        let change = LeaderChanged {
+            election: self.election.clone(),
+            leader,
+            resync,
+        };
+        if self.recipient.try_send(change.clone()).is_err() {
+            if !self.recipient.connected() {
+                debug!(election = %self.election, "observer's recipient gone; stopping");
+                ctx.stop();
+                return;
+            }
+            // A full mailbox must not lose a change: deliver it regardless of capacity.
+            self.recipient.do_send(change);
+        }
+    }
+}
+
+impl Actor for LeaderObserver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The listener hands messages over with `try_send`: room for bursts of terms.
+        ctx.set_mailbox_capacity(4096);
+        // Subscribed before the first read, so nothing falls between them.
+        let me = ctx.address();
+        self.signals
+            .do_send(SubscribeConnState(me.clone().recipient()));
+        let subscribed = (
+            self.signals.send(Subscribe {
+                channel: self.election_channel.clone(),
+                recipient: me.clone().recipient(),
+            }),
+            self.signals.send(SubscribeRaw {
+                channel: self.lease_channel.clone(),
+                recipient: me.recipient(),
+            }),
+        );
+        let subscribed = async move { (subscribed.0.await, subscribed.1.await) };
+        ctx.spawn(subscribed.into_actor(self).map(|(a, b), act, ctx| {
+            for result in [a, b] {
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(election = %act.election, error = %e, "cannot listen for leader changes; polling"),
+                    Err(e) => warn!(election = %act.election, error = %e, "listener gone; polling"),
+                }
+            }
+            act.read(true, ctx);
+        }));
+        ctx.run_interval(self.poll, |act, ctx| act.read(false, ctx));
+    }
+}
+
+impl Handler<Signal> for LeaderObserver {
+    type Result = ();
+
+    fn handle(&mut self, signal: Signal, ctx: &mut Context<Self>) {
+        let Ok(proclamation) = Proclamation::from_payload(&signal.payload) else {
+            debug!(election = %self.election, "not a proclamation on the election channel");
+            return;
+        };
+        if proclamation.election != self.election {
+            return;
+        }
+        self.generation += 1;
+        let leader = Leader {
+            owner: proclamation.owner,
+            token: proclamation.token,
+            value: proclamation.value,
+        };
+        self.report(Some(leader), false, ctx);
+        // For the new term's expiry (an announcement does not carry it).
+        self.read(false, ctx);
+    }
+}
+
+impl Handler<RawNotification> for LeaderObserver {
+    type Result = ();
+
+    fn handle(&mut self, notification: RawNotification, ctx: &mut Context<Self>) {
+        // A term ended (or a waiter gave up a reservation): who leads now is read, since the
+        // announcement does not say which term it was.
+        if Released::parse(&notification.payload).is_some_and(|r| r.name == self.election) {
+            self.read(false, ctx);
+        }
+    }
+}
+
+impl Handler<ConnState> for LeaderObserver {
+    type Result = ();
+
+    fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
+        if matches!(
+            state,
+            ConnState::Reconnected | ConnState::MessageLost { .. }
+        ) {
+            self.read(true, ctx);
+        }
+    }
+}

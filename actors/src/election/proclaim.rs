@@ -1,0 +1,54 @@
+//! [`Proclaim`]: a leader's new value, stored with its lease and announced in one statement.
+
+use actix::prelude::*;
+use pgcoord::{Error, ErrorKind, Result};
+
+use crate::leases::LockManager;
+
+/// Store `value` as the data of the lease `name` held with `token`, and announce it on the
+/// election channel (`pgcoord::election`). [`ErrorKind::LockLost`] when this manager no longer
+/// holds that lease with that token.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Proclaim {
+    /// The election (the lease's name).
+    pub name: String,
+    /// The term's token.
+    pub token: i64,
+    /// The value to proclaim.
+    pub value: Vec<u8>,
+}
+
+impl Handler<Proclaim> for LockManager {
+    type Result = ResponseFuture<Result<()>>;
+
+    fn handle(&mut self, proclaim: Proclaim, _: &mut Context<Self>) -> Self::Result {
+        if self
+            .held
+            .get(proclaim.name.as_str())
+            .is_none_or(|held| held.token != proclaim.token)
+        {
+            let error = Error::new(
+                ErrorKind::LockLost,
+                format!(
+                    "election {:?} is not led here with token {}",
+                    proclaim.name, proclaim.token
+                ),
+            );
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let (pool, table, owner) = (
+            self.pool.clone(),
+            self.table.clone(),
+            self.config.owner().to_owned(),
+        );
+        // Not repeated once it may have run (a second one would announce twice); a connection
+        // found dead before sending is replaced.
+        Box::pin(async move {
+            let Proclaim { name, token, value } = proclaim;
+            table
+                .proclaim(&pool.statements(None), &name, token, &owner, &value)
+                .await
+        })
+    }
+}

@@ -1,0 +1,230 @@
+//! Leader election: one leader at a time, resign hands over at once, observers told of every
+//! term in token order, of a dead leader at its expiry, and resynced after a reconnect.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgcoord::LeaseTable;
+use pgcoord::embedded::unique_name;
+use pgcoord::lease::Attempt;
+use pgcoord_actors::*;
+
+use super::{Collector, Setup};
+
+/// One term as its leader saw it: token, start, end, proclaimed value.
+type Term = (i64, Instant, Instant, Vec<u8>);
+
+#[actix_rt::test]
+async fn one_leader_at_a_time_resign_hands_over_and_observers_see_every_term_in_order() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let coordinator = |owner: &str| Coordinator::start(setup.builder(owner).build().unwrap());
+    let watcher = coordinator("watcher");
+    let (observed, recipient) = Collector::<LeaderChanged>::start_new();
+    let _observer = watcher.election("leader").unwrap().observe(recipient);
+    let first = observed.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(first[0].leader, None, "nobody leads yet");
+    assert!(first[0].resync, "the first report is the state read");
+
+    let terms: Arc<Mutex<Vec<Term>>> = Arc::default();
+    let resigned: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handovers: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let stop = Instant::now() + Duration::from_secs(2);
+    let candidates: Vec<_> = (0..3)
+        .map(|c| {
+            let election = coordinator(&format!("candidate-{c}"))
+                .election("leader")
+                .unwrap();
+            let (terms, resigned, handovers) = (terms.clone(), resigned.clone(), handovers.clone());
+            actix_rt::spawn(async move {
+                while Instant::now() < stop {
+                    let mut term = election
+                        .campaign(format!("c{c}"), Some(Duration::from_secs(10)))
+                        .await
+                        .unwrap();
+                    let start = Instant::now();
+                    if let Some(at) = resigned.lock().unwrap().take() {
+                        handovers.lock().unwrap().push(start - at);
+                    }
+                    // A new value within the term, without a new election.
+                    let value = format!("c{c}-{}", term.token()).into_bytes();
+                    term.proclaim(value.clone()).await.unwrap();
+                    assert_eq!(term.value(), value.as_slice());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let end = Instant::now();
+                    terms
+                        .lock()
+                        .unwrap()
+                        .push((term.token(), start, end, value));
+                    *resigned.lock().unwrap() = Some(Instant::now());
+                    term.resign().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for candidate in candidates {
+        candidate.await.unwrap();
+    }
+    let mut terms = terms.lock().unwrap().clone();
+    terms.sort_by_key(|t| t.1);
+    assert!(terms.len() >= 10, "{} terms", terms.len());
+    for pair in terms.windows(2) {
+        assert!(pair[0].2 <= pair[1].1, "two leaders at once: {pair:?}");
+        assert!(pair[0].0 < pair[1].0, "tokens order the terms");
+    }
+    // Resigning hands over at once (the next candidate is woken by the release); without the
+    // announcement it would wait for its poll, a quarter lease (2.5 s).
+    let mut handovers = handovers.lock().unwrap().clone();
+    handovers.sort();
+    let worst = *handovers.last().unwrap();
+    assert!(worst < Duration::from_secs(1), "handover took {worst:?}");
+    eprintln!(
+        "{} terms; handover p50 {:?}, max {worst:?}",
+        terms.len(),
+        handovers[handovers.len() / 2]
+    );
+
+    // The observer: never an older term after a newer one, and every term's proclaimed value.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let changes = observed.received();
+    let mut highest = i64::MIN;
+    for change in &changes {
+        if let Some(leader) = &change.leader {
+            assert!(leader.token >= highest, "older term after a newer one");
+            highest = leader.token;
+        }
+    }
+    for (token, _, _, value) in &terms {
+        assert!(
+            changes.iter().any(|c| c
+                .leader
+                .as_ref()
+                .is_some_and(|l| l.token == *token && &l.value == value)),
+            "term {token} with its value was not observed"
+        );
+    }
+    assert_eq!(
+        changes.last().unwrap().leader,
+        None,
+        "nobody leads at the end"
+    );
+    assert_eq!(
+        watcher.election("leader").unwrap().leader().await.unwrap(),
+        None
+    );
+}
+
+#[actix_rt::test]
+async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after_a_reconnect() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let app = unique_name("observer");
+    let watcher = Coordinator::start(
+        setup
+            .builder("watcher")
+            .application_name(&app)
+            .build()
+            .unwrap(),
+    );
+    let (observed, recipient) = Collector::<LeaderChanged>::start_new();
+    let _observer = watcher.election("job").unwrap().observe(recipient);
+    observed.wait_for(1, Duration::from_secs(5)).await;
+
+    // A leader that never renews (its process died): granted and proclaimed by hand.
+    let config = setup.builder("dead").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let short = Duration::from_millis(300);
+    let granted = Instant::now();
+    let Attempt::Granted(grant) = table
+        .try_acquire(&admin, "job", "dead", Some(b"addr-1"), true, short)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    table
+        .proclaim(&admin, "job", grant.token, "dead", b"addr-1")
+        .await
+        .unwrap();
+    let changes = observed.wait_for(3, Duration::from_secs(2)).await;
+    let leader = changes[1]
+        .leader
+        .clone()
+        .expect("the dead leader, announced");
+    assert_eq!((leader.owner.as_str(), leader.token), ("dead", grant.token));
+    assert_eq!(leader.value, b"addr-1");
+    // Its expiry is noticed on the server's clock, well before the 2.5 s poll.
+    assert_eq!(changes[2].leader, None);
+    let noticed = granted.elapsed();
+    assert!(
+        noticed >= short && noticed < Duration::from_secs(2),
+        "{noticed:?}"
+    );
+
+    // The listener's session is killed; meanwhile a new leader is announced, which the observer
+    // cannot hear. After the reconnect it is read and reported as a resync.
+    let killed = pgcoord::embedded::terminate_backends(&admin, &format!("{app} listener"))
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let Attempt::Granted(next) = table
+        .try_acquire(
+            &admin,
+            "job",
+            "next",
+            Some(b"addr-2"),
+            true,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    table
+        .proclaim(&admin, "job", next.token, "next", b"addr-2")
+        .await
+        .unwrap();
+    let changes = observed.wait_for(4, Duration::from_secs(5)).await;
+    let resynced = changes.last().unwrap();
+    assert!(resynced.resync, "{resynced:?}");
+    let leader = resynced.leader.clone().expect("the new leader");
+    assert_eq!((leader.owner.as_str(), leader.token), ("next", next.token));
+    assert!(leader.token > grant.token);
+}
+
+#[actix_rt::test]
+async fn a_term_that_ended_cannot_proclaim_and_bad_names_are_refused() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let coordinator = Coordinator::start(setup.builder("me").build().unwrap());
+    let err = coordinator.election("").err().expect("an empty name");
+    assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidName);
+    let election = coordinator.election("solo").unwrap();
+    let term = election.campaign("v1", None).await.unwrap();
+    let token = term.token();
+    assert_eq!(
+        election.leader().await.unwrap().map(|l| (l.token, l.value)),
+        Some((token, b"v1".to_vec()))
+    );
+    term.resign().await.unwrap();
+    let err = coordinator
+        .locks
+        .call(Proclaim {
+            name: "solo".into(),
+            token,
+            value: b"late".to_vec(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::LockLost);
+    assert_eq!(election.leader().await.unwrap(), None);
+    // A second candidate times out while the first leads, naming it.
+    let term = election.campaign("v2", None).await.unwrap();
+    let other = Coordinator::start(setup.builder("other").build().unwrap());
+    let err = other
+        .election("solo")
+        .unwrap()
+        .campaign("v3", Some(Duration::from_millis(200)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::NotAcquired);
+    drop(term);
+}
