@@ -1,12 +1,13 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|advisory|signals|faults`, sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|election|advisory|signals|faults`, sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 
+mod election;
 mod faults;
 mod leases;
 mod locks;
@@ -87,6 +88,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
         unlogged::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("election") {
+        election::run(&pg, &sizes, &mut report).await?;
     }
     if run("advisory") {
         locks::run(&pg, &sizes, &mut report).await?;
