@@ -117,19 +117,29 @@ async fn collect<I: Send + 'static, R: RunBatch<I>>(
     }
 }
 
-/// Splits off the items whose name came earlier in `batch`: a statement must not touch a row
-/// twice. (One manager's callers take turns per name, so this is a safeguard.)
-pub(crate) fn without_repeats<I>(batch: Vec<I>, name: impl Fn(&I) -> &str) -> (Vec<I>, Vec<I>) {
+/// The items of `batch` that share a statement: a lone item, and an item whose name came
+/// earlier in the batch (a statement must not touch a row twice; one manager's callers take turns
+/// per name, so that is a safeguard), are handed to `alone` instead. `None` when nothing is left
+/// to share.
+pub(crate) fn to_share<I>(
+    batch: Vec<I>,
+    name: impl Fn(&I) -> &str,
+    mut alone: impl FnMut(I),
+) -> Option<Vec<I>> {
+    if batch.len() == 1 {
+        batch.into_iter().for_each(alone);
+        return None;
+    }
     let mut seen = HashSet::new();
-    let (mut first, mut repeats) = (Vec::new(), Vec::new());
+    let mut shared = Vec::with_capacity(batch.len());
     for item in batch {
         if seen.insert(name(&item).to_owned()) {
-            first.push(item);
+            shared.push(item);
         } else {
-            repeats.push(item);
+            alone(item);
         }
     }
-    (first, repeats)
+    Some(shared)
 }
 
 /// One caller's copy of an error a whole batch got.

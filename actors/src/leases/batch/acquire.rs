@@ -18,7 +18,7 @@ use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use crate::batch::{Batcher, RunBatch, shared_error, without_repeats};
+use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// The answer to a first attempt: the attempt's result and when its statement was sent, or
 /// `None` when the job should ask alone.
@@ -70,16 +70,17 @@ impl AcquireBatcher {
 }
 
 impl RunBatch<AcquireItem> for AcquireRunner {
-    async fn run(&self, mut batch: Vec<AcquireItem>) {
-        if batch.len() == 1 {
-            // Alone: the single statement tells Busy and Held apart; nothing to share.
-            let _ = batch.pop().expect("one").reply.send(None);
+    async fn run(&self, batch: Vec<AcquireItem>) {
+        // Alone, the single statement tells Busy and Held apart.
+        let Some(batch) = to_share(
+            batch,
+            |i| &i.name,
+            |i| {
+                let _ = i.reply.send(None);
+            },
+        ) else {
             return;
-        }
-        let (batch, repeats) = without_repeats(batch, |i| &i.name);
-        for repeat in repeats {
-            let _ = repeat.reply.send(None);
-        }
+        };
         let bound = batch.iter().map(|i| i.bound).min().expect("not empty");
         let requests: Vec<AcquireRequest<'_>> = batch
             .iter()

@@ -15,7 +15,7 @@ use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use crate::batch::{Batcher, RunBatch, shared_error, without_repeats};
+use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
 pub(crate) struct ReleaseItem {
@@ -89,15 +89,16 @@ impl ReleaseRunner {
 }
 
 impl RunBatch<ReleaseItem> for ReleaseRunner {
-    async fn run(&self, mut batch: Vec<ReleaseItem>) {
-        if batch.len() == 1 {
-            let _ = batch.pop().expect("one").reply.send(None);
+    async fn run(&self, batch: Vec<ReleaseItem>) {
+        let Some(batch) = to_share(
+            batch,
+            |i| &i.name,
+            |i| {
+                let _ = i.reply.send(None);
+            },
+        ) else {
             return;
-        }
-        let (batch, repeats) = without_repeats(batch, |i| &i.name);
-        for repeat in repeats {
-            let _ = repeat.reply.send(None);
-        }
+        };
         let requests: Vec<ReleaseRequest<'_>> = batch
             .iter()
             .map(|i| ReleaseRequest {
