@@ -1,5 +1,5 @@
-//! Quickstart: the tour of pgcoord — schema, a lease with its fencing token, an advisory lock,
-//! an event and a request/reply round trip, all through one `Coordinator`.
+//! Quickstart: the tour of pgcoord — schema, a lease with its fencing token and a lost lease, an
+//! advisory lock, an event and a request/reply round trip, all through one `Coordinator`.
 //!
 //! Run with `cargo run --example quickstart`. It uses `DATABASE_URL` when set, and otherwise
 //! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, Serve, WaitNext};
+use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, RenewNow, Serve, WaitNext};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,6 +53,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_err();
     println!("a second owner, fail-if-locked: {refused}");
     lease.release().await?;
+
+    // A loss: an operator frees a lease by hand; the holder learns at its next renewal.
+    let lease = coord.locks.send(Acquire::new("report")).await??;
+    let table = config.lock_table().quoted();
+    client
+        .execute(&format!("DELETE FROM {table} WHERE name = 'report'"), &[])
+        .await?;
+    coord.locks.send(RenewNow).await??;
+    println!("lease {:?} lost: {:?}", lease.name(), lease.lost().await);
 
     // An advisory lock on a dedicated, pinged session.
     let key = pgcoord::advisory::key_for_name("nightly-report");
