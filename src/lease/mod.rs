@@ -25,10 +25,12 @@ use crate::statement::Statements;
 
 mod batch;
 mod release;
+mod semaphore;
 mod statements;
 
 pub use batch::AcquireRequest;
 pub use release::{ReleaseRequest, Released};
+pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
 
 /// A lease granted by [`LeaseTable::try_acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +91,8 @@ impl LeaseInfo {
 pub struct LeaseTable {
     acquire: String,
     acquire_many: String,
+    acquire_any: String,
+    count_held: String,
     enqueue: String,
     dequeue: String,
     owned_token: String,

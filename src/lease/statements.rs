@@ -86,6 +86,43 @@ impl LeaseTable {
                    AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
                  RETURNING l.name, l.token, l.data"
             ),
+            // $1 slot names, $2 owner, $3 lease ms, $4 sequence. One grant of any free slot of a
+            // semaphore: an existing free row is locked with `SKIP LOCKED LIMIT 1` (concurrent
+            // callers take different rows, nobody waits), else a slot without a row is inserted;
+            // slots are tried in random order to spread concurrent callers. The conditions on
+            // the row are `acquire`'s; no row back means none was free for us now.
+            acquire_any: format!(
+                "WITH free AS (
+                     SELECT l.name FROM {t} AS l
+                     WHERE l.name = ANY($1::text[])
+                       AND (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+                       AND (l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp())
+                     ORDER BY random() LIMIT 1
+                     FOR UPDATE SKIP LOCKED
+                 ), missing AS (
+                     SELECT s.name FROM unnest($1::text[]) AS s(name)
+                     WHERE NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = s.name)
+                     ORDER BY random() LIMIT 1
+                 ), pick AS (
+                     SELECT coalesce((SELECT name FROM free), (SELECT name FROM missing)) AS name
+                 )
+                 INSERT INTO {t} AS l (name, owner, token, acquired_at, expires_at)
+                 SELECT pick.name, $2, {TIMELINE_BASE} + nextval($4::regclass), now(),
+                        now() + $3 * interval '1 millisecond'
+                 FROM pick WHERE pick.name IS NOT NULL
+                 ON CONFLICT (name) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = EXCLUDED.token, data = NULL,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
+                     waiter = NULL, waiter_until = NULL
+                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
+                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
+                 RETURNING l.name, l.token"
+            ),
+            // $1 slot names. How many slots are held now (unexpired).
+            count_held: format!(
+                "SELECT count(*) FROM {t} WHERE name = ANY($1::text[]) AND owner IS NOT NULL
+                   AND expires_at > clock_timestamp()"
+            ),
             // $1 name, $2 owner, $3 reservation ms. Takes the reservation when it is free or
             // lapsed, and reports the holder either way.
             enqueue: format!(

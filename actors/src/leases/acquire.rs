@@ -359,7 +359,14 @@ impl Handler<Acquire> for LockManager {
         if self.held.contains_key(request.name.as_str()) {
             return AcquireResponse(Err(already_held(&request.name)));
         }
-        AcquireResponse(Ok(AcquireJob {
+        AcquireResponse(Ok(self.job_for(request)))
+    }
+}
+
+impl LockManager {
+    /// What the wait of `request` needs, cloned out of the manager.
+    pub(crate) fn job_for(&self, request: Acquire) -> AcquireJob {
+        AcquireJob {
             request,
             pool: self.pool.clone(),
             table: self.table.clone(),
@@ -370,6 +377,6 @@ impl Handler<Acquire> for LockManager {
             poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
             batcher: self.batcher.clone(),
             statements_sent: self.acquire_statements.clone(),
-        }))
+        }
     }
 }

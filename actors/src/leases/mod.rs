@@ -15,7 +15,7 @@ use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, Su
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 use crate::stats::GetStats;
 use acquire::Reply;
-use wake::Queues;
+pub(crate) use wake::Queues;
 
 mod acquire;
 mod batch;
@@ -23,12 +23,14 @@ mod heartbeat;
 mod lease;
 mod messages;
 mod release;
+mod semaphore;
 mod wake;
 mod with_lock;
 
 pub use acquire::AcquireResponse;
 pub use lease::Lease;
 pub use messages::*;
+pub use semaphore::{AcquirePermit, PermitResponse};
 pub use with_lock::with_lock;
 
 /// One lease this process holds.
@@ -154,7 +156,7 @@ impl LockManager {
 
     /// Records a granted lease and hands its handle to the caller; a caller that went away
     /// gets nothing, and the handle's drop releases the lease at once.
-    fn granted(
+    pub(crate) fn granted(
         &mut self,
         name: String,
         keep_on_release: bool,
@@ -332,7 +334,7 @@ impl Handler<RawNotification> for LockManager {
             // Reserved for another process's waiter: an attempt here could only be refused.
             // Its grant (or the reservation lapsing) is announced or polled for later.
             Some(released) if !released.may_grant(self.config.owner()) => {}
-            Some(released) => self.queues.wake(released.name),
+            Some(released) => semaphore::wake_released(&self.queues, released.name),
             // Not an announcement (written by hand, say): wake whoever waits for that name.
             None => self.queues.wake(&notification.payload),
         }

@@ -54,7 +54,7 @@ impl Handler<Release> for LockManager {
                 }
                 Ok(()) => {}
             }
-            act.queues.wake(&name);
+            super::semaphore::wake_released(&act.queues, &name);
             result
         }))
     }

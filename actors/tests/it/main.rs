@@ -11,6 +11,7 @@ mod lease_guarantees;
 mod leases;
 mod reliability;
 mod runtime;
+mod semaphore;
 mod signal_faults;
 mod signals;
 mod startup;

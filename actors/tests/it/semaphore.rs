@@ -1,0 +1,123 @@
+//! Counting semaphores: never more than N holders, every waiter served, woken by releases, each
+//! permit a lease of its own (token, loss), bad inputs refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pgcoord::ErrorKind;
+use pgcoord_actors::*;
+
+use super::{Collector, Setup};
+
+#[actix_rt::test]
+async fn never_more_than_n_holders_and_every_waiter_is_served() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    const PERMITS: u32 = 3;
+    let (inside, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let stop = Instant::now() + Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    // 3 managers (as 3 processes) with 4 callers each: 12 contenders for 3 permits.
+    for m in 0..3 {
+        let manager = setup.manager(&format!("process-{m}"));
+        for _ in 0..4 {
+            let (manager, inside, most) = (manager.clone(), inside.clone(), most.clone());
+            tasks.push(actix_rt::spawn(async move {
+                let mut served = 0u32;
+                let mut tokens = Vec::new();
+                while Instant::now() < stop {
+                    let permit = manager
+                        .call(AcquirePermit::new("pool", PERMITS).timeout(Duration::from_secs(10)))
+                        .await
+                        .unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokens.push(permit.token());
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.unwrap();
+                    served += 1;
+                }
+                (served, tokens)
+            }));
+        }
+    }
+    let mut counts = Vec::new();
+    let mut tokens = Vec::new();
+    for task in tasks {
+        let (served, t) = task.await.unwrap();
+        counts.push(served);
+        tokens.extend(t);
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        most <= PERMITS as usize,
+        "{most} holders of {PERMITS} permits"
+    );
+    assert_eq!(most, PERMITS as usize, "the permits were used side by side");
+    assert!(
+        counts.iter().all(|&c| c > 0),
+        "every caller served: {counts:?}"
+    );
+    let total = tokens.len();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), total, "a token of its own per permit");
+    eprintln!("served per caller: {counts:?}");
+}
+
+#[actix_rt::test]
+async fn a_waiter_is_woken_by_a_release_and_a_permit_is_lost_like_a_lease() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let (a, b) = (setup.manager("a"), setup.manager("b"));
+    let first = a.call(AcquirePermit::new("one", 2)).await.unwrap();
+    let second = a.call(AcquirePermit::new("one", 2)).await.unwrap();
+    assert_ne!(first.name(), second.name(), "two slots");
+    let full = b
+        .call(AcquirePermit::new("one", 2).timeout(Duration::from_millis(200)))
+        .await
+        .unwrap_err();
+    assert_eq!(full.kind(), ErrorKind::NotAcquired);
+    // A waiter in another process: woken by the release, not by its poll (2.5 s away).
+    let waiting =
+        actix_rt::spawn(b.call(AcquirePermit::new("one", 2).timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    let slot = first.name().to_owned();
+    first.release().await.unwrap();
+    let permit = waiting.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        released.elapsed()
+    );
+    assert_eq!(permit.name(), slot);
+    // A permit lost on the server (freed by hand) is reported like a lease, to it alone.
+    let lost = Collector::subscribe(&a).await;
+    admin
+        .execute(
+            &format!("DELETE FROM {} WHERE name = $1", setup.quoted_table()),
+            &[&second.name()],
+        )
+        .await
+        .unwrap();
+    a.call(RenewNow).await.unwrap();
+    assert_eq!(second.lost().await, LossReason::TakenOver);
+    assert_eq!(lost.wait_for(1, Duration::from_secs(5)).await.len(), 1);
+    assert!(permit.loss().is_none());
+}
+
+#[actix_rt::test]
+async fn bad_semaphores_are_refused_before_any_sql() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let manager = setup.manager("m");
+    let err = manager.call(AcquirePermit::new("s", 0)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = manager.call(AcquirePermit::new("", 1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+    let err = manager
+        .call(AcquirePermit::new("x".repeat(254), 10))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
