@@ -18,6 +18,7 @@
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
 //! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
 //! - [`GetStats`] — one message for every actor's counters.
+//! - [`metrics`] — the same counters, and gauges and latencies, through the `metrics` facade.
 //! - `session` (private) — dedicated connections (advisory sessions, the heartbeat).
 //! - `reply` (private) — noticing a caller that gave up, for replies that outlive handlers.
 //! - `batch` (private) — group commit: requests of one actor under way at the same moment share
@@ -36,6 +37,7 @@ pub mod coordinator;
 pub mod election;
 pub mod leases;
 pub mod losses;
+pub mod metrics;
 pub mod payloads;
 mod reply;
 mod session;

@@ -59,19 +59,31 @@ pub struct LockLost {
 #[rtype(result = "()")]
 pub struct Shutdown;
 
-/// The subscribers of [`LockLost`] of one actor.
-#[derive(Default)]
-pub(crate) struct LossSubscribers(Vec<Recipient<LockLost>>);
+/// The subscribers of [`LockLost`] of one actor, and the owner its losses are counted for.
+pub(crate) struct LossSubscribers {
+    owner: String,
+    subscribers: Vec<Recipient<LockLost>>,
+}
 
 impl LossSubscribers {
-    pub(crate) fn add(&mut self, recipient: Recipient<LockLost>) {
-        self.0.push(recipient);
+    /// No subscribers yet; losses counted for `owner` (see `metrics`).
+    pub(crate) fn new(owner: &str) -> LossSubscribers {
+        LossSubscribers {
+            owner: owner.to_owned(),
+            subscribers: Vec::new(),
+        }
     }
 
-    /// Sends `lost` to every subscriber, forgetting those that are gone. `do_send` ignores the
-    /// mailbox's capacity: a loss report must never be dropped because a subscriber is busy.
+    pub(crate) fn add(&mut self, recipient: Recipient<LockLost>) {
+        self.subscribers.push(recipient);
+    }
+
+    /// Counts `lost` and sends it to every subscriber, forgetting those that are gone.
+    /// `do_send` ignores the mailbox's capacity: a loss report must never be dropped because a
+    /// subscriber is busy.
     pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        self.0.retain(|s| {
+        crate::metrics::loss(&self.owner, &lost);
+        self.subscribers.retain(|s| {
             s.do_send(lost.clone());
             s.connected()
         });

@@ -202,6 +202,15 @@ impl Pool {
         }
     }
 
+    /// The pool's connections now: (open, idle). For the application's pool, its own.
+    pub fn connections(&self) -> (u32, u32) {
+        let state = match &self.source {
+            Source::Own(pool) => pool.state(),
+            Source::Application(pool) => pool.state(),
+        };
+        (state.connections, state.idle_connections)
+    }
+
     /// Statements bounded by `deadline` (or, without one, by the statement timeout), each on a
     /// live pooled connection. See [`Bounded`](crate::db::Bounded).
     pub fn statements(&self, deadline: Option<Instant>) -> crate::db::Bounded<'_> {

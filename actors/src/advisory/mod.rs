@@ -43,18 +43,28 @@ pub struct AdvisoryLocks {
     idle_sessions: Vec<Pinned>,
     subscribers: LossSubscribers,
     stats: AdvisoryStats,
+    /// Locks held, for the metrics recorder (set when the actor starts).
+    held_gauge: Option<metrics::Gauge>,
 }
 
 impl AdvisoryLocks {
     /// Advisory locks on sessions opened with `config` (its ping interval and timeout apply).
     pub fn new(config: pgcoord::Config) -> AdvisoryLocks {
         AdvisoryLocks {
+            subscribers: LossSubscribers::new(config.owner()),
             config,
             sessions: Default::default(),
             pending_keys: Default::default(),
             idle_sessions: Vec::new(),
-            subscribers: LossSubscribers::default(),
             stats: AdvisoryStats::default(),
+            held_gauge: None,
+        }
+    }
+
+    /// Sets the held-locks gauge after `sessions` changed.
+    fn count_held(&self) {
+        if let Some(gauge) = &self.held_gauge {
+            gauge.set(self.sessions.len() as f64);
         }
     }
 }
@@ -64,6 +74,7 @@ impl Actor for AdvisoryLocks {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(4096);
+        self.held_gauge = Some(crate::metrics::advisory_held(self.config.owner()));
         ctx.run_interval(self.config.ping_interval(), |act, ctx| {
             act.ping_sessions(ctx)
         });
@@ -84,6 +95,7 @@ impl Actor for AdvisoryLocks {
                 reason: LossReason::Shutdown,
             });
         }
+        self.count_held();
     }
 }
 
@@ -168,6 +180,7 @@ impl AdvisoryLocks {
             })),
         );
         self.sessions.insert(key, session);
+        self.count_held();
         self.stats.granted += 1;
         lost_rx
     }
@@ -189,6 +202,7 @@ impl AdvisoryLocks {
         let Some(session) = self.sessions.remove(&key) else {
             return;
         };
+        self.count_held();
         if let Some(watch) = session.watch {
             ctx.cancel_future(watch);
         }
@@ -218,6 +232,7 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
             );
             return Box::pin(actix::fut::ready(Err(error)));
         };
+        self.count_held();
         if let Some(watch) = session.watch.take() {
             ctx.cancel_future(watch);
         }

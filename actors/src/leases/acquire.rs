@@ -324,6 +324,7 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
         // Only what the grant needs: the request's data stays with the job.
         let (name, keep_on_release) = (job.request.name.clone(), job.request.keep_on_release);
         let span = info_span!("acquire", lease = %name);
+        let arrived = Instant::now();
         let wait = async move {
             let mut reply = reply;
             let outcome = job.run(&mut reply).await;
@@ -331,17 +332,20 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
         };
         let wait = tracing::Instrument::instrument(wait, span);
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-            move |(outcome, reply), act, ctx| match outcome {
-                Outcome::Granted { grant, sent } => {
-                    act.granted(name, keep_on_release, grant, sent, reply, ctx)
-                }
-                Outcome::Failed(error) => {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Err(error));
+            move |(outcome, reply), act, ctx| {
+                act.count_acquire(&outcome, arrived);
+                match outcome {
+                    Outcome::Granted { grant, sent } => {
+                        act.granted(name, keep_on_release, grant, sent, reply, ctx)
                     }
-                }
-                Outcome::Cancelled => {
-                    debug!(lease = %name, "acquire cancelled by its caller")
+                    Outcome::Failed(error) => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(error));
+                        }
+                    }
+                    Outcome::Cancelled => {
+                        debug!(lease = %name, "acquire cancelled by its caller")
+                    }
                 }
             },
         ));

@@ -87,6 +87,9 @@ impl LockManager {
                 match result {
                     Ok(renewed) => {
                         act.renew_failures = 0;
+                        if let Some(metrics) = &act.metrics {
+                            metrics.renew.record(sent.elapsed().as_secs_f64());
+                        }
                         act.renewed(sent, snapshot, renewed);
                     }
                     Err(e) => act.renew_failed(e, ctx),
@@ -115,6 +118,9 @@ impl LockManager {
     fn renew_failed(&mut self, error: Error, ctx: &mut Context<Self>) {
         self.renew_failures += 1;
         self.stats.renew_failures += 1;
+        if let Some(metrics) = &self.metrics {
+            metrics.renew_failures.increment(1);
+        }
         // The first failure, then every power of two: an outage must not flood the log.
         if self.renew_failures.is_power_of_two() {
             warn!(

@@ -76,6 +76,8 @@ pub struct LockManager {
     pub(crate) acquire_statements: Arc<AtomicU64>,
     /// Release statements sent (outside the actor).
     release_statements: Arc<AtomicU64>,
+    /// Handles of the metrics recorder, registered when the actor starts.
+    pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
 }
 
 impl LockManager {
@@ -87,7 +89,7 @@ impl LockManager {
             queues: Arc::default(),
             held: HashMap::new(),
             holding: Arc::default(),
-            subscribers: LossSubscribers::default(),
+            subscribers: LossSubscribers::new(config.owner()),
             own_listener: true,
             shared_listener: None,
             renewing: false,
@@ -98,6 +100,7 @@ impl LockManager {
             releaser: None,
             acquire_statements: Arc::default(),
             release_statements: Arc::default(),
+            metrics: None,
             config,
         }
     }
@@ -140,12 +143,31 @@ impl LockManager {
     pub(crate) fn hold_lease(&mut self, name: Arc<str>, held: Held) {
         self.holding.lock().expect("holding").insert(name.clone());
         self.held.insert(name, held);
+        self.count_held();
     }
 
     /// Forgets `name`, returning what was held.
     pub(crate) fn forget_lease(&mut self, name: &str) -> Option<Held> {
         self.holding.lock().expect("holding").remove(name);
-        self.held.remove(name)
+        let held = self.held.remove(name);
+        self.count_held();
+        held
+    }
+
+    fn count_held(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.held.set(self.held.len() as f64);
+        }
+    }
+
+    /// Counts how an acquire (or a permit's) ended, `arrived` being when its message did.
+    pub(crate) fn count_acquire(&self, outcome: &acquire::Outcome, arrived: Instant) {
+        let Some(metrics) = &self.metrics else { return };
+        match outcome {
+            acquire::Outcome::Granted { .. } => metrics.granted(arrived.elapsed()),
+            acquire::Outcome::Failed(error) => metrics.failed(error),
+            acquire::Outcome::Cancelled => metrics.cancelled(),
+        }
     }
 
     /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
@@ -200,6 +222,7 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
+        self.metrics = Some(crate::metrics::LeaseMetrics::new(self.config.owner()));
         self.batcher = Some(crate::batch::Batcher::start(Arc::new(
             batch::acquire::AcquireRunner {
                 pool: self.pool.clone(),
@@ -237,6 +260,12 @@ impl Actor for LockManager {
         }
         let sweep = (self.margin() / 2).max(Duration::from_millis(1));
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
+        // The pool's gauges, once a second.
+        ctx.run_interval(Duration::from_secs(1), |act, _| {
+            if let Some(metrics) = &act.metrics {
+                metrics.pool(act.pool.connections());
+            }
+        });
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {

@@ -195,6 +195,7 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
             Err(error) => return crate::reply::refuse(reply, error),
         };
         let span = info_span!("acquire_permit", semaphore = %job.key.trim_end_matches("\0permits"));
+        let arrived = Instant::now();
         let wait = async move {
             let mut reply = reply;
             let outcome = job.run(&mut reply).await;
@@ -202,16 +203,19 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
         };
         let wait = tracing::Instrument::instrument(wait, span);
         ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-            |((outcome, slot), reply), act, ctx| match outcome {
-                Outcome::Granted { grant, sent } => {
-                    act.granted(slot, false, grant, sent, reply, ctx)
-                }
-                Outcome::Failed(error) => {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Err(error));
+            move |((outcome, slot), reply), act, ctx| {
+                act.count_acquire(&outcome, arrived);
+                match outcome {
+                    Outcome::Granted { grant, sent } => {
+                        act.granted(slot, false, grant, sent, reply, ctx)
                     }
+                    Outcome::Failed(error) => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(error));
+                        }
+                    }
+                    Outcome::Cancelled => debug!("permit wait cancelled by its caller"),
                 }
-                Outcome::Cancelled => debug!("permit wait cancelled by its caller"),
             },
         ));
     }

@@ -25,6 +25,7 @@ impl ListenerActor {
                 .map(|result, act, ctx| match result {
                     Ok((client, mut connection)) => {
                         act.stats.connections += 1;
+                        act.count(|m| m.connections.increment(1));
                         ctx.add_stream(poll_fn(move |cx| connection.poll_message(cx)));
                         act.client = Some(Arc::new(client));
                         act.listen_all(ctx);
@@ -89,6 +90,8 @@ impl ListenerActor {
     }
 
     pub(super) fn ping(&mut self, ctx: &mut Context<Self>) {
+        let pending = self.pending.lock().expect("pending").len();
+        self.count(|m| m.pending.set(pending as f64));
         let (Some(client), true) = (self.client.clone(), self.ready) else {
             return;
         };
@@ -129,6 +132,13 @@ impl ListenerActor {
     }
 
     pub(crate) fn broadcast(&mut self, state: ConnState) {
+        match state {
+            ConnState::Connected | ConnState::Reconnected => self.count(|m| m.connected.set(1.0)),
+            ConnState::Disconnected { .. } | ConnState::Stalled => {
+                self.count(|m| m.connected.set(0.0))
+            }
+            ConnState::MessageLost { .. } => {}
+        }
         // Rare and important ("Reconnected" means resync): never dropped for a full mailbox.
         self.conn_subscribers.retain(|s| {
             s.do_send(state.clone());

@@ -66,6 +66,7 @@ impl ListenerActor {
 
     fn garbage(&mut self, channel: &str, why: &dyn std::fmt::Display) {
         self.stats.garbage += 1;
+        self.count(|m| m.garbage.increment(1));
         // Anyone can NOTIFY any channel: a flood must not become a flood of log lines. The
         // first, then every power of two; the stat counts them all.
         if self.stats.garbage.is_power_of_two() {
@@ -77,6 +78,7 @@ impl ListenerActor {
     /// counted, and announced to `ConnState` subscribers, since its subscribers miss it.
     pub(crate) fn undeliverable(&mut self, channel: &str, error: &Error) {
         self.stats.undeliverable += 1;
+        self.count(|m| m.undeliverable.increment(1));
         warn!(%channel, error = %error, "cannot fetch a stored payload; message not delivered");
         self.broadcast(ConnState::MessageLost {
             channel: channel.to_owned(),
@@ -101,6 +103,7 @@ impl ListenerActor {
             payload: Bytes::from(payload),
         };
         let stats = &mut self.stats;
+        let (delivered, overflowed) = (stats.delivered, stats.overflowed);
         for waiter in entry.waiters.drain(..) {
             if waiter.send(signal.clone()).is_ok() {
                 stats.delivered += 1;
@@ -119,6 +122,14 @@ impl ListenerActor {
                 true
             }
             Err(SendError::Closed(_)) => false,
+        });
+        let (delivered, overflowed) = (
+            self.stats.delivered - delivered,
+            self.stats.overflowed - overflowed,
+        );
+        self.count(|m| {
+            m.delivered.increment(delivered);
+            m.overflowed.increment(overflowed);
         });
         // Subscribers that are gone, and waiters served, may leave nobody listening.
         self.unlisten_if_unused(channel, ctx);
@@ -164,6 +175,7 @@ impl ListenerActor {
         let waiting = self.pending.lock().expect("pending").remove(&envelope.id);
         let Some(waiting) = waiting else {
             self.stats.unmatched_replies += 1;
+            self.count(|m| m.unmatched_reply.increment(1));
             debug!(id = envelope.id, "reply for no pending request dropped");
             return;
         };

@@ -76,6 +76,8 @@ pub struct ListenerActor {
     /// across restarts.
     notifier: Option<notify::Notifier>,
     notify_statements: Arc<AtomicU64>,
+    /// Handles of the metrics recorder, registered when the actor first starts.
+    metrics: Option<crate::metrics::ListenerMetrics>,
 }
 
 /// The pending requests of a listener: reply senders by request id.
@@ -117,6 +119,14 @@ impl ListenerActor {
             next_seq: 0,
             notifier: None,
             notify_statements: Arc::default(),
+            metrics: None,
+        }
+    }
+
+    /// Updates the metrics, once the actor has registered them.
+    pub(crate) fn count(&self, update: impl FnOnce(&crate::metrics::ListenerMetrics)) {
+        if let Some(metrics) = &self.metrics {
+            update(metrics);
         }
     }
 
@@ -145,6 +155,9 @@ impl Actor for ListenerActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         if self.shut_down {
             return;
+        }
+        if self.metrics.is_none() {
+            self.metrics = Some(crate::metrics::ListenerMetrics::new(self.config.owner()));
         }
         let delay = connection::backoff(self.failures, self.config.backoff());
         if delay.is_zero() {

@@ -1,0 +1,163 @@
+//! Metrics through the [`metrics`] facade: counters, gauges and histograms for any recorder
+//! (Prometheus, StatsD, …) the application installs. Without a recorder they cost nothing: the
+//! handles are no-ops. Each actor registers its handles when it starts, so install the recorder
+//! before starting pgcoord's actors. Every metric is labelled with the actor's `owner` (its
+//! configured owner identity), so several managers in one process stay apart.
+//!
+//! The names, in one place (the README's table lists them with their labels):
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+
+use crate::losses::{LockKey, LockLost, LossReason};
+
+/// Gauge: leases a `LockManager` holds.
+pub const LEASES_HELD: &str = "pgcoord_leases_held";
+/// Counter: acquires (leases and semaphore permits) by `outcome`: `granted`, `not_acquired`,
+/// `cancelled`, `error`.
+pub const ACQUIRES: &str = "pgcoord_acquires_total";
+/// Histogram, seconds: from an acquire's arrival to its grant.
+pub const ACQUIRE_WAIT: &str = "pgcoord_acquire_wait_seconds";
+/// Histogram, seconds: one heartbeat's renew statement.
+pub const RENEW: &str = "pgcoord_renew_seconds";
+/// Counter: renewals that failed and were retried.
+pub const RENEW_FAILURES: &str = "pgcoord_renew_failures_total";
+/// Counter: locks lost, by `kind` (`lease`, `advisory`) and `reason` (`taken_over`,
+/// `deadline_passed`, `connection_lost`, `stalled`, `shutdown`).
+pub const LOSSES: &str = "pgcoord_losses_total";
+/// Gauge: pooled connections, by `state` (`open`, `idle`).
+pub const POOL_CONNECTIONS: &str = "pgcoord_pool_connections";
+/// Gauge: advisory locks held (each on a session of its own).
+pub const ADVISORY_HELD: &str = "pgcoord_advisory_locks_held";
+/// Gauge: 1 while the listener is connected with every LISTEN confirmed, else 0.
+pub const LISTENER_CONNECTED: &str = "pgcoord_listener_connected";
+/// Counter: listener connections opened, the first included.
+pub const LISTENER_CONNECTIONS: &str = "pgcoord_listener_connections_total";
+/// Counter: notifications the listener handled, by `result`: `delivered` (per subscriber or
+/// waiter), `overflowed` (a subscriber's mailbox was full), `garbage`, `undeliverable` (stored
+/// payload unavailable), `unmatched_reply`.
+pub const NOTIFICATIONS: &str = "pgcoord_notifications_total";
+/// Gauge: requests waiting for their reply.
+pub const PENDING_REQUESTS: &str = "pgcoord_pending_requests";
+
+/// Every name above, for the documentation's table and its test.
+pub const ALL: [&str; 12] = [
+    LEASES_HELD,
+    ACQUIRES,
+    ACQUIRE_WAIT,
+    RENEW,
+    RENEW_FAILURES,
+    LOSSES,
+    POOL_CONNECTIONS,
+    ADVISORY_HELD,
+    LISTENER_CONNECTED,
+    LISTENER_CONNECTIONS,
+    NOTIFICATIONS,
+    PENDING_REQUESTS,
+];
+
+/// A `LockManager`'s handles.
+pub(crate) struct LeaseMetrics {
+    pub(crate) held: Gauge,
+    granted: Counter,
+    not_acquired: Counter,
+    cancelled: Counter,
+    failed: Counter,
+    wait: Histogram,
+    pub(crate) renew: Histogram,
+    pub(crate) renew_failures: Counter,
+    pool_open: Gauge,
+    pool_idle: Gauge,
+}
+
+impl LeaseMetrics {
+    pub(crate) fn new(owner: &str) -> LeaseMetrics {
+        let owner = owner.to_owned();
+        let acquires = |outcome: &'static str| counter!(ACQUIRES, "owner" => owner.clone(), "outcome" => outcome);
+        LeaseMetrics {
+            held: gauge!(LEASES_HELD, "owner" => owner.clone()),
+            granted: acquires("granted"),
+            not_acquired: acquires("not_acquired"),
+            cancelled: acquires("cancelled"),
+            failed: acquires("error"),
+            wait: histogram!(ACQUIRE_WAIT, "owner" => owner.clone()),
+            renew: histogram!(RENEW, "owner" => owner.clone()),
+            renew_failures: counter!(RENEW_FAILURES, "owner" => owner.clone()),
+            pool_open: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "open"),
+            pool_idle: gauge!(POOL_CONNECTIONS, "owner" => owner, "state" => "idle"),
+        }
+    }
+
+    pub(crate) fn granted(&self, waited: Duration) {
+        self.granted.increment(1);
+        self.wait.record(waited.as_secs_f64());
+    }
+
+    pub(crate) fn failed(&self, error: &pgcoord::Error) {
+        if error.is_not_acquired() {
+            self.not_acquired.increment(1);
+        } else {
+            self.failed.increment(1);
+        }
+    }
+
+    pub(crate) fn cancelled(&self) {
+        self.cancelled.increment(1);
+    }
+
+    pub(crate) fn pool(&self, (open, idle): (u32, u32)) {
+        self.pool_open.set(open);
+        self.pool_idle.set(idle);
+    }
+}
+
+/// A `ListenerActor`'s handles.
+pub(crate) struct ListenerMetrics {
+    pub(crate) connected: Gauge,
+    pub(crate) connections: Counter,
+    pub(crate) delivered: Counter,
+    pub(crate) overflowed: Counter,
+    pub(crate) garbage: Counter,
+    pub(crate) undeliverable: Counter,
+    pub(crate) unmatched_reply: Counter,
+    pub(crate) pending: Gauge,
+}
+
+impl ListenerMetrics {
+    pub(crate) fn new(owner: &str) -> ListenerMetrics {
+        let owner = owner.to_owned();
+        let notifications = |result: &'static str| counter!(NOTIFICATIONS, "owner" => owner.clone(), "result" => result);
+        ListenerMetrics {
+            connected: gauge!(LISTENER_CONNECTED, "owner" => owner.clone()),
+            connections: counter!(LISTENER_CONNECTIONS, "owner" => owner.clone()),
+            delivered: notifications("delivered"),
+            overflowed: notifications("overflowed"),
+            garbage: notifications("garbage"),
+            undeliverable: notifications("undeliverable"),
+            unmatched_reply: notifications("unmatched_reply"),
+            pending: gauge!(PENDING_REQUESTS, "owner" => owner),
+        }
+    }
+}
+
+/// Counts one lost lock (rare: the handle is made per loss).
+pub(crate) fn loss(owner: &str, lost: &LockLost) {
+    let kind = match lost.key {
+        LockKey::Lease(_) => "lease",
+        LockKey::Advisory(_) => "advisory",
+    };
+    let reason = match lost.reason {
+        LossReason::TakenOver => "taken_over",
+        LossReason::DeadlinePassed => "deadline_passed",
+        LossReason::ConnectionLost => "connection_lost",
+        LossReason::Shutdown => "shutdown",
+        LossReason::Stalled => "stalled",
+    };
+    counter!(LOSSES, "owner" => owner.to_owned(), "kind" => kind, "reason" => reason).increment(1);
+}
+
+/// An `AdvisoryLocks`' handle.
+pub(crate) fn advisory_held(owner: &str) -> Gauge {
+    gauge!(ADVISORY_HELD, "owner" => owner.to_owned())
+}

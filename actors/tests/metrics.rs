@@ -1,0 +1,181 @@
+//! Metrics through a recording recorder. A binary of its own: the recorder is process-global,
+//! and must be installed before the actors start.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ::metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_util::registry::{AtomicStorage, Registry};
+use pgcoord::embedded::{test_pg_config, unique_name};
+use pgcoord_actors::*;
+
+/// A recorder that keeps every value where tests can read it without resetting it.
+#[derive(Clone)]
+struct Recording(Arc<Registry<Key, AtomicStorage>>);
+
+impl Recorder for Recording {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        self.0
+            .get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        self.0
+            .get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        self.0
+            .get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
+    }
+}
+
+/// `name` with its labels sorted, as `name{k=v,…}`.
+fn id(key: &Key) -> String {
+    let mut labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    labels.sort();
+    format!("{}{{{}}}", key.name(), labels.join(","))
+}
+
+impl Recording {
+    fn counter(&self, name: &str, labels: &str) -> u64 {
+        let all = self.0.get_counter_handles();
+        let found = all
+            .iter()
+            .find(|(k, _)| id(k) == format!("{name}{{{labels}}}"));
+        found
+            .unwrap_or_else(|| panic!("{name}{{{labels}}} not recorded"))
+            .1
+            .load(Ordering::SeqCst)
+    }
+
+    fn gauge(&self, name: &str, labels: &str) -> f64 {
+        let all = self.0.get_gauge_handles();
+        let found = all
+            .iter()
+            .find(|(k, _)| id(k) == format!("{name}{{{labels}}}"));
+        let bits = found
+            .unwrap_or_else(|| panic!("{name}{{{labels}}} not recorded"))
+            .1
+            .load(Ordering::SeqCst);
+        f64::from_bits(bits)
+    }
+
+    fn samples(&self, name: &str, labels: &str) -> usize {
+        let all = self.0.get_histogram_handles();
+        let found = all
+            .iter()
+            .find(|(k, _)| id(k) == format!("{name}{{{labels}}}"));
+        found
+            .unwrap_or_else(|| panic!("{name}{{{labels}}} not recorded"))
+            .1
+            .data()
+            .len()
+    }
+
+    fn names(&self) -> Vec<String> {
+        let counters = self.0.get_counter_handles().into_keys();
+        let gauges = self.0.get_gauge_handles().into_keys();
+        let histograms = self.0.get_histogram_handles().into_keys();
+        counters
+            .chain(gauges)
+            .chain(histograms)
+            .map(|k| k.name().to_owned())
+            .collect()
+    }
+}
+
+#[actix_rt::test]
+async fn every_documented_metric_is_recorded_with_its_labels() {
+    let seen = Recording(Arc::new(Registry::atomic()));
+    ::metrics::set_global_recorder(seen.clone()).expect("the only recorder of this binary");
+
+    let table = unique_name("metrics");
+    let config = |owner: &str| {
+        pgcoord::Config::builder()
+            .pg_config(&test_pg_config().unwrap())
+            .lock_table(&table)
+            .payload_table(format!("{table}_p"))
+            .owner(owner)
+            .lease(Duration::from_secs(10))
+            .heartbeat(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let admin = pgcoord::db::connect_spawned(&config("admin"))
+        .await
+        .unwrap();
+    pgcoord::schema::migrate(&admin, &config("admin"))
+        .await
+        .unwrap();
+    let me = Coordinator::connect(config("me")).await.unwrap();
+    let other = Coordinator::connect(config("other")).await.unwrap();
+
+    // Leases: two granted and released, one refused, one lost.
+    for name in ["a", "b"] {
+        let lease = me.locks.call(Acquire::new(name)).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    let held = me.locks.call(Acquire::new("held")).await.unwrap();
+    let refused = other
+        .locks
+        .call(Acquire::new("held").fail_if_locked())
+        .await;
+    assert!(refused.is_err());
+    let now = &seen;
+    assert_eq!(now.gauge("pgcoord_leases_held", "owner=me"), 1.0);
+    let delete = format!("DELETE FROM \"{table}\" WHERE name = 'held'");
+    admin.execute(&delete, &[]).await.unwrap();
+    me.locks.call(RenewNow).await.unwrap();
+    held.lost().await;
+    let now = &seen;
+    assert_eq!(now.gauge("pgcoord_leases_held", "owner=me"), 0.0);
+    let acquires = "pgcoord_acquires_total";
+    assert_eq!(now.counter(acquires, "outcome=granted,owner=me"), 3);
+    assert_eq!(now.counter(acquires, "outcome=not_acquired,owner=other"), 1);
+    assert!(now.samples("pgcoord_acquire_wait_seconds", "owner=me") >= 3);
+    let lost = "kind=lease,owner=me,reason=taken_over";
+    assert_eq!(now.counter("pgcoord_losses_total", lost), 1);
+    assert!(now.samples("pgcoord_renew_seconds", "owner=me") >= 1);
+
+    // Advisory locks.
+    let guard = me.advisory.call(AdvisoryLock::new(7)).await.unwrap();
+    let held = "pgcoord_advisory_locks_held";
+    assert_eq!(seen.gauge(held, "owner=me"), 1.0);
+    guard.release().await.unwrap();
+    assert_eq!(seen.gauge(held, "owner=me"), 0.0);
+
+    // The listener: connected, one connection, a message delivered.
+    let next = me.signals.send(WaitNext("metered".into()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publish = Publish::new("metered", b"x".to_vec());
+    other.signals.call(publish).await.unwrap();
+    next.await.unwrap().unwrap();
+    let now = &seen;
+    assert_eq!(now.gauge("pgcoord_listener_connected", "owner=me"), 1.0);
+    assert_eq!(
+        now.counter("pgcoord_listener_connections_total", "owner=me"),
+        1
+    );
+    let delivered = "owner=me,result=delivered";
+    assert!(now.counter("pgcoord_notifications_total", delivered) >= 1);
+
+    // The pool's gauges are sampled once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let open = seen.gauge("pgcoord_pool_connections", "owner=me,state=open");
+    assert!(open >= 1.0, "{open}");
+
+    // Every name the module documents was recorded.
+    let names = seen.names();
+    for name in pgcoord_actors::metrics::ALL {
+        assert!(names.iter().any(|n| n == name), "{name} never recorded");
+    }
+}
