@@ -58,7 +58,7 @@ pub(crate) enum Outcome {
 
 pub(crate) type Reply = OneshotSender<Result<Lease>>;
 
-async fn until_deadline(deadline: Option<Instant>) {
+pub(crate) async fn until_deadline(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
@@ -306,7 +306,7 @@ impl AcquireJob {
 }
 
 /// The end of one attempt: the caller's deadline, or the statement timeout from now.
-fn bound_from_now(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
+pub(crate) fn bound_from_now(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
     let bound = Instant::now() + statement_timeout;
     deadline.map_or(bound, |d| d.min(bound))
 }

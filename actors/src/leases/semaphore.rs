@@ -16,7 +16,7 @@ use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
 use tracing::{debug, info_span, warn};
 
-use super::acquire::{AcquireJob, Outcome};
+use super::acquire::{AcquireJob, Outcome, bound_from_now, until_deadline};
 use super::lease::Lease;
 use super::wake::NameQueue;
 use super::{LockManager, Queues};
@@ -118,7 +118,7 @@ impl PermitJob {
                     .cloned()
                     .collect()
             };
-            let bound = bound(deadline, job.pool.statement_timeout());
+            let bound = bound_from_now(deadline, job.pool.statement_timeout());
             let conn = tokio::select! {
                 conn = job.pool.checkout(deadline.unwrap_or(bound)) => match conn {
                     Ok(conn) => conn,
@@ -170,18 +170,6 @@ impl PermitJob {
             }
         }
     }
-}
-
-async fn until_deadline(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
-    let bound = Instant::now() + statement_timeout;
-    deadline.map_or(bound, |d| d.min(bound))
 }
 
 /// The reply to [`AcquirePermit`]: runs the wait inside the manager, watching the reply channel
