@@ -64,6 +64,9 @@ typed_statements!(Client, Transaction<'_>);
 /// sessions of advisory locks.
 pub struct CachingClient {
     client: Client,
+    /// False on a connection through a pooler that does not keep prepared statements: then
+    /// every statement goes out unnamed (`query_typed`).
+    prepare: bool,
     prepared: Mutex<HashMap<String, Statement>>,
     /// Set when the connection must not be used again (a statement timed out on it, or it
     /// failed); a pool then closes it instead of taking it back.
@@ -99,6 +102,9 @@ impl CachingClient {
         sql: &str,
         params: &[Param<'_>],
     ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        if !self.prepare {
+            return self.client.query_typed(sql, params).await;
+        }
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
         let statement = self.prepared(sql, params).await?;
         match self.client.query(&statement, &values).await {
@@ -117,8 +123,18 @@ impl CachingClient {
     pub fn new(client: Client) -> CachingClient {
         CachingClient {
             client,
+            prepare: true,
             prepared: Mutex::new(HashMap::new()),
             broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Wraps a client that prepares nothing: every statement is sent unnamed, for a connection
+    /// through a pooler in transaction mode (see `ConfigBuilder::prepared_statements`).
+    pub fn unprepared(client: Client) -> CachingClient {
+        CachingClient {
+            prepare: false,
+            ..CachingClient::new(client)
         }
     }
 

@@ -16,6 +16,8 @@ enum Connection {
 /// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
 pub struct ConfigBuilder {
     connection: Connection,
+    session: Connection,
+    prepared_statements: bool,
     owner: Option<String>,
     schema: Option<String>,
     lock_table: String,
@@ -42,6 +44,8 @@ impl Default for ConfigBuilder {
     fn default() -> Self {
         ConfigBuilder {
             connection: Connection::Unset,
+            session: Connection::Unset,
+            prepared_statements: true,
             owner: None,
             schema: None,
             lock_table: "pgcoord_locks".into(),
@@ -78,6 +82,30 @@ impl ConfigBuilder {
     /// changed.
     pub fn pg_config(mut self, config: &tokio_postgres::Config) -> Self {
         self.connection = Connection::Pg(Box::new(config.clone()));
+        self
+    }
+
+    /// A separate server for the connections that hold session state — the LISTEN connection,
+    /// advisory lock sessions, the heartbeat — as a DSN. Use it when the pool's connection goes
+    /// through a pooler in transaction mode (PgBouncer), which cannot keep a LISTEN or a session
+    /// lock: point this one at the database directly. Default: the pool's connection settings.
+    pub fn session_dsn(mut self, dsn: impl Into<String>) -> Self {
+        self.session = Connection::Dsn(dsn.into());
+        self
+    }
+
+    /// [`session_dsn`](Self::session_dsn) as a `tokio_postgres::Config` (copied).
+    pub fn session_pg_config(mut self, config: &tokio_postgres::Config) -> Self {
+        self.session = Connection::Pg(Box::new(config.clone()));
+        self
+    }
+
+    /// Whether pooled connections keep pgcoord's statements prepared (named prepared
+    /// statements). Turn it off when the pool goes through a pooler in transaction mode that
+    /// does not track prepared statements (PgBouncer before 1.21): statements then go out
+    /// unnamed (`query_typed`), one round trip each. Default: true.
+    pub fn prepared_statements(mut self, prepared: bool) -> Self {
+        self.prepared_statements = prepared;
         self
     }
 
@@ -233,43 +261,25 @@ impl ConfigBuilder {
 
     /// Validates every value and returns the configuration, or the first error found.
     pub fn build(self) -> Result<Config> {
-        let mut pg = match self.connection {
+        let settings = Settings {
+            application_name: self.application_name.as_deref(),
+            connect_timeout: self.connect_timeout,
+            lease: self.lease,
+            tcp_user_timeout: self.tcp_user_timeout,
+        };
+        let (pg, connect_timeout) = match self.connection {
             Connection::Unset => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
                     "no connection: call dsn() or pg_config()",
                 ));
             }
-            Connection::Dsn(dsn) => tokio_postgres::Config::from_str(&dsn).map_err(|e| {
-                Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
-            })?,
-            Connection::Pg(pg) => *pg,
+            connection => settings.apply(connection)?,
         };
-        match self.application_name {
-            Some(name) => {
-                pg.application_name(&name);
-            }
-            None if pg.get_application_name().is_none() => {
-                pg.application_name("pgcoord");
-            }
-            None => {}
-        }
-        let connect_timeout = match pg.get_connect_timeout() {
-            Some(timeout) => *timeout,
-            None => {
-                pg.connect_timeout(self.connect_timeout);
-                self.connect_timeout
-            }
+        let session_pg = match self.session {
+            Connection::Unset => pg.clone(),
+            session => settings.apply(session)?.0,
         };
-        // Keepalives find a peer that vanished while the connection is idle; TCP_USER_TIMEOUT
-        // one that vanished while data is in flight (keepalives do not fire then). Both scale
-        // with the lease, so a half-open connection is noticed well within it.
-        let clamp = |d: Duration| d.clamp(Duration::from_secs(1), Duration::from_secs(30));
-        pg.keepalives(true)
-            .keepalives_idle(clamp(self.lease / 4))
-            .keepalives_interval(clamp(self.lease / 8))
-            .keepalives_retries(3)
-            .tcp_user_timeout(self.tcp_user_timeout.unwrap_or(clamp(self.lease / 2)));
 
         let owner = match self.owner {
             Some(owner) => validate_name("owner", owner)?,
@@ -344,6 +354,8 @@ impl ConfigBuilder {
             lock_sequence,
             lease_channel,
             election_channel,
+            session_pg,
+            prepared_statements: self.prepared_statements,
             payload_table,
             lease: self.lease,
             heartbeat: self.heartbeat,
@@ -358,5 +370,53 @@ impl ConfigBuilder {
             payload_ttl: self.payload_ttl,
             backoff: crate::backoff::Backoff::new(initial, max),
         })
+    }
+}
+
+/// What every connection's settings get from the builder.
+struct Settings<'a> {
+    application_name: Option<&'a str>,
+    connect_timeout: Duration,
+    lease: Duration,
+    tcp_user_timeout: Option<Duration>,
+}
+
+impl Settings<'_> {
+    /// The connection settings `connection` names, with pgcoord's application_name, connect
+    /// timeout, keepalives and TCP_USER_TIMEOUT applied; and the connect timeout in force.
+    fn apply(&self, connection: Connection) -> Result<(tokio_postgres::Config, Duration)> {
+        let mut pg = match connection {
+            Connection::Unset => unreachable!("callers handle an unset connection"),
+            Connection::Dsn(dsn) => tokio_postgres::Config::from_str(&dsn).map_err(|e| {
+                Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
+            })?,
+            Connection::Pg(pg) => *pg,
+        };
+        match self.application_name {
+            Some(name) => {
+                pg.application_name(name);
+            }
+            None if pg.get_application_name().is_none() => {
+                pg.application_name("pgcoord");
+            }
+            None => {}
+        }
+        let connect_timeout = match pg.get_connect_timeout() {
+            Some(timeout) => *timeout,
+            None => {
+                pg.connect_timeout(self.connect_timeout);
+                self.connect_timeout
+            }
+        };
+        // Keepalives find a peer that vanished while the connection is idle; TCP_USER_TIMEOUT
+        // one that vanished while data is in flight (keepalives do not fire then). Both scale
+        // with the lease, so a half-open connection is noticed well within it.
+        let clamp = |d: Duration| d.clamp(Duration::from_secs(1), Duration::from_secs(30));
+        pg.keepalives(true)
+            .keepalives_idle(clamp(self.lease / 4))
+            .keepalives_interval(clamp(self.lease / 8))
+            .keepalives_retries(3)
+            .tcp_user_timeout(self.tcp_user_timeout.unwrap_or(clamp(self.lease / 2)));
+        Ok((pg, connect_timeout))
     }
 }

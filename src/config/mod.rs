@@ -25,6 +25,10 @@ pub struct Config {
     pub(crate) lock_sequence: QualifiedName,
     pub(crate) lease_channel: Ident,
     pub(crate) election_channel: Ident,
+    /// Where session-bound connections go (the LISTEN connection, advisory sessions, the
+    /// heartbeat); the pool's settings unless configured apart.
+    pub(crate) session_pg: tokio_postgres::Config,
+    pub(crate) prepared_statements: bool,
     pub(crate) payload_table: QualifiedName,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
@@ -50,6 +54,16 @@ impl Config {
     /// applied (on a copy: the caller's value is never changed).
     pub fn pg_config(&self) -> &tokio_postgres::Config {
         &self.pg
+    }
+    /// The connection settings of session-bound connections (the LISTEN connection, advisory
+    /// lock sessions, the heartbeat): the pool's unless set apart with
+    /// [`ConfigBuilder::session_dsn`](crate::ConfigBuilder::session_dsn).
+    pub fn session_pg_config(&self) -> &tokio_postgres::Config {
+        &self.session_pg
+    }
+    /// Whether pooled connections keep statements prepared.
+    pub fn prepared_statements(&self) -> bool {
+        self.prepared_statements
     }
     /// This process's owner identity, stored with every lease it holds.
     pub fn owner(&self) -> &str {

@@ -2,7 +2,7 @@
 //! migrated.
 
 use crate::config::Config;
-use crate::db::connect::describe;
+use crate::db::connect::{connect_with, describe};
 use crate::db::connect_as;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -11,8 +11,25 @@ use crate::error::{Error, ErrorKind, Result};
 /// [`ErrorKind::Unavailable`] (with the cause) when it cannot connect within the connect
 /// timeout, [`ErrorKind::ReadOnly`] on a hot standby or a read-only database,
 /// [`ErrorKind::NotFound`] naming the missing table and how to create it.
+///
+/// With session-bound connections set apart ([`Config::session_pg_config`]), both servers are
+/// checked: the one the pool reaches (a pooler, say) and the one sessions reach.
 pub async fn check_server(config: &Config) -> Result<()> {
-    let (client, connection) = connect_as(config, "check").await?;
+    let session = connect_as(config, "check").await?;
+    check_on(config, session, &config.session_pg).await?;
+    if config.session_pg != config.pg {
+        let pooled = connect_with(&config.pg, config.connect_timeout).await?;
+        check_on(config, pooled, &config.pg).await?;
+    }
+    Ok(())
+}
+
+/// The check, on one connection to `target`.
+async fn check_on(
+    config: &Config,
+    (client, connection): crate::db::Dedicated,
+    target: &tokio_postgres::Config,
+) -> Result<()> {
     let driver = tokio::spawn(connection);
     let deadline = std::time::Instant::now() + config.statement_timeout;
     let check = async {
@@ -52,7 +69,7 @@ pub async fn check_server(config: &Config) -> Result<()> {
                 format!(
                     "the server at {} is {what}: pgcoord needs a writable primary \
                      (with several hosts, add target_session_attrs=read-write)",
-                    describe(&config.pg)
+                    describe(target)
                 ),
             ));
         }

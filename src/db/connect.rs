@@ -14,16 +14,17 @@ use crate::error::{Error, ErrorKind, Result};
 /// drives it. The owner must spawn or poll the connection; dropping it closes the session.
 pub type Dedicated = (Client, Connection<Socket, NoTlsStream>);
 
-/// Opens a dedicated connection outside the pool, for sessions that must stay pinned. Bounded by
-/// the connect timeout; every failure is [`ErrorKind::Unavailable`] with the cause as source.
+/// Opens a dedicated connection outside the pool, for sessions that must stay pinned, with the
+/// session settings ([`Config::session_pg_config`]). Bounded by the connect timeout; every
+/// failure is [`ErrorKind::Unavailable`] with the cause as source.
 pub async fn connect(config: &Config) -> Result<Dedicated> {
-    connect_with(&config.pg, config.connect_timeout).await
+    connect_with(&config.session_pg, config.connect_timeout).await
 }
 
 /// Opens a dedicated connection whose application_name says what it is for (`"<name> <role>"`,
 /// for instance `pgcoord listener`), so it can be told apart in `pg_stat_activity`.
 pub async fn connect_as(config: &Config, role: &str) -> Result<Dedicated> {
-    let mut pg = config.pg.clone();
+    let mut pg = config.session_pg.clone();
     let name = format!("{} {role}", pg.get_application_name().unwrap_or("pgcoord"));
     pg.application_name(&name);
     connect_with(&pg, config.connect_timeout).await

@@ -96,7 +96,10 @@ impl Pool {
     /// connect timeout.
     pub fn new(config: &Config) -> Pool {
         let last_failure = LastFailure::default();
-        let manager = Manager::new(config.pg.clone(), config.connect_timeout);
+        let mut manager = Manager::new(config.pg.clone(), config.connect_timeout);
+        if !config.prepared_statements {
+            manager = manager.unprepared();
+        }
         let inner = bb8::Pool::builder()
             .max_size(config.pool_size)
             // Bounded by the caller's deadline instead (see `checkout`).
@@ -230,15 +233,26 @@ pub struct Manager {
     postgres: PostgresConnectionManager<NoTls>,
     config: tokio_postgres::Config,
     connect_timeout: Duration,
+    prepare: bool,
 }
 
 impl Manager {
-    /// A manager connecting with `config`, each connect bounded by `connect_timeout`.
+    /// A manager connecting with `config`, each connect bounded by `connect_timeout`, whose
+    /// connections keep statements prepared.
     pub fn new(config: tokio_postgres::Config, connect_timeout: Duration) -> Manager {
         Manager {
             postgres: PostgresConnectionManager::new(config.clone(), NoTls),
             config,
             connect_timeout,
+            prepare: true,
+        }
+    }
+
+    /// Connections that prepare nothing (see `ConfigBuilder::prepared_statements`).
+    pub fn unprepared(self) -> Manager {
+        Manager {
+            prepare: false,
+            ..self
         }
     }
 }
@@ -249,7 +263,8 @@ impl bb8::ManageConnection for Manager {
 
     async fn connect(&self) -> Result<CachingClient> {
         match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
-            Ok(Ok(client)) => Ok(CachingClient::new(client)),
+            Ok(Ok(client)) if self.prepare => Ok(CachingClient::new(client)),
+            Ok(Ok(client)) => Ok(CachingClient::unprepared(client)),
             Ok(Err(e)) => Err(super::connect::connect_failed(&self.config, e)),
             Err(_) => Err(super::connect::connect_timed_out(
                 &self.config,

@@ -17,7 +17,8 @@
 //!
 //! For failover tests a cluster can have streaming standbys ([`TempPostgres::start_primary`],
 //! [`TempPostgres::start_standby`], [`TempPostgres::promote`], [`failover_pg_config`]), which
-//! replicate synchronously or asynchronously ([`Replication`]).
+//! replicate synchronously or asynchronously ([`Replication`]). For pooler deployments, a
+//! [`PgBouncer`] in transaction mode can stand in front of a cluster.
 
 use std::fs;
 use std::net::TcpListener;
@@ -33,12 +34,14 @@ use install::{find_bindir, server_user};
 
 mod control;
 mod install;
+mod pgbouncer;
 mod proxy;
 mod reap;
 mod standby;
 mod support;
 
 pub use control::{backend_pids, terminate_backends};
+pub use pgbouncer::PgBouncer;
 pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
 pub use support::{from_env_or_start, test_pg_config, unique_name};

@@ -110,6 +110,36 @@ fn bad_values_have_their_own_errors() {
         kind(base().lease_channel("chännel")),
         ErrorKind::InvalidIdentifier
     );
+    assert_eq!(
+        kind(base().election_channel("a b")),
+        ErrorKind::InvalidIdentifier
+    );
+    assert_eq!(
+        kind(base().session_dsn("host=x port=notaport")),
+        ErrorKind::InvalidConfig
+    );
+}
+
+#[test]
+fn session_connections_follow_the_pool_unless_set_apart() {
+    let config = base().build().unwrap();
+    assert_eq!(config.session_pg_config(), config.pg_config());
+    assert!(config.prepared_statements());
+    let config = base()
+        .session_dsn("host=db.internal port=5433 user=app")
+        .prepared_statements(false)
+        .application_name("svc")
+        .build()
+        .unwrap();
+    let session = config.session_pg_config();
+    assert_ne!(session, config.pg_config());
+    assert_eq!(session.get_ports(), [5433]);
+    // The same treatment as the pool's: application_name, connect timeout, keepalives.
+    assert_eq!(session.get_application_name(), Some("svc"));
+    assert!(session.get_connect_timeout().is_some());
+    assert!(session.get_keepalives());
+    assert!(!config.prepared_statements());
+    assert_eq!(config.election_channel().as_str(), "pgcoord_locks_ldr");
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod election;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
+mod pgbouncer;
 mod reliability;
 mod runtime;
 mod semaphore;
