@@ -1,0 +1,141 @@
+//! `pgcoord`: the operator's command. Applies the schema, lists and frees leases, shows who holds
+//! advisory locks, watches a channel and sends an event, and summarises pgcoord's sessions.
+//!
+//! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
+//! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify.
+//! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found.
+#![deny(missing_docs)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pgcoord::{Config, ErrorKind};
+
+mod inspect;
+mod signals;
+
+/// pgcoord's operator command.
+#[derive(Parser)]
+#[command(name = "pgcoord", version, about)]
+struct Cli {
+    /// The database, as a libpq-style DSN or a postgresql:// URL.
+    #[arg(long, env = "DATABASE_URL", global = true)]
+    dsn: Option<String>,
+    /// The lock table, `name` or `schema.name`.
+    #[arg(long, default_value = "pgcoord_locks", global = true)]
+    lock_table: String,
+    /// The payload table, `name` or `schema.name`.
+    #[arg(long, default_value = "pgcoord_payloads", global = true)]
+    payload_table: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or update pgcoord's tables (idempotent).
+    Migrate,
+    /// List every lease: owner, token, time left on the server's clock, data.
+    Locks,
+    /// One lease.
+    Lock {
+        #[command(subcommand)]
+        action: LockAction,
+    },
+    /// Advisory locks held or awaited now, with the holding session's application_name.
+    Advisory,
+    /// Print every message on CHANNEL as one JSON line (stored payloads fetched).
+    Listen {
+        /// The channel.
+        channel: String,
+        /// Stop after this many messages.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Send JSON (as MessagePack, in a pgcoord envelope) on CHANNEL.
+    Notify {
+        /// The channel.
+        channel: String,
+        /// The message, as JSON.
+        json: String,
+    },
+    /// pgcoord's sessions by role, its tables' sizes, expired payloads.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum LockAction {
+    /// Show one lease.
+    Show {
+        /// The lease's name.
+        name: String,
+    },
+    /// Free a lease now; its holder learns it lost it at its next renewal.
+    Release {
+        /// The lease's name.
+        name: String,
+        /// Required: the holder still believes it holds the lease until its next renewal.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(match e.kind() {
+                ErrorKind::NotFound => 3,
+                ErrorKind::InvalidConfig
+                | ErrorKind::InvalidIdentifier
+                | ErrorKind::InvalidName
+                | ErrorKind::PayloadTooLarge => 2,
+                _ => 1,
+            })
+        }
+    }
+}
+
+async fn run(cli: Cli) -> pgcoord::Result<()> {
+    let Some(dsn) = cli.dsn else {
+        return Err(pgcoord::Error::new(
+            ErrorKind::InvalidConfig,
+            "no database: pass --dsn or set DATABASE_URL",
+        ));
+    };
+    let config = Config::builder()
+        .dsn(dsn)
+        .lock_table(cli.lock_table)
+        .payload_table(cli.payload_table)
+        .application_name("pgcoord-cli")
+        .owner("pgcoord-cli")
+        .build()?;
+    let client = pgcoord::db::connect_spawned(&config).await?;
+    match cli.command {
+        Command::Migrate => {
+            pgcoord::schema::migrate(&client, &config).await?;
+            println!(
+                "migrated: {} and {}",
+                config.lock_table(),
+                config.payload_table()
+            );
+            Ok(())
+        }
+        Command::Locks => inspect::locks(&config, &client).await,
+        Command::Lock {
+            action: LockAction::Show { name },
+        } => inspect::show(&config, &client, &name).await,
+        Command::Lock {
+            action: LockAction::Release { name, force },
+        } => inspect::release(&config, &client, &name, force).await,
+        Command::Advisory => inspect::advisory(&client).await,
+        Command::Status => inspect::status(&config, &client).await,
+        Command::Listen { channel, count } => signals::listen(&config, &channel, count).await,
+        Command::Notify { channel, json } => {
+            signals::notify(&config, &client, &channel, &json).await
+        }
+    }
+}

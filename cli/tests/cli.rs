@@ -1,0 +1,215 @@
+//! The built `pgcoord` binary against a throwaway cluster: every command, its output and its
+//! exit code.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use pgcoord::embedded::{TempPostgres, test_pg_config, unique_name};
+use pgcoord::lease::Attempt;
+use pgcoord::{Config, LeaseTable};
+
+/// The DSN of the test database (`DATABASE_URL`, else the shared throwaway cluster).
+fn dsn() -> String {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            test_pg_config().unwrap();
+            TempPostgres::shared().unwrap().dsn()
+        }
+    }
+}
+
+fn pgcoord(table: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .env("DATABASE_URL", dsn())
+        .args([
+            "--lock-table",
+            table,
+            "--payload-table",
+            &format!("{table}_p"),
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn config(table: &str, owner: &str) -> Config {
+    Config::builder()
+        .pg_config(&test_pg_config().unwrap())
+        .lock_table(table)
+        .payload_table(format!("{table}_p"))
+        .owner(owner)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn migrate_list_show_and_force_release_a_lease() {
+    let table = unique_name("cli");
+    let out = pgcoord(&table, &["migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    let Attempt::Granted(grant) = leases
+        .try_acquire(
+            &client,
+            "job",
+            "worker-1",
+            Some(b"node-a"),
+            false,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+
+    let out = pgcoord(&table, &["locks"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.starts_with("job ")).expect(&text);
+    assert!(
+        line.contains("worker-1") && line.contains(&grant.token.to_string()),
+        "{line}"
+    );
+    assert!(line.contains("\"node-a\""), "{line}");
+
+    let out = pgcoord(&table, &["lock", "show", "job"]);
+    assert!(stdout(&out).contains("held:   true"), "{out:?}");
+    // Missing: exit code 3; without --force: 2, and nothing changes.
+    assert_eq!(
+        pgcoord(&table, &["lock", "show", "nope"]).status.code(),
+        Some(3)
+    );
+    assert_eq!(
+        pgcoord(&table, &["lock", "release", "job"]).status.code(),
+        Some(2)
+    );
+    assert!(leases.get(&client, "job").await.unwrap().is_held());
+
+    let out = pgcoord(&table, &["lock", "release", "job", "--force"]);
+    assert!(out.status.success(), "{out:?}");
+    // The holder's next renewal finds nothing: the loss it reports.
+    let renewed = leases
+        .renew(&client, &[("job", grant.token)], Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(renewed.is_empty());
+    assert_eq!(
+        pgcoord(&table, &["lock", "release", "job", "--force"])
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
+#[tokio::test]
+async fn notify_and_listen_speak_pgcoords_envelopes() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let channel = unique_name("events");
+    let listener = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .env("DATABASE_URL", dsn())
+        .args([
+            "--lock-table",
+            &table,
+            "--payload-table",
+            &format!("{table}_p"),
+        ])
+        .args(["listen", &channel, "--count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // it is listening
+    let small = pgcoord(
+        &table,
+        &["notify", &channel, r#"{"job": 42, "tags": ["a", "b"]}"#],
+    );
+    assert!(small.status.success(), "{small:?}");
+    // Larger than a notification: through the payload store, fetched by `listen`.
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(10_000));
+    assert!(
+        pgcoord(&table, &["notify", &channel, &big])
+            .status
+            .success()
+    );
+    let out = listener.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["payload"]["job"], 42);
+    assert_eq!(lines[0]["kind"], "event");
+    assert_eq!(lines[1]["payload"]["blob"].as_str().unwrap().len(), 10_000);
+    // Bad input: exit code 2.
+    assert_eq!(
+        pgcoord(&table, &["notify", &channel, "{not json"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        pgcoord(&table, &["notify", "bad channel", "1"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[tokio::test]
+async fn advisory_and_status_show_sessions_and_clear_errors_for_a_bad_database() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let mut pg = test_pg_config().unwrap();
+    pg.application_name("holder-app");
+    let (holder, connection) = pg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    holder
+        .execute("SELECT pg_advisory_lock(-77)", &[])
+        .await
+        .unwrap();
+    let out = pgcoord(&table, &["advisory"]);
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.contains("holder-app"))
+        .expect(&text);
+    assert!(line.contains("-77") && line.contains("held"), "{line}");
+
+    let out = pgcoord(&table, &["status"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("holder-app"), "{text}");
+    assert!(text.contains("leases: 0 held"), "{text}");
+
+    // An unreachable database: exit 1 and the cause; no DSN at all: 2.
+    let out = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .args([
+            "--dsn",
+            "host=127.0.0.1 port=1 user=x connect_timeout=1",
+            "locks",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{out:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .arg("locks")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
