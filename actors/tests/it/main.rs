@@ -10,6 +10,7 @@ mod lease_contention;
 mod lease_guarantees;
 mod leases;
 mod pgbouncer;
+mod privileges;
 mod reliability;
 mod runtime;
 mod semaphore;

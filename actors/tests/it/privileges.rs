@@ -1,0 +1,94 @@
+//! A least-privileged role: the grants the README lists are all pgcoord needs at run time.
+
+use std::time::Duration;
+
+use pgcoord::embedded::unique_name;
+use pgcoord_actors::*;
+
+use super::{Collector, Setup};
+
+#[actix_rt::test]
+async fn a_role_with_only_the_documented_grants_runs_everything() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let role = unique_name("app");
+    let (locks, payloads, sequence) = (
+        setup.quoted_table(),
+        format!("\"{}_p\"", setup.table),
+        format!("\"{}_rvn\"", setup.table),
+    );
+    // The README's grants, word for word (besides the names).
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT CONNECT ON DATABASE postgres TO {role};
+             GRANT USAGE ON SCHEMA public TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {payloads} TO {role};
+             GRANT USAGE ON SEQUENCE {sequence} TO {role};"
+        ))
+        .await
+        .unwrap();
+    let mut pg = setup.pg.clone();
+    pg.user(&role);
+    let config = |owner: &str| setup.builder(owner).pg_config(&pg).build().unwrap();
+    let (one, two) = (
+        Coordinator::connect(config("one")).await.unwrap(),
+        Coordinator::connect(config("two")).await.unwrap(),
+    );
+
+    // Leases: granted with data, renewed, contended (reservation), refused with the holder,
+    // kept on release, fenced in the role's own transaction.
+    let lease = one
+        .locks
+        .call(Acquire::new("job").data(b"d".to_vec()).keep_on_release())
+        .await
+        .unwrap();
+    one.locks.call(RenewNow).await.unwrap();
+    let refused = two.locks.call(Acquire::new("job").fail_if_locked()).await;
+    assert_eq!(refused.unwrap_err().kind(), pgcoord::ErrorKind::NotAcquired);
+    let waiting = actix_rt::spawn(
+        two.locks
+            .call(Acquire::new("job").timeout(Duration::from_secs(5))),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut own = pgcoord::db::connect_spawned(&config("fence"))
+        .await
+        .unwrap();
+    let tx = own.transaction().await.unwrap();
+    lease.fence(&tx).await.unwrap();
+    tx.commit().await.unwrap();
+    lease.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+
+    // Signals: inline and stored payloads; expired payloads deleted.
+    let (received, recipient) = Collector::<Signal>::start_new();
+    two.signals
+        .call(Subscribe {
+            channel: "least".into(),
+            recipient,
+        })
+        .await
+        .unwrap();
+    one.signals
+        .call(Publish::new("least", b"x".to_vec()))
+        .await
+        .unwrap();
+    one.signals
+        .call(Publish::new("least", vec![1u8; 10_000]))
+        .await
+        .unwrap();
+    assert_eq!(received.wait_for(2, Duration::from_secs(5)).await.len(), 2);
+    one.payload_expiry.call(DeleteExpired).await.unwrap();
+
+    // Advisory locks, an election, a semaphore.
+    let guard = one.advisory.call(AdvisoryLock::new(5)).await.unwrap();
+    guard.release().await.unwrap();
+    let term = one
+        .election("leader")
+        .unwrap()
+        .campaign("v", None)
+        .await
+        .unwrap();
+    term.resign().await.unwrap();
+    let permit = one.locks.call(AcquirePermit::new("sem", 2)).await.unwrap();
+    permit.release().await.unwrap();
+}
