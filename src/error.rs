@@ -48,6 +48,9 @@ pub enum ErrorKind {
     Unavailable,
     /// The server accepts no writes: a hot standby, or `default_transaction_read_only` is on.
     ReadOnly,
+    /// The role lacks a privilege a statement needs (SQLSTATE 42501): see the README's grants
+    /// for a service role.
+    PermissionDenied,
     /// A serialization failure or deadlock persisted through every retry.
     FailedPrecondition,
     /// A remote handler returned an error in a round trip.
@@ -153,6 +156,11 @@ impl Error {
         self.kind() == ErrorKind::Unavailable
     }
 
+    /// True when the role lacks a privilege ([`ErrorKind::PermissionDenied`]).
+    pub fn is_permission_denied(&self) -> bool {
+        self.kind() == ErrorKind::PermissionDenied
+    }
+
     /// True when the connection a statement ran on failed (closed, reset, terminated by the
     /// server) or never came: the statement's outcome is unknown unless it was never sent.
     pub fn is_connection_failure(&self) -> bool {
@@ -201,6 +209,7 @@ pub fn classify(error: &tokio_postgres::Error) -> ErrorKind {
         "57" => ErrorKind::Unavailable,
         "40" => ErrorKind::FailedPrecondition,
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => ErrorKind::Timeout,
+        _ if *code == SqlState::INSUFFICIENT_PRIVILEGE => ErrorKind::PermissionDenied,
         _ if *code == SqlState::UNDEFINED_TABLE => ErrorKind::NotFound,
         _ if *code == SqlState::DUPLICATE_TABLE => ErrorKind::AlreadyExists,
         _ => ErrorKind::Other,

@@ -91,4 +91,16 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     term.resign().await.unwrap();
     let permit = one.locks.call(AcquirePermit::new("sem", 2)).await.unwrap();
     permit.release().await.unwrap();
+
+    // One grant fewer (the sequence's): a typed error that names what is missing.
+    admin
+        .batch_execute(&format!("REVOKE USAGE ON SEQUENCE {sequence} FROM {role}"))
+        .await
+        .unwrap();
+    let err = one.locks.call(Acquire::new("after")).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::PermissionDenied, "{err}");
+    assert!(
+        err.to_string().contains("permission denied for sequence"),
+        "{err}"
+    );
 }
