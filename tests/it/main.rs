@@ -1,6 +1,7 @@
 //! Integration tests of the core against a real PostgreSQL: the shared throwaway cluster, or
 //! `DATABASE_URL` when it is set.
 
+mod actix_web;
 mod config;
 mod embedded;
 mod errors;
