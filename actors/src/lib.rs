@@ -13,6 +13,8 @@
 //!   puts and fetches them itself, without a mailbox in between).
 //! - [`election`] — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
+//! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
+//!   by leases, each worker given its key's fencing token.
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
@@ -43,6 +45,7 @@ mod reply;
 mod session;
 pub mod signals;
 mod stats;
+pub mod workers;
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
@@ -53,3 +56,4 @@ pub use losses::*;
 pub use payloads::{DeleteExpired, PayloadExpiry};
 pub use signals::*;
 pub use stats::GetStats;
+pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};

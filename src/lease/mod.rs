@@ -103,6 +103,7 @@ pub struct LeaseTable {
     cleanup: String,
     get: String,
     list: String,
+    list_prefix: String,
     fence: String,
     pub(crate) proclaim: String,
     sequence: String,
@@ -286,6 +287,19 @@ impl LeaseTable {
     /// Every lock in the table, by name.
     pub async fn list(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<LeaseInfo>> {
         let rows = client.run(&self.list, &[]).await?;
+        rows.iter().map(info_from).collect()
+    }
+
+    /// Every lock whose name starts with `prefix` (taken literally), by name: the members and
+    /// keys of a worker pool, say.
+    pub async fn list_prefix(
+        &self,
+        client: &(impl Statements + ?Sized),
+        prefix: &str,
+    ) -> Result<Vec<LeaseInfo>> {
+        let rows = client
+            .run(&self.list_prefix, &[(&prefix, Type::TEXT)])
+            .await?;
         rows.iter().map(info_from).collect()
     }
 

@@ -227,6 +227,11 @@ impl LeaseTable {
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
                  FROM {t} AS l ORDER BY l.name"
             ),
+            // $1 prefix. Every lock whose name starts with it (no pattern: `starts_with`).
+            list_prefix: format!(
+                "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
+                 FROM {t} AS l WHERE starts_with(l.name, $1) ORDER BY l.name"
+            ),
             // $1 name, $2 token, $3 data, $4 channel, $5 announcement. New data for a lease held
             // with this token, announced in the same transaction: announced exactly when done.
             proclaim: format!(

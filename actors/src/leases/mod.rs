@@ -19,6 +19,7 @@ pub(crate) use wake::Queues;
 
 mod acquire;
 mod batch;
+mod claim;
 mod heartbeat;
 mod lease;
 mod messages;
@@ -28,6 +29,7 @@ mod wake;
 mod with_lock;
 
 pub use acquire::AcquireResponse;
+pub use claim::{Claim, ListPrefix};
 pub use lease::Lease;
 pub use messages::*;
 pub use semaphore::{AcquirePermit, PermitResponse};
@@ -187,6 +189,24 @@ impl LockManager {
         reply: Option<Reply>,
         ctx: &mut Context<Self>,
     ) {
+        let lease = self.lease_for(name, keep_on_release, grant, sent, ctx);
+        if let Some(reply) = reply
+            && let Err(Ok(lease)) = reply.send(Ok(lease))
+        {
+            debug!(lease = lease.name(), "caller gave up; releasing");
+            drop(lease);
+        }
+    }
+
+    /// Records a granted lease and returns its handle.
+    pub(crate) fn lease_for(
+        &mut self,
+        name: String,
+        keep_on_release: bool,
+        grant: pgcoord::lease::Grant,
+        sent: Instant,
+        ctx: &mut Context<Self>,
+    ) -> Lease {
         let (lost_tx, lost_rx) = watch::channel(None);
         self.stats.granted += 1;
         self.hold_lease(
@@ -198,7 +218,7 @@ impl LockManager {
                 lost: lost_tx,
             },
         );
-        let lease = Lease {
+        Lease {
             name,
             token: grant.token,
             data: grant.data,
@@ -206,12 +226,6 @@ impl LockManager {
             table: self.table.clone(),
             lost: lost_rx,
             released: false,
-        };
-        if let Some(reply) = reply
-            && let Err(Ok(lease)) = reply.send(Ok(lease))
-        {
-            debug!(lease = lease.name(), "caller gave up; releasing");
-            drop(lease);
         }
     }
 }

@@ -18,6 +18,7 @@ mod signal_faults;
 mod signals;
 mod startup;
 mod unlogged;
+mod workers;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,85 @@
+//! [`Claim`]: take at once whichever of many leases are free, without waiting — what a worker
+//! pool does with its share of keys — in batched statements; and [`ListPrefix`].
+
+use std::time::Instant;
+
+use actix::prelude::*;
+use pgcoord::lease::AcquireRequest;
+use pgcoord::{LeaseInfo, Result};
+
+use super::{Lease, LockManager};
+use crate::batch::MAX_BATCH;
+
+/// Take each of `names` that is free now (not held, not reserved for another waiter, its row
+/// not locked), in one statement per thousand names; the others are left alone, not waited for.
+/// Answers the leases granted. A caller that goes away has them released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<Lease>>")]
+pub struct Claim {
+    /// The leases to take, distinct.
+    pub names: Vec<String>,
+}
+
+/// Every lease whose name starts with the prefix, as `Get` reports one.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<LeaseInfo>>")]
+pub struct ListPrefix(pub String);
+
+impl Handler<Claim> for LockManager {
+    type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
+
+    fn handle(&mut self, Claim { mut names }: Claim, _: &mut Context<Self>) -> Self::Result {
+        // Names held here already are not asked again (leases never stack).
+        names.retain(|n| !self.held.contains_key(n.as_str()));
+        names.sort();
+        names.dedup();
+        let (pool, table, owner, lease) = (
+            self.pool.clone(),
+            self.table.clone(),
+            self.config.owner().to_owned(),
+            self.config.lease(),
+        );
+        let claim = async move {
+            let mut granted = Vec::new();
+            for chunk in names.chunks(MAX_BATCH) {
+                let requests: Vec<AcquireRequest<'_>> = chunk
+                    .iter()
+                    .map(|name| AcquireRequest {
+                        name,
+                        data: None,
+                        replace_data: false,
+                    })
+                    .collect();
+                let statements = pool.statements(None);
+                let sent = Instant::now();
+                let grants = pgcoord::db::retry(|| {
+                    table.try_acquire_many(&statements, &requests, &owner, lease)
+                })
+                .await?;
+                granted.extend(grants.into_iter().map(|(name, grant)| (name, grant, sent)));
+            }
+            Ok(granted)
+        };
+        Box::pin(
+            claim
+                .into_actor(self)
+                .map(|result: Result<Vec<_>>, act, ctx| {
+                    let granted = result?;
+                    Ok(granted
+                        .into_iter()
+                        .map(|(name, grant, sent)| act.lease_for(name, false, grant, sent, ctx))
+                        .collect())
+                }),
+        )
+    }
+}
+
+impl Handler<ListPrefix> for LockManager {
+    type Result = ResponseFuture<Result<Vec<LeaseInfo>>>;
+
+    fn handle(&mut self, ListPrefix(prefix): ListPrefix, _: &mut Context<Self>) -> Self::Result {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        // A read: safe to retry on another connection whatever happened to the first.
+        Box::pin(async move { table.list_prefix(&pool.idempotent(None), &prefix).await })
+    }
+}

@@ -1,0 +1,372 @@
+//! [`WorkerPool`]: exactly one worker actor per key across every process of a fleet.
+//!
+//! Each key is a lease (`"{pool}/keys/{key}"`); each process in the fleet is a member, a lease of
+//! its own (`"{pool}/members/{owner}"`), so membership lives in PostgreSQL and ends with the
+//! process. Every tick (a quarter lease) a pool counts the live members, takes its fair share
+//! (`ceil(keys ÷ members)`) — releasing keys above it, claiming free keys up to it in batched
+//! statements ([`Claim`]) — and starts one worker per key it holds, handing it the key and its
+//! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,
+//! so processes starting together share from the start; when one joins or leaves, keys move
+//! within about two ticks, half a lease.
+//!
+//! A worker runs only while its key's lease is held: when the lease is lost the pool tells the
+//! worker to stop ([`StopWorker`]) at once — the holder learns of a loss before the server could
+//! grant the key elsewhere — and a worker that stops or dies (actix: a panicking handler stops
+//! its actor) while the lease is held is started again. Workers should fence their writes with
+//! their token: that, not the stop message, is what makes a late write harmless.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Config;
+use tracing::{debug, warn};
+
+use crate::Call;
+use crate::leases::{Acquire, Claim, Lease, ListPrefix, LockManager};
+
+/// What a worker is for: its key and the fencing token of its key's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerKey {
+    /// The key.
+    pub key: String,
+    /// The token of the lease that makes this worker the key's only one.
+    pub token: i64,
+}
+
+/// Stop: the key's lease is lost or given to another process. Workers implement it as
+/// `ctx.stop()`.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct StopWorker;
+
+/// The keys a pool's process holds, with their tokens, and the live members it counted.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Assignment")]
+pub struct GetAssignment;
+
+/// What [`GetAssignment`] answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct Assignment {
+    /// Keys held here, with their tokens, by key.
+    pub keys: Vec<WorkerKey>,
+    /// Live members at the last tick, this one included.
+    pub members: usize,
+    /// Workers started again after they stopped while their lease was held.
+    pub restarts: u64,
+}
+
+/// Replaces the pool's keys: workers of keys no longer listed stop and their leases go.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct SetKeys(pub Vec<String>);
+
+struct Running<W: Actor> {
+    lease: Lease,
+    worker: Addr<W>,
+}
+
+/// One process's part of a worker pool. Start it with [`WorkerPool::new`] and `.start()`;
+/// [`crate::Shutdown`] (or dropping every address) stops its workers and releases its keys.
+pub struct WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    name: String,
+    keys: Vec<String>,
+    locks: Addr<LockManager>,
+    owner: String,
+    tick: Duration,
+    factory: Box<dyn Fn(WorkerKey) -> W>,
+    membership: Option<Lease>,
+    running: HashMap<String, Running<W>>,
+    members: usize,
+    restarts: u64,
+    ticking: bool,
+    ticks: u64,
+}
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// The pool `name` over `keys`, run by `locks` (whose config is `config`); `factory` makes
+    /// the worker of one key. Every process of the fleet must use the same name and keys.
+    pub fn new(
+        config: &Config,
+        locks: Addr<LockManager>,
+        name: impl Into<String>,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
+        WorkerPool {
+            name: name.into(),
+            keys,
+            locks,
+            owner: config.owner().to_owned(),
+            tick: (config.lease() / 4).max(Duration::from_millis(10)),
+            factory: Box::new(factory),
+            membership: None,
+            running: HashMap::new(),
+            members: 1,
+            restarts: 0,
+            ticking: false,
+            ticks: 0,
+        }
+    }
+
+    fn key_lease(&self, key: &str) -> String {
+        format!("{}/keys/{key}", self.name)
+    }
+
+    fn start_worker(&self, key: &str, token: i64) -> Addr<W> {
+        (self.factory)(WorkerKey {
+            key: key.to_owned(),
+            token,
+        })
+        .start()
+    }
+
+    /// Stops `key`'s worker, waits (at most a tick) until it has stopped, then lets its lease
+    /// go: another process can start the key's next worker only after this one ended.
+    fn stop_key(&mut self, key: &str) {
+        if let Some(Running { lease, worker }) = self.running.remove(key) {
+            let patience = self.tick;
+            actix::spawn(async move {
+                let _ = worker.send(StopWorker).await;
+                let until = std::time::Instant::now() + patience;
+                while worker.connected() && std::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                if let Err(e) = lease.release().await {
+                    debug!(error = %e, "releasing a key's lease");
+                }
+            });
+        }
+    }
+
+    /// The lease of `key` (with `token`) is lost: its worker stops now, before the server could
+    /// grant the key to another process.
+    fn lost(&mut self, key: &str, token: i64) {
+        if self
+            .running
+            .get(key)
+            .is_some_and(|r| r.lease.token() == token)
+        {
+            warn!(pool = %self.name, %key, "key's lease lost; its worker stops");
+            if let Some(running) = self.running.remove(key) {
+                running.worker.do_send(StopWorker);
+            }
+        }
+    }
+
+    /// One round: membership, share, release above it, claim up to it, revive workers.
+    fn rebalance(&mut self, ctx: &mut Context<Self>) {
+        if self.ticking {
+            return;
+        }
+        self.ticking = true;
+        self.ticks += 1;
+        // Losses first: a worker whose lease is gone stops now.
+        let lost: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.lease.loss().is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in lost {
+            warn!(pool = %self.name, %key, "key's lease lost; its worker stops");
+            if let Some(running) = self.running.remove(&key) {
+                running.worker.do_send(StopWorker);
+            }
+        }
+        // Workers that stopped (a panic) while their lease is held start again.
+        let dead: Vec<(String, i64)> = self
+            .running
+            .iter()
+            .filter(|(_, r)| !r.worker.connected())
+            .map(|(k, r)| (k.clone(), r.lease.token()))
+            .collect();
+        for (key, token) in dead {
+            self.restarts += 1;
+            warn!(pool = %self.name, %key, "worker stopped while its key is held; starting it again");
+            let worker = self.start_worker(&key, token);
+            if let Some(running) = self.running.get_mut(&key) {
+                running.worker = worker;
+            }
+        }
+        let member_lease = format!("{}/members/{}", self.name, self.owner);
+        let needs_membership = self.membership.as_ref().is_none_or(|m| m.loss().is_some());
+        let (locks, prefix, key_prefix) = (
+            self.locks.clone(),
+            format!("{}/members/", self.name),
+            format!("{}/keys/", self.name),
+        );
+        let first_tick = self.ticks == 1;
+        let round = async move {
+            let membership = if needs_membership {
+                Some(
+                    locks
+                        .call(Acquire::new(member_lease).fail_if_locked())
+                        .await,
+                )
+            } else {
+                None
+            };
+            let members = locks.call(ListPrefix(prefix)).await?;
+            let keys = locks.call(ListPrefix(key_prefix)).await?;
+            Ok::<_, pgcoord::Error>((membership, members, keys))
+        };
+        ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {
+            act.ticking = false;
+            let (membership, members, keys) = match result {
+                Ok(found) => found,
+                Err(e) => {
+                    warn!(pool = %act.name, error = %e, "cannot rebalance; trying at the next tick");
+                    return;
+                }
+            };
+            match membership {
+                Some(Ok(lease)) => act.membership = Some(lease),
+                Some(Err(e)) => debug!(pool = %act.name, error = %e, "not a member yet"),
+                None => {}
+            }
+            act.members = members.iter().filter(|m| m.is_held()).count().max(1);
+            // Processes starting together register before anyone claims.
+            if first_tick {
+                return;
+            }
+            let share = act.keys.len().div_ceil(act.members);
+            if act.running.len() > share {
+                let extra: Vec<String> = act
+                    .running
+                    .keys()
+                    .take(act.running.len() - share)
+                    .cloned()
+                    .collect();
+                for key in extra {
+                    act.stop_key(&key);
+                }
+                return;
+            }
+            let want = share - act.running.len();
+            if want == 0 {
+                return;
+            }
+            let taken: std::collections::HashSet<&str> = keys
+                .iter()
+                .filter(|k| k.is_held())
+                .map(|k| k.name.as_str())
+                .collect();
+            let free: Vec<String> = act
+                .keys
+                .iter()
+                .filter(|k| !act.running.contains_key(k.as_str()))
+                .map(|k| act.key_lease(k))
+                .filter(|lease| !taken.contains(lease.as_str()))
+                .take(want)
+                .collect();
+            if free.is_empty() {
+                return;
+            }
+            let claim = act.locks.send(Claim { names: free });
+            ctx.spawn(claim.into_actor(act).map(|result, act, ctx| match result {
+                Ok(Ok(leases)) => {
+                    let prefix = format!("{}/keys/", act.name);
+                    for lease in leases {
+                        let key = lease.name()[prefix.len()..].to_owned();
+                        if !act.keys.contains(&key) {
+                            continue; // keys changed meanwhile: dropped, so released
+                        }
+                        let (token, lost) = (lease.token(), lease.lost());
+                        let worker = act.start_worker(&key, token);
+                        act.running.insert(key.clone(), Running { lease, worker });
+                        ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
+                    }
+                }
+                Ok(Err(e)) => warn!(pool = %act.name, error = %e, "cannot claim keys"),
+                Err(e) => warn!(pool = %act.name, error = %e, "lock manager gone"),
+            }));
+        }));
+    }
+}
+
+impl<W> Actor for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.rebalance(ctx);
+        ctx.run_interval(self.tick, |act, ctx| act.rebalance(ctx));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        let keys: Vec<String> = self.running.keys().cloned().collect();
+        for key in keys {
+            self.stop_key(&key);
+        }
+        if let Some(membership) = self.membership.take() {
+            actix::spawn(async move {
+                let _ = membership.release().await;
+            });
+        }
+    }
+}
+
+impl<W> Handler<GetAssignment> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = Assignment;
+
+    fn handle(&mut self, _: GetAssignment, _: &mut Context<Self>) -> Assignment {
+        let mut keys: Vec<WorkerKey> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.lease.loss().is_none())
+            .map(|(key, r)| WorkerKey {
+                key: key.clone(),
+                token: r.lease.token(),
+            })
+            .collect();
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
+        Assignment {
+            keys,
+            members: self.members,
+            restarts: self.restarts,
+        }
+    }
+}
+
+impl<W> Handler<SetKeys> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = ();
+
+    fn handle(&mut self, SetKeys(keys): SetKeys, _: &mut Context<Self>) {
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.stop_key(&key);
+        }
+        self.keys = keys;
+    }
+}
+
+impl<W> Handler<crate::losses::Shutdown> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = ();
+
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

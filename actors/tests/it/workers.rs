@@ -1,0 +1,215 @@
+//! Worker pools: every key served by exactly one worker at any moment (recorded and checked),
+//! keys shared on join and taken over on leave within about a lease, a panicking worker started
+//! again, a lost lease's worker stopped before the key is served again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord_actors::*;
+
+use super::Setup;
+
+#[derive(Debug, Clone)]
+enum Event {
+    Started {
+        key: String,
+        token: i64,
+        pool: String,
+    },
+    Stopped {
+        key: String,
+        token: i64,
+    },
+    Panicked {
+        key: String,
+        token: i64,
+    },
+}
+
+type History = Arc<Mutex<Vec<Event>>>;
+type Workers = Arc<Mutex<HashMap<String, Addr<Recorder>>>>;
+
+/// A worker that records its start and stop, and panics when asked.
+struct Recorder {
+    key: WorkerKey,
+    pool: String,
+    history: History,
+    workers: Workers,
+}
+
+impl Actor for Recorder {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.history.lock().unwrap().push(Event::Started {
+            key: self.key.key.clone(),
+            token: self.key.token,
+            pool: self.pool.clone(),
+        });
+        self.workers
+            .lock()
+            .unwrap()
+            .insert(self.key.key.clone(), ctx.address());
+    }
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.history.lock().unwrap().push(Event::Stopped {
+            key: self.key.key.clone(),
+            token: self.key.token,
+        });
+    }
+}
+
+impl Handler<StopWorker> for Recorder {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Panic;
+
+impl Handler<Panic> for Recorder {
+    type Result = ();
+    fn handle(&mut self, _: Panic, _: &mut Context<Self>) {
+        self.history.lock().unwrap().push(Event::Panicked {
+            key: self.key.key.clone(),
+            token: self.key.token,
+        });
+        panic!("a worker's bug");
+    }
+}
+
+/// Checks that no key ever had two workers: per key, a start only when none runs (or, with the
+/// same token, after the one running panicked).
+fn check(history: &[Event]) -> usize {
+    let mut running: HashMap<&str, i64> = HashMap::new();
+    for event in history {
+        match event {
+            Event::Started { key, token, pool } => {
+                if let Some(other) = running.insert(key, *token) {
+                    panic!("{key}: started by {pool} (token {token}) while token {other} ran");
+                }
+            }
+            Event::Stopped { key, token } | Event::Panicked { key, token } => {
+                if running.get(key.as_str()) == Some(token) {
+                    running.remove(key.as_str());
+                }
+            }
+        }
+    }
+    running.len()
+}
+
+async fn assignment(pool: &Addr<WorkerPool<Recorder>>) -> Assignment {
+    pool.send(GetAssignment).await.unwrap()
+}
+
+async fn until(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn keys_are_shared_moved_and_never_served_twice() {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..50).map(|i| format!("customer-{i}")).collect();
+    let (history, workers): (History, Workers) = Default::default();
+    let start = |owner: &str| {
+        let config = setup.builder(owner).build().unwrap();
+        let locks = LockManager::new(config.clone()).start();
+        let (history, workers, pool) = (history.clone(), workers.clone(), owner.to_owned());
+        let factory = move |key: WorkerKey| Recorder {
+            key,
+            pool: pool.clone(),
+            history: history.clone(),
+            workers: workers.clone(),
+        };
+        (
+            WorkerPool::new(&config, locks.clone(), "customers", keys.clone(), factory).start(),
+            locks,
+        )
+    };
+
+    // Alone, a pool takes every key (after its first tick, a quarter lease).
+    let (a, _a_locks) = start("a");
+    until(Duration::from_secs(3), "a holds all 50", async || {
+        assignment(&a).await.keys.len() == 50
+    })
+    .await;
+
+    // A second process joins: the keys are shared within about a lease.
+    let joined = Instant::now();
+    let (b, b_locks) = start("b");
+    until(Duration::from_secs(4), "shared 25/25", async || {
+        let (x, y) = (
+            assignment(&a).await.keys.len(),
+            assignment(&b).await.keys.len(),
+        );
+        x == 25 && y == 25
+    })
+    .await;
+    eprintln!("shared after {:?}", joined.elapsed());
+
+    // A worker that panics is started again, with the same token, while its key is held.
+    let (key, token) = {
+        let held = assignment(&b).await.keys;
+        (held[0].key.clone(), held[0].token)
+    };
+    let worker = workers.lock().unwrap()[&key].clone();
+    worker.do_send(Panic);
+    until(Duration::from_secs(3), "restarted", async || {
+        assignment(&b).await.restarts == 1
+    })
+    .await;
+    assert_eq!(
+        assignment(&b)
+            .await
+            .keys
+            .iter()
+            .find(|k| k.key == key)
+            .map(|k| k.token),
+        Some(token)
+    );
+
+    // A lease lost on the server: its worker stops before anyone serves the key again.
+    let lost = assignment(&b).await.keys[1].clone();
+    admin
+        .execute(
+            &format!("DELETE FROM {} WHERE name = $1", setup.quoted_table()),
+            &[&format!("customers/keys/{}", lost.key)],
+        )
+        .await
+        .unwrap();
+    b_locks.send(RenewNow).await.unwrap().unwrap();
+    until(
+        Duration::from_secs(4),
+        "the lost key served again",
+        async || {
+            let (x, y) = (assignment(&a).await, assignment(&b).await);
+            x.keys
+                .iter()
+                .chain(&y.keys)
+                .any(|k| k.key == lost.key && k.token > lost.token)
+        },
+    )
+    .await;
+
+    // The first process leaves: the other takes every key within about a lease.
+    let left = Instant::now();
+    a.send(Shutdown).await.unwrap();
+    until(Duration::from_secs(4), "b holds all 50", async || {
+        assignment(&b).await.keys.len() == 50
+    })
+    .await;
+    eprintln!("taken over after {:?}", left.elapsed());
+
+    let history = history.lock().unwrap().clone();
+    let running = check(&history);
+    assert_eq!(running, 50, "one worker per key at the end");
+}

@@ -1,0 +1,107 @@
+//! A worker pool: two pools (standing in for two processes) share 20 keys — one worker actor per
+//! key, each given its key's fencing token. One pool stops; its keys move to the other, and no
+//! key ever has two workers.
+//!
+//! Run with `cargo run --example worker_pool`. It uses `DATABASE_URL` when set, and otherwise
+//! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::{Config, schema};
+use pgcoord_actors::{GetAssignment, LockManager, Shutdown, StopWorker, WorkerKey, WorkerPool};
+
+/// The workers alive now, by key, with their tokens.
+type Running = Arc<Mutex<std::collections::HashMap<String, i64>>>;
+
+/// Serves one customer; counts itself in `running` while alive.
+struct CustomerWorker {
+    key: WorkerKey,
+    running: Running,
+    most_at_once: Arc<AtomicI64>,
+}
+
+impl Actor for CustomerWorker {
+    type Context = Context<Self>;
+    fn started(&mut self, _: &mut Context<Self>) {
+        let mut running = self.running.lock().unwrap();
+        let twice = running
+            .insert(self.key.key.clone(), self.key.token)
+            .is_some();
+        assert!(!twice, "two workers for {}", self.key.key);
+        self.most_at_once
+            .fetch_max(running.len() as i64, Ordering::SeqCst);
+    }
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.running.lock().unwrap().remove(&self.key.key);
+    }
+}
+
+impl Handler<StopWorker> for CustomerWorker {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop(); // the key's lease is going: stop before anyone else may start
+    }
+}
+
+#[actix::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let config = |owner: &str| {
+        Config::builder()
+            .pg_config(&pg)
+            .owner(owner)
+            .lease(Duration::from_secs(2))
+            .heartbeat(Duration::from_millis(400))
+            .build()
+    };
+    schema::migrate(
+        &pgcoord::db::connect_spawned(&config("setup")?).await?,
+        &config("setup")?,
+    )
+    .await?;
+    let keys: Vec<String> = (1..=20).map(|i| format!("customer-{i}")).collect();
+    let running: Running = Arc::default();
+    let most = Arc::new(AtomicI64::new(0));
+    let start = |owner: &str| -> Result<_, pgcoord::Error> {
+        let config = config(owner)?;
+        let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+        let factory = move |key| CustomerWorker {
+            key,
+            running: running.clone(),
+            most_at_once: most.clone(),
+        };
+        Ok(WorkerPool::new(
+            &config,
+            LockManager::new(config.clone()).start(),
+            "customers",
+            keys.clone(),
+            factory,
+        )
+        .start())
+    };
+    let (a, b) = (start("process-a")?, start("process-b")?);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (held_a, held_b) = (
+        a.send(GetAssignment).await?.keys.len(),
+        b.send(GetAssignment).await?.keys.len(),
+    );
+    println!("process-a serves {held_a} keys, process-b {held_b}");
+
+    a.send(Shutdown).await?; // its workers stop, its keys' leases are released
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = b.send(GetAssignment).await?.keys;
+    println!(
+        "process-a stopped; process-b serves {} keys, e.g. {} (token {})",
+        held.len(),
+        held[0].key,
+        held[0].token
+    );
+    println!(
+        "workers running now: {}; never more than one per key",
+        running.lock().unwrap().len()
+    );
+    Ok(())
+}
