@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|election|advisory|signals|faults` (election includes semaphores), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|election|advisory|signals|faults` (election includes semaphores and worker pools), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -15,6 +15,7 @@ mod report;
 mod semaphore;
 mod signals;
 mod unlogged;
+mod workers;
 
 use report::Report;
 
@@ -93,6 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if run("election") {
         election::run(&pg, &sizes, &mut report).await?;
         semaphore::run(&pg, &sizes, &mut report).await?;
+        workers::run(&pg, &sizes, &mut report).await?;
     }
     if run("advisory") {
         locks::run(&pg, &sizes, &mut report).await?;

@@ -33,11 +33,12 @@ impl Handler<Claim> for LockManager {
         names.retain(|n| !self.held.contains_key(n.as_str()));
         names.sort();
         names.dedup();
-        let (pool, table, owner, lease) = (
+        let (pool, table, owner, lease, sent_count) = (
             self.pool.clone(),
             self.table.clone(),
             self.config.owner().to_owned(),
             self.config.lease(),
+            self.acquire_statements.clone(),
         );
         let claim = async move {
             let mut granted = Vec::new();
@@ -53,6 +54,7 @@ impl Handler<Claim> for LockManager {
                 let statements = pool.statements(None);
                 let sent = Instant::now();
                 let grants = pgcoord::db::retry(|| {
+                    sent_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     table.try_acquire_many(&statements, &requests, &owner, lease)
                 })
                 .await?;
