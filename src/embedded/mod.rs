@@ -44,7 +44,7 @@ pub use control::{backend_pids, terminate_backends};
 pub use pgbouncer::PgBouncer;
 pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
-pub use support::{from_env_or_start, test_pg_config, unique_name};
+pub use support::{eventually, from_env_or_start, test_pg_config, unique_name};
 
 /// The prefix of every throwaway cluster's directory under the temporary directory.
 const DIR_PREFIX: &str = "pgcoord-pg-";

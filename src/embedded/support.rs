@@ -50,3 +50,20 @@ pub fn from_env_or_start() -> Result<(Option<TempPostgres>, tokio_postgres::Conf
         }
     }
 }
+
+/// Waits until `done` answers true, checking every 20 ms; panics naming `what` after `within`.
+/// For tests of things that happen eventually (a rebalance, a takeover).
+pub async fn eventually(
+    within: std::time::Duration,
+    what: &str,
+    mut done: impl AsyncFnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -3,20 +3,11 @@
 //! job, and the other takes over at once when it stops.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[path = "../../examples/actix_web/app.rs"]
 #[allow(dead_code)]
 mod app;
-
-/// Waits until `done` holds, or fails after `within`.
-async fn until(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[actix_rt::test]
 async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
@@ -55,7 +46,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
         .unwrap();
     assert_eq!(posted.status(), 202);
     for url in [&a_url, &b_url] {
-        until(
+        pgcoord::embedded::eventually(
             Duration::from_secs(2),
             "the key cleared everywhere",
             async || {
@@ -67,7 +58,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
     }
 
     // One leader, whose job runs; the other's does not.
-    until(Duration::from_secs(2), "a leader", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(2), "a leader", async || {
         a.leading.load(Ordering::SeqCst) || b.leading.load(Ordering::SeqCst)
     })
     .await;
@@ -96,7 +87,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
     // The leader stops: the other takes over at once (its lease is released, not left to
     // expire: 20 s).
     app::stop(&leader, leader_server).await;
-    until(Duration::from_secs(2), "the other takes over", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(2), "the other takes over", async || {
         other.leading.load(Ordering::SeqCst)
     })
     .await;

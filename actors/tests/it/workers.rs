@@ -107,14 +107,6 @@ async fn assignment(pool: &Addr<WorkerPool<Recorder>>) -> Assignment {
     pool.send(GetAssignment).await.unwrap()
 }
 
-async fn until(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[actix_rt::test]
 async fn keys_are_shared_moved_and_never_served_twice() {
     let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
@@ -138,7 +130,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
 
     // Alone, a pool takes every key (after its first tick, a quarter lease).
     let (a, _a_locks) = start("a");
-    until(Duration::from_secs(3), "a holds all 50", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(3), "a holds all 50", async || {
         assignment(&a).await.keys.len() == 50
     })
     .await;
@@ -146,7 +138,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     // A second process joins: the keys are shared within about a lease.
     let joined = Instant::now();
     let (b, b_locks) = start("b");
-    until(Duration::from_secs(4), "shared 25/25", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(4), "shared 25/25", async || {
         let (x, y) = (
             assignment(&a).await.keys.len(),
             assignment(&b).await.keys.len(),
@@ -163,7 +155,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     };
     let worker = workers.lock().unwrap()[&key].clone();
     worker.do_send(Panic);
-    until(Duration::from_secs(3), "restarted", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(3), "restarted", async || {
         assignment(&b).await.restarts == 1
     })
     .await;
@@ -187,7 +179,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
         .await
         .unwrap();
     b_locks.send(RenewNow).await.unwrap().unwrap();
-    until(
+    pgcoord::embedded::eventually(
         Duration::from_secs(4),
         "the lost key served again",
         async || {
@@ -203,7 +195,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     // The first process leaves: the other takes every key within about a lease.
     let left = Instant::now();
     a.send(Shutdown).await.unwrap();
-    until(Duration::from_secs(4), "b holds all 50", async || {
+    pgcoord::embedded::eventually(Duration::from_secs(4), "b holds all 50", async || {
         assignment(&b).await.keys.len() == 50
     })
     .await;
