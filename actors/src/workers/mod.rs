@@ -84,6 +84,8 @@ where
     restarts: u64,
     ticking: bool,
     ticks: u64,
+    /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
+    key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
 }
 
 impl<W> WorkerPool<W>
@@ -112,7 +114,33 @@ where
             restarts: 0,
             ticking: false,
             ticks: 0,
+            key_stream: None,
         }
+    }
+
+    /// Takes its keys from `keys` instead: each item is the whole set, replacing the last (as
+    /// [`SetKeys`] does) — customers added and removed as they come and go. The pool keeps
+    /// running with the last set when the stream ends.
+    pub fn follow(
+        mut self,
+        keys: impl futures_util::Stream<Item = Vec<String>> + 'static,
+    ) -> WorkerPool<W> {
+        self.key_stream = Some(Box::pin(keys));
+        self
+    }
+
+    /// Replaces the keys: workers of keys no longer listed stop and their leases go.
+    fn set_keys(&mut self, keys: Vec<String>) {
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.stop_key(&key);
+        }
+        self.keys = keys;
     }
 
     fn key_lease(&self, key: &str) -> String {
@@ -298,6 +326,9 @@ where
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(keys) = self.key_stream.take() {
+            ctx.add_stream(keys);
+        }
         self.rebalance(ctx);
         ctx.run_interval(self.tick, |act, ctx| act.rebalance(ctx));
     }
@@ -347,16 +378,20 @@ where
     type Result = ();
 
     fn handle(&mut self, SetKeys(keys): SetKeys, _: &mut Context<Self>) {
-        let gone: Vec<String> = self
-            .running
-            .keys()
-            .filter(|k| !keys.contains(k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.stop_key(&key);
-        }
-        self.keys = keys;
+        self.set_keys(keys);
+    }
+}
+
+impl<W> StreamHandler<Vec<String>> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    fn handle(&mut self, keys: Vec<String>, _: &mut Context<Self>) {
+        self.set_keys(keys);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The last set stays; the pool goes on.
     }
 }
 

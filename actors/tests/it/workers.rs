@@ -205,3 +205,56 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     let running = check(&history);
     assert_eq!(running, 50, "one worker per key at the end");
 }
+
+/// Keys given as a stream: each item is the whole set; a key that leaves stops its worker and
+/// frees its lease, a new one is claimed, and the pool goes on when the stream ends.
+#[actix_rt::test]
+async fn a_pool_follows_a_stream_of_key_sets() {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let (history, workers): (History, Workers) = Default::default();
+    let config = setup.builder("follower").build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+    let keys =
+        futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|set| (set, rx)) },
+        );
+    let factory = move |key: WorkerKey| Recorder {
+        key,
+        pool: "follower".into(),
+        history: history.clone(),
+        workers: workers.clone(),
+    };
+    let pool = WorkerPool::new(&config, locks, "streamed", Vec::new(), factory)
+        .follow(keys)
+        .start();
+    let names = async |pool: &Addr<WorkerPool<Recorder>>| -> Vec<String> {
+        assignment(pool)
+            .await
+            .keys
+            .into_iter()
+            .map(|k| k.key)
+            .collect()
+    };
+    tx.send(vec!["a".into(), "b".into(), "c".into()]).unwrap();
+    pgcoord::embedded::eventually(Duration::from_secs(3), "a, b, c", async || {
+        names(&pool).await == ["a", "b", "c"]
+    })
+    .await;
+    tx.send(vec!["b".into(), "c".into(), "d".into()]).unwrap();
+    drop(tx);
+    pgcoord::embedded::eventually(Duration::from_secs(3), "b, c, d", async || {
+        names(&pool).await == ["b", "c", "d"]
+    })
+    .await;
+    // "a" is free on the server again.
+    pgcoord::embedded::eventually(Duration::from_secs(2), "a's lease released", async || {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE name = 'streamed/keys/a'",
+            setup.quoted_table()
+        );
+        admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) == 0
+    })
+    .await;
+}
