@@ -1,17 +1,11 @@
 //! [`ConfigBuilder`]: every setting with its default, and the one place that validates them.
 
-use std::str::FromStr;
 use std::time::Duration;
 
+use super::connection::{Connection, Settings};
 use super::{Config, SEQUENCE_SUFFIX, default_owner, validate_name};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
-
-enum Connection {
-    Unset,
-    Dsn(String),
-    Pg(Box<tokio_postgres::Config>),
-}
 
 /// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
 pub struct ConfigBuilder {
@@ -370,53 +364,5 @@ impl ConfigBuilder {
             payload_ttl: self.payload_ttl,
             backoff: crate::backoff::Backoff::new(initial, max),
         })
-    }
-}
-
-/// What every connection's settings get from the builder.
-struct Settings<'a> {
-    application_name: Option<&'a str>,
-    connect_timeout: Duration,
-    lease: Duration,
-    tcp_user_timeout: Option<Duration>,
-}
-
-impl Settings<'_> {
-    /// The connection settings `connection` names, with pgcoord's application_name, connect
-    /// timeout, keepalives and TCP_USER_TIMEOUT applied; and the connect timeout in force.
-    fn apply(&self, connection: Connection) -> Result<(tokio_postgres::Config, Duration)> {
-        let mut pg = match connection {
-            Connection::Unset => unreachable!("callers handle an unset connection"),
-            Connection::Dsn(dsn) => tokio_postgres::Config::from_str(&dsn).map_err(|e| {
-                Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
-            })?,
-            Connection::Pg(pg) => *pg,
-        };
-        match self.application_name {
-            Some(name) => {
-                pg.application_name(name);
-            }
-            None if pg.get_application_name().is_none() => {
-                pg.application_name("pgcoord");
-            }
-            None => {}
-        }
-        let connect_timeout = match pg.get_connect_timeout() {
-            Some(timeout) => *timeout,
-            None => {
-                pg.connect_timeout(self.connect_timeout);
-                self.connect_timeout
-            }
-        };
-        // Keepalives find a peer that vanished while the connection is idle; TCP_USER_TIMEOUT
-        // one that vanished while data is in flight (keepalives do not fire then). Both scale
-        // with the lease, so a half-open connection is noticed well within it.
-        let clamp = |d: Duration| d.clamp(Duration::from_secs(1), Duration::from_secs(30));
-        pg.keepalives(true)
-            .keepalives_idle(clamp(self.lease / 4))
-            .keepalives_interval(clamp(self.lease / 8))
-            .keepalives_retries(3)
-            .tcp_user_timeout(self.tcp_user_timeout.unwrap_or(clamp(self.lease / 2)));
-        Ok((pg, connect_timeout))
     }
 }

@@ -7,6 +7,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
 
 mod builder;
+mod connection;
 
 pub use builder::ConfigBuilder;
 

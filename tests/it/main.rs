@@ -7,12 +7,17 @@ mod embedded;
 mod errors;
 mod ident;
 mod lease;
+mod release;
 
 mod schema;
 mod standby;
 
 use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::{Config, ConfigBuilder};
+use std::time::Duration;
+
+use pgcoord::LeaseTable;
+use pgcoord::lease::{Attempt, Grant};
 use tokio_postgres::Client;
 
 /// A builder pointed at the test database, with its own tables and lease channel.
@@ -38,4 +43,26 @@ pub async fn setup() -> (Config, Client) {
         .await
         .expect("migrate");
     (config, client)
+}
+
+/// The lease of the lease tests' grants.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// Grants `name` to `owner`, which must succeed.
+pub async fn grant(
+    table: &LeaseTable,
+    client: &(impl pgcoord::statement::Statements + ?Sized),
+    name: &str,
+    owner: &str,
+    lease: Duration,
+) -> Grant {
+    match table
+        .try_acquire(client, name, owner, None, false, lease)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted(grant) => grant,
+        Attempt::Held(holder) => panic!("{name} held by {holder:?}"),
+        Attempt::Busy => panic!("{name}'s row is locked"),
+    }
 }

@@ -1,5 +1,6 @@
-//! Lease workloads: acquire+release (1 and 8 clients), contended handoff and fairness,
-//! takeover past expiry, heartbeat cost and memory for many held leases, the 10,000-lease claim.
+//! Lease workloads: acquire+release (1, 8 and 64 clients), contended handoff and fairness,
+//! takeover past expiry. Many held leases (the 10,000-lease claim, memory, the heartbeat) are in
+//! `held`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ pub(crate) type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 /// When the last release was sent, and when it was answered.
 type ReleaseTimes = (Instant, Option<Instant>);
 
-fn config(
+pub(crate) fn config(
     pg: &tokio_postgres::Config,
     owner: &str,
     lease: Duration,
@@ -127,14 +128,6 @@ pub(crate) async fn through_manager(
         all.extend(t.await?);
     }
     Ok((started.elapsed(), all))
-}
-
-fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 4096
 }
 
 pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
@@ -302,107 +295,5 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         ms(*late.iter().max().unwrap()),
     );
 
-    // Many held leases: memory, and the one renew statement per tick.
-    let holder = LockManager::new(config(
-        pg,
-        "holder",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    ))
-    .start();
-    let before = resident_bytes();
-    // Transactions committed in the database while the leases are claimed: each statement of
-    // the claim is one (the statistics lag, so they are read after a pause).
-    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
-    let commits_before: i64 = admin.query_one(commits, &[]).await?.get(0);
-    let statements_before = holder.send(GetStats::new()).await?.acquire_statements;
-    let claimed = Instant::now();
-    // All sent at once, as a worker pool would. (Awaited one by one instead, the requests past
-    // the manager's mailbox capacity would only be sent as the loop reaches them, one at a time
-    // after the rest are done: measured: 5,925 statements instead of 27.)
-    let requests = (0..sizes.held).map(|i| holder.send(Acquire::new(format!("held-{i}"))));
-    let mut held = Vec::new();
-    for r in futures_util::future::join_all(requests).await {
-        held.push(r??);
-    }
-    let claim_time = claimed.elapsed();
-    let statements = holder.send(GetStats::new()).await?.acquire_statements - statements_before;
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let commits_after: i64 = admin.query_one(commits, &[]).await?.get(0);
-    report.note(
-        &format!(
-            "{} distinct leases claimed at once by one manager: time (target < 1 s)",
-            sizes.held
-        ),
-        ms(claim_time),
-    );
-    report.note(
-        &format!(
-            "{} distinct leases claimed at once: acquire statements sent",
-            sizes.held
-        ),
-        format!("{statements}"),
-    );
-    report.note(
-        &format!(
-            "{} distinct leases claimed at once: transactions committed meanwhile (all sessions)",
-            sizes.held
-        ),
-        format!("{}", commits_after - commits_before),
-    );
-    let per_10k = (resident_bytes().saturating_sub(before)) as f64 * 10_000.0 / sizes.held as f64;
-    report.note(
-        &format!(
-            "resident memory growth per 10,000 leases claimed at once and held (measured with {}; the claim's transient allocations included, as the allocator keeps them)",
-            sizes.held
-        ),
-        format!("{:.1} MiB", per_10k / (1 << 20) as f64),
-    );
-    let stats = holder.send(GetStats::new()).await?;
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    let ticks = holder.send(GetStats::new()).await?.renew_statements - stats.renew_statements;
-    let snapshot: Vec<(&str, i64)> = held.iter().map(|l| (l.name(), l.token())).collect();
-    // The holder's heartbeat renews the same rows meanwhile; two multi-row updates of the same
-    // rows can deadlock (only here: in use, a lease is renewed by its holder alone), so time
-    // the first attempt that does not.
-    let (mut renewed, mut renew_time) = (Vec::new(), Duration::ZERO);
-    for _ in 0..5 {
-        let t = Instant::now();
-        match table
-            .renew(&admin, &snapshot, Duration::from_secs(60))
-            .await
-        {
-            Ok(r) => {
-                (renewed, renew_time) = (r, t.elapsed());
-                break;
-            }
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) => {
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    assert_eq!(renewed.len(), held.len());
-    report.note(
-        &format!(
-            "heartbeat for {} held leases: statements per tick (3 ticks)",
-            sizes.held
-        ),
-        format!("{:.1}", ticks as f64 / 3.0),
-    );
-    report.note(
-        &format!(
-            "heartbeat for {} held leases: the renew statement's time",
-            sizes.held
-        ),
-        ms(renew_time),
-    );
-    // Stop renewing them every 500 ms, or the next workloads would measure that too.
-    drop(held);
-    holder.send(pgcoord_actors::Shutdown).await?;
-    let remaining = "SELECT count(*) FROM bench_locks WHERE owner = 'holder'";
-    let give_up = Instant::now() + Duration::from_secs(60);
-    while admin.query_one(remaining, &[]).await?.get::<_, i64>(0) > 0 && Instant::now() < give_up {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     Ok(())
 }

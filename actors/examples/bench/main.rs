@@ -9,6 +9,7 @@
 
 mod election;
 mod faults;
+mod held;
 mod leases;
 mod locks;
 mod report;
@@ -89,6 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
+        held::run(&pg, &sizes, &mut report).await?;
         unlogged::run(&pg, &sizes, &mut report).await?;
     }
     if run("election") {

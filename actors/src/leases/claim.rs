@@ -1,11 +1,11 @@
 //! [`Claim`]: take at once whichever of many leases are free, without waiting — what a worker
-//! pool does with its share of keys — in batched statements; and [`ListPrefix`].
+//! pool does with its share of keys — in batched statements.
 
 use std::time::Instant;
 
 use actix::prelude::*;
+use pgcoord::Result;
 use pgcoord::lease::AcquireRequest;
-use pgcoord::{LeaseInfo, Result};
 
 use super::{Lease, LockManager};
 use crate::batch::MAX_BATCH;
@@ -19,11 +19,6 @@ pub struct Claim {
     /// The leases to take, distinct.
     pub names: Vec<String>,
 }
-
-/// Every lease whose name starts with the prefix, as `Get` reports one.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Vec<LeaseInfo>>")]
-pub struct ListPrefix(pub String);
 
 impl Handler<Claim> for LockManager {
     type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
@@ -73,15 +68,5 @@ impl Handler<Claim> for LockManager {
                         .collect())
                 }),
         )
-    }
-}
-
-impl Handler<ListPrefix> for LockManager {
-    type Result = ResponseFuture<Result<Vec<LeaseInfo>>>;
-
-    fn handle(&mut self, ListPrefix(prefix): ListPrefix, _: &mut Context<Self>) -> Self::Result {
-        let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
-        Box::pin(async move { table.list_prefix(&pool.idempotent(None), &prefix).await })
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::lease::Released;
-use pgcoord::{Config, LeaseInfo, LeaseTable, Pool, Result};
+use pgcoord::{Config, LeaseTable, Pool, Result};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -22,6 +22,7 @@ mod batch;
 mod claim;
 mod heartbeat;
 mod lease;
+mod listing;
 mod messages;
 mod release;
 mod semaphore;
@@ -29,8 +30,9 @@ mod wake;
 mod with_lock;
 
 pub use acquire::AcquireResponse;
-pub use claim::{Claim, ListPrefix};
+pub use claim::Claim;
 pub use lease::Lease;
+pub use listing::ListPrefix;
 pub use messages::*;
 pub use semaphore::{AcquirePermit, PermitResponse};
 pub use with_lock::with_lock;
@@ -316,26 +318,6 @@ impl Actor for LockManager {
                 }
             });
         }
-    }
-}
-
-impl Handler<Get> for LockManager {
-    type Result = ResponseFuture<Result<LeaseInfo>>;
-
-    fn handle(&mut self, Get(name): Get, _: &mut Context<Self>) -> Self::Result {
-        let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
-        Box::pin(async move { table.get(&pool.idempotent(None), &name).await })
-    }
-}
-
-impl Handler<List> for LockManager {
-    type Result = ResponseFuture<Result<Vec<LeaseInfo>>>;
-
-    fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
-        let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
-        Box::pin(async move { table.list(&pool.idempotent(None)).await })
     }
 }
 

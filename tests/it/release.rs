@@ -1,0 +1,239 @@
+//! Releasing leases, alone and in batches, and what releases announce on the lease channel.
+
+use std::time::Duration;
+
+use pgcoord::lease::Attempt;
+use pgcoord::{ErrorKind, LeaseTable};
+
+use super::{LEASE, grant};
+
+#[tokio::test]
+async fn release_needs_the_current_token_and_wakes_listeners() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "me", LEASE).await;
+    let err = table
+        .release(&client, "job", g.token + 1, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    assert!(table.get(&client, "job").await.unwrap().is_held());
+    // The release announces the name on the lease channel (see `Released`).
+    let (_listening, mut announced) = announcements(&config).await;
+    table.release(&client, "job", g.token, false).await.unwrap();
+    assert_eq!(next(&mut announced).await, "3:job");
+}
+
+/// A connection listening on the lease channel (it listens while the client lives), and its
+/// payloads in order.
+async fn announcements(
+    config: &pgcoord::Config,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (client, mut conn) = pgcoord::db::connect(config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {}", config.lease_channel().quoted()))
+        .await
+        .unwrap();
+    (client, rx)
+}
+
+async fn next(announced: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), announced.recv())
+        .await
+        .expect("an announcement")
+        .expect("listening")
+}
+
+#[tokio::test]
+async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    for keep in [false, true] {
+        let name = format!("job-{keep}");
+        let g = grant(&table, &client, &name, "releaser", LEASE).await;
+        let holder = table
+            .enqueue(&client, &name, "waiter", LEASE)
+            .await
+            .unwrap();
+        assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
+        // A second waiter cannot take the reservation while it is live.
+        table.enqueue(&client, &name, "late", LEASE).await.unwrap();
+        table.release(&client, &name, g.token, keep).await.unwrap();
+        for other in ["releaser", "late"] {
+            let attempt = table
+                .try_acquire(&client, &name, other, None, false, LEASE)
+                .await
+                .unwrap();
+            assert!(
+                matches!(attempt, Attempt::Held(_)),
+                "{other} must not jump the queue ({name})"
+            );
+        }
+        let g = grant(&table, &client, &name, "waiter", LEASE).await;
+        table.release(&client, &name, g.token, keep).await.unwrap();
+        // No reservation left: a deleted lock is gone, a kept one stays.
+        assert_eq!(table.get(&client, &name).await.is_ok(), keep, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_row_kept_only_for_a_reservation_goes_when_the_waiter_gives_up() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    table
+        .enqueue(&client, "job", "waiter", LEASE)
+        .await
+        .unwrap();
+    table.release(&client, "job", g.token, false).await.unwrap();
+    let free = table.get(&client, "job").await.unwrap();
+    assert_eq!(
+        (free.owner, free.data),
+        (None, None),
+        "free, without data, for the waiter"
+    );
+    table.dequeue(&client, "job", "waiter").await.unwrap();
+    let err = table.get(&client, "job").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces_too() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let (_listening, mut announced) = announcements(&config).await;
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    table
+        .enqueue(&client, "job", "waiter", LEASE)
+        .await
+        .unwrap();
+    table.release(&client, "job", g.token, false).await.unwrap();
+    let payload = next(&mut announced).await;
+    let released = pgcoord::lease::Released::parse(&payload).unwrap();
+    assert_eq!(
+        (released.name, released.reserved_for),
+        ("job", Some("waiter"))
+    );
+    // The waiter gives up while the row is free: the others may try now, so it is announced.
+    table.dequeue(&client, "job", "waiter").await.unwrap();
+    assert_eq!(next(&mut announced).await, "3:job");
+    // A lapsed reservation is not named: anyone may take the lock.
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    table
+        .enqueue(&client, "job", "waiter", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    table.release(&client, "job", g.token, true).await.unwrap();
+    assert_eq!(next(&mut announced).await, "3:job");
+}
+
+#[tokio::test]
+async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows() {
+    use pgcoord::lease::ReleaseRequest;
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let (_listening, mut announced) = announcements(&config).await;
+    let plain = grant(&table, &client, "plain", "me", LEASE).await;
+    let kept = grant(&table, &client, "kept", "me", LEASE).await;
+    let reserved = grant(&table, &client, "reserved", "me", LEASE).await;
+    table
+        .enqueue(&client, "reserved", "waiter", LEASE)
+        .await
+        .unwrap();
+    let lost = grant(&table, &client, "lost", "me", LEASE).await;
+    let locked = grant(&table, &client, "locked", "me", LEASE).await;
+    // "lost" was taken over (another token now); "locked" is a row another transaction holds.
+    client
+        .execute(
+            &format!(
+                "UPDATE {} SET token = token + 1000000 WHERE name = 'lost'",
+                config.lock_table().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut fence = super::connect(&config).await;
+    let tx = fence.transaction().await.unwrap();
+    table.fence(&tx, "locked", locked.token).await.unwrap();
+
+    let request = |name, token, keep| ReleaseRequest { name, token, keep };
+    let started = std::time::Instant::now();
+    let released = table
+        .release_many(
+            &client,
+            &[
+                request("plain", plain.token, false),
+                request("kept", kept.token, true),
+                request("reserved", reserved.token, false),
+                request("lost", lost.token, false),
+                request("locked", locked.token, false),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no wait on the locked row"
+    );
+    let mut names: Vec<&str> = released.iter().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["kept", "plain", "reserved"]);
+    // As single releases leave them: deleted, kept free, free for the waiter; the others as
+    // they were.
+    assert_eq!(
+        table.get(&client, "plain").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let info = table.get(&client, "kept").await.unwrap();
+    assert_eq!((info.owner, info.token), (None, None));
+    let info = table.get(&client, "reserved").await.unwrap();
+    assert_eq!(info.owner, None);
+    assert!(matches!(
+        table
+            .try_acquire(&client, "reserved", "me", None, false, LEASE)
+            .await
+            .unwrap(),
+        Attempt::Held(_)
+    ));
+    assert_eq!(
+        table.get(&client, "lost").await.unwrap().owner.as_deref(),
+        Some("me")
+    );
+    assert!(table.get(&client, "locked").await.unwrap().is_held());
+    let mut payloads = Vec::new();
+    for _ in 0..3 {
+        payloads.push(next(&mut announced).await);
+    }
+    payloads.sort();
+    assert_eq!(payloads, ["4:kept", "5:plain", "8:reservedwaiter"]);
+    // The skipped row, released alone once the guard ends; the lost one tells its caller.
+    tx.rollback().await.unwrap();
+    table
+        .release(&client, "locked", locked.token, false)
+        .await
+        .unwrap();
+    let err = table
+        .release(&client, "lost", lost.token, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    // Bad names are refused before any SQL.
+    let err = table
+        .release_many(&client, &[request("", 1, false)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
