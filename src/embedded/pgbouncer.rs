@@ -100,14 +100,7 @@ impl PgBouncer {
 
     /// `server`'s user, database and password, pointed at this pooler instead.
     pub fn pg_config(&self, server: &tokio_postgres::Config) -> tokio_postgres::Config {
-        let mut via = tokio_postgres::Config::new();
-        via.host("127.0.0.1").port(self.port);
-        via.user(server.get_user().unwrap_or("postgres"));
-        via.dbname(server.get_dbname().unwrap_or("postgres"));
-        if let Some(password) = server.get_password() {
-            via.password(password);
-        }
-        via
+        super::support::pointed_at(server, self.port)
     }
 }
 

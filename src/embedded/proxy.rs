@@ -146,14 +146,7 @@ impl Proxy {
     /// password) with the proxy's host and port. They are built afresh, since
     /// `tokio_postgres::Config::host` and `::port` append to the hosts already there.
     pub fn pg_config(&self, pg: &tokio_postgres::Config) -> tokio_postgres::Config {
-        let mut via = tokio_postgres::Config::new();
-        via.host("127.0.0.1").port(self.port);
-        via.user(pg.get_user().unwrap_or("postgres"));
-        via.dbname(pg.get_dbname().unwrap_or("postgres"));
-        if let Some(password) = pg.get_password() {
-            via.password(password);
-        }
-        via
+        super::support::pointed_at(pg, self.port)
     }
 
     /// Slows the network down: every connection, open now and made later, forwards each chunk

@@ -67,3 +67,17 @@ pub async fn eventually(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// `server`'s user, database and password, pointed at `127.0.0.1:port` instead: a proxy or a
+/// pooler standing in front of it. A fresh config, since `tokio_postgres::Config::host` adds a
+/// host rather than replacing it.
+pub(crate) fn pointed_at(server: &tokio_postgres::Config, port: u16) -> tokio_postgres::Config {
+    let mut via = tokio_postgres::Config::new();
+    via.host("127.0.0.1").port(port);
+    via.user(server.get_user().unwrap_or("postgres"));
+    via.dbname(server.get_dbname().unwrap_or("postgres"));
+    if let Some(password) = server.get_password() {
+        via.password(password);
+    }
+    via
+}

@@ -94,7 +94,7 @@ impl Election {
             locks: self.locks.clone(),
         };
         // The value is stored already (the grant's data); this announces it.
-        match leadership.announce().await {
+        match leadership.send_proclamation(leadership.value.clone()).await {
             Err(e) if e.is_lock_lost() => Err(e),
             Err(e) => {
                 warn!(election = %self.name, error = %e, "elected, but the announcement failed; observers learn at their next poll");
@@ -174,25 +174,19 @@ impl Leadership {
     /// [`ErrorKind::LockLost`] when the term has ended.
     pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
         let value = value.into();
-        self.locks
-            .call(Proclaim {
-                name: self.lease.name().to_owned(),
-                token: self.token(),
-                value: value.clone(),
-            })
-            .await?;
+        self.send_proclamation(value.clone()).await?;
         self.value = value;
         Ok(())
     }
 
-    async fn announce(&self) -> Result<()> {
-        self.locks
-            .call(Proclaim {
-                name: self.lease.name().to_owned(),
-                token: self.token(),
-                value: self.value.clone(),
-            })
-            .await
+    /// Stores and announces `value` for this term (see [`Proclaim`]).
+    async fn send_proclamation(&self, value: Vec<u8>) -> Result<()> {
+        let proclaim = Proclaim {
+            name: self.lease.name().to_owned(),
+            token: self.token(),
+            value,
+        };
+        self.locks.call(proclaim).await
     }
 
     /// Ends the term: the next candidate, woken by the release, takes over within one handoff.

@@ -324,32 +324,43 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
         // Only what the grant needs: the request's data stays with the job.
         let (name, keep_on_release) = (job.request.name.clone(), job.request.keep_on_release);
         let span = info_span!("acquire", lease = %name);
-        let arrived = Instant::now();
         let wait = async move {
             let mut reply = reply;
             let outcome = job.run(&mut reply).await;
-            (outcome, reply)
+            ((outcome, name), reply)
         };
-        let wait = tracing::Instrument::instrument(wait, span);
-        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-            move |(outcome, reply), act, ctx| {
-                act.count_acquire(&outcome, arrived);
-                match outcome {
-                    Outcome::Granted { grant, sent } => {
-                        act.granted(name, keep_on_release, grant, sent, reply, ctx)
-                    }
-                    Outcome::Failed(error) => {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Err(error));
-                        }
-                    }
-                    Outcome::Cancelled => {
-                        debug!(lease = %name, "acquire cancelled by its caller")
+        spawn_wait(ctx, span, keep_on_release, wait);
+    }
+}
+
+/// Runs a wait (an acquire's, a permit's) on the manager's context; `wait` owns the reply
+/// channel, watching it so a caller that gives up cancels the wait, and ends with the outcome and
+/// the name of the lease it is about. The outcome is counted, and a grant recorded and handed
+/// over (or released at once when its caller has gone).
+pub(crate) fn spawn_wait(
+    ctx: &mut Context<LockManager>,
+    span: tracing::Span,
+    keep_on_release: bool,
+    wait: impl Future<Output = ((Outcome, String), Option<Reply>)> + 'static,
+) {
+    let arrived = Instant::now();
+    let wait = tracing::Instrument::instrument(wait, span);
+    ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
+        move |((outcome, name), reply), act, ctx| {
+            act.count_acquire(&outcome, arrived);
+            match outcome {
+                Outcome::Granted { grant, sent } => {
+                    act.granted(name, keep_on_release, grant, sent, reply, ctx)
+                }
+                Outcome::Failed(error) => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(error));
                     }
                 }
-            },
-        ));
-    }
+                Outcome::Cancelled => debug!(lease = %name, "wait cancelled by its caller"),
+            }
+        },
+    ));
 }
 
 impl Handler<Acquire> for LockManager {

@@ -16,7 +16,7 @@ use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
 use tracing::{debug, info_span, warn};
 
-use super::acquire::{AcquireJob, Outcome, bound_from_now, until_deadline};
+use super::acquire::{AcquireJob, Outcome, bound_from_now, spawn_wait, until_deadline};
 use super::lease::Lease;
 use super::wake::NameQueue;
 use super::{LockManager, Queues};
@@ -76,7 +76,10 @@ pub(crate) fn wake_released(queues: &Queues, name: &str) {
 
 /// The wait of one `AcquirePermit`.
 pub(crate) struct PermitJob {
+    /// The semaphore's name.
+    name: String,
     slots: Vec<String>,
+    /// Its local queue's key (see [`queue_key`]).
     key: String,
     timeout: Option<Duration>,
     job: AcquireJob,
@@ -97,7 +100,7 @@ impl PermitJob {
     ) -> (Outcome, String) {
         let job = &self.job;
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        let name = &self.key[..self.key.len() - "\0permits".len()];
+        let name = self.name.as_str();
         let not_acquired = || Error::not_acquired(name, None);
         let _turn = tokio::select! {
             turn = queue.turn.lock() => turn,
@@ -182,30 +185,13 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
             Ok(job) => job,
             Err(error) => return crate::reply::refuse(reply, error),
         };
-        let span = info_span!("acquire_permit", semaphore = %job.key.trim_end_matches("\0permits"));
-        let arrived = Instant::now();
+        let span = info_span!("acquire_permit", semaphore = %job.name);
         let wait = async move {
             let mut reply = reply;
             let outcome = job.run(&mut reply).await;
             (outcome, reply)
         };
-        let wait = tracing::Instrument::instrument(wait, span);
-        ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-            move |((outcome, slot), reply), act, ctx| {
-                act.count_acquire(&outcome, arrived);
-                match outcome {
-                    Outcome::Granted { grant, sent } => {
-                        act.granted(slot, false, grant, sent, reply, ctx)
-                    }
-                    Outcome::Failed(error) => {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Err(error));
-                        }
-                    }
-                    Outcome::Cancelled => debug!("permit wait cancelled by its caller"),
-                }
-            },
-        ));
+        spawn_wait(ctx, span, false, wait);
     }
 }
 
@@ -220,6 +206,7 @@ impl Handler<AcquirePermit> for LockManager {
         PermitResponse(Ok(PermitJob {
             slots,
             key: queue_key(&request.name),
+            name: request.name.clone(),
             timeout: request.timeout,
             job: self.job_for(super::Acquire::new(request.name)),
         }))
