@@ -27,6 +27,10 @@ struct Cli {
     /// The payload table, `name` or `schema.name`.
     #[arg(long, default_value = "pgcoord_payloads", global = true)]
     payload_table: String,
+    /// Give up after this many seconds: the whole command, or for `listen` its start (connect
+    /// and LISTEN). A server that accepts and then never answers must not hang an operator.
+    #[arg(long, default_value_t = 30, global = true)]
+    timeout: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -113,10 +117,36 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
         .application_name("pgcoord-cli")
         .owner("pgcoord-cli")
         .build()?;
-    let client = pgcoord::db::connect_spawned(&config).await?;
-    match cli.command {
+    let within = std::time::Duration::from_secs(cli.timeout.max(1));
+    let bounded = async {
+        if let Command::Listen { channel, count } = &cli.command {
+            let listening = signals::start_listening(&config, channel).await?;
+            return Ok(Some((listening, *count)));
+        }
+        let client = pgcoord::db::connect_spawned(&config).await?;
+        command(cli.command, &config, &client).await.map(|()| None)
+    };
+    let listening = tokio::time::timeout(within, bounded).await.map_err(|_| {
+        pgcoord::Error::new(
+            ErrorKind::Timeout,
+            format!("the database did not answer within {within:?} (--timeout)"),
+        )
+    })??;
+    match listening {
+        Some((listening, count)) => signals::listen(&config, listening, count).await,
+        None => Ok(()),
+    }
+}
+
+/// Every command but `listen`, on `client`.
+async fn command(
+    command: Command,
+    config: &Config,
+    client: &tokio_postgres::Client,
+) -> pgcoord::Result<()> {
+    match command {
         Command::Migrate => {
-            pgcoord::schema::migrate(&client, &config).await?;
+            pgcoord::schema::migrate(client, config).await?;
             println!(
                 "migrated: {} and {}",
                 config.lock_table(),
@@ -124,18 +154,17 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
             );
             Ok(())
         }
-        Command::Locks => inspect::locks(&config, &client).await,
+        Command::Locks => inspect::locks(config, client).await,
         Command::Lock {
             action: LockAction::Show { name },
-        } => inspect::show(&config, &client, &name).await,
+        } => inspect::show(config, client, &name).await,
         Command::Lock {
             action: LockAction::Release { name, force },
-        } => inspect::release(&config, &client, &name, force).await,
-        Command::Advisory => inspect::advisory(&client).await,
-        Command::Status => inspect::status(&config, &client).await,
-        Command::Listen { channel, count } => signals::listen(&config, &channel, count).await,
-        Command::Notify { channel, json } => {
-            signals::notify(&config, &client, &channel, &json).await
-        }
+        } => inspect::release(config, client, &name, force).await,
+        Command::Advisory => inspect::advisory(client).await,
+        Command::Status => inspect::status(config, client).await,
+        // Started (bounded) and run by `run`: it has no end of its own.
+        Command::Listen { .. } => unreachable!("listen is not a one-shot command"),
+        Command::Notify { channel, json } => signals::notify(config, client, &channel, &json).await,
     }
 }

@@ -16,12 +16,23 @@ fn payload_json(bytes: &[u8]) -> serde_json::Value {
     }
 }
 
-/// `listen CHANNEL`: one JSON line per message, until `count` messages or the connection ends.
-pub async fn listen(config: &Config, channel: &str, count: Option<usize>) -> Result<()> {
+/// A LISTEN under way: the session, and the messages its connection hears.
+pub struct Listening {
+    _client: Client,
+    channel: Ident,
+    messages: Messages,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+type Messages = tokio::sync::mpsc::UnboundedReceiver<
+    std::result::Result<(String, String), tokio_postgres::Error>,
+>;
+
+/// Connects and LISTENs on `channel` (the part of `listen` bounded by `--timeout`).
+pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening> {
     let channel = Ident::new(channel)?;
-    let store = PayloadTable::new(config, pgcoord::db::pool(config));
     let (client, mut connection) = pgcoord::db::connect_as(config, "listen").await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, messages) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
@@ -39,10 +50,27 @@ pub async fn listen(config: &Config, channel: &str, count: Option<usize>) -> Res
     client
         .batch_execute(&format!("LISTEN {}", channel.quoted()))
         .await?;
+    Ok(Listening {
+        _client: client,
+        channel,
+        messages,
+        driver,
+    })
+}
+
+/// `listen CHANNEL`: one JSON line per message, until `count` messages or the connection ends.
+pub async fn listen(config: &Config, listening: Listening, count: Option<usize>) -> Result<()> {
+    let Listening {
+        _client,
+        channel,
+        mut messages,
+        driver,
+    } = listening;
+    let store = PayloadTable::new(config, pgcoord::db::pool(config));
     eprintln!("listening on {channel}");
     let mut seen = 0;
     while count.is_none_or(|n| seen < n) {
-        let (on, text) = match rx.recv().await {
+        let (on, text) = match messages.recv().await {
             Some(Ok(message)) => message,
             Some(Err(e)) => return Err(e.into()),
             None => {

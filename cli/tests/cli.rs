@@ -213,3 +213,41 @@ async fn advisory_and_status_show_sessions_and_clear_errors_for_a_bad_database()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A server that accepts and then answers too slowly: the command gives up at `--timeout` with
+/// exit code 1 and says so, instead of hanging the operator's terminal.
+#[tokio::test]
+async fn a_database_that_does_not_answer_in_time_ends_the_command_at_its_timeout() {
+    let pg = test_pg_config().unwrap();
+    let proxy = pgcoord::embedded::Proxy::start(&pg).await.unwrap();
+    proxy.delay(Duration::from_secs(3));
+    let via = proxy.pg_config(&pg);
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={} dbname={} connect_timeout=30",
+        via.get_ports()[0],
+        via.get_user().unwrap(),
+        via.get_dbname().unwrap()
+    );
+    for command in [&["locks"][..], &["listen", "anything"][..]] {
+        let started = std::time::Instant::now();
+        let out = tokio::task::spawn_blocking({
+            let (dsn, command) = (dsn.clone(), command.to_vec());
+            move || {
+                Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+                    .args(["--dsn", &dsn, "--timeout", "1"])
+                    .args(command)
+                    .output()
+                    .unwrap()
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--timeout"),
+            "{out:?}"
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "{command:?} took {took:?}");
+    }
+}

@@ -123,16 +123,22 @@ where
         .start()
     }
 
-    /// Stops `key`'s worker, waits (at most a tick) until it has stopped, then lets its lease
-    /// go: another process can start the key's next worker only after this one ended.
+    /// Stops `key`'s worker, waits until it has stopped, then lets its lease go: another process
+    /// can start the key's next worker only after this one ended. The wait is on the worker's own
+    /// code, not the network: a worker that does not stop keeps its key's lease (renewed, and
+    /// warned about every tick) rather than let a second worker start.
     fn stop_key(&mut self, key: &str) {
         if let Some(Running { lease, worker }) = self.running.remove(key) {
-            let patience = self.tick;
+            worker.do_send(StopWorker);
+            let (tick, key) = (self.tick, key.to_owned());
             actix::spawn(async move {
-                let _ = worker.send(StopWorker).await;
-                let until = std::time::Instant::now() + patience;
-                while worker.connected() && std::time::Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                let mut warn_at = std::time::Instant::now() + tick;
+                while worker.connected() {
+                    if std::time::Instant::now() >= warn_at {
+                        warn!(%key, "a worker told to stop is still running; its key stays held");
+                        warn_at += tick;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 if let Err(e) = lease.release().await {
                     debug!(error = %e, "releasing a key's lease");

@@ -331,3 +331,73 @@ async fn a_publish_batch_on_a_black_holed_connection_fails_each_publisher_in_tim
         .collect();
     assert!((2_000..2_050).all(|i| ids.contains(&i)));
 }
+
+/// Releases batched onto black-holed connections: every caller is answered — released, or
+/// `Unavailable` at the statement deadline (a release that may have run is not repeated) —
+/// and none waits longer. A claim on such connections is answered in time too.
+#[actix_rt::test]
+async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() {
+    let (_server, setup, admin) = own_cluster().await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("cut")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(300))
+        .pool_size(4)
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    let acquires = (0..40).map(|i| manager.send(Acquire::new(format!("r-{i}"))));
+    let leases: Vec<Lease> = futures_util::future::join_all(acquires)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    proxy.cut();
+    let started = Instant::now();
+    let results = futures_util::future::join_all(leases.into_iter().map(|l| l.release())).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let failed = results
+        .iter()
+        .filter(|r| r.as_ref().is_err_and(|e| e.is_unavailable()))
+        .count();
+    assert!(failed > 0, "the black-holed releases are reported");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok() || r.as_ref().is_err_and(|e| e.is_unavailable())),
+        "{results:?}"
+    );
+    // What a caller was told released is gone on the server.
+    let held: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE owner = 'cut'",
+                setup.quoted_table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        held as usize <= failed,
+        "{held} rows left, {failed} releases failed"
+    );
+
+    // A claim on a black-holed connection: `Unavailable` at the deadline.
+    proxy.cut();
+    let started = Instant::now();
+    let names = (0..10).map(|i| format!("claim-{i}")).collect();
+    let claimed = manager.send(Claim { names }).await.unwrap();
+    assert!(claimed.is_err_and(|e| e.is_unavailable()));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -183,3 +183,32 @@ async fn an_acquire_with_no_connection_is_unavailable_not_contention() {
     assert!(err.to_string().contains("refused"), "says why: {err}");
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+/// With session-bound connections set apart (a pooler in front of the pool), the fallible start
+/// checks both servers: either one unreachable is `Unavailable` naming it.
+#[actix_rt::test]
+async fn connect_checks_the_pools_server_and_the_sessions_server() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut unreachable = tokio_postgres::Config::new();
+    unreachable
+        .host("127.0.0.1")
+        .port(port)
+        .user("postgres")
+        .dbname("postgres");
+    // (the pool's server, the sessions' server): one of them unreachable.
+    for (pool, session) in [(&unreachable, &setup.pg), (&setup.pg, &unreachable)] {
+        let builder = setup
+            .builder("both")
+            .pg_config(pool)
+            .session_pg_config(session);
+        let err = Coordinator::connect(builder.build().unwrap())
+            .await
+            .err()
+            .expect("one server is unreachable");
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert!(err.to_string().contains(&port.to_string()), "{err}");
+    }
+}
