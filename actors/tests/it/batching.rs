@@ -389,15 +389,22 @@ async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() 
         "{held} rows left, {failed} releases failed"
     );
 
-    // A claim on a black-holed connection: `Unavailable` at the deadline.
+    // A claim once the pool's connections are black-holed again: answered by its deadline —
+    // `Unavailable`, or granted on a connection opened after the cut — never left waiting.
+    let warm = (0..4).map(|_| manager.send(List));
+    futures_util::future::join_all(warm).await;
     proxy.cut();
     let started = Instant::now();
     let names = (0..10).map(|i| format!("claim-{i}")).collect();
     let claimed = manager.send(Claim { names }).await.unwrap();
-    assert!(claimed.is_err_and(|e| e.is_unavailable()));
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
+    );
+    assert!(
+        claimed.as_ref().is_ok_and(|l| l.len() == 10)
+            || claimed.as_ref().is_err_and(|e| e.is_unavailable()),
+        "{claimed:?}"
     );
 }
