@@ -46,6 +46,10 @@ pub enum ErrorKind {
     /// closed, server shutting down, a statement past its deadline, no pooled connection before
     /// the deadline. The source says what happened.
     Unavailable,
+    /// A TLS handshake failed for a reason that connecting again will not change: the server's
+    /// certificate is not signed by a trusted root or is not for the host connected to, or the
+    /// server does not offer TLS while `sslmode` requires it. The message says which.
+    Tls,
     /// The server accepts no writes: a hot standby, or `default_transaction_read_only` is on.
     ReadOnly,
     /// The role lacks a privilege a statement needs (SQLSTATE 42501): see the README's grants

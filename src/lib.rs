@@ -15,6 +15,8 @@
 //!   timeout, bounded statements (cancelled on the server and discarded past their deadline),
 //!   the fallible start's server check, retry of transient conflicts.
 //! - [`statement`] — running statements: prepared once per pooled connection, typed elsewhere.
+//! - [`tls`] — `sslmode` and `sslrootcert` as libpq has them, and [`Tls`], the connector of
+//!   every connection (rustls with the `tls` feature, on by default).
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
@@ -38,12 +40,18 @@ pub mod payload;
 pub mod schema;
 pub mod signal;
 pub mod statement;
+pub mod tls;
 
 /// The versions of bb8, bb8-postgres and tokio-postgres pgcoord is built with, for building a
 /// pool to share with it ([`Pool::from_bb8`]) without a version mismatch.
 pub use {bb8, bb8_postgres, tokio_postgres};
 
+/// The rustls pgcoord is built with, for [`ConfigBuilder::tls_client_config`].
+#[cfg(feature = "tls")]
+pub use rustls;
+
 pub use config::{Config, ConfigBuilder};
 pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};
+pub use tls::{SslMode, Tls};
 pub use lease::{LeaseInfo, LeaseTable};

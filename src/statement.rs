@@ -19,6 +19,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement, Transaction};
 
 use crate::error::Result;
+use crate::tls::Tls;
 
 /// A boxed `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -38,6 +39,9 @@ pub trait Statements: Sync {
 pub trait Session: Statements + Send {
     /// The underlying client (its cancel token, whether it closed).
     fn client(&self) -> &Client;
+    /// Asks the server to cancel whatever runs on this connection, on a task of its own,
+    /// bounded ([`crate::db::cancel`], with the TLS settings the connection was opened with).
+    fn cancel(&self);
     /// Marks the connection as not to be used again: a pool closes it (or, for an
     /// application's pool, keeps it aside until it answers again) instead of reusing it.
     fn discard(&self);
@@ -68,6 +72,8 @@ pub struct CachingClient {
     /// every statement goes out unnamed (`query_typed`).
     prepare: bool,
     prepared: Mutex<HashMap<String, Statement>>,
+    /// The TLS of the connection's cancel requests (which open a connection of their own).
+    tls: Tls,
     /// Set when the connection must not be used again (a statement timed out on it, or it
     /// failed); a pool then closes it instead of taking it back.
     broken: AtomicBool,
@@ -89,6 +95,10 @@ impl Statements for CachingClient {
 impl Session for CachingClient {
     fn client(&self) -> &Client {
         &self.client
+    }
+
+    fn cancel(&self) {
+        crate::db::cancel(&self.client, self.tls.clone());
     }
 
     fn discard(&self) {
@@ -119,22 +129,24 @@ impl CachingClient {
         }
     }
 
-    /// Wraps a client; nothing is prepared until a statement first runs.
-    pub fn new(client: Client) -> CachingClient {
+    /// Wraps a client opened with `tls` (its cancel requests use it too); nothing is prepared
+    /// until a statement first runs.
+    pub fn new(client: Client, tls: Tls) -> CachingClient {
         CachingClient {
             client,
             prepare: true,
             prepared: Mutex::new(HashMap::new()),
+            tls,
             broken: AtomicBool::new(false),
         }
     }
 
     /// Wraps a client that prepares nothing: every statement is sent unnamed, for a connection
     /// through a pooler in transaction mode (see `ConfigBuilder::prepared_statements`).
-    pub fn unprepared(client: Client) -> CachingClient {
+    pub fn unprepared(client: Client, tls: Tls) -> CachingClient {
         CachingClient {
             prepare: false,
-            ..CachingClient::new(client)
+            ..CachingClient::new(client, tls)
         }
     }
 

@@ -30,7 +30,7 @@ impl Pinned {
             let _ = ended_tx.send(true);
         });
         Ok(Pinned {
-            client: CachingClient::new(client),
+            client: CachingClient::new(client, config.session_tls().clone()),
             driver,
             ended,
         })

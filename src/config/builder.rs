@@ -6,6 +6,7 @@ use super::connection::{Connection, Settings};
 use super::{Config, SEQUENCE_SUFFIX, default_owner, validate_name};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
+use crate::tls::{RootCerts, SslMode, TlsRequest};
 
 /// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
 pub struct ConfigBuilder {
@@ -32,6 +33,10 @@ pub struct ConfigBuilder {
     inline_limit: usize,
     unlogged_lock_table: bool,
     payload_ttl: Duration,
+    ssl_mode: Option<SslMode>,
+    ssl_root_cert: Option<String>,
+    #[cfg(feature = "tls")]
+    tls_client_config: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ConfigBuilder {
@@ -60,6 +65,10 @@ impl Default for ConfigBuilder {
             inline_limit: 4096,
             unlogged_lock_table: false,
             payload_ttl: Duration::from_secs(3600),
+            ssl_mode: None,
+            ssl_root_cert: None,
+            #[cfg(feature = "tls")]
+            tls_client_config: None,
         }
     }
 }
@@ -91,6 +100,35 @@ impl ConfigBuilder {
     /// [`session_dsn`](Self::session_dsn) as a `tokio_postgres::Config` (copied).
     pub fn session_pg_config(mut self, config: &tokio_postgres::Config) -> Self {
         self.session = Connection::Pg(Box::new(config.clone()));
+        self
+    }
+
+    /// Whether connections encrypt and what they verify, for the pool's and the sessions'
+    /// connections alike, over what their DSNs say. Default: the DSN's `sslmode`, else
+    /// [`SslMode::Prefer`] (as libpq), or [`SslMode::VerifyFull`] with the system's root
+    /// certificates, or [`SslMode::Require`] with a [`tls_client_config`](Self::tls_client_config).
+    /// Modes other than `disable` and `prefer` need the `tls` feature (on by default).
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = Some(mode);
+        self
+    }
+
+    /// The trusted root certificates for [`SslMode::VerifyCa`] and [`SslMode::VerifyFull`]: a PEM
+    /// file, or `"system"` for the operating system's store (as libpq's `sslrootcert`). With a
+    /// file, `require` verifies like `verify-ca`, as libpq does. Default: the DSN's
+    /// `sslrootcert`, else `~/.postgresql/root.crt` when it exists, else the system's store.
+    pub fn ssl_root_cert(mut self, root_cert: impl Into<String>) -> Self {
+        self.ssl_root_cert = Some(root_cert.into());
+        self
+    }
+
+    /// A rustls configuration of the caller's, for what the settings above do not cover
+    /// (client certificates, certificate revocation, pinned keys): connections verify as it
+    /// says, whatever the mode, which then only decides whether TLS is asked for and required.
+    /// Default: none (pgcoord builds one from the mode and root certificates).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_config(mut self, config: rustls::ClientConfig) -> Self {
+        self.tls_client_config = Some(std::sync::Arc::new(config));
         self
     }
 
@@ -261,7 +299,18 @@ impl ConfigBuilder {
             lease: self.lease,
             tcp_user_timeout: self.tcp_user_timeout,
         };
-        let (pg, connect_timeout) = match self.connection {
+        let tls_over = |mut request: TlsRequest| {
+            request.mode = self.ssl_mode.or(request.mode);
+            if let Some(roots) = &self.ssl_root_cert {
+                request.roots = Some(RootCerts::parse(roots));
+            }
+            #[cfg(feature = "tls")]
+            {
+                request.client_config = self.tls_client_config.clone();
+            }
+            request
+        };
+        let (mut pg, connect_timeout, tls) = match self.connection {
             Connection::Unset => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
@@ -270,9 +319,14 @@ impl ConfigBuilder {
             }
             connection => settings.apply(connection)?,
         };
-        let session_pg = match self.session {
-            Connection::Unset => pg.clone(),
-            session => settings.apply(session)?.0,
+        let tls = tls_over(tls).resolve(&mut pg)?;
+        let (session_pg, session_tls) = match self.session {
+            Connection::Unset => (pg.clone(), tls.clone()),
+            session => {
+                let (mut session_pg, _, session_tls) = settings.apply(session)?;
+                let session_tls = tls_over(session_tls).resolve(&mut session_pg)?;
+                (session_pg, session_tls)
+            }
         };
 
         let owner = match self.owner {
@@ -349,6 +403,8 @@ impl ConfigBuilder {
             lease_channel,
             election_channel,
             session_pg,
+            tls,
+            session_tls,
             prepared_statements: self.prepared_statements,
             payload_table,
             lease: self.lease,

@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::tls::{RootCerts, SslMode, TlsRequest};
 
 /// Where a connection goes, as the builder was told.
 pub(super) enum Connection {
@@ -23,17 +24,34 @@ pub(super) struct Settings<'a> {
 
 impl Settings<'_> {
     /// The connection settings `connection` names, with pgcoord's application_name, connect
-    /// timeout, keepalives and TCP_USER_TIMEOUT applied; and the connect timeout in force.
+    /// timeout, keepalives and TCP_USER_TIMEOUT applied; the connect timeout in force; and the
+    /// TLS settings it carries (a DSN's `sslmode` and `sslrootcert`, which tokio-postgres does
+    /// not fully parse, or a `tokio_postgres::Config`'s mode), for the builder's to override.
     pub(super) fn apply(
         &self,
         connection: Connection,
-    ) -> Result<(tokio_postgres::Config, Duration)> {
+    ) -> Result<(tokio_postgres::Config, Duration, TlsRequest)> {
+        let mut tls = TlsRequest::default();
         let mut pg = match connection {
             Connection::Unset => unreachable!("callers handle an unset connection"),
-            Connection::Dsn(dsn) => tokio_postgres::Config::from_str(&dsn).map_err(|e| {
-                Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
-            })?,
-            Connection::Pg(pg) => *pg,
+            Connection::Dsn(dsn) => {
+                let (rest, options) = super::dsn::take_tls_options(&dsn)?;
+                tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
+                tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
+                tokio_postgres::Config::from_str(&rest).map_err(|e| {
+                    Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}"))
+                        .with_source(e)
+                })?
+            }
+            Connection::Pg(pg) => {
+                // Prefer is both the default and what "not said" means.
+                tls.mode = match pg.get_ssl_mode() {
+                    tokio_postgres::config::SslMode::Disable => Some(SslMode::Disable),
+                    tokio_postgres::config::SslMode::Require => Some(SslMode::Require),
+                    _ => None,
+                };
+                *pg
+            }
         };
         match self.application_name {
             Some(name) => {
@@ -60,6 +78,6 @@ impl Settings<'_> {
             .keepalives_interval(clamp(self.lease / 8))
             .keepalives_retries(3)
             .tcp_user_timeout(self.tcp_user_timeout.unwrap_or(clamp(self.lease / 2)));
-        Ok((pg, connect_timeout))
+        Ok((pg, connect_timeout, tls))
     }
 }

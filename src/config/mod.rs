@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
+use crate::tls::Tls;
 
 mod builder;
 mod connection;
+mod dsn;
 
 pub use builder::ConfigBuilder;
 
@@ -29,6 +31,10 @@ pub struct Config {
     /// Where session-bound connections go (the LISTEN connection, advisory sessions, the
     /// heartbeat); the pool's settings unless configured apart.
     pub(crate) session_pg: tokio_postgres::Config,
+    /// The TLS connector of the pool's connections.
+    pub(crate) tls: Tls,
+    /// The TLS connector of session-bound connections.
+    pub(crate) session_tls: Tls,
     pub(crate) prepared_statements: bool,
     pub(crate) payload_table: QualifiedName,
     pub(crate) lease: Duration,
@@ -61,6 +67,16 @@ impl Config {
     /// [`ConfigBuilder::session_dsn`](crate::ConfigBuilder::session_dsn).
     pub fn session_pg_config(&self) -> &tokio_postgres::Config {
         &self.session_pg
+    }
+    /// The TLS connector of the pool's connections: its mode is the one in force after the
+    /// DSN's and the builder's settings. Give it to a bb8-postgres pool meant for
+    /// [`Pool::from_bb8`](crate::Pool::from_bb8).
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+    /// The TLS connector of session-bound connections (the pool's unless set apart).
+    pub fn session_tls(&self) -> &Tls {
+        &self.session_tls
     }
     /// Whether pooled connections keep statements prepared.
     pub fn prepared_statements(&self) -> bool {

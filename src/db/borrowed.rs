@@ -10,32 +10,35 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, Row};
 use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::statement::{BoxFuture, Param, Session, Statements};
+use crate::tls::Tls;
+
+/// A connection of the application's bb8-postgres pool, whatever TLS connector that pool has.
+pub(crate) type Loan = Box<dyn std::ops::Deref<Target = Client> + Send + Sync>;
 
 /// How often a kept-aside connection is pinged at most.
 const QUARANTINE_PING_EVERY: Duration = Duration::from_secs(1);
 
 /// A connection of the application's pool, on loan to pgcoord.
 pub struct Borrowed {
-    conn: Option<bb8::PooledConnection<'static, PostgresConnectionManager<NoTls>>>,
+    conn: Option<Loan>,
     discarded: AtomicBool,
     statement_timeout: Duration,
+    /// For cancel requests: pgcoord's TLS settings for the pool's server.
+    tls: Tls,
 }
 
 impl Borrowed {
-    pub(crate) fn new(
-        conn: bb8::PooledConnection<'static, PostgresConnectionManager<NoTls>>,
-        statement_timeout: Duration,
-    ) -> Borrowed {
+    pub(crate) fn new(conn: Loan, statement_timeout: Duration, tls: Tls) -> Borrowed {
         Borrowed {
             conn: Some(conn),
             discarded: AtomicBool::new(false),
             statement_timeout,
+            tls,
         }
     }
 }
@@ -51,6 +54,10 @@ impl Statements for Borrowed {
 impl Session for Borrowed {
     fn client(&self) -> &Client {
         self.conn.as_ref().expect("present until dropped")
+    }
+
+    fn cancel(&self) {
+        super::cancel(self.client(), self.tls.clone());
     }
 
     fn discard(&self) {

@@ -15,7 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Row, Socket};
 use tracing::{debug, warn};
 
 use crate::db::Pool;
@@ -88,7 +89,7 @@ pub async fn run_until<S: Session + ?Sized>(
         Ok(result) => result,
         Err(_) => {
             client.discard();
-            cancel(client.client());
+            client.cancel();
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "the database did not answer in time; the statement was cancelled and its \
@@ -98,11 +99,19 @@ pub async fn run_until<S: Session + ?Sized>(
     }
 }
 
-/// Asks the server to cancel whatever `client` is running, on a task of its own, bounded.
-pub fn cancel(client: &tokio_postgres::Client) {
+/// Asks the server to cancel whatever `client` is running, on a task of its own, bounded. The
+/// request opens a connection of its own, with `tls` (the connection's own TLS settings: a
+/// server that requires TLS refuses a plain one).
+pub fn cancel<T>(client: &tokio_postgres::Client, tls: T)
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
     let token = client.cancel_token();
     tokio::spawn(async move {
-        match tokio::time::timeout(CANCEL_BOUND, token.cancel_query(NoTls)).await {
+        match tokio::time::timeout(CANCEL_BOUND, token.cancel_query(tls)).await {
             Ok(Ok(())) => debug!("statement cancelled on the server"),
             Ok(Err(e)) => warn!(error = %e, "cannot cancel a statement on the server"),
             Err(_) => warn!(

@@ -18,7 +18,7 @@ pub async fn check_server(config: &Config) -> Result<()> {
     let session = connect_as(config, "check").await?;
     check_on(config, session, &config.session_pg).await?;
     if config.session_pg != config.pg {
-        let pooled = connect_with(&config.pg, config.connect_timeout).await?;
+        let pooled = connect_with(&config.pg, &config.tls, config.connect_timeout).await?;
         check_on(config, pooled, &config.pg).await?;
     }
     Ok(())

@@ -3,22 +3,22 @@
 
 use std::time::Duration;
 
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{Client, Connection, NoTls, Socket};
+use tokio_postgres::{Client, Connection, Socket};
 use tracing::debug;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use crate::tls::{Tls, TlsStream};
 
 /// A connection that belongs to one owner and never returns to a pool, with the future that
 /// drives it. The owner must spawn or poll the connection; dropping it closes the session.
-pub type Dedicated = (Client, Connection<Socket, NoTlsStream>);
+pub type Dedicated = (Client, Connection<Socket, TlsStream>);
 
 /// Opens a dedicated connection outside the pool, for sessions that must stay pinned, with the
 /// session settings ([`Config::session_pg_config`]). Bounded by the connect timeout; every
 /// failure is [`ErrorKind::Unavailable`] with the cause as source.
 pub async fn connect(config: &Config) -> Result<Dedicated> {
-    connect_with(&config.session_pg, config.connect_timeout).await
+    connect_with(&config.session_pg, &config.session_tls, config.connect_timeout).await
 }
 
 /// Opens a dedicated connection whose application_name says what it is for (`"<name> <role>"`,
@@ -27,16 +27,17 @@ pub async fn connect_as(config: &Config, role: &str) -> Result<Dedicated> {
     let mut pg = config.session_pg.clone();
     let name = format!("{} {role}", pg.get_application_name().unwrap_or("pgcoord"));
     pg.application_name(&name);
-    connect_with(&pg, config.connect_timeout).await
+    connect_with(&pg, &config.session_tls, config.connect_timeout).await
 }
 
 /// Connects with `pg`, the whole handshake (TCP, TLS, startup, authentication) bounded by
 /// `timeout`: an endpoint that accepts TCP and then says nothing must not hang the caller.
 pub(crate) async fn connect_with(
     pg: &tokio_postgres::Config,
+    tls: &Tls,
     timeout: Duration,
 ) -> Result<Dedicated> {
-    match tokio::time::timeout(timeout, pg.connect(NoTls)).await {
+    match tokio::time::timeout(timeout, pg.connect(tls.clone())).await {
         Ok(Ok(connected)) => Ok(connected),
         Ok(Err(e)) => Err(connect_failed(pg, e)),
         Err(_) => Err(connect_timed_out(pg, timeout)),
@@ -44,9 +45,15 @@ pub(crate) async fn connect_with(
 }
 
 /// The error of a failed connect. A server that refuses us for a reason of its own
-/// (authentication, a database that does not exist) keeps its SQLSTATE; everything else —
-/// refused, reset, not PostgreSQL at all — is [`ErrorKind::Unavailable`].
+/// (authentication, a database that does not exist) keeps its SQLSTATE; a TLS handshake that
+/// failed on the certificate is [`ErrorKind::Tls`], said plainly; everything else — refused,
+/// reset, not PostgreSQL at all — is [`ErrorKind::Unavailable`].
 pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
+    let host = describe(pg);
+    if let Some(failure) = crate::tls::handshake_failure(&e, host_name(&host)) {
+        return Error::new(ErrorKind::Tls, format!("cannot connect to {host}: {failure}"))
+            .with_source(e);
+    }
     let kind = match crate::error::classify(&e) {
         ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
         kind => kind,
@@ -58,7 +65,7 @@ pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Err
         .unwrap_or_default();
     Error::new(
         kind,
-        format!("cannot connect to {}: {e}{reason}", describe(pg)),
+        format!("cannot connect to {host}: {e}{reason}"),
     )
     .with_source(e)
 }
@@ -85,6 +92,11 @@ pub(crate) fn describe(pg: &tokio_postgres::Config) -> String {
     };
     let port = pg.get_ports().first().copied().unwrap_or(5432);
     format!("{host}:{port}")
+}
+
+/// The host part of [`describe`]'s `host:port`.
+fn host_name(host_port: &str) -> &str {
+    host_port.rsplit_once(':').map_or(host_port, |(host, _)| host)
 }
 
 /// Opens a dedicated connection and drives it on a tokio task, logging how it ended. For

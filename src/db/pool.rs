@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use super::borrowed::Borrowed;
+use super::borrowed::{Borrowed, Loan};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{CachingClient, Session};
+use crate::statement::BoxFuture;
+use crate::tls::Tls;
 use bb8_postgres::PostgresConnectionManager;
-use tokio_postgres::NoTls;
+use tokio_postgres::Socket;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
 /// How long one request for a pooled connection waits before it asks again. Each request makes
 /// at most one connect attempt, so this is also the pace of reconnect attempts during an outage.
@@ -34,12 +37,36 @@ pub struct Pool {
     source: Source,
     last_failure: LastFailure,
     pub(crate) statement_timeout: Duration,
+    /// For cancel requests on the pool's connections.
+    tls: Tls,
 }
 
 #[derive(Clone)]
 enum Source {
     Own(bb8::Pool<Manager>),
-    Application(bb8::Pool<PostgresConnectionManager<NoTls>>),
+    Application(Arc<dyn ApplicationPool>),
+}
+
+/// The application's bb8-postgres pool, whatever its TLS connector.
+trait ApplicationPool: Send + Sync {
+    fn get(&self) -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>>;
+    fn state(&self) -> bb8::State;
+}
+
+impl<T> ApplicationPool for bb8::Pool<PostgresConnectionManager<T>>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn get(&self) -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>> {
+        Box::pin(async move { Ok(Box::new(self.get_owned().await?) as Loan) })
+    }
+
+    fn state(&self) -> bb8::State {
+        bb8::Pool::state(self)
+    }
 }
 
 /// A connection from a [`Pool`], returned to it when dropped unless it was discarded.
@@ -96,7 +123,11 @@ impl Pool {
     /// connect timeout.
     pub fn new(config: &Config) -> Pool {
         let last_failure = LastFailure::default();
-        let mut manager = Manager::new(config.pg.clone(), config.connect_timeout);
+        let mut manager = Manager::new(
+            config.pg.clone(),
+            config.tls.clone(),
+            config.connect_timeout,
+        );
         if !config.prepared_statements {
             manager = manager.unprepared();
         }
@@ -112,6 +143,7 @@ impl Pool {
             source: Source::Own(inner),
             last_failure,
             statement_timeout: config.statement_timeout,
+            tls: config.tls.clone(),
         }
     }
 
@@ -123,11 +155,21 @@ impl Pool {
     /// its deadline is not closed (bb8 offers no way to) but kept out of the pool until it
     /// answers again within the statement timeout (or closes), so no borrower inherits a
     /// backend that hung. Advisory locks, LISTEN and the heartbeat never use the pool.
-    pub fn from_bb8(config: &Config, pool: bb8::Pool<PostgresConnectionManager<NoTls>>) -> Pool {
+    ///
+    /// The pool may have any TLS connector (`NoTls`, [`Config::tls`], one of the application's);
+    /// cancel requests for its connections use `config`'s TLS settings.
+    pub fn from_bb8<T>(config: &Config, pool: bb8::Pool<PostgresConnectionManager<T>>) -> Pool
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         Pool {
-            source: Source::Application(pool),
+            source: Source::Application(Arc::new(pool)),
             last_failure: LastFailure::default(),
             statement_timeout: config.statement_timeout,
+            tls: config.tls.clone(),
         }
     }
 
@@ -158,10 +200,12 @@ impl Pool {
                     }
                 }
                 Source::Application(pool) => {
-                    match tokio::time::timeout_at(slice.into(), pool.get_owned()).await {
-                        Ok(Ok(conn)) => {
-                            Pooled::Application(Borrowed::new(conn, self.statement_timeout))
-                        }
+                    match tokio::time::timeout_at(slice.into(), pool.get()).await {
+                        Ok(Ok(conn)) => Pooled::Application(Borrowed::new(
+                            conn,
+                            self.statement_timeout,
+                            self.tls.clone(),
+                        )),
                         Ok(Err(bb8::RunError::User(e))) => {
                             self.last_failure.record(Error::from(e));
                             continue;
@@ -230,19 +274,21 @@ impl Pool {
 /// The bb8 manager of [`CachingClient`]s: bb8-postgres's connection handling, bounded by the
 /// connect timeout as a whole, plus the statement cache.
 pub struct Manager {
-    postgres: PostgresConnectionManager<NoTls>,
+    postgres: PostgresConnectionManager<Tls>,
     config: tokio_postgres::Config,
+    tls: Tls,
     connect_timeout: Duration,
     prepare: bool,
 }
 
 impl Manager {
-    /// A manager connecting with `config`, each connect bounded by `connect_timeout`, whose
-    /// connections keep statements prepared.
-    pub fn new(config: tokio_postgres::Config, connect_timeout: Duration) -> Manager {
+    /// A manager connecting with `config` and `tls`, each connect bounded by `connect_timeout`,
+    /// whose connections keep statements prepared.
+    pub fn new(config: tokio_postgres::Config, tls: Tls, connect_timeout: Duration) -> Manager {
         Manager {
-            postgres: PostgresConnectionManager::new(config.clone(), NoTls),
+            postgres: PostgresConnectionManager::new(config.clone(), tls.clone()),
             config,
+            tls,
             connect_timeout,
             prepare: true,
         }
@@ -263,8 +309,8 @@ impl bb8::ManageConnection for Manager {
 
     async fn connect(&self) -> Result<CachingClient> {
         match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
-            Ok(Ok(client)) if self.prepare => Ok(CachingClient::new(client)),
-            Ok(Ok(client)) => Ok(CachingClient::unprepared(client)),
+            Ok(Ok(client)) if self.prepare => Ok(CachingClient::new(client, self.tls.clone())),
+            Ok(Ok(client)) => Ok(CachingClient::unprepared(client, self.tls.clone())),
             Ok(Err(e)) => Err(super::connect::connect_failed(&self.config, e)),
             Err(_) => Err(super::connect::connect_timed_out(
                 &self.config,

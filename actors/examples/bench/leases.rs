@@ -44,7 +44,7 @@ pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<C
     for c in 0..clients {
         let (client, connection) = pgcoord::db::connect(cfg).await?;
         tokio::spawn(connection);
-        let client = CachingClient::new(client);
+        let client = CachingClient::new(client, cfg.session_tls().clone());
         let name = format!("warm-{c}");
         if let Attempt::Granted(g) = table
             .try_acquire(&client, &name, "raw", None, false, cfg.lease())

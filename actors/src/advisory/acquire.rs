@@ -7,7 +7,6 @@ use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::advisory;
 use pgcoord::{Error, ErrorKind, Result};
-use tokio_postgres::NoTls;
 use tracing::debug;
 
 use super::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, Session};
@@ -109,7 +108,7 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                     // Dropping the wait does not stop it on the server: cancel it there (the
                     // cancel request opens a connection of its own, so it is bounded too), then
                     // close the session so nothing it might still get is kept.
-                    let cancelled = cancel.cancel_query(NoTls);
+                    let cancelled = cancel.cancel_query(config.session_tls().clone());
                     let _ = tokio::time::timeout(config.connect_timeout(), cancelled).await;
                     (Err(Error::new(ErrorKind::Timeout, "caller gave up")), false)
                 }

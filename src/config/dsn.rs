@@ -1,0 +1,208 @@
+//! The TLS options of a DSN that tokio-postgres does not parse itself.
+//!
+//! tokio-postgres knows `sslmode=disable|prefer|require` and rejects `verify-ca`, `verify-full`
+//! and `sslrootcert` as unknown. pgcoord takes every `ssl*` option it handles out of the DSN
+//! before tokio-postgres sees it, in both of libpq's forms (`key=value …` and
+//! `postgres://…?key=value&…`), and leaves the rest of the DSN byte for byte as it was.
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The `ssl*` options taken out of a DSN, as written (not yet validated).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct TlsOptions {
+    pub(crate) sslmode: Option<String>,
+    pub(crate) sslrootcert: Option<String>,
+}
+
+/// Options of libpq's that pgcoord does not support: a clear error instead of tokio-postgres's
+/// "unknown option".
+const UNSUPPORTED: &[&str] = &["sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir"];
+
+/// Splits `dsn` into the DSN without its TLS options, and those options.
+pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
+    let mut options = TlsOptions::default();
+    let mut take = |key: &str, value: String| -> Result<bool> {
+        match key {
+            "sslmode" => options.sslmode = Some(value),
+            "sslrootcert" => options.sslrootcert = Some(value),
+            key if UNSUPPORTED.contains(&key) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "the DSN option {key} is not supported: for client certificates or \
+                         revocation lists, give a rustls ClientConfig with \
+                         ConfigBuilder::tls_client_config"
+                    ),
+                ));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    };
+    let rest = if dsn.starts_with("postgres://") || dsn.starts_with("postgresql://") {
+        take_from_url(dsn, &mut take)?
+    } else {
+        take_from_key_values(dsn, &mut take)?
+    };
+    Ok((rest, options))
+}
+
+/// `postgres://…?a=b&c=d`: the query parameters are `&`-separated and percent-encoded.
+fn take_from_url(
+    dsn: &str,
+    take: &mut impl FnMut(&str, String) -> Result<bool>,
+) -> Result<String> {
+    let Some((base, query)) = dsn.split_once('?') else {
+        return Ok(dsn.to_owned());
+    };
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !take(&percent_decode(key)?, percent_decode(value)?)? {
+            kept.push(pair);
+        }
+    }
+    Ok(match kept.is_empty() {
+        true => base.to_owned(),
+        false => format!("{base}?{}", kept.join("&")),
+    })
+}
+
+fn percent_decode(text: &str) -> Result<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let Some(byte) = hex else {
+                return Err(invalid(format!("bad percent-encoding in {text:?}")));
+            };
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| invalid(format!("{text:?} is not UTF-8 once decoded")))
+}
+
+/// `key=value key='quoted \' value'`: whitespace-separated, values optionally single-quoted,
+/// backslash escapes in both (libpq's rules). Taken options are cut out of the text.
+fn take_from_key_values(
+    dsn: &str,
+    take: &mut impl FnMut(&str, String) -> Result<bool>,
+) -> Result<String> {
+    let mut rest = String::with_capacity(dsn.len());
+    let mut chars = dsn.char_indices().peekable();
+    let mut kept_from = 0;
+    loop {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = chars.peek() else {
+            break;
+        };
+        let mut key = String::new();
+        while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        if chars.next_if(|(_, c)| *c == '=').is_none() {
+            // Not ours to judge: tokio-postgres reports the malformed DSN.
+            return Ok(dsn.to_owned());
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if(|(_, c)| *c == '\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some((_, '\'')) => break,
+                    Some((_, '\\')) => value.extend(chars.next().map(|(_, c)| c)),
+                    Some((_, c)) => value.push(c),
+                    None => return Ok(dsn.to_owned()),
+                }
+            }
+        } else {
+            while let Some((_, c)) = chars.next_if(|(_, c)| !c.is_whitespace()) {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    c => value.push(c),
+                }
+            }
+        }
+        // A taken option goes with the whitespace after it.
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let end = chars.peek().map_or(dsn.len(), |&(i, _)| i);
+        if take(&key, value)? {
+            rest.push_str(&dsn[kept_from..start]);
+            kept_from = end;
+        }
+    }
+    rest.push_str(&dsn[kept_from..]);
+    Ok(rest.trim().to_owned())
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {message}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(dsn: &str) -> (String, TlsOptions) {
+        take_tls_options(dsn).unwrap()
+    }
+
+    fn options(mode: &str, root: Option<&str>) -> TlsOptions {
+        TlsOptions {
+            sslmode: Some(mode.into()),
+            sslrootcert: root.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn key_value_options_are_cut_out_and_the_rest_kept() {
+        let (rest, tls) =
+            split("host=db.example user=app sslmode=verify-full sslrootcert=/etc/ca.pem port=5433");
+        assert_eq!(rest, "host=db.example user=app port=5433");
+        assert_eq!(tls, options("verify-full", Some("/etc/ca.pem")));
+        tokio_postgres::Config::from_str(&rest).unwrap();
+    }
+
+    #[test]
+    fn key_value_quotes_spaces_and_escapes() {
+        let (rest, tls) = split(r"host=h sslrootcert = '/my certs/it\'s.pem' password='a b'");
+        assert_eq!(tls.sslrootcert.as_deref(), Some("/my certs/it's.pem"));
+        assert_eq!(rest, "host=h password='a b'");
+        let (_, tls) = split(r"sslrootcert=/a\ b.pem");
+        assert_eq!(tls.sslrootcert.as_deref(), Some("/a b.pem"));
+    }
+
+    #[test]
+    fn url_options_are_decoded_and_cut_out() {
+        let (rest, tls) = split(
+            "postgres://u:p@db.example:5432/app?sslmode=verify-ca&application_name=x&sslrootcert=%2Fetc%2Fca%20file.pem",
+        );
+        assert_eq!(rest, "postgres://u:p@db.example:5432/app?application_name=x");
+        assert_eq!(tls, options("verify-ca", Some("/etc/ca file.pem")));
+        let (rest, tls) = split("postgresql://localhost/app?sslmode=require");
+        assert_eq!(rest, "postgresql://localhost/app");
+        assert_eq!(tls, options("require", None));
+        let (rest, tls) = split("postgres://localhost/app");
+        assert_eq!((rest.as_str(), tls), ("postgres://localhost/app", TlsOptions::default()));
+    }
+
+    #[test]
+    fn unsupported_and_malformed_options() {
+        let e = take_tls_options("host=h sslcert=/c.pem").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("sslcert"), "{e}");
+        let e = take_tls_options("postgres://h/db?sslkey=%zz").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        // Malformed key=value text is left for tokio-postgres to report.
+        assert_eq!(split("host=h sslmode").0, "host=h sslmode");
+    }
+
+    use std::str::FromStr;
+}
