@@ -53,5 +53,5 @@ pub use rustls;
 pub use config::{Config, ConfigBuilder};
 pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};
-pub use tls::{SslMode, Tls};
 pub use lease::{LeaseInfo, LeaseTable};
+pub use tls::{SslMode, Tls};

@@ -60,15 +60,16 @@ impl Coordinator {
     /// Starts the actors as [`start`](Self::start) does, with their statements on `pool`: the
     /// application's own bb8-postgres pool through [`Pool::from_bb8`], so the process keeps one
     /// pool. The dedicated sessions (the LISTEN connection, the heartbeat, advisory locks) still
-    /// connect with `config`'s DSN: they hold session state no pool may hand on.
+    /// connect with `config`'s DSN: they hold session state no pool may hand on. The pool may
+    /// use any TLS connector; `config.tls()` is the one pgcoord would use (the DSN's `sslmode`).
     ///
     /// ```no_run
     /// # async fn example(config: pgcoord::Config) -> pgcoord::Result<()> {
+    /// use pgcoord::bb8;
     /// use pgcoord::bb8_postgres::PostgresConnectionManager;
-    /// use pgcoord::{bb8, tokio_postgres::NoTls};
     /// use pgcoord_actors::Coordinator;
     ///
-    /// let manager = PostgresConnectionManager::new(config.pg_config().clone(), NoTls);
+    /// let manager = PostgresConnectionManager::new(config.pg_config().clone(), config.tls().clone());
     /// let app_pool = bb8::Pool::builder().max_size(8).build(manager).await?;
     /// let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
     /// let coordinator = Coordinator::connect_with_pool(config, pool).await?;

@@ -251,3 +251,38 @@ async fn a_database_that_does_not_answer_in_time_ends_the_command_at_its_timeout
         assert!(took < Duration::from_secs(3), "{command:?} took {took:?}");
     }
 }
+
+/// Over TLS with `sslmode=verify-full`, as against a managed database: the command works with
+/// the right root certificate and says what failed with another (exit 1).
+#[tokio::test]
+async fn the_command_connects_over_verified_tls_and_says_why_it_cannot() {
+    let server = TempPostgres::shared_tls().unwrap();
+    let dsn = |root: &str| {
+        format!(
+            "host=localhost port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={root}",
+            server.port()
+        )
+    };
+    let table = unique_name("cli_tls");
+    let run = |dsn: String, command: &str| {
+        Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+            .args(["--dsn", &dsn, "--lock-table", &table, command])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    };
+    let root = server.root_cert().unwrap().display().to_string();
+    let out = run(dsn(&root), "migrate");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(dsn(&root), "locks");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let other = pgcoord::embedded::CertificateAuthority::new("someone else").unwrap();
+    let wrong = std::env::temp_dir().join(format!("{}.pem", unique_name("wrong_root")));
+    std::fs::write(&wrong, other.certificate_pem()).unwrap();
+    let out = run(dsn(&wrong.display().to_string()), "locks");
+    let _ = std::fs::remove_file(&wrong);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not signed by a trusted root"), "{stderr}");
+}

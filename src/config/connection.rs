@@ -39,8 +39,7 @@ impl Settings<'_> {
                 tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
                 tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
                 tokio_postgres::Config::from_str(&rest).map_err(|e| {
-                    Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}"))
-                        .with_source(e)
+                    Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
                 })?
             }
             Connection::Pg(pg) => {

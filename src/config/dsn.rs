@@ -48,10 +48,7 @@ pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
 }
 
 /// `postgres://…?a=b&c=d`: the query parameters are `&`-separated and percent-encoded.
-fn take_from_url(
-    dsn: &str,
-    take: &mut impl FnMut(&str, String) -> Result<bool>,
-) -> Result<String> {
+fn take_from_url(dsn: &str, take: &mut impl FnMut(&str, String) -> Result<bool>) -> Result<String> {
     let Some((base, query)) = dsn.split_once('?') else {
         return Ok(dsn.to_owned());
     };
@@ -74,7 +71,9 @@ fn percent_decode(text: &str) -> Result<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let hex = text
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             let Some(byte) = hex else {
                 return Err(invalid(format!("bad percent-encoding in {text:?}")));
             };
@@ -184,13 +183,19 @@ mod tests {
         let (rest, tls) = split(
             "postgres://u:p@db.example:5432/app?sslmode=verify-ca&application_name=x&sslrootcert=%2Fetc%2Fca%20file.pem",
         );
-        assert_eq!(rest, "postgres://u:p@db.example:5432/app?application_name=x");
+        assert_eq!(
+            rest,
+            "postgres://u:p@db.example:5432/app?application_name=x"
+        );
         assert_eq!(tls, options("verify-ca", Some("/etc/ca file.pem")));
         let (rest, tls) = split("postgresql://localhost/app?sslmode=require");
         assert_eq!(rest, "postgresql://localhost/app");
         assert_eq!(tls, options("require", None));
         let (rest, tls) = split("postgres://localhost/app");
-        assert_eq!((rest.as_str(), tls), ("postgres://localhost/app", TlsOptions::default()));
+        assert_eq!(
+            (rest.as_str(), tls),
+            ("postgres://localhost/app", TlsOptions::default())
+        );
     }
 
     #[test]

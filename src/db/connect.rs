@@ -18,7 +18,12 @@ pub type Dedicated = (Client, Connection<Socket, TlsStream>);
 /// session settings ([`Config::session_pg_config`]). Bounded by the connect timeout; every
 /// failure is [`ErrorKind::Unavailable`] with the cause as source.
 pub async fn connect(config: &Config) -> Result<Dedicated> {
-    connect_with(&config.session_pg, &config.session_tls, config.connect_timeout).await
+    connect_with(
+        &config.session_pg,
+        &config.session_tls,
+        config.connect_timeout,
+    )
+    .await
 }
 
 /// Opens a dedicated connection whose application_name says what it is for (`"<name> <role>"`,
@@ -51,8 +56,11 @@ pub(crate) async fn connect_with(
 pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
     let host = describe(pg);
     if let Some(failure) = crate::tls::handshake_failure(&e, host_name(&host)) {
-        return Error::new(ErrorKind::Tls, format!("cannot connect to {host}: {failure}"))
-            .with_source(e);
+        return Error::new(
+            ErrorKind::Tls,
+            format!("cannot connect to {host}: {failure}"),
+        )
+        .with_source(e);
     }
     let kind = match crate::error::classify(&e) {
         ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
@@ -63,11 +71,7 @@ pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Err
     let reason = std::error::Error::source(&e)
         .map(|s| format!(": {s}"))
         .unwrap_or_default();
-    Error::new(
-        kind,
-        format!("cannot connect to {host}: {e}{reason}"),
-    )
-    .with_source(e)
+    Error::new(kind, format!("cannot connect to {host}: {e}{reason}")).with_source(e)
 }
 
 /// The error of a connect that did not finish in time.
@@ -96,7 +100,9 @@ pub(crate) fn describe(pg: &tokio_postgres::Config) -> String {
 
 /// The host part of [`describe`]'s `host:port`.
 fn host_name(host_port: &str) -> &str {
-    host_port.rsplit_once(':').map_or(host_port, |(host, _)| host)
+    host_port
+        .rsplit_once(':')
+        .map_or(host_port, |(host, _)| host)
 }
 
 /// Opens a dedicated connection and drives it on a tokio task, logging how it ended. For

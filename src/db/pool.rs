@@ -17,8 +17,8 @@ use tracing::debug;
 use super::borrowed::{Borrowed, Loan};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::statement::{CachingClient, Session};
 use crate::statement::BoxFuture;
+use crate::statement::{CachingClient, Session};
 use crate::tls::Tls;
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::Socket;
@@ -49,7 +49,8 @@ enum Source {
 
 /// The application's bb8-postgres pool, whatever its TLS connector.
 trait ApplicationPool: Send + Sync {
-    fn get(&self) -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>>;
+    fn get(&self)
+    -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>>;
     fn state(&self) -> bb8::State;
 }
 
@@ -60,7 +61,9 @@ where
     T::TlsConnect: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    fn get(&self) -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>> {
+    fn get(
+        &self,
+    ) -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>> {
         Box::pin(async move { Ok(Box::new(self.get_owned().await?) as Loan) })
     }
 
@@ -70,6 +73,8 @@ where
 }
 
 /// A connection from a [`Pool`], returned to it when dropped unless it was discarded.
+// Lives on the stack for one statement; boxing the common variant would allocate per checkout.
+#[allow(clippy::large_enum_variant)]
 pub enum Pooled<'a> {
     /// From pgcoord's own pool.
     Own(bb8::PooledConnection<'a, Manager>),

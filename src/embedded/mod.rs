@@ -18,7 +18,9 @@
 //! For failover tests a cluster can have streaming standbys ([`TempPostgres::start_primary`],
 //! [`TempPostgres::start_standby`], [`TempPostgres::promote`], [`failover_pg_config`]), which
 //! replicate synchronously or asynchronously ([`Replication`]). For pooler deployments, a
-//! [`PgBouncer`] in transaction mode can stand in front of a cluster.
+//! [`PgBouncer`] in transaction mode can stand in front of a cluster. For TLS, a cluster can
+//! start with TLS on and a certificate signed by a [`CertificateAuthority`] made for the run
+//! ([`TempPostgres::start_tls`]).
 
 use std::fs;
 use std::net::TcpListener;
@@ -39,12 +41,14 @@ mod proxy;
 mod reap;
 mod standby;
 mod support;
+mod tls;
 
 pub use control::{backend_pids, terminate_backends};
 pub use pgbouncer::PgBouncer;
 pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
 pub use support::{eventually, from_env_or_start, test_pg_config, unique_name};
+pub use tls::CertificateAuthority;
 
 /// The prefix of every throwaway cluster's directory under the temporary directory.
 const DIR_PREFIX: &str = "pgcoord-pg-";
@@ -73,6 +77,8 @@ pub struct TempPostgres {
     standbys: AtomicU32,
     /// The `application_name` a standby streams from its primary with.
     standby_name: Option<String>,
+    /// The certificate authority's certificate (PEM) when the server has TLS on.
+    root_cert: Option<PathBuf>,
 }
 
 impl TempPostgres {
@@ -89,6 +95,13 @@ impl TempPostgres {
     /// example `&[("synchronous_commit", "on")]` for durable commits; see also
     /// [`start_primary`](Self::start_primary).
     pub fn start_with(settings: &[(&str, &str)]) -> Result<TempPostgres> {
+        let server = Self::initialized(settings)?;
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// A new cluster, initialized and not yet started.
+    fn initialized(settings: &[(&str, &str)]) -> Result<TempPostgres> {
         let bindir = find_bindir()?;
         let user = server_user()?;
         let dir = new_dir(user)?;
@@ -130,8 +143,8 @@ impl TempPostgres {
                 .collect(),
             standbys: AtomicU32::new(0),
             standby_name: None,
+            root_cert: None,
         };
-        server.launch()?;
         Ok(server)
     }
 
@@ -139,20 +152,13 @@ impl TempPostgres {
     /// the process exits normally (including after a test panicked).
     pub fn shared() -> Result<&'static TempPostgres> {
         static SHARED: OnceLock<std::result::Result<TempPostgres, String>> = OnceLock::new();
-        extern "C" fn stop_shared() {
-            if let Some(Ok(server)) = SHARED.get() {
-                server.shutdown();
-            }
-        }
-        let server = SHARED.get_or_init(|| {
-            let server = TempPostgres::start().map_err(|e| e.to_string())?;
-            // SAFETY: registering a plain `extern "C" fn` with no captured state.
-            unsafe { libc::atexit(stop_shared) };
-            Ok(server)
-        });
-        server
-            .as_ref()
-            .map_err(|e| Error::new(ErrorKind::Unavailable, e.clone()))
+        shared_in(&SHARED, TempPostgres::start)
+    }
+
+    /// As [`shared`](Self::shared), a cluster with TLS on ([`start_tls`](Self::start_tls)).
+    pub fn shared_tls() -> Result<&'static TempPostgres> {
+        static SHARED: OnceLock<std::result::Result<TempPostgres, String>> = OnceLock::new();
+        shared_in(&SHARED, TempPostgres::start_tls)
     }
 
     /// The loopback port the server listens on.
@@ -322,6 +328,36 @@ impl Drop for TempPostgres {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The cluster in `cell`, started by `start` on first use and stopped when the process exits.
+fn shared_in(
+    cell: &'static OnceLock<std::result::Result<TempPostgres, String>>,
+    start: fn() -> Result<TempPostgres>,
+) -> Result<&'static TempPostgres> {
+    static STARTED: Mutex<Vec<&'static TempPostgres>> = Mutex::new(Vec::new());
+    extern "C" fn stop_shared() {
+        if let Ok(started) = STARTED.lock() {
+            started.iter().for_each(|server| server.shutdown());
+        }
+    }
+    let server = cell.get_or_init(|| {
+        let server = start().map_err(|e| e.to_string())?;
+        Ok(server)
+    });
+    if let Ok(server) = server {
+        let mut started = STARTED.lock().expect("shared clusters");
+        if !started.iter().any(|s| std::ptr::eq(*s, server)) {
+            if started.is_empty() {
+                // SAFETY: registering a plain `extern "C" fn` with no captured state.
+                unsafe { libc::atexit(stop_shared) };
+            }
+            started.push(server);
+        }
+    }
+    server
+        .as_ref()
+        .map_err(|e| Error::new(ErrorKind::Unavailable, e.clone()))
 }
 
 /// A new temporary directory for a cluster, owned by the server user, recording this process as

@@ -177,6 +177,7 @@ impl TempPostgres {
                 .cloned()
                 .collect(),
             standbys: AtomicU32::new(0),
+            root_cert: self.root_cert.clone(),
             standby_name: Some(name.clone()),
         };
         let previous = match replication {

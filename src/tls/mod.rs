@@ -130,17 +130,16 @@ pub(crate) struct TlsRequest {
 }
 
 impl TlsRequest {
-    /// The mode in force and the connector that implements it, after libpq's rules: no mode
-    /// given means `prefer` (`verify-full` with the system's roots, which refuse anything
-    /// weaker); `require` with a root certificate file verifies like `verify-ca`; a rustls
-    /// configuration of the caller's means `require` unless a mode says otherwise. `pg` is told
-    /// whether to ask for TLS.
-    pub(crate) fn resolve(self, pg: &mut tokio_postgres::Config) -> Result<Tls> {
+    /// The mode in force, after libpq's rules: no mode given means `prefer` (`verify-full`
+    /// with the system's roots, which refuse anything weaker); `require` with a root
+    /// certificate file verifies like `verify-ca`; a rustls configuration of the caller's means
+    /// `require` unless a mode says otherwise.
+    fn mode(&self) -> Result<SslMode> {
         #[cfg(feature = "tls")]
         let custom = self.client_config.is_some();
         #[cfg(not(feature = "tls"))]
         let custom = false;
-        let mode = match (self.mode, &self.roots) {
+        Ok(match (self.mode, &self.roots) {
             (None, Some(RootCerts::System)) => SslMode::VerifyFull,
             (Some(mode), Some(RootCerts::System)) if mode != SslMode::VerifyFull => {
                 return Err(Error::new(
@@ -154,7 +153,13 @@ impl TlsRequest {
             (Some(mode), _) => mode,
             (None, _) if custom => SslMode::Require,
             (None, _) => SslMode::Prefer,
-        };
+        })
+    }
+
+    /// The mode in force ([`mode`](Self::mode)) and the connector that implements it, root
+    /// certificates loaded. `pg` is told whether to ask for TLS and whether to insist.
+    pub(crate) fn resolve(self, pg: &mut tokio_postgres::Config) -> Result<Tls> {
+        let mode = self.mode()?;
         pg.ssl_mode(mode.negotiation());
         #[cfg(feature = "tls")]
         let connector = {
@@ -209,6 +214,13 @@ impl MakeTlsConnect<Socket> for Tls {
     type Error = <Connector as MakeTlsConnect<Socket>>::Error;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error> {
+        // tokio-postgres passes no name for a host given only as `hostaddr`. Where the name is
+        // not checked, an IP address stands in (rustls sends no SNI for one); `verify-full`
+        // needs the name, and fails saying so.
+        let domain = match domain {
+            "" if self.mode != SslMode::VerifyFull => "0.0.0.0",
+            domain => domain,
+        };
         MakeTlsConnect::<Socket>::make_tls_connect(&mut self.connector, domain)
     }
 }
@@ -237,4 +249,43 @@ pub(crate) fn handshake_failure(error: &tokio_postgres::Error, host: &str) -> Op
     }
     let _ = host;
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(mode: Option<SslMode>, roots: Option<&str>) -> Result<SslMode> {
+        TlsRequest {
+            mode,
+            roots: roots.map(RootCerts::parse),
+            ..TlsRequest::default()
+        }
+        .mode()
+    }
+
+    #[test]
+    fn libpq_rules_decide_the_mode_in_force() {
+        use SslMode::*;
+        assert_eq!(mode(None, None).unwrap(), Prefer);
+        assert_eq!(mode(Some(Disable), None).unwrap(), Disable);
+        assert_eq!(mode(Some(Require), None).unwrap(), Require);
+        assert_eq!(mode(Some(Require), Some("/ca.pem")).unwrap(), VerifyCa);
+        assert_eq!(mode(Some(VerifyFull), Some("/ca.pem")).unwrap(), VerifyFull);
+        assert_eq!(mode(None, Some("system")).unwrap(), VerifyFull);
+        assert_eq!(mode(Some(VerifyFull), Some("system")).unwrap(), VerifyFull);
+        for weak in [Disable, Prefer, Require, VerifyCa] {
+            let e = mode(Some(weak), Some("system")).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        }
+    }
+
+    #[test]
+    fn modes_parse_from_and_print_as_libpq_names() {
+        for name in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+            assert_eq!(name.parse::<SslMode>().unwrap().to_string(), name);
+        }
+        let e = "allow".parse::<SslMode>().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+    }
 }

@@ -14,7 +14,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 use super::{RootCerts, SslMode};
 use crate::error::{Error, ErrorKind, Result};
@@ -79,9 +81,9 @@ fn load_roots(roots: Option<RootCerts>) -> Result<RootCertStore> {
     match roots {
         RootCerts::File(path) => {
             for cert in read_pem(&path)? {
-                store.add(cert).map_err(|e| {
-                    invalid(format!("root certificate in {}: {e}", path.display()))
-                })?;
+                store
+                    .add(cert)
+                    .map_err(|e| invalid(format!("root certificate in {}: {e}", path.display())))?;
             }
         }
         RootCerts::System => {
@@ -106,7 +108,10 @@ fn default_root_file() -> Option<PathBuf> {
 
 fn read_pem(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let unreadable = |e: &dyn std::fmt::Display| {
-        invalid(format!("cannot read root certificates from {}: {e}", path.display()))
+        invalid(format!(
+            "cannot read root certificates from {}: {e}",
+            path.display()
+        ))
     };
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .map_err(|e| unreadable(&e))?
@@ -126,20 +131,36 @@ fn invalid(message: String) -> Error {
 pub(super) fn explain(error: &rustls::Error, host: &str) -> String {
     use CertificateError as C;
     match error {
-        rustls::Error::InvalidCertificate(C::UnknownIssuer) => format!(
-            "the certificate of {host} is not signed by a trusted root certificate (sslrootcert)"
-        ),
+        rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
+            "the server's certificate is not signed by a trusted root certificate (see sslrootcert)"
+                .to_owned()
+        }
         rustls::Error::InvalidCertificate(C::NotValidForName) => {
-            format!("the certificate of {host} is not valid for the host name {host}")
+            format!("the server's certificate is not valid for {host}")
         }
-        rustls::Error::InvalidCertificate(C::NotValidForNameContext { presented, .. }) => format!(
-            "the certificate of {host} is not valid for the host name {host} (it is for {})",
-            presented.join(", ")
-        ),
+        rustls::Error::InvalidCertificate(C::NotValidForNameContext { presented, .. }) => {
+            let names: Vec<&str> = presented.iter().map(|name| plain_name(name)).collect();
+            format!(
+                "the server's certificate is not valid for {host} (it is for {})",
+                names.join(", ")
+            )
+        }
         rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
-            format!("the certificate of {host} has expired")
+            "the server's certificate has expired".to_owned()
         }
-        other => format!("TLS handshake with {host} failed: {other}"),
+        other => format!("TLS handshake failed: {other}"),
+    }
+}
+
+/// `localhost` of rustls's `DnsName("localhost")`, `127.0.0.1` of `IpAddress(127.0.0.1)`.
+fn plain_name(presented: &str) -> &str {
+    let inner = presented
+        .strip_prefix("DnsName(")
+        .or_else(|| presented.strip_prefix("IpAddress("))
+        .and_then(|rest| rest.strip_suffix(')'));
+    match inner {
+        Some(name) => name.trim_matches('"'),
+        None => presented,
     }
 }
 

@@ -11,6 +11,7 @@ mod release;
 
 mod schema;
 mod standby;
+mod tls;
 
 use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::{Config, ConfigBuilder};

@@ -17,6 +17,7 @@ mod semaphore;
 mod signal_faults;
 mod signals;
 mod startup;
+mod tls;
 mod unlogged;
 mod workers;
 

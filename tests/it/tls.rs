@@ -1,0 +1,274 @@
+//! TLS against a throwaway cluster with TLS on and a certificate authority made for the run:
+//! each `sslmode` does what libpq's does, the pool's connections, dedicated sessions and cancel
+//! requests all use it, and a certificate that must not be trusted is refused, saying why.
+
+use std::time::{Duration, Instant};
+
+use pgcoord::embedded::{CertificateAuthority, TempPostgres, unique_name};
+use pgcoord::{Config, ErrorKind, SslMode};
+
+fn server() -> &'static TempPostgres {
+    TempPostgres::shared_tls().expect("a cluster with TLS")
+}
+
+/// A DSN for the TLS cluster at `host` with `options` (`sslmode=…` and so on).
+fn dsn(host: &str, options: &str) -> String {
+    format!(
+        "host={host} port={} user=postgres dbname=postgres {options}",
+        server().port()
+    )
+}
+
+fn root() -> String {
+    server().root_cert().unwrap().display().to_string()
+}
+
+fn config(dsn: &str) -> Config {
+    Config::builder()
+        .dsn(dsn)
+        .lock_table(unique_name("locks"))
+        .build()
+        .unwrap()
+}
+
+/// Whether the session of `client` is encrypted, as the server sees it.
+async fn encrypted(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A PEM file with the certificate of an authority the server's certificate is not from.
+fn unrelated_root() -> tempfile::TempPath {
+    let authority = CertificateAuthority::new("someone else").unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), authority.certificate_pem()).unwrap();
+    file.into_temp_path()
+}
+
+#[tokio::test]
+async fn verify_full_with_the_right_authority_encrypts_every_connection() {
+    for host in ["localhost", "127.0.0.1"] {
+        let config = config(&dsn(
+            host,
+            &format!("sslmode=verify-full sslrootcert={}", root()),
+        ));
+        assert_eq!(config.tls().mode(), SslMode::VerifyFull);
+        let session = pgcoord::db::connect_spawned(&config).await.unwrap();
+        assert!(encrypted(&session).await, "dedicated session to {host}");
+
+        // The pool's connections too.
+        let pool = pgcoord::Pool::new(&config);
+        let conn = pool
+            .checkout(Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            encrypted(conn.client()).await,
+            "pooled connection to {host}"
+        );
+        pgcoord::schema::migrate(&session, &config).await.unwrap();
+        pgcoord::db::check_server(&config).await.unwrap();
+    }
+    // The URL form, with the root certificate percent-encoded.
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        server().port(),
+        root().replace('/', "%2F")
+    );
+    let session = pgcoord::db::connect_spawned(&config(&url)).await.unwrap();
+    assert!(encrypted(&session).await);
+}
+
+#[tokio::test]
+async fn a_certificate_from_an_untrusted_authority_is_refused_saying_so() {
+    let other = unrelated_root();
+    for mode in ["verify-full", "verify-ca", "require"] {
+        // `require` with a root certificate file verifies the chain, as libpq does.
+        let config = config(&dsn(
+            "localhost",
+            &format!("sslmode={mode} sslrootcert={}", other.display()),
+        ));
+        let Err(e) = pgcoord::db::connect(&config).await else {
+            panic!("{mode}: connected with an untrusted certificate")
+        };
+        assert_eq!(e.kind(), ErrorKind::Tls, "{mode}: {e}");
+        assert!(
+            e.to_string().contains("not signed by a trusted root"),
+            "{mode}: {e}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_host_fails_verify_full_but_passes_verify_ca() {
+    // The server's certificate is for localhost and 127.0.0.1; the name asked for is another.
+    let options = |mode: &str| format!("hostaddr=127.0.0.1 sslmode={mode} sslrootcert={}", root());
+    let full = config(&dsn("db.example", &options("verify-full")));
+    let Err(e) = pgcoord::db::connect(&full).await else {
+        panic!("verify-full accepted a certificate for another host")
+    };
+    assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+    assert!(
+        e.to_string()
+            .contains("not valid for db.example (it is for localhost, 127.0.0.1)"),
+        "{e}"
+    );
+
+    let ca = config(&dsn("db.example", &options("verify-ca")));
+    let session = pgcoord::db::connect_spawned(&ca).await.unwrap();
+    assert!(encrypted(&session).await);
+}
+
+#[tokio::test]
+async fn require_prefer_and_disable_do_what_libpq_does() {
+    // require: encrypted, nothing verified (no root certificate given).
+    let session = pgcoord::db::connect_spawned(&config(&dsn("localhost", "sslmode=require")))
+        .await
+        .unwrap();
+    assert!(encrypted(&session).await, "require");
+    // prefer (also the default): encrypted when the server offers TLS…
+    for options in ["sslmode=prefer", ""] {
+        let config = config(&dsn("localhost", options));
+        assert_eq!(config.tls().mode(), SslMode::Prefer);
+        let session = pgcoord::db::connect_spawned(&config).await.unwrap();
+        assert!(encrypted(&session).await, "prefer ({options:?})");
+    }
+    // …and plain when it does not.
+    let plain = TempPostgres::shared().unwrap();
+    let config_plain = Config::builder()
+        .pg_config(&plain.pg_config())
+        .build()
+        .unwrap();
+    let session = pgcoord::db::connect_spawned(&config_plain).await.unwrap();
+    assert!(!encrypted(&session).await, "prefer against a plain server");
+    // disable: plain even where TLS is offered; the builder's mode wins over the DSN's.
+    let disabled = Config::builder()
+        .dsn(dsn("localhost", "sslmode=require"))
+        .ssl_mode(SslMode::Disable)
+        .build()
+        .unwrap();
+    let session = pgcoord::db::connect_spawned(&disabled).await.unwrap();
+    assert!(!encrypted(&session).await, "disable");
+}
+
+#[tokio::test]
+async fn requiring_tls_of_a_server_without_it_fails_clearly() {
+    let plain = TempPostgres::shared().unwrap();
+    let config = Config::builder()
+        .pg_config(&plain.pg_config())
+        .ssl_mode(SslMode::Require)
+        .build()
+        .unwrap();
+    let Err(e) = pgcoord::db::connect(&config).await else {
+        panic!("connected without TLS")
+    };
+    assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+    assert!(e.to_string().contains("does not offer TLS"), "{e}");
+}
+
+#[tokio::test]
+async fn a_statement_past_its_deadline_is_cancelled_over_tls() {
+    // With sslmode=require, a cancel request without TLS is refused before it is sent: the
+    // statement would run on.
+    let config = Config::builder()
+        .dsn(dsn("localhost", "sslmode=require"))
+        .application_name(unique_name("cancel"))
+        .build()
+        .unwrap();
+    let pool = pgcoord::Pool::new(&config);
+    let conn = pool
+        .checkout(Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let e = pgcoord::db::run_until(&*conn, "SELECT pg_sleep(60)", &[], deadline)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+
+    let admin = pgcoord::db::connect_spawned(&self::config(&dsn("localhost", "")))
+        .await
+        .unwrap();
+    let name = config
+        .pg_config()
+        .get_application_name()
+        .unwrap()
+        .to_owned();
+    pgcoord::embedded::eventually(
+        Duration::from_secs(5),
+        "the statement is cancelled on the server",
+        async || {
+            let running: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = $1 AND query LIKE '%pg_sleep%' AND state = 'active'",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            running == 0
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bad_tls_settings_are_refused_when_the_configuration_is_built() {
+    let refused = |builder: pgcoord::ConfigBuilder, says: &str| {
+        let Err(e) = builder.build() else {
+            panic!("built, expected an error saying {says:?}")
+        };
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+    };
+    let base = "host=localhost user=postgres";
+    refused(
+        Config::builder().dsn(format!("{base} sslmode=verify-all")),
+        "sslmode \"verify-all\"",
+    );
+    refused(
+        Config::builder().dsn(format!(
+            "{base} sslmode=verify-full sslrootcert=/nonexistent/root.crt"
+        )),
+        "/nonexistent/root.crt",
+    );
+    refused(
+        Config::builder().dsn(format!("{base} sslmode=require sslrootcert=system")),
+        "use verify-full",
+    );
+    refused(
+        Config::builder().dsn(format!("{base} sslcert=/client.crt")),
+        "sslcert",
+    );
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    refused(
+        Config::builder()
+            .dsn(base)
+            .ssl_mode(SslMode::VerifyCa)
+            .ssl_root_cert(empty.path().display().to_string()),
+        "no PEM certificate",
+    );
+    // The session DSN is checked as well.
+    refused(
+        Config::builder()
+            .dsn(base)
+            .session_dsn(format!("{base} sslmode=bogus")),
+        "sslmode \"bogus\"",
+    );
+    // sslrootcert=system alone means verify-full.
+    let system = Config::builder()
+        .dsn(format!("{base} sslrootcert=system"))
+        .build();
+    match system {
+        Ok(config) => assert_eq!(config.tls().mode(), SslMode::VerifyFull),
+        // A machine without a system store says so.
+        Err(e) => assert!(e.to_string().contains("system's store"), "{e}"),
+    }
+}
