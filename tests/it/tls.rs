@@ -106,6 +106,76 @@ async fn a_certificate_from_an_untrusted_authority_is_refused_saying_so() {
 }
 
 #[tokio::test]
+async fn the_system_store_does_not_trust_a_private_authority() {
+    // `sslrootcert=system`, and verify-full with no root certificate given (no
+    // ~/.postgresql/root.crt here): the operating system's roots, which do not include the
+    // authority made for this run.
+    for options in ["sslrootcert=system", "sslmode=verify-full"] {
+        let built = Config::builder().dsn(dsn("localhost", options)).build();
+        let config = match built {
+            Ok(config) => config,
+            // A machine without a system store says so when the configuration is built.
+            Err(e) => {
+                assert!(e.to_string().contains("system's store"), "{e}");
+                continue;
+            }
+        };
+        assert_eq!(config.tls().mode(), SslMode::VerifyFull);
+        let Err(e) = pgcoord::db::connect(&config).await else {
+            panic!("{options}: the system's roots trusted a private authority")
+        };
+        assert_eq!(e.kind(), ErrorKind::Tls, "{options}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_rustls_configuration_of_the_callers_and_an_application_pool_with_pgcoords_tls() {
+    use pgcoord::rustls;
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(server().root_cert().unwrap()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client_config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let config = Config::builder()
+        .dsn(dsn("localhost", ""))
+        .tls_client_config(client_config)
+        .build()
+        .unwrap();
+    // A configuration of the caller's means TLS is required unless a mode says otherwise.
+    assert_eq!(config.tls().mode(), SslMode::Require);
+    let session = pgcoord::db::connect_spawned(&config).await.unwrap();
+    assert!(encrypted(&session).await);
+
+    // The application's own bb8 pool, built with pgcoord's connector.
+    let manager = pgcoord::bb8_postgres::PostgresConnectionManager::new(
+        config.pg_config().clone(),
+        config.tls().clone(),
+    );
+    let app_pool = pgcoord::bb8::Pool::builder()
+        .max_size(2)
+        .build(manager)
+        .await
+        .unwrap();
+    let pool = pgcoord::Pool::from_bb8(&config, app_pool);
+    let conn = pool
+        .checkout(Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        encrypted(conn.client()).await,
+        "the application pool's connection"
+    );
+}
+
+#[tokio::test]
 async fn a_certificate_for_another_host_fails_verify_full_but_passes_verify_ca() {
     // The server's certificate is for localhost and 127.0.0.1; the name asked for is another.
     let options = |mode: &str| format!("hostaddr=127.0.0.1 sslmode={mode} sslrootcert={}", root());
