@@ -16,6 +16,9 @@
 //! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
 //!   by leases, each worker given its key's fencing token.
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
+//! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
+//!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
+//!   tests of applications' actors.
 //! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
 //! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
@@ -33,6 +36,7 @@
 struct ReadmeExamples;
 
 pub mod advisory;
+pub mod backend;
 mod batch;
 mod call;
 pub mod coordinator;

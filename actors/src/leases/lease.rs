@@ -18,10 +18,21 @@ pub struct Lease {
     pub(crate) name: String,
     pub(crate) token: i64,
     pub(crate) data: Option<Vec<u8>>,
-    pub(crate) manager: Addr<LockManager>,
-    pub(crate) table: Arc<LeaseTable>,
+    pub(crate) holder: LeaseHolder,
     pub(crate) lost: watch::Receiver<Option<LossReason>>,
     pub(crate) released: bool,
+}
+
+/// Who keeps the lease for its handle, and releases it.
+pub(crate) enum LeaseHolder {
+    /// A `LockManager`, on PostgreSQL.
+    Postgres {
+        manager: Addr<LockManager>,
+        table: Arc<LeaseTable>,
+    },
+    /// The in-memory backend.
+    #[cfg(feature = "memory")]
+    Memory(crate::backend::memory::MemoryHolder),
 }
 
 impl Lease {
@@ -64,8 +75,17 @@ impl Lease {
     /// [`ErrorKind::LockLost`] unless this lease is still held with this token, and keeps it from
     /// being taken over or released until the transaction ends. Writes in that transaction are
     /// exclusive. Keep such transactions short.
+    ///
+    /// On the in-memory backend there is no transaction to guard: `client` is not used, and the
+    /// guard only checks that the lease is still held with this token.
     pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
-        self.table.fence(client, &self.name, self.token).await
+        match &self.holder {
+            LeaseHolder::Postgres { table, .. } => {
+                table.fence(client, &self.name, self.token).await
+            }
+            #[cfg(feature = "memory")]
+            LeaseHolder::Memory(memory) => memory.fence(&self.name, self.token),
+        }
     }
 
     /// Releases the lease. [`ErrorKind::LockLost`] when it was already lost.
@@ -75,20 +95,30 @@ impl Lease {
             name: self.name.clone(),
             token: self.token,
         };
-        self.manager
-            .send(release)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}")))?
+        match &self.holder {
+            LeaseHolder::Postgres { manager, .. } => manager.send(release).await.map_err(|e| {
+                Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}"))
+            })?,
+            #[cfg(feature = "memory")]
+            LeaseHolder::Memory(memory) => memory.release(&release.name, release.token),
+        }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.released {
-            self.manager.do_send(Release {
+        if self.released {
+            return;
+        }
+        match &self.holder {
+            LeaseHolder::Postgres { manager, .. } => manager.do_send(Release {
                 name: self.name.clone(),
                 token: self.token,
-            });
+            }),
+            #[cfg(feature = "memory")]
+            LeaseHolder::Memory(memory) => {
+                let _ = memory.release(&self.name, self.token);
+            }
         }
     }
 }

@@ -29,6 +29,9 @@ mod semaphore;
 mod wake;
 mod with_lock;
 
+pub(crate) use acquire::already_held;
+pub(crate) use lease::LeaseHolder;
+
 pub use acquire::AcquireResponse;
 pub use claim::Claim;
 pub use lease::Lease;
@@ -224,8 +227,10 @@ impl LockManager {
             name,
             token: grant.token,
             data: grant.data,
-            manager: ctx.address(),
-            table: self.table.clone(),
+            holder: lease::LeaseHolder::Postgres {
+                manager: ctx.address(),
+                table: self.table.clone(),
+            },
             lost: lost_rx,
             released: false,
         }

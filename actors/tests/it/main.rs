@@ -3,6 +3,7 @@
 
 mod advisory;
 mod app_pool;
+mod backends;
 mod batching;
 mod connection_faults;
 mod election;
@@ -119,7 +120,11 @@ impl<M: Message<Result = ()> + Unpin + Send + Clone + 'static> Collector<M> {
     /// A started collector and its recipient.
     pub fn start_new() -> (Collector<M>, Recipient<M>) {
         let collector = Collector::default();
-        let addr = collector.clone().start();
+        // Room for bursts from the first message on (`started` runs only once it is polled).
+        let addr = Collector::create(|ctx| {
+            ctx.set_mailbox_capacity(100_000);
+            collector.clone()
+        });
         (collector, addr.recipient())
     }
 

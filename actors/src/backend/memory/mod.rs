@@ -1,0 +1,230 @@
+//! The in-memory backend (feature `memory`), for unit tests of an application's own actors:
+//! [`MemoryBackend`] stands for the database, each [`MemoryCoordinator`] for one process's
+//! runtime on it, and both implement [`Locking`] and [`Signalling`] as
+//! [`Coordinator`](crate::Coordinator) does on PostgreSQL.
+//!
+//! **It is no substitute for testing against PostgreSQL.** Nothing here can fail the way a
+//! network, a server or a clock does; nothing expires (there are no heartbeats to miss); a
+//! lease's `remaining` is always the full lease; the fencing guard checks the token but guards
+//! no transaction. What a test needs to see its actors handle, it forces:
+//! [`MemoryCoordinator::force_loss`] (a lease taken over, as after an expiry) and
+//! [`MemoryCoordinator::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
+//!
+//! ```
+//! use pgcoord_actors::backend::memory::MemoryBackend;
+//! use pgcoord_actors::backend::Locking;
+//! use pgcoord_actors::Acquire;
+//!
+//! # actix_rt::System::new().block_on(async {
+//! let backend = MemoryBackend::new();
+//! let (alice, bob) = (backend.coordinator("alice"), backend.coordinator("bob"));
+//! let lease = alice.acquire(Acquire::new("job")).await?;
+//! let refused = bob.acquire(Acquire::new("job").fail_if_locked()).await.unwrap_err();
+//! assert_eq!(refused.holder().unwrap().owner, "alice");
+//! assert!(alice.force_loss("job"));
+//! assert_eq!(lease.lost().await, pgcoord_actors::LossReason::TakenOver);
+//! # Ok::<_, pgcoord::Error>(()) }).unwrap();
+//! ```
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::{LeaseInfo, Result};
+
+use super::{BoxFuture, Locking, Signalling};
+use crate::leases::{Acquire, Lease};
+use crate::losses::LockLost;
+use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
+
+mod leases;
+mod signals;
+
+/// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
+/// PostgreSQL. Cheap to clone; clones are the same backend.
+#[derive(Clone)]
+pub struct MemoryBackend {
+    shared: Arc<Shared>,
+}
+
+/// What a backend's coordinators share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// What `LeaseInfo::remaining` and a holder's `remaining` report.
+    lease: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    leases: leases::LeaseState,
+    signals: signals::SignalState,
+    lock_lost: Vec<(u64, Recipient<LockLost>)>,
+    next_coordinator: u64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding it; a poisoned state is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend: no leases, no subscriptions; tokens start at 1.
+    pub fn new() -> MemoryBackend {
+        MemoryBackend {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                lease: Duration::from_secs(20),
+            }),
+        }
+    }
+
+    /// The runtime of one process on this backend, whose leases are held as `owner`. Two
+    /// coordinators contend for leases as two processes do; one coordinator's second acquire of
+    /// a lease it holds is [`pgcoord::ErrorKind::AlreadyHeld`].
+    pub fn coordinator(&self, owner: impl Into<String>) -> MemoryCoordinator {
+        let id = {
+            let mut state = self.shared.lock();
+            state.next_coordinator += 1;
+            state.next_coordinator
+        };
+        MemoryCoordinator {
+            shared: self.shared.clone(),
+            id,
+            owner: owner.into(),
+        }
+    }
+}
+
+/// One process's runtime on a [`MemoryBackend`]: [`Locking`] and [`Signalling`], and what a
+/// test forces. Cheap to clone; clones are the same process.
+#[derive(Clone)]
+pub struct MemoryCoordinator {
+    shared: Arc<Shared>,
+    id: u64,
+    owner: String,
+}
+
+impl MemoryCoordinator {
+    /// The owner identity its leases are held as.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Takes the lease `name` from whichever coordinator holds it, as a takeover after an
+    /// expiry would: its handle's `lost()` resolves with
+    /// [`LossReason::TakenOver`](crate::LossReason::TakenOver), that coordinator's
+    /// [`LockLost`] subscribers are told once, and the next waiter gets the lease. False when
+    /// nobody held it.
+    pub fn force_loss(&self, name: &str) -> bool {
+        let mut state = self.shared.lock();
+        let Some((holder, loss)) = state.leases.force_loss(name) else {
+            return false;
+        };
+        state.lock_lost.retain(|(_, r)| r.connected());
+        for (_, recipient) in state.lock_lost.iter().filter(|(c, _)| *c == holder) {
+            recipient.do_send(loss.clone());
+        }
+        true
+    }
+
+    /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
+    /// `Disconnected`, then `Reconnected` (notifications may have been missed: resync).
+    /// Subscriptions stay, as they do across a real reconnect.
+    pub fn reconnect(&self) {
+        self.shared.lock().signals.reconnected(self.id);
+    }
+}
+
+impl Locking for MemoryCoordinator {
+    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
+        let (shared, id, owner) = (self.shared.clone(), self.id, self.owner.clone());
+        Box::pin(async move {
+            let name = request.name.clone();
+            let (token, data, lost) = leases::acquire(shared.clone(), id, owner, request).await?;
+            Ok(Lease {
+                name,
+                token,
+                data,
+                holder: crate::leases::LeaseHolder::Memory(MemoryHolder { shared }),
+                lost,
+                released: false,
+            })
+        })
+    }
+
+    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
+        let info = self.shared.lock().leases.get(name, self.shared.lease);
+        Box::pin(std::future::ready(info))
+    }
+
+    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
+        self.shared.lock().lock_lost.push((self.id, recipient));
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl Signalling for MemoryCoordinator {
+    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
+        let published = self.shared.lock().signals.publish(publish);
+        Box::pin(std::future::ready(published))
+    }
+
+    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        let subscribed = signals::channel(channel).map(|()| {
+            let mut state = self.shared.lock();
+            state.signals.subscribe(self.id, channel, recipient)
+        });
+        Box::pin(std::future::ready(subscribed))
+    }
+
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        self.shared.lock().signals.unsubscribe(channel, &recipient);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
+        let served = signals::channel(&serve.channel).map(|()| {
+            let mut state = self.shared.lock();
+            state.signals.serve(self.id, &serve.channel, serve.handler)
+        });
+        Box::pin(std::future::ready(served))
+    }
+
+    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
+        self.shared.lock().signals.stop_serving(self.id, channel);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
+        Box::pin(signals::ask(self.shared.clone(), ask))
+    }
+
+    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
+        let mut state = self.shared.lock();
+        state.signals.subscribe_conn_state(self.id, recipient);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// What a [`Lease`] of the in-memory backend releases into.
+pub(crate) struct MemoryHolder {
+    shared: Arc<Shared>,
+}
+
+impl MemoryHolder {
+    pub(crate) fn release(&self, name: &str, token: i64) -> Result<()> {
+        self.shared.lock().leases.release(name, token)
+    }
+
+    pub(crate) fn fence(&self, name: &str, token: i64) -> Result<()> {
+        self.shared.lock().leases.check(name, token)
+    }
+}

@@ -1,0 +1,135 @@
+//! Swappable backends: [`Locking`] and [`Signalling`], the interface an application's actors can
+//! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
+//! in-memory backend ([`memory`], feature `memory`) and production on PostgreSQL
+//! ([`Coordinator`]).
+//!
+//! Both traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
+//! their requests the same messages the actors take ([`Acquire`], [`Publish`], [`Serve`],
+//! [`Ask`]), so code written against them reads like code written against the actors.
+//!
+//! The in-memory backend is **no substitute for testing against PostgreSQL**: it has no
+//! connections to fail, no clock to disagree, no heartbeats, and no other processes. It keeps the
+//! semantics an application's logic depends on — one holder per lease, strictly increasing
+//! fencing tokens, fair waiting, loss reported once, delivery to every subscriber, request and
+//! reply with errors and timeouts — and lets a test force what PostgreSQL would do to it: a lost
+//! lease ([`memory::MemoryCoordinator::force_loss`]) and a listener reconnect
+//! ([`memory::MemoryCoordinator::reconnect`]). The suite in `actors/tests/backends.rs` runs the
+//! same tests against both.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix::prelude::*;
+use pgcoord::{LeaseInfo, Result};
+
+use crate::call::Call;
+use crate::coordinator::Coordinator;
+use crate::leases::{Acquire, Get, Lease};
+use crate::losses::{LockLost, SubscribeLockLost};
+use crate::signals::{
+    Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
+};
+
+#[cfg(feature = "memory")]
+pub mod memory;
+
+/// A boxed `Send` future that borrows nothing.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Leases: what a [`LockManager`](crate::LockManager) does, as a backend.
+pub trait Locking: Send + Sync {
+    /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).
+    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>>;
+    /// Inspects one lock ([`Get`]); [`pgcoord::ErrorKind::NotFound`] when there is none.
+    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>>;
+    /// Registers `recipient` for [`LockLost`], sent once per lease of this backend lost.
+    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>>;
+}
+
+/// Publish/subscribe and request/reply: what a [`ListenerActor`](crate::ListenerActor) does, as
+/// a backend.
+pub trait Signalling: Send + Sync {
+    /// Sends to every subscriber of the channel ([`Publish`]).
+    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>>;
+    /// Delivers every message on `channel` to `recipient` ([`Subscribe`]).
+    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>>;
+    /// Ends a subscription ([`Unsubscribe`]).
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>>;
+    /// Answers requests on a channel ([`Serve`]).
+    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>>;
+    /// Stops answering requests on `channel` ([`StopServing`]).
+    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>>;
+    /// A request and its reply ([`Ask`]).
+    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>>;
+    /// Registers `recipient` for [`ConnState`] broadcasts.
+    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>>;
+}
+
+/// An actor's answer that is not a `Result`, with the mailbox's error folded in.
+fn sent<A, M>(addr: &Addr<A>, message: M) -> BoxFuture<Result<()>>
+where
+    A: Actor + Handler<M>,
+    A::Context: actix::dev::ToEnvelope<A, M>,
+    M: Message<Result = ()> + Send + 'static,
+{
+    let answer = addr.send(message);
+    Box::pin(async move {
+        answer.await.map_err(|e| {
+            pgcoord::Error::new(
+                pgcoord::ErrorKind::Unavailable,
+                format!("the actor stopped: {e}"),
+            )
+        })
+    })
+}
+
+impl Locking for Coordinator {
+    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
+        Box::pin(self.locks.call(request))
+    }
+
+    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
+        Box::pin(self.locks.call(Get(name.to_owned())))
+    }
+
+    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
+        sent(&self.locks, SubscribeLockLost(recipient))
+    }
+}
+
+impl Signalling for Coordinator {
+    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
+        Box::pin(self.signals.call(publish))
+    }
+
+    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        Box::pin(self.signals.call(Subscribe {
+            channel: channel.to_owned(),
+            recipient,
+        }))
+    }
+
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        let unsubscribe = Unsubscribe {
+            channel: channel.to_owned(),
+            recipient,
+        };
+        sent(&self.signals, unsubscribe)
+    }
+
+    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
+        Box::pin(self.signals.call(serve))
+    }
+
+    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
+        sent(&self.signals, StopServing(channel.to_owned()))
+    }
+
+    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
+        Box::pin(self.signals.call(ask))
+    }
+
+    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
+        sent(&self.signals, SubscribeConnState(recipient))
+    }
+}

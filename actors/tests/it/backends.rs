@@ -1,0 +1,409 @@
+//! The behavioural suite both backends pass: each test is written once against [`Locking`] and
+//! [`Signalling`] and runs on PostgreSQL (two `Coordinator`s, as two processes) and in memory
+//! (two `MemoryCoordinator`s on one `MemoryBackend`). Where a test forces something — a lease
+//! taken over, a listener reconnect — each backend does it its own way: on PostgreSQL the row is
+//! deleted and the listener's backend terminated; in memory the test hooks do it.
+
+use std::time::{Duration, Instant};
+
+use pgcoord::ErrorKind;
+use pgcoord::embedded::unique_name;
+use pgcoord_actors::backend::memory::{MemoryBackend, MemoryCoordinator};
+use pgcoord_actors::backend::{Locking, Signalling};
+use pgcoord_actors::*;
+use tokio_postgres::Client;
+
+use super::{Collector, Setup};
+
+/// A backend under test: two processes' runtimes on one database, and what a test forces.
+trait Harness {
+    type Process: Locking + Signalling + Clone + 'static;
+    /// The two processes, with owners "a" and "b".
+    fn processes(&self) -> (Self::Process, Self::Process);
+    /// Takes the lease `name` from its holder, as a takeover after an expiry would.
+    async fn force_loss(&self, name: &str);
+    /// Makes the first process's listener reconnect.
+    async fn reconnect(&self);
+}
+
+struct Postgres {
+    a: Coordinator,
+    b: Coordinator,
+    admin: Client,
+    table: String,
+    app: String,
+}
+
+impl Postgres {
+    async fn new() -> Postgres {
+        let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+        let app = unique_name("backend");
+        let start = |owner: &str, app: &str| {
+            Coordinator::start(setup.builder(owner).application_name(app).build().unwrap())
+        };
+        Postgres {
+            a: start("a", &app),
+            b: start("b", &unique_name("backend")),
+            admin,
+            table: setup.quoted_table(),
+            app,
+        }
+    }
+}
+
+impl Harness for Postgres {
+    type Process = Coordinator;
+
+    fn processes(&self) -> (Coordinator, Coordinator) {
+        (self.a.clone(), self.b.clone())
+    }
+
+    async fn force_loss(&self, name: &str) {
+        let sql = format!("DELETE FROM {} WHERE name = $1", self.table);
+        let deleted = self.admin.execute(&sql, &[&name]).await.unwrap();
+        assert_eq!(deleted, 1, "{name} was held");
+    }
+
+    async fn reconnect(&self) {
+        let killed = self
+            .admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("{} listener", self.app)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(killed, 1, "the listener's backend");
+    }
+}
+
+struct Memory {
+    a: MemoryCoordinator,
+    b: MemoryCoordinator,
+}
+
+impl Memory {
+    async fn new() -> Memory {
+        let backend = MemoryBackend::new();
+        Memory {
+            a: backend.coordinator("a"),
+            b: backend.coordinator("b"),
+        }
+    }
+}
+
+impl Harness for Memory {
+    type Process = MemoryCoordinator;
+
+    fn processes(&self) -> (MemoryCoordinator, MemoryCoordinator) {
+        (self.a.clone(), self.b.clone())
+    }
+
+    async fn force_loss(&self, name: &str) {
+        assert!(self.a.force_loss(name), "{name} was held");
+    }
+
+    async fn reconnect(&self) {
+        self.a.reconnect();
+    }
+}
+
+/// Runs the test `$name` on both backends.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[actix_rt::test]
+            async fn postgres() {
+                super::$name(super::Postgres::new().await).await
+            }
+            #[actix_rt::test]
+            async fn memory() {
+                super::$name(super::Memory::new().await).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    one_holder_at_a_time_with_increasing_tokens,
+    a_waiter_is_served_on_release_and_a_timeout_ends_the_wait,
+    data_is_stored_kept_and_replaced,
+    a_lease_taken_over_is_reported_once_and_goes_to_the_waiter,
+    every_subscriber_gets_every_message_in_order,
+    requests_get_replies_errors_and_timeouts,
+    a_reconnect_is_announced_and_subscriptions_survive_it,
+    bad_input_is_refused,
+    a_dropped_lease_is_released_and_a_cancelled_wait_leaves_nothing_behind,
+);
+
+async fn one_holder_at_a_time_with_increasing_tokens(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("one");
+    let first = a.acquire(Acquire::new(&name)).await.unwrap();
+    let refused = b
+        .acquire(Acquire::new(&name).fail_if_locked())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::NotAcquired);
+    let holder = refused.holder().expect("the holder is named");
+    assert_eq!((holder.owner.as_str(), holder.token), ("a", first.token()));
+    let again = a.acquire(Acquire::new(&name)).await.unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::AlreadyHeld);
+
+    let token = first.token();
+    first.release().await.unwrap();
+    let second = b.acquire(Acquire::new(&name)).await.unwrap();
+    assert!(second.token() > token, "tokens only increase");
+    second.release().await.unwrap();
+}
+
+async fn a_waiter_is_served_on_release_and_a_timeout_ends_the_wait(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("wait");
+    let held = a.acquire(Acquire::new(&name)).await.unwrap();
+
+    let started = Instant::now();
+    let refused = b
+        .acquire(Acquire::new(&name).timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::NotAcquired, "{refused}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    let waiter = actix_rt::spawn(b.acquire(Acquire::new(&name)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "waits while the lease is held");
+    held.release().await.unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("served within the bound")
+        .unwrap()
+        .unwrap();
+    served.release().await.unwrap();
+}
+
+async fn data_is_stored_kept_and_replaced(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("data");
+    let missing = a.get(&name).await.unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+
+    let lease = a
+        .acquire(Acquire::new(&name).data(b"v1".to_vec()).keep_on_release())
+        .await
+        .unwrap();
+    assert_eq!(lease.data(), Some(&b"v1"[..]));
+    let info = b.get(&name).await.unwrap();
+    assert_eq!(info.owner.as_deref(), Some("a"));
+    assert_eq!(info.token, Some(lease.token()));
+    lease.release().await.unwrap();
+
+    // Kept: free, with its data, which a new holder's data does not replace unless asked.
+    let info = b.get(&name).await.unwrap();
+    assert_eq!((info.owner, info.data.as_deref()), (None, Some(&b"v1"[..])));
+    let lease = b
+        .acquire(Acquire::new(&name).data(b"v2".to_vec()).keep_on_release())
+        .await
+        .unwrap();
+    assert_eq!(lease.data(), Some(&b"v1"[..]));
+    lease.release().await.unwrap();
+    let lease = b
+        .acquire(Acquire::new(&name).data(b"v3".to_vec()).replace_data())
+        .await
+        .unwrap();
+    assert_eq!(lease.data(), Some(&b"v3"[..]));
+    lease.release().await.unwrap();
+    // Not kept this time: the row is gone.
+    assert_eq!(a.get(&name).await.unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+async fn a_lease_taken_over_is_reported_once_and_goes_to_the_waiter(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("taken");
+    let (losses, recipient) = Collector::<LockLost>::start_new();
+    a.subscribe_lock_lost(recipient).await.unwrap();
+    let lease = a.acquire(Acquire::new(&name)).await.unwrap();
+    let waiter = actix_rt::spawn(b.acquire(Acquire::new(&name)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    h.force_loss(&name).await;
+    let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("the holder learns of it");
+    assert_eq!(reason, LossReason::TakenOver);
+    let reported = losses.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(reported[0].key, LockKey::Lease(name.clone()));
+    assert_eq!(reported[0].token, Some(lease.token()));
+
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets it")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > lease.token());
+    let stale = lease.release().await.unwrap_err();
+    assert_eq!(stale.kind(), ErrorKind::LockLost);
+    next.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(losses.received().len(), 1, "reported once");
+}
+
+async fn every_subscriber_gets_every_message_in_order(h: impl Harness) {
+    let (a, b) = h.processes();
+    let channel = unique_name("events");
+    let (at_a, to_a) = Collector::<Signal>::start_new();
+    let (at_b, to_b) = Collector::<Signal>::start_new();
+    a.subscribe(&channel, to_a).await.unwrap();
+    b.subscribe(&channel, to_b).await.unwrap();
+    for i in 0..20u8 {
+        a.publish(Publish::new(&channel, vec![i])).await.unwrap();
+    }
+    for collector in [at_a, at_b] {
+        let got = collector.wait_for(20, Duration::from_secs(5)).await;
+        let payloads: Vec<u8> = got.iter().map(|s| s.payload[0]).collect();
+        assert_eq!(payloads, (0..20).collect::<Vec<u8>>());
+        assert!(got.iter().all(|s| &*s.channel == channel.as_str()));
+    }
+}
+
+async fn requests_get_replies_errors_and_timeouts(h: impl Harness) {
+    let (a, b) = h.processes();
+    let echo = unique_name("echo");
+    let failing = unique_name("failing");
+    let panicking = unique_name("panicking");
+    b.serve(Serve::new(&echo, |p| async move { Ok(p) }))
+        .await
+        .unwrap();
+    b.serve(Serve::new(&failing, |_| async move {
+        Err("no such customer".to_owned())
+    }))
+    .await
+    .unwrap();
+    b.serve(Serve::new(
+        &panicking,
+        |_| async move { panic!("handler bug") },
+    ))
+    .await
+    .unwrap();
+
+    let reply = a.ask(Ask::new(&echo, b"hi".to_vec())).await.unwrap();
+    assert_eq!(reply, b"hi");
+    let e = a.ask(Ask::new(&failing, vec![])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote);
+    assert!(e.to_string().contains("no such customer"), "{e}");
+    let e = a.ask(Ask::new(&panicking, vec![])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
+
+    // Nobody serves it (any more): no reply within the timeout.
+    b.stop_serving(&echo).await.unwrap();
+    let started = Instant::now();
+    let e = a
+        .ask(Ask::new(&echo, b"hi".to_vec()).timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+async fn a_reconnect_is_announced_and_subscriptions_survive_it(h: impl Harness) {
+    let (a, b) = h.processes();
+    let channel = unique_name("resync");
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    a.subscribe_conn_state(recipient).await.unwrap();
+    let (events, to_a) = Collector::<Signal>::start_new();
+    a.subscribe(&channel, to_a).await.unwrap();
+
+    h.reconnect().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !states.received().contains(&ConnState::Reconnected) {
+        assert!(Instant::now() < deadline, "{:?}", states.received());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    b.publish(Publish::new(&channel, b"after".to_vec()))
+        .await
+        .unwrap();
+    let got = events.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(&got[0].payload[..], b"after");
+}
+
+async fn bad_input_is_refused(h: impl Harness) {
+    let (a, _) = h.processes();
+    let e = a.acquire(Acquire::new("")).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidName);
+    let e = a.acquire(Acquire::new("x".repeat(256))).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidName);
+    let bad_channel = "c".repeat(64);
+    let e = a
+        .publish(Publish::new(&bad_channel, vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidIdentifier);
+    let (_, recipient) = Collector::<Signal>::start_new();
+    let e = a.subscribe(&bad_channel, recipient).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidIdentifier);
+}
+
+async fn a_dropped_lease_is_released_and_a_cancelled_wait_leaves_nothing_behind(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("dropped");
+    let lease = a.acquire(Acquire::new(&name)).await.unwrap();
+    // A wait given up (its future dropped) before the lease was free.
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(200), b.acquire(Acquire::new(&name))).await;
+    assert!(gave_up.is_err(), "still held");
+    drop(lease);
+    // Released in the background; whoever asks next gets it, and the cancelled wait got
+    // nothing that nobody holds.
+    let next = b
+        .acquire(Acquire::new(&name).timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+    let info = a.get(&name).await;
+    assert!(
+        matches!(&info, Err(e) if e.kind() == ErrorKind::NotFound),
+        "nothing left behind: {info:?}"
+    );
+}
+
+/// In memory, waiters are served in strict arrival order (on PostgreSQL fairness is measured,
+/// not strict: see the README's known limits).
+#[actix_rt::test]
+async fn in_memory_waiters_are_served_in_arrival_order() {
+    let backend = MemoryBackend::new();
+    let holder = backend.coordinator("holder");
+    let name = unique_name("fifo");
+    let mut lease = holder.acquire(Acquire::new(&name)).await.unwrap();
+    let (order, recipient) = Collector::<Signal>::start_new();
+    let mut waiters = Vec::new();
+    for i in 0..5u8 {
+        let (process, name, recipient) = (
+            backend.coordinator(format!("w{i}")),
+            name.clone(),
+            recipient.clone(),
+        );
+        waiters.push(actix_rt::spawn(async move {
+            let lease = process.acquire(Acquire::new(&name)).await.unwrap();
+            recipient.do_send(Signal {
+                channel: "order".into(),
+                id: i.into(),
+                payload: vec![i].into(),
+            });
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lease.release().await.unwrap();
+        }));
+        // Each is queued before the next arrives.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lease.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let served: Vec<u64> = order.received().iter().map(|s| s.id).collect();
+    assert_eq!(served, vec![0, 1, 2, 3, 4]);
+    lease = holder
+        .acquire(Acquire::new(&name).fail_if_locked())
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+}
