@@ -29,7 +29,9 @@ mod semaphore;
 mod wake;
 mod with_lock;
 
+#[cfg(feature = "memory")]
 pub(crate) use acquire::already_held;
+#[cfg(feature = "memory")]
 pub(crate) use lease::LeaseHolder;
 
 pub use acquire::AcquireResponse;
