@@ -21,6 +21,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_payloads.sql",
         include_str!("../migrations/0002_payloads.sql"),
     ),
+    (
+        "0003_lock_queue.sql",
+        include_str!("../migrations/0003_lock_queue.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -113,6 +117,7 @@ fn render(text: &str, config: &Config) -> String {
     let names = [
         ("pgcoord_locks", config.lock_table.quoted()),
         ("pgcoord_locks_rvn", config.lock_sequence.quoted()),
+        ("pgcoord_locks_wq", config.lock_queue.quoted()),
         ("pgcoord_payloads", config.payload_table.quoted()),
     ];
     let mut out = String::with_capacity(text.len());
@@ -178,8 +183,9 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
     let script = format!(
-        "DROP TABLE IF EXISTS {}, {}; DROP SEQUENCE IF EXISTS {};",
+        "DROP TABLE IF EXISTS {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
         config.lock_table.quoted(),
+        config.lock_queue.quoted(),
         config.payload_table.quoted(),
         config.lock_sequence.quoted()
     );

@@ -338,6 +338,7 @@ impl ConfigBuilder {
         let lock_table = QualifiedName::parse(&self.lock_table, SEQUENCE_SUFFIX.len())?
             .in_schema(schema.as_ref());
         let lock_sequence = lock_table.suffixed(SEQUENCE_SUFFIX)?;
+        let lock_queue = lock_table.suffixed(super::QUEUE_SUFFIX)?;
         let lease_channel = match &self.lease_channel {
             Some(channel) => Ident::new(channel)?,
             None => lock_table.name().clone(),
@@ -400,6 +401,7 @@ impl ConfigBuilder {
             owner,
             lock_table,
             lock_sequence,
+            lock_queue,
             lease_channel,
             election_channel,
             session_pg,

@@ -19,6 +19,10 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// Suffix of the fencing-token sequence derived from the lock table's name.
 pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
 
+/// Suffix of the waiters' table derived from the lock table's name (no longer than
+/// [`SEQUENCE_SUFFIX`], for which the lock table's name leaves room).
+pub(crate) const QUEUE_SUFFIX: &str = "_wq";
+
 /// A validated configuration. Build one with [`Config::builder`]; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -26,6 +30,7 @@ pub struct Config {
     pub(crate) owner: String,
     pub(crate) lock_table: QualifiedName,
     pub(crate) lock_sequence: QualifiedName,
+    pub(crate) lock_queue: QualifiedName,
     pub(crate) lease_channel: Ident,
     pub(crate) election_channel: Ident,
     /// Where session-bound connections go (the LISTEN connection, advisory sessions, the
@@ -94,6 +99,10 @@ impl Config {
     /// [`ConfigBuilder::unlogged_lock_table`](crate::ConfigBuilder::unlogged_lock_table)).
     pub fn unlogged_lock_table(&self) -> bool {
         self.unlogged_lock_table
+    }
+    /// The table of lease waiters in line: the lock table's name with `_wq` appended.
+    pub fn lock_queue(&self) -> &QualifiedName {
+        &self.lock_queue
     }
     /// The fencing-token sequence: the lock table's name with `_rvn` appended.
     pub fn lock_sequence(&self) -> &QualifiedName {

@@ -38,11 +38,12 @@ async fn check_on(
             client.query_one(
                 "SELECT current_setting('transaction_read_only'), pg_is_in_recovery(),
                         to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
-                        to_regclass($3) IS NOT NULL",
+                        to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL",
                 &[
                     &config.lock_table.quoted(),
                     &config.lock_sequence.quoted(),
                     &config.payload_table.quoted(),
+                    &config.lock_queue.quoted(),
                 ],
             ),
         )
@@ -77,6 +78,7 @@ async fn check_on(
             (2, "lock table", &config.lock_table),
             (3, "token sequence", &config.lock_sequence),
             (4, "payload table", &config.payload_table),
+            (5, "waiters' table", &config.lock_queue),
         ] {
             if !row.try_get::<_, bool>(index)? {
                 return Err(Error::new(

@@ -15,9 +15,22 @@ const TIMELINE_BASE: &str =
     "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
 
 /// The payload announcing the release of `released.name` (see `Released`): the name's length in
-/// bytes, a colon, the name, and the waiter the next grant is reserved for, if any.
-const ANNOUNCE: &str = "octet_length(released.name)::text || ':' || released.name
-    || CASE WHEN released.waiter_until > now() THEN coalesce(released.waiter, '') ELSE '' END";
+/// bytes, a colon, the name, and the waiter first in line for it (queue table `q`), if any.
+fn announce(q: &str) -> String {
+    format!(
+        "octet_length(released.name)::text || ':' || released.name
+         || coalesce(({}), '')",
+        first_in_line(q, "released.name")
+    )
+}
+
+/// The live waiter first in line for the lease `name` (an SQL expression), in queue table `q`.
+fn first_in_line(q: &str, name: &str) -> String {
+    format!(
+        "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp()
+         ORDER BY w.queued_at, w.waiter LIMIT 1"
+    )
+}
 
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
@@ -27,6 +40,13 @@ impl LeaseTable {
     /// Renders the statements for `config`'s lock table, sequence and lease channel.
     pub fn new(config: &Config) -> LeaseTable {
         let t = config.lock_table.quoted();
+        let q = config.lock_queue.quoted();
+        // Whether `owner` may be granted `name` as far as the queue goes: nobody waits, or it
+        // is the first in line.
+        let may_go = |name: &str, owner: &str| {
+            format!("coalesce(({}), {owner}) = {owner}", first_in_line(&q, name))
+        };
+        let announce = announce(&q);
         LeaseTable {
             // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence.
             //
@@ -39,21 +59,29 @@ impl LeaseTable {
             // waiter retries later without holding a connection. The CTE is read by the INSERT's
             // SELECT, so it runs before the insert. A missing row is inserted as before (a
             // concurrent insert of the same name is one short statement to wait for).
+            //
+            // Waiters queue in the queue table, in arrival order: only the first in line (or
+            // anyone, when nobody waits) may take the lease, whether its row exists or not, and
+            // a grant takes its waiter out of the queue, so the next one is first.
             acquire: format!(
-                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT)
-                 INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                 SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
-                        now() + $4 * interval '1 millisecond'
-                 FROM (SELECT count(*) FROM locked) AS row_lock
-                 ON CONFLICT (name) DO UPDATE SET
-                     owner = EXCLUDED.owner, token = EXCLUDED.token,
-                     data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
-                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
-                     waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
-                     waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
-                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
-                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
-                 RETURNING l.token, l.data"
+                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
+                 granted AS (
+                     INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                     SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
+                            now() + $4 * interval '1 millisecond'
+                     FROM (SELECT count(*) FROM locked) AS row_lock
+                     WHERE {first}
+                     ON CONFLICT (name) DO UPDATE SET
+                         owner = EXCLUDED.owner, token = EXCLUDED.token,
+                         data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
+                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                     RETURNING l.name, l.token, l.data
+                 ), served AS (
+                     DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
+                 )
+                 SELECT token, data FROM granted",
+                first = may_go("$1", "$2"),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire` (group commit for one process's concurrent first attempts),
@@ -69,22 +97,24 @@ impl LeaseTable {
                  ), busy AS (
                      SELECT l.name FROM {t} AS l WHERE l.name = ANY($1::text[])
                      EXCEPT SELECT name FROM locked
+                 ), granted AS (
+                     INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                     SELECT r.name, $4, {TIMELINE_BASE} + nextval($6::regclass), r.data, now(),
+                            now() + $5 * interval '1 millisecond'
+                     FROM req AS r WHERE r.name NOT IN (SELECT name FROM busy) AND {first}
+                     ORDER BY r.name
+                     ON CONFLICT (name) DO UPDATE SET
+                         owner = EXCLUDED.owner, token = EXCLUDED.token,
+                         data = CASE WHEN (SELECT q.replace_data FROM req AS q WHERE q.name = EXCLUDED.name)
+                                     THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
+                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                     RETURNING l.name, l.token, l.data
+                 ), served AS (
+                     DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $4
                  )
-                 INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                 SELECT r.name, $4, {TIMELINE_BASE} + nextval($6::regclass), r.data, now(),
-                        now() + $5 * interval '1 millisecond'
-                 FROM req AS r WHERE r.name NOT IN (SELECT name FROM busy)
-                 ORDER BY r.name
-                 ON CONFLICT (name) DO UPDATE SET
-                     owner = EXCLUDED.owner, token = EXCLUDED.token,
-                     data = CASE WHEN (SELECT q.replace_data FROM req AS q WHERE q.name = EXCLUDED.name)
-                                 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
-                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
-                     waiter = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter END,
-                     waiter_until = CASE WHEN l.waiter = EXCLUDED.owner THEN NULL ELSE l.waiter_until END
-                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
-                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
-                 RETURNING l.name, l.token, l.data"
+                 SELECT name, token, data FROM granted",
+                first = may_go("r.name", "$4"),
             ),
             // $1 slot names, $2 owner, $3 lease ms, $4 sequence. One grant of any free slot of a
             // semaphore: an existing free row is locked with `SKIP LOCKED LIMIT 1` (concurrent
@@ -96,7 +126,6 @@ impl LeaseTable {
                      SELECT l.name FROM {t} AS l
                      WHERE l.name = ANY($1::text[])
                        AND (l.owner IS NULL OR l.expires_at <= clock_timestamp())
-                       AND (l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp())
                      ORDER BY random() LIMIT 1
                      FOR UPDATE SKIP LOCKED
                  ), missing AS (
@@ -112,10 +141,8 @@ impl LeaseTable {
                  FROM pick WHERE pick.name IS NOT NULL
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = NULL,
-                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false,
-                     waiter = NULL, waiter_until = NULL
-                 WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp())
-                   AND (l.waiter IS NULL OR l.waiter = EXCLUDED.owner OR l.waiter_until <= clock_timestamp())
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
+                 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
                  RETURNING l.name, l.token"
             ),
             // $1 slot names. How many slots are held now (unexpired).
@@ -123,26 +150,40 @@ impl LeaseTable {
                 "SELECT count(*) FROM {t} WHERE name = ANY($1::text[]) AND owner IS NOT NULL
                    AND expires_at > clock_timestamp()"
             ),
-            // $1 name, $2 owner, $3 reservation ms. Takes the reservation when it is free or
-            // lapsed, and reports the holder either way.
+            // $1 name, $2 owner, $3 ms. Puts `owner` in line for `name` (keeping its place when
+            // it is there, refreshing how long it stays), drops waiters whose time ran out, and
+            // reports the holder. A waiter refreshes its place at every attempt it loses.
             enqueue: format!(
-                "UPDATE {t} AS l SET
-                     waiter = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
-                                   THEN $2 ELSE l.waiter END,
-                     waiter_until = CASE WHEN l.waiter IS NULL OR l.waiter = $2 OR l.waiter_until <= clock_timestamp()
-                                   THEN clock_timestamp() + $3 * interval '1 millisecond' ELSE l.waiter_until END
-                 WHERE l.name = $1
-                 RETURNING l.owner, l.token, {REMAINING_MS}"
-            ),
-            // $1 name, $2 owner, $3 channel. A waiter that gives up a reservation of a free row
-            // announces it, or the other waiters would sleep until their next poll.
-            dequeue: format!(
-                "WITH dequeued AS (
-                     UPDATE {t} SET waiter = NULL, waiter_until = NULL WHERE name = $1 AND waiter = $2
-                     RETURNING name, owner
+                "WITH pruned AS (
+                     DELETE FROM {q} WHERE name = $1 AND waiter <> $2 AND until <= clock_timestamp()
+                 ), queued AS (
+                     INSERT INTO {q} AS w (name, waiter, queued_at, until)
+                     VALUES ($1, $2, clock_timestamp(), clock_timestamp() + $3 * interval '1 millisecond')
+                     ON CONFLICT (name, waiter) DO UPDATE SET
+                         until = EXCLUDED.until,
+                         queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
+                                          ELSE w.queued_at END
                  )
-                 SELECT pg_notify($3, octet_length(name)::text || ':' || name)::text
-                 FROM dequeued WHERE owner IS NULL"
+                 SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
+            ),
+            // $1 name, $2 owner, $3 channel. A waiter leaving the line: when it was first and the
+            // lease is free, the release it would have taken is announced again, naming the next
+            // in line, or the others would sleep until their next poll.
+            dequeue: format!(
+                "WITH gone AS (
+                     DELETE FROM {q} WHERE name = $1 AND waiter = $2 RETURNING name
+                 ), next AS (
+                     SELECT w.waiter FROM {q} AS w
+                     WHERE w.name = $1 AND w.waiter <> $2 AND w.until > clock_timestamp()
+                     ORDER BY w.queued_at, w.waiter LIMIT 1
+                 )
+                 SELECT pg_notify($3, octet_length(gone.name)::text || ':' || gone.name
+                                      || coalesce((SELECT waiter FROM next), ''))::text
+                 FROM gone
+                 WHERE ({first_now}) = $2
+                   AND NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = $1 AND l.owner IS NOT NULL
+                                     AND l.expires_at > clock_timestamp())",
+                first_now = first_in_line(&q, "$1"),
             ),
             owned_token: format!("SELECT token FROM {t} WHERE name = $1 AND owner = $2"),
             holder: format!(
@@ -157,28 +198,21 @@ impl LeaseTable {
                  RETURNING l.token"
             ),
             // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
-            // only (and on $3), so a reservation made concurrently cannot make the release miss.
-            // A deleted row whose next grant was reserved comes back free, without data, with
-            // the reservation, so the waiter keeps its turn. The announcement names the
-            // reserved waiter (see `Released`), so only its process needs to wake.
+            // only (and on $3). The announcement names the waiter first in line (see
+            // `Released`), so only its process needs to wake.
             release: format!(
                 "WITH deleted AS (
                      DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
-                     RETURNING name, waiter, waiter_until
+                     RETURNING name
                  ), kept AS (
                      UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
                          kept = true
                      WHERE name = $1 AND token = $2 AND $3
-                     RETURNING name, waiter, waiter_until
-                 ), reserved AS (
-                     INSERT INTO {t} (name, waiter, waiter_until)
-                     SELECT name, waiter, waiter_until FROM deleted
-                     WHERE waiter IS NOT NULL AND waiter_until > now()
-                     ON CONFLICT (name) DO NOTHING
+                     RETURNING name
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {ANNOUNCE})::text FROM released"
+                 SELECT released.name, pg_notify($4, {announce})::text FROM released"
             ),
             // $1 names, $2 tokens, $3 keep flags, $4 channel. The batch form of `release`, with
             // the same effects. Rows another transaction has locked (a renewal, a fencing guard)
@@ -195,30 +229,22 @@ impl LeaseTable {
                  ), deleted AS (
                      DELETE FROM {t} AS l USING locked
                      WHERE l.name = locked.name AND l.token = locked.token AND NOT locked.keep
-                     RETURNING l.name, l.waiter, l.waiter_until
+                     RETURNING l.name
                  ), kept AS (
                      UPDATE {t} AS l SET owner = NULL, token = NULL, acquired_at = NULL,
                          expires_at = NULL, kept = true
                      FROM locked
                      WHERE l.name = locked.name AND l.token = locked.token AND locked.keep
-                     RETURNING l.name, l.waiter, l.waiter_until
-                 ), reserved AS (
-                     INSERT INTO {t} (name, waiter, waiter_until)
-                     SELECT name, waiter, waiter_until FROM deleted
-                     WHERE waiter IS NOT NULL AND waiter_until > now()
-                     ORDER BY name
-                     ON CONFLICT (name) DO NOTHING
+                     RETURNING l.name
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {ANNOUNCE})::text FROM released"
+                 SELECT released.name, pg_notify($4, {announce})::text FROM released"
             ),
-            // Deletes the row of `name` if it is free, not kept and not reserved: safe at any
-            // moment, since each condition is checked on the row as it is when deleted.
-            cleanup: format!(
-                "DELETE FROM {t} WHERE name = $1 AND owner IS NULL AND NOT kept
-                   AND (waiter IS NULL OR waiter_until <= now())"
-            ),
+            // Deletes the row of `name` if it is free and not kept (a reserved row of a version
+            // before the queue table): safe at any moment, since each condition is checked on
+            // the row as it is when deleted.
+            cleanup: format!("DELETE FROM {t} WHERE name = $1 AND owner IS NULL AND NOT kept"),
             get: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
                  FROM {t} AS l WHERE l.name = $1"

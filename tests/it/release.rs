@@ -67,7 +67,7 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
             .await
             .unwrap();
         assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
-        // A second waiter cannot take the reservation while it is live.
+        // A second waiter is in line behind the first.
         table.enqueue(&client, &name, "late", LEASE).await.unwrap();
         table.release(&client, &name, g.token, keep).await.unwrap();
         for other in ["releaser", "late"] {
@@ -82,30 +82,50 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
         }
         let g = grant(&table, &client, &name, "waiter", LEASE).await;
         table.release(&client, &name, g.token, keep).await.unwrap();
-        // No reservation left: a deleted lock is gone, a kept one stays.
+        // Nobody left in line: a deleted lock is gone, a kept one stays.
         assert_eq!(table.get(&client, &name).await.is_ok(), keep, "{name}");
     }
 }
 
 #[tokio::test]
-async fn a_row_kept_only_for_a_reservation_goes_when_the_waiter_gives_up() {
+async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "holder", LEASE).await;
-    table
-        .enqueue(&client, "job", "waiter", LEASE)
+    for waiter in ["first", "second", "third"] {
+        table.enqueue(&client, "job", waiter, LEASE).await.unwrap();
+        // Each arrives after the previous one.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The holder refreshing its place does not move it; a waiter refreshing keeps its own.
+    table.enqueue(&client, "job", "first", LEASE).await.unwrap();
+    table.release(&client, "job", g.token, false).await.unwrap();
+    // The row is gone, yet nobody but the first in line can take it: not the releaser, not a
+    // newcomer, not the second.
+    for other in ["holder", "newcomer", "second"] {
+        let attempt = table
+            .try_acquire(&client, "job", other, None, false, LEASE)
+            .await
+            .unwrap();
+        assert!(matches!(attempt, Attempt::Held(_)), "{other} jumped the line");
+    }
+    let g = grant(&table, &client, "job", "first", LEASE).await;
+    table.release(&client, "job", g.token, false).await.unwrap();
+    // The second leaves the line: the third is first now.
+    table.dequeue(&client, "job", "second").await.unwrap();
+    let attempt = table
+        .try_acquire(&client, "job", "newcomer", None, false, LEASE)
         .await
         .unwrap();
+    assert!(matches!(attempt, Attempt::Held(_)), "the third is in line");
+    let g = grant(&table, &client, "job", "third", LEASE).await;
     table.release(&client, "job", g.token, false).await.unwrap();
-    let free = table.get(&client, "job").await.unwrap();
+    // Nobody waits any more: anyone may take it, and no row was left behind.
     assert_eq!(
-        (free.owner, free.data),
-        (None, None),
-        "free, without data, for the waiter"
+        table.get(&client, "job").await.unwrap_err().kind(),
+        ErrorKind::NotFound
     );
-    table.dequeue(&client, "job", "waiter").await.unwrap();
-    let err = table.get(&client, "job").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::NotFound);
+    grant(&table, &client, "job", "newcomer", LEASE).await;
 }
 
 #[tokio::test]
@@ -199,8 +219,10 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     );
     let info = table.get(&client, "kept").await.unwrap();
     assert_eq!((info.owner, info.token), (None, None));
-    let info = table.get(&client, "reserved").await.unwrap();
-    assert_eq!(info.owner, None);
+    assert_eq!(
+        table.get(&client, "reserved").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
     assert!(matches!(
         table
             .try_acquire(&client, "reserved", "me", None, false, LEASE)

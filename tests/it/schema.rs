@@ -38,7 +38,7 @@ async fn objects(client: &Client, schema: &str) -> Vec<(String, String)> {
 fn default_rendering_is_exactly_the_files() {
     let config = Config::builder().dsn("host=localhost").build().unwrap();
     let files: String = schema::MIGRATIONS.iter().map(|(_, sql)| *sql).collect();
-    let on_disk: String = ["0001_locks.sql", "0002_payloads.sql"]
+    let on_disk: String = ["0001_locks.sql", "0002_payloads.sql", "0003_lock_queue.sql"]
         .iter()
         .map(|f| {
             std::fs::read_to_string(format!("{}/migrations/{f}", env!("CARGO_MANIFEST_DIR")))
@@ -72,6 +72,8 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
             "pgcoord_locks_pkey",
             "pgcoord_locks_rvn",
             "pgcoord_locks_token_key",
+            "pgcoord_locks_wq",
+            "pgcoord_locks_wq_pkey",
             "pgcoord_payloads",
             "pgcoord_payloads_pkey"
         ]
@@ -120,6 +122,8 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             "Leases_pkey",
             "Leases_rvn",
             "Leases_token_key",
+            "Leases_wq",
+            "Leases_wq_pkey",
             "blobs",
             "blobs_pkey"
         ]
@@ -141,10 +145,10 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             .kind(),
         ErrorKind::AlreadyExists
     );
-    assert_eq!(objects(&client, &schema_name).await.len(), 4);
+    assert_eq!(objects(&client, &schema_name).await.len(), 6);
     // ...while try_create_tables fills in what is missing.
     schema::try_create_tables(&client, &config).await.unwrap();
-    assert_eq!(objects(&client, &schema_name).await.len(), 6);
+    assert_eq!(objects(&client, &schema_name).await.len(), 8);
 
     schema::drop_tables(&client, &config).await.unwrap();
     assert!(objects(&client, &schema_name).await.is_empty());

@@ -177,3 +177,38 @@ async fn a_reserved_release_wakes_only_the_reserved_waiter() {
     );
     lease.release().await.unwrap();
 }
+
+/// Waiters in different processes (managers) are served in the order they arrived: each puts
+/// itself in line when its first attempt is refused, and only the first in line may take the
+/// lease, even after its row was deleted by the release.
+#[actix_rt::test]
+async fn waiters_across_processes_are_served_in_arrival_order() {
+    let (setup, _) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let holder = setup.manager("holder");
+    let held = holder.send(Acquire::new("line")).await.unwrap().unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (manager, order) = (setup.manager(&format!("w{i}")), order.clone());
+        waiters.push(actix_rt::spawn(async move {
+            let lease = manager.send(Acquire::new("line")).await.unwrap().unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            lease.release().await.unwrap();
+        }));
+        // In line before the next one asks.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    held.release().await.unwrap();
+    // The releaser asks again at once: it is behind all five.
+    let again = holder
+        .send(Acquire::new("line").timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    again.release().await.unwrap();
+}

@@ -11,8 +11,9 @@ use super::{Collector, Setup};
 async fn a_role_with_only_the_documented_grants_runs_everything() {
     let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
     let role = unique_name("app");
-    let (locks, payloads, sequence) = (
+    let (locks, queue, payloads, sequence) = (
         setup.quoted_table(),
+        format!("\"{}_wq\"", setup.table),
         format!("\"{}_p\"", setup.table),
         format!("\"{}_rvn\"", setup.table),
     );
@@ -22,7 +23,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
             "CREATE ROLE {role} LOGIN;
              GRANT CONNECT ON DATABASE postgres TO {role};
              GRANT USAGE ON SCHEMA public TO {role};
-             GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {payloads} TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {queue}, {payloads} TO {role};
              GRANT USAGE ON SEQUENCE {sequence} TO {role};"
         ))
         .await
