@@ -107,7 +107,10 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
             .try_acquire(&client, "job", other, None, false, LEASE)
             .await
             .unwrap();
-        assert!(matches!(attempt, Attempt::Held(_)), "{other} jumped the line");
+        assert!(
+            matches!(attempt, Attempt::Held(_)),
+            "{other} jumped the line"
+        );
     }
     let g = grant(&table, &client, "job", "first", LEASE).await;
     table.release(&client, "job", g.token, false).await.unwrap();

@@ -192,7 +192,10 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let released_at: Arc<Mutex<Option<ReleaseTimes>>> = Arc::default();
     let handoffs = Arc::new(Mutex::new(Vec::new()));
     let stop = Instant::now() + Duration::from_secs(sizes.contend_secs);
-    let contenders: usize = std::env::var("CONTENDERS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let contenders: usize = std::env::var("CONTENDERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let managers: Vec<_> = (0..contenders)
         .map(|c| LockManager::new(config(pg, &format!("contender-{c}"), lease, beat)).start())
         .collect();

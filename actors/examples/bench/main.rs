@@ -6,6 +6,7 @@
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
+//! `CONTENDERS=N` runs the contended handoff with N managers instead of 8.
 
 mod election;
 mod faults;
