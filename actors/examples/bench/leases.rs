@@ -12,6 +12,7 @@ use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Acquire, GetStats, LockManager};
 
 use crate::Sizes;
+use crate::cpu::{CpuMark, CpuUse};
 use crate::report::{Report, Samples, ms};
 
 pub(crate) type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -156,11 +157,16 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         let raw = floor_clients(&admin_cfg, clients).await?;
         // Enough pairs per client to reach a steady state.
         let pairs = sizes.pairs.max(clients * 16);
+        let (mut floor_cpu, mut cpu) = (CpuUse::default(), CpuUse::default());
         for _ in 0..4 {
+            let mark = CpuMark::now();
             let (t, s) = floor(&admin_cfg, &raw, pairs / 4).await?;
+            mark.add_since(&mut floor_cpu);
             floor_time += t;
             floor_samples.extend(s);
+            let mark = CpuMark::now();
             let (t, s) = through_manager(&manager, clients, pairs / 4).await?;
+            mark.add_since(&mut cpu);
             time += t;
             samples.extend(s);
         }
@@ -183,6 +189,18 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             ours.p(0.99),
             floor.p(0.99),
         );
+        if clients > 1 {
+            let pairs = pairs as u32;
+            report.time(
+                &format!("lease acquire+release, {clients} client(s): this process's CPU per pair"),
+                cpu.process / pairs,
+                floor_cpu.process / pairs,
+            );
+            report.note(
+                &format!("lease acquire+release, {clients} client(s): machine busy (2 cores shared with the server), pgcoord / floor"),
+                format!("{:.0}% / {:.0}%", cpu.machine_busy(), floor_cpu.machine_busy()),
+            );
+        }
         one_client_floor.get_or_insert(floor);
     }
     let floor = one_client_floor.expect("measured above");

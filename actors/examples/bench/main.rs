@@ -8,6 +8,7 @@
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 //! `CONTENDERS=N` runs the contended handoff with N managers instead of 8.
 
+mod cpu;
 mod election;
 mod faults;
 mod held;
