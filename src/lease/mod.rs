@@ -90,6 +90,7 @@ impl LeaseInfo {
 #[derive(Debug, Clone)]
 pub struct LeaseTable {
     acquire: String,
+    acquire_or_queue: String,
     acquire_many: String,
     acquire_any: String,
     count_held: String,
@@ -155,6 +156,54 @@ impl LeaseTable {
             }),
             None => Attempt::Held(None),
         })
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a waiter: when the attempt grants nothing,
+    /// `owner` is put in line for `name` (or keeps its place) for `wait_for`, as
+    /// [`enqueue`](Self::enqueue) does, in the same statement, and the holder is reported
+    /// (`Held(None)` when the lease is free but another waiter is first in line).
+    #[instrument(skip(self, client, data), level = "debug")]
+    #[allow(clippy::too_many_arguments)]
+    pub async fn try_acquire_or_queue(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+        owner: &str,
+        data: Option<&[u8]>,
+        replace_data: bool,
+        lease: Duration,
+        wait_for: Duration,
+    ) -> Result<Attempt> {
+        check_name(name)?;
+        check_name(owner)?;
+        let rows = match client
+            .run(
+                &self.acquire_or_queue,
+                &[
+                    (&name, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&data, Type::BYTEA),
+                    (&millis(lease)?, Type::INT8),
+                    (&replace_data, Type::BOOL),
+                    (&self.sequence, Type::TEXT),
+                    (&millis(wait_for)?, Type::INT8),
+                ],
+            )
+            .await
+        {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(Attempt::Busy),
+            rows => rows?,
+        };
+        let row = rows.first();
+        if let Some(token) = row
+            .map(|r| r.try_get::<_, Option<i64>>(3))
+            .transpose()?
+            .flatten()
+        {
+            let data = row.map(|r| r.try_get(4)).transpose()?.flatten();
+            return Ok(Attempt::Granted(Grant { token, data }));
+        }
+        Ok(Attempt::Held(holder_from(row)?))
     }
 
     /// Reserves the next grant of `name` for `owner` (unless another waiter has a live

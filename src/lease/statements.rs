@@ -83,6 +83,45 @@ impl LeaseTable {
                  SELECT token, data FROM granted",
                 first = may_go("$1", "$2"),
             ),
+            // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence, $7 ms.
+            // `acquire`, and when it grants nothing, `enqueue` in the same statement: a waiter's
+            // lost attempt puts it in line (or keeps its place) for $7 without a second round
+            // trip. Columns: the holder as `holder` reads it (owner, token, ms left), then the
+            // grant (token, data); a grant has no holder columns, a refusal no grant.
+            acquire_or_queue: format!(
+                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
+                 granted AS (
+                     INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                     SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
+                            now() + $4 * interval '1 millisecond'
+                     FROM (SELECT count(*) FROM locked) AS row_lock
+                     WHERE {first}
+                     ON CONFLICT (name) DO UPDATE SET
+                         owner = EXCLUDED.owner, token = EXCLUDED.token,
+                         data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
+                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                     RETURNING l.name, l.token, l.data
+                 ), served AS (
+                     DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
+                 ), pruned AS (
+                     DELETE FROM {q} WHERE name = $1 AND waiter <> $2 AND until <= clock_timestamp()
+                       AND NOT EXISTS (SELECT 1 FROM granted)
+                 ), queued AS (
+                     INSERT INTO {q} AS w (name, waiter, queued_at, until)
+                     SELECT $1, $2, clock_timestamp(), clock_timestamp() + $7 * interval '1 millisecond'
+                     WHERE NOT EXISTS (SELECT 1 FROM granted)
+                     ON CONFLICT (name, waiter) DO UPDATE SET
+                         until = EXCLUDED.until,
+                         queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
+                                          ELSE w.queued_at END
+                 )
+                 SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data FROM granted
+                 UNION ALL
+                 SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea
+                 FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)",
+                first = may_go("$1", "$2"),
+            ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire` (group commit for one process's concurrent first attempts),
             // with the same conditions, except that a row another transaction holds is skipped

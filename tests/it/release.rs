@@ -262,3 +262,45 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
 }
+
+#[tokio::test]
+async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_statement() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let wait = |owner: &'static str| {
+        let (table, client) = (&table, &client);
+        async move {
+            table
+                .try_acquire_or_queue(client, "job", owner, None, false, LEASE, LEASE)
+                .await
+                .unwrap()
+        }
+    };
+    // Free: granted, as try_acquire would.
+    let Attempt::Granted(g) = wait("holder").await else {
+        panic!("a free lease is granted")
+    };
+    // Held: refused with the holder, and in line.
+    match wait("waiter").await {
+        Attempt::Held(Some(holder)) => {
+            assert_eq!((holder.owner.as_str(), holder.token), ("holder", g.token))
+        }
+        other => panic!("{other:?}"),
+    }
+    table.release(&client, "job", g.token, false).await.unwrap();
+    // The releaser asking again is behind the waiter (free, so no holder to name).
+    assert!(matches!(wait("holder").await, Attempt::Held(None)));
+    let Attempt::Granted(g) = wait("waiter").await else {
+        panic!("the first in line is granted")
+    };
+    table.release(&client, "job", g.token, false).await.unwrap();
+    // The releaser was put in line by its refused attempt: it is first now.
+    assert!(matches!(
+        table
+            .try_acquire(&client, "job", "newcomer", None, false, LEASE)
+            .await
+            .unwrap(),
+        Attempt::Held(_)
+    ));
+    grant(&table, &client, "job", "holder", LEASE).await;
+}

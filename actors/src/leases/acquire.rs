@@ -177,20 +177,40 @@ impl AcquireJob {
             let bound = bound_from_now(deadline, self.pool.statement_timeout());
             let statements = until(&*conn, bound);
             let sent = Instant::now();
+            // A waiting attempt may put us in line even when its answer is lost: from here on,
+            // leaving without the lease must take us out (dequeuing is safe to repeat).
+            reserved |= !*fail_if_locked;
             let attempt = pgcoord::db::retry(|| async {
                 self.statements_sent
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let attempt = self
-                    .table
-                    .try_acquire(
-                        &statements,
-                        name,
-                        &self.owner,
-                        data.as_deref(),
-                        *replace_data,
-                        self.lease,
-                    )
-                    .await?;
+                // A waiter's lost attempt also puts it in line, in the same statement.
+                let attempt = match *fail_if_locked {
+                    true => {
+                        self.table
+                            .try_acquire(
+                                &statements,
+                                name,
+                                &self.owner,
+                                data.as_deref(),
+                                *replace_data,
+                                self.lease,
+                            )
+                            .await?
+                    }
+                    false => {
+                        self.table
+                            .try_acquire_or_queue(
+                                &statements,
+                                name,
+                                &self.owner,
+                                data.as_deref(),
+                                *replace_data,
+                                self.lease,
+                                self.lease * 2,
+                            )
+                            .await?
+                    }
+                };
                 match (&attempt, *fail_if_locked) {
                     (Attempt::Held(_) | Attempt::Busy, true) => {
                         Ok(Attempt::Held(self.table.holder(&statements, name).await?))
@@ -222,19 +242,11 @@ impl AcquireJob {
                     busy += 1;
                     None
                 }
-                Ok(Attempt::Held(_)) => {
+                Ok(Attempt::Held(holder)) => {
+                    // In line now (the attempt put us there), so a releaser cannot take the
+                    // lease straight back.
                     busy = 0;
-                    // Reserve the next grant, so a releaser cannot take it straight back.
-                    let enqueued =
-                        self.table
-                            .enqueue(&statements, name, &self.owner, self.lease * 2);
-                    match enqueued.await {
-                        Ok(holder) => {
-                            reserved = true;
-                            holder
-                        }
-                        Err(e) => break Outcome::Failed(e),
-                    }
+                    holder
                 }
             };
             // Back to the pool while we wait.

@@ -212,3 +212,40 @@ async fn waiters_across_processes_are_served_in_arrival_order() {
     }
     again.release().await.unwrap();
 }
+
+/// Eight processes started at once take turns on one lease for two seconds: every release
+/// reaches the waiter first in line, so the lease never sits free while its waiters sleep (their
+/// polling fallback is a quarter lease, 5 s here: a missed turn would show as a gap that long).
+#[actix_rt::test]
+async fn a_contended_lease_keeps_changing_hands_from_the_start() {
+    let (setup, _) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Instant::now() + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (manager, grants) = (setup.manager(&format!("p{i}")), grants.clone());
+            actix_rt::spawn(async move {
+                while Instant::now() < stop {
+                    let lease = manager.send(Acquire::new("turns")).await.unwrap().unwrap();
+                    grants.lock().unwrap().push(Instant::now());
+                    lease.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let grants = grants.lock().unwrap();
+    let longest = grants
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!("{} grants, longest gap {longest:?}", grants.len());
+    assert!(grants.len() > 100, "{} grants", grants.len());
+    assert!(
+        longest < Duration::from_secs(1),
+        "the lease sat free for {longest:?}"
+    );
+}
