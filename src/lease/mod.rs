@@ -130,24 +130,21 @@ impl LeaseTable {
         replace_data: bool,
         lease: Duration,
     ) -> Result<Attempt> {
-        check_name(name)?;
-        check_name(owner)?;
-        let rows = match client
-            .run(
+        let rows = match self
+            .attempt(
+                client,
                 &self.acquire,
-                &[
-                    (&name, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&data, Type::BYTEA),
-                    (&millis(lease)?, Type::INT8),
-                    (&replace_data, Type::BOOL),
-                    (&self.sequence, Type::TEXT),
-                ],
+                name,
+                owner,
+                data,
+                replace_data,
+                lease,
+                None,
             )
-            .await
+            .await?
         {
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(Attempt::Busy),
-            rows => rows?,
+            Some(rows) => rows,
+            None => return Ok(Attempt::Busy),
         };
         Ok(match rows.first() {
             Some(row) => Attempt::Granted(Grant {
@@ -156,6 +153,41 @@ impl LeaseTable {
             }),
             None => Attempt::Held(None),
         })
+    }
+
+    /// Runs one attempt's statement, `sql` (`acquire` or, with `wait_for`, `acquire_or_queue`).
+    /// `None` when the lock's row is locked by another transaction (not waited for).
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt(
+        &self,
+        client: &(impl Statements + ?Sized),
+        sql: &str,
+        name: &str,
+        owner: &str,
+        data: Option<&[u8]>,
+        replace_data: bool,
+        lease: Duration,
+        wait_for: Option<Duration>,
+    ) -> Result<Option<Vec<tokio_postgres::Row>>> {
+        check_name(name)?;
+        check_name(owner)?;
+        let lease = millis(lease)?;
+        let wait_for = wait_for.map(millis).transpose()?;
+        let mut params: Vec<crate::statement::Param<'_>> = vec![
+            (&name, Type::TEXT),
+            (&owner, Type::TEXT),
+            (&data, Type::BYTEA),
+            (&lease, Type::INT8),
+            (&replace_data, Type::BOOL),
+            (&self.sequence, Type::TEXT),
+        ];
+        if let Some(wait_for) = &wait_for {
+            params.push((wait_for, Type::INT8));
+        }
+        match client.run(sql, &params).await {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
+            rows => rows.map(Some),
+        }
     }
 
     /// [`try_acquire`](Self::try_acquire) for a waiter: when the attempt grants nothing,
@@ -174,25 +206,19 @@ impl LeaseTable {
         lease: Duration,
         wait_for: Duration,
     ) -> Result<Attempt> {
-        check_name(name)?;
-        check_name(owner)?;
-        let rows = match client
-            .run(
-                &self.acquire_or_queue,
-                &[
-                    (&name, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&data, Type::BYTEA),
-                    (&millis(lease)?, Type::INT8),
-                    (&replace_data, Type::BOOL),
-                    (&self.sequence, Type::TEXT),
-                    (&millis(wait_for)?, Type::INT8),
-                ],
-            )
-            .await
-        {
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(Attempt::Busy),
-            rows => rows?,
+        let sql = &self.acquire_or_queue;
+        let attempt = self.attempt(
+            client,
+            sql,
+            name,
+            owner,
+            data,
+            replace_data,
+            lease,
+            Some(wait_for),
+        );
+        let Some(rows) = attempt.await? else {
+            return Ok(Attempt::Busy);
         };
         let row = rows.first();
         if let Some(token) = row

@@ -47,6 +47,28 @@ impl LeaseTable {
             format!("coalesce(({}), {owner}) = {owner}", first_in_line(&q, name))
         };
         let announce = announce(&q);
+        // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence: the CTEs of
+        // one attempt (`locked`, `granted`, `served`), shared by `acquire` and
+        // `acquire_or_queue`.
+        let grant_one = format!(
+            "locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
+             granted AS (
+                 INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
+                 SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
+                        now() + $4 * interval '1 millisecond'
+                 FROM (SELECT count(*) FROM locked) AS row_lock
+                 WHERE {first}
+                 ON CONFLICT (name) DO UPDATE SET
+                     owner = EXCLUDED.owner, token = EXCLUDED.token,
+                     data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
+                 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                 RETURNING l.name, l.token, l.data
+             ), served AS (
+                 DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
+             )",
+            first = may_go("$1", "$2"),
+        );
         LeaseTable {
             // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence.
             //
@@ -63,48 +85,14 @@ impl LeaseTable {
             // Waiters queue in the queue table, in arrival order: only the first in line (or
             // anyone, when nobody waits) may take the lease, whether its row exists or not, and
             // a grant takes its waiter out of the queue, so the next one is first.
-            acquire: format!(
-                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
-                 granted AS (
-                     INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                     SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
-                            now() + $4 * interval '1 millisecond'
-                     FROM (SELECT count(*) FROM locked) AS row_lock
-                     WHERE {first}
-                     ON CONFLICT (name) DO UPDATE SET
-                         owner = EXCLUDED.owner, token = EXCLUDED.token,
-                         data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
-                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
-                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
-                     RETURNING l.name, l.token, l.data
-                 ), served AS (
-                     DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
-                 )
-                 SELECT token, data FROM granted",
-                first = may_go("$1", "$2"),
-            ),
+            acquire: format!("WITH {grant_one} SELECT token, data FROM granted"),
             // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence, $7 ms.
             // `acquire`, and when it grants nothing, `enqueue` in the same statement: a waiter's
             // lost attempt puts it in line (or keeps its place) for $7 without a second round
             // trip. Columns: the holder as `holder` reads it (owner, token, ms left), then the
             // grant (token, data); a grant has no holder columns, a refusal no grant.
             acquire_or_queue: format!(
-                "WITH locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
-                 granted AS (
-                     INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
-                     SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
-                            now() + $4 * interval '1 millisecond'
-                     FROM (SELECT count(*) FROM locked) AS row_lock
-                     WHERE {first}
-                     ON CONFLICT (name) DO UPDATE SET
-                         owner = EXCLUDED.owner, token = EXCLUDED.token,
-                         data = CASE WHEN $5 THEN EXCLUDED.data ELSE coalesce(l.data, EXCLUDED.data) END,
-                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, kept = false
-                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
-                     RETURNING l.name, l.token, l.data
-                 ), served AS (
-                     DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
-                 ), pruned AS (
+                "WITH {grant_one}, pruned AS (
                      DELETE FROM {q} WHERE name = $1 AND waiter <> $2 AND until <= clock_timestamp()
                        AND NOT EXISTS (SELECT 1 FROM granted)
                  ), queued AS (
@@ -119,8 +107,7 @@ impl LeaseTable {
                  SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data FROM granted
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea
-                 FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)",
-                first = may_go("$1", "$2"),
+                 FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)"
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire` (group commit for one process's concurrent first attempts),

@@ -165,11 +165,18 @@ async fn a_failover_to_an_asynchronous_standby_can_lose_an_acknowledged_grant_ye
         .await
         .unwrap_err();
     assert!(err.is_lock_lost(), "{err}");
-    // ...its next renewal reports the loss...
+    // ...its next renewal reports the loss — or, when the failover outlasted the holder's own
+    // deadline (a slow promotion on a loaded machine), the deadline reported it first...
     let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost())
         .await
         .expect("reported");
-    assert_eq!(reason, pgcoord_actors::LossReason::TakenOver);
+    assert!(
+        matches!(
+            reason,
+            pgcoord_actors::LossReason::TakenOver | pgcoord_actors::LossReason::DeadlinePassed
+        ),
+        "{reason:?}"
+    );
     // ...but the acknowledged grant and fenced write are gone: the checker says so. This is why
     // pgcoord requires synchronous replication.
     let verdict = workload.verdict(&[ack]).await;
