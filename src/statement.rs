@@ -15,8 +15,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, Statement, Transaction};
+use tokio_postgres::{Client, Row, Socket, Statement, Transaction};
+use tracing::{debug, warn};
 
 use crate::error::Result;
 use crate::tls::Tls;
@@ -40,7 +42,7 @@ pub trait Session: Statements + Send {
     /// The underlying client (its cancel token, whether it closed).
     fn client(&self) -> &Client;
     /// Asks the server to cancel whatever runs on this connection, on a task of its own,
-    /// bounded ([`crate::db::cancel`], with the TLS settings the connection was opened with).
+    /// bounded ([`cancel`], with the TLS settings the connection was opened with).
     fn cancel(&self);
     /// Marks the connection as not to be used again: a pool closes it (or, for an
     /// application's pool, keeps it aside until it answers again) instead of reusing it.
@@ -98,7 +100,7 @@ impl Session for CachingClient {
     }
 
     fn cancel(&self) {
-        crate::db::cancel(&self.client, self.tls.clone());
+        cancel(&self.client, self.tls.clone());
     }
 
     fn discard(&self) {
@@ -183,4 +185,29 @@ fn is_stale(error: &tokio_postgres::Error) -> bool {
     matches!(error.code(), Some(c) if *c == SqlState::FEATURE_NOT_SUPPORTED
         || *c == SqlState::UNDEFINED_TABLE
         || *c == SqlState::UNDEFINED_COLUMN)
+}
+
+/// How long a cancel request may take; it opens a connection of its own.
+const CANCEL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Asks the server to cancel whatever `client` is running, on a task of its own, bounded. The
+/// request opens a connection of its own, with `tls` (the connection's own TLS settings: a
+/// server that requires TLS refuses a plain one).
+pub fn cancel<T>(client: &tokio_postgres::Client, tls: T)
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let token = client.cancel_token();
+    tokio::spawn(async move {
+        match tokio::time::timeout(CANCEL_BOUND, token.cancel_query(tls)).await {
+            Ok(Ok(())) => debug!("statement cancelled on the server"),
+            Ok(Err(e)) => warn!(error = %e, "cannot cancel a statement on the server"),
+            Err(_) => warn!(
+                "cancel request unanswered; the server ends the statement when it notices the closed connection"
+            ),
+        }
+    });
 }

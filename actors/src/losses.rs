@@ -19,6 +19,16 @@ pub enum LockKey {
     Advisory(i64),
 }
 
+impl LockKey {
+    /// The `kind` label of the losses metric.
+    fn kind(&self) -> &'static str {
+        match self {
+            LockKey::Lease(_) => "lease",
+            LockKey::Advisory(_) => "advisory",
+        }
+    }
+}
+
 /// Why a lock was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -37,6 +47,19 @@ pub enum LossReason {
     /// The session holding an advisory lock stopped answering pings. Its server session may
     /// still be alive, but the lock is given up: keeping a lock already lost is the worse bug.
     Stalled,
+}
+
+impl LossReason {
+    /// The `reason` label of the losses metric.
+    fn label(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "taken_over",
+            LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::ConnectionLost => "connection_lost",
+            LossReason::Shutdown => "shutdown",
+            LossReason::Stalled => "stalled",
+        }
+    }
 }
 
 /// Broadcast to every subscriber, exactly once per lost lock.
@@ -82,7 +105,7 @@ impl LossSubscribers {
     /// `do_send` ignores the mailbox's capacity: a loss report must never be dropped because a
     /// subscriber is busy.
     pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        crate::metrics::loss(&self.owner, &lost);
+        crate::metrics::loss(&self.owner, lost.key.kind(), lost.reason.label());
         self.subscribers.retain(|s| {
             s.do_send(lost.clone());
             s.connected()

@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
-use crate::losses::{LockKey, LockLost, LossReason};
-
 /// Gauge: leases a `LockManager` holds.
 pub const LEASES_HELD: &str = "pgcoord_leases_held";
 /// Counter: acquires (leases and semaphore permits) by `outcome`: `granted`, `not_acquired`,
@@ -142,18 +140,7 @@ impl ListenerMetrics {
 }
 
 /// Counts one lost lock (rare: the handle is made per loss).
-pub(crate) fn loss(owner: &str, lost: &LockLost) {
-    let kind = match lost.key {
-        LockKey::Lease(_) => "lease",
-        LockKey::Advisory(_) => "advisory",
-    };
-    let reason = match lost.reason {
-        LossReason::TakenOver => "taken_over",
-        LossReason::DeadlinePassed => "deadline_passed",
-        LossReason::ConnectionLost => "connection_lost",
-        LossReason::Shutdown => "shutdown",
-        LossReason::Stalled => "stalled",
-    };
+pub(crate) fn loss(owner: &str, kind: &'static str, reason: &'static str) {
     counter!(LOSSES, "owner" => owner.to_owned(), "kind" => kind, "reason" => reason).increment(1);
 }
 

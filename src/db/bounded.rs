@@ -13,18 +13,14 @@
 //!   statements that are safe to run twice are retried then ([`Pool::idempotent`]); the call
 //!   sites say why each one is.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Row, Socket};
-use tracing::{debug, warn};
+use tokio_postgres::Row;
+use tracing::debug;
 
 use crate::db::Pool;
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{BoxFuture, Param, Session, Statements};
-
-/// How long a cancel request may take; it opens a connection of its own.
-const CANCEL_BOUND: Duration = Duration::from_secs(5);
 
 /// Statements on pooled connections, each bounded by one deadline. Made by
 /// [`Pool::statements`] and [`Pool::idempotent`]; implements [`Statements`], so every lease,
@@ -97,28 +93,6 @@ pub async fn run_until<S: Session + ?Sized>(
             ))
         }
     }
-}
-
-/// Asks the server to cancel whatever `client` is running, on a task of its own, bounded. The
-/// request opens a connection of its own, with `tls` (the connection's own TLS settings: a
-/// server that requires TLS refuses a plain one).
-pub fn cancel<T>(client: &tokio_postgres::Client, tls: T)
-where
-    T: MakeTlsConnect<Socket> + Send + 'static,
-    T::Stream: Send,
-    T::TlsConnect: Send,
-    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-{
-    let token = client.cancel_token();
-    tokio::spawn(async move {
-        match tokio::time::timeout(CANCEL_BOUND, token.cancel_query(tls)).await {
-            Ok(Ok(())) => debug!("statement cancelled on the server"),
-            Ok(Err(e)) => warn!(error = %e, "cannot cancel a statement on the server"),
-            Err(_) => warn!(
-                "cancel request unanswered; the server ends the statement when it notices the closed connection"
-            ),
-        }
-    });
 }
 
 /// Statements on one given connection, each bounded by one deadline: for dedicated connections

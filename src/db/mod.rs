@@ -19,8 +19,9 @@ mod connect;
 mod pool;
 
 pub use crate::backoff::Backoff;
+pub use crate::statement::cancel;
 pub use borrowed::Borrowed;
-pub use bounded::{Bounded, Until, cancel, run_until, until};
+pub use bounded::{Bounded, Until, run_until, until};
 pub use check::check_server;
 pub use connect::{Dedicated, connect, connect_as, connect_spawned, ping};
 pub use pool::{Manager, Pool, Pooled};

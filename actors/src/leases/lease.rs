@@ -30,9 +30,19 @@ pub(crate) enum LeaseHolder {
         manager: Addr<LockManager>,
         table: Arc<LeaseTable>,
     },
-    /// The in-memory backend.
+    /// Another backend (the in-memory one).
     #[cfg(feature = "memory")]
-    Memory(crate::backend::memory::MemoryHolder),
+    Other(Arc<dyn LeaseKeeper>),
+}
+
+/// What keeps the leases of a backend other than PostgreSQL: it ends a tenure and tells
+/// whether one is current.
+#[cfg(feature = "memory")]
+pub(crate) trait LeaseKeeper: Send + Sync {
+    /// Ends the tenure `token` of `name`; [`ErrorKind::LockLost`] when it is not current.
+    fn release(&self, name: &str, token: i64) -> Result<()>;
+    /// Whether `token` is `name`'s current tenure; [`ErrorKind::LockLost`] when not.
+    fn check(&self, name: &str, token: i64) -> Result<()>;
 }
 
 impl Lease {
@@ -84,7 +94,7 @@ impl Lease {
                 table.fence(client, &self.name, self.token).await
             }
             #[cfg(feature = "memory")]
-            LeaseHolder::Memory(memory) => memory.fence(&self.name, self.token),
+            LeaseHolder::Other(keeper) => keeper.check(&self.name, self.token),
         }
     }
 
@@ -100,7 +110,7 @@ impl Lease {
                 Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}"))
             })?,
             #[cfg(feature = "memory")]
-            LeaseHolder::Memory(memory) => memory.release(&release.name, release.token),
+            LeaseHolder::Other(keeper) => keeper.release(&release.name, release.token),
         }
     }
 }
@@ -116,8 +126,8 @@ impl Drop for Lease {
                 token: self.token,
             }),
             #[cfg(feature = "memory")]
-            LeaseHolder::Memory(memory) => {
-                let _ = memory.release(&self.name, self.token);
+            LeaseHolder::Other(keeper) => {
+                let _ = keeper.release(&self.name, self.token);
             }
         }
     }

@@ -32,7 +32,7 @@ mod with_lock;
 #[cfg(feature = "memory")]
 pub(crate) use acquire::already_held;
 #[cfg(feature = "memory")]
-pub(crate) use lease::LeaseHolder;
+pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 
 pub use acquire::AcquireResponse;
 pub use claim::Claim;

@@ -153,7 +153,7 @@ impl Locking for MemoryCoordinator {
                 name,
                 token,
                 data,
-                holder: crate::leases::LeaseHolder::Memory(MemoryHolder { shared }),
+                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
                 lost,
                 released: false,
             })
@@ -215,16 +215,16 @@ impl Signalling for MemoryCoordinator {
 }
 
 /// What a [`Lease`] of the in-memory backend releases into.
-pub(crate) struct MemoryHolder {
+struct MemoryHolder {
     shared: Arc<Shared>,
 }
 
-impl MemoryHolder {
-    pub(crate) fn release(&self, name: &str, token: i64) -> Result<()> {
+impl crate::leases::LeaseKeeper for MemoryHolder {
+    fn release(&self, name: &str, token: i64) -> Result<()> {
         self.shared.lock().leases.release(name, token)
     }
 
-    pub(crate) fn fence(&self, name: &str, token: i64) -> Result<()> {
+    fn check(&self, name: &str, token: i64) -> Result<()> {
         self.shared.lock().leases.check(name, token)
     }
 }
