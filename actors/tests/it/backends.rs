@@ -407,3 +407,16 @@ async fn in_memory_waiters_are_served_in_arrival_order() {
         .unwrap();
     lease.release().await.unwrap();
 }
+
+/// In memory, the fencing guard checks the token (there is no transaction to guard).
+#[actix_rt::test]
+async fn in_memory_the_fencing_guard_checks_the_token() {
+    use pgcoord_actors::backend::memory::NoDatabase;
+    let backend = MemoryBackend::new();
+    let process = backend.coordinator("a");
+    let lease = process.acquire(Acquire::new("fenced")).await.unwrap();
+    lease.fence(&NoDatabase).await.unwrap();
+    assert!(process.force_loss("fenced"));
+    let e = lease.fence(&NoDatabase).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost);
+}

@@ -214,6 +214,25 @@ impl Signalling for MemoryCoordinator {
     }
 }
 
+/// A stand-in for a database client where there is none: what a test on the in-memory backend
+/// passes to [`Lease::fence`] (which, in memory, checks the token and guards no transaction).
+/// Every statement run on it fails with [`pgcoord::ErrorKind::Other`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoDatabase;
+
+impl pgcoord::statement::Statements for NoDatabase {
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        _: &'a [pgcoord::statement::Param<'a>],
+    ) -> pgcoord::statement::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
+        Box::pin(std::future::ready(Err(pgcoord::Error::new(
+            pgcoord::ErrorKind::Other,
+            format!("the in-memory backend has no database to run {sql:?} on"),
+        ))))
+    }
+}
+
 /// What a [`Lease`] of the in-memory backend releases into.
 struct MemoryHolder {
     shared: Arc<Shared>,
