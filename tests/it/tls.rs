@@ -43,6 +43,12 @@ async fn encrypted(client: &tokio_postgres::Client) -> bool {
         .get(0)
 }
 
+/// Whether a connection from `pool` is encrypted.
+async fn pooled_encrypted(pool: &pgcoord::Pool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    encrypted(pool.checkout(deadline).await.unwrap().client()).await
+}
+
 /// A PEM file with the certificate of an authority the server's certificate is not from.
 fn unrelated_root() -> tempfile::TempPath {
     let authority = CertificateAuthority::new("someone else").unwrap();
@@ -63,13 +69,8 @@ async fn verify_full_with_the_right_authority_encrypts_every_connection() {
         assert!(encrypted(&session).await, "dedicated session to {host}");
 
         // The pool's connections too.
-        let pool = pgcoord::Pool::new(&config);
-        let conn = pool
-            .checkout(Instant::now() + Duration::from_secs(5))
-            .await
-            .unwrap();
         assert!(
-            encrypted(conn.client()).await,
+            pooled_encrypted(&pgcoord::Pool::new(&config)).await,
             "pooled connection to {host}"
         );
         pgcoord::schema::migrate(&session, &config).await.unwrap();
@@ -164,13 +165,8 @@ async fn a_rustls_configuration_of_the_callers_and_an_application_pool_with_pgco
         .build(manager)
         .await
         .unwrap();
-    let pool = pgcoord::Pool::from_bb8(&config, app_pool);
-    let conn = pool
-        .checkout(Instant::now() + Duration::from_secs(5))
-        .await
-        .unwrap();
     assert!(
-        encrypted(conn.client()).await,
+        pooled_encrypted(&pgcoord::Pool::from_bb8(&config, app_pool)).await,
         "the application pool's connection"
     );
 }
