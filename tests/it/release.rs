@@ -304,3 +304,35 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
     ));
     grant(&table, &client, "job", "holder", LEASE).await;
 }
+
+#[tokio::test]
+async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    // A waiter that will never come back (its process died without leaving the line).
+    table
+        .enqueue(&client, "job", "ghost", Duration::from_millis(300))
+        .await
+        .unwrap();
+    let attempt = table
+        .try_acquire(&client, "job", "me", None, false, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(attempt, Attempt::Held(None)), "the ghost is first");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    grant(&table, &client, "job", "me", LEASE).await;
+    // The lapsed place is pruned when someone queues next.
+    table.enqueue(&client, "job", "next", LEASE).await.unwrap();
+    let left: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE waiter = 'ghost'",
+                config.lock_queue().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
