@@ -25,7 +25,7 @@ pub struct AcquireRequest<'a> {
 impl LeaseTable {
     /// One attempt at each of `requests` (distinct names) for `owner`, in one statement, with
     /// the conditions of [`try_acquire`](Self::try_acquire). Returns the grants by name; a name
-    /// missing from the map was not granted — held by someone, reserved for another waiter, or
+    /// missing from the map was not granted — held by someone, another waiter first in line, or
     /// its row locked by another transaction (not waited for) — and its caller asks again alone
     /// to learn which.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]

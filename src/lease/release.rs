@@ -10,7 +10,7 @@ use super::{LeaseTable, check_name};
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::Statements;
 
-/// A release (or a waiter giving its reservation up) as announced on the lease channel
+/// A release (or the first waiter leaving the line) as announced on the lease channel
 /// ([`LeaseTable::channel`]).
 ///
 /// The payload is the name's length in bytes, a colon, the name, then the owner the next grant
@@ -23,7 +23,8 @@ use crate::statement::Statements;
 pub struct Released<'a> {
     /// The lock's name.
     pub name: &'a str,
-    /// The owner the next grant is reserved for; `None` when anyone may take it.
+    /// The waiter first in line, the only one the next grant may go to; `None` when anyone
+    /// may take it.
     pub reserved_for: Option<&'a str>,
 }
 

@@ -194,7 +194,7 @@ impl Handler<RawNotification> for LeaderObserver {
     type Result = ();
 
     fn handle(&mut self, notification: RawNotification, ctx: &mut Context<Self>) {
-        // A term ended (or a waiter gave up a reservation): who leads now is read, since the
+        // A term ended (or the first waiter left the line): who leads now is read, since the
         // announcement does not say which term it was.
         if Released::parse(&notification.payload).is_some_and(|r| r.name == self.election) {
             self.read(false, ctx);

@@ -1,4 +1,4 @@
-//! The wait of one `Acquire`: attempts, reservation, wake-ups, deadline and cancellation.
+//! The wait of one `Acquire`: attempts, its place in line, wake-ups, deadline and cancellation.
 //!
 //! Every attempt is bounded: waiting for a pooled connection and the statement itself end at the
 //! caller's deadline, or after the statement timeout when the caller has none. An attempt never
@@ -119,7 +119,7 @@ impl AcquireJob {
             fail_if_locked,
             ..
         } = &self.request;
-        let mut reserved = false;
+        let mut in_line = false;
         let mut busy = 0u32;
         // `fail_if_locked` asks alone: it needs the holder when not granted.
         let mut batched = self.batcher.as_ref().filter(|_| !*fail_if_locked);
@@ -179,7 +179,7 @@ impl AcquireJob {
             let sent = Instant::now();
             // A waiting attempt may put us in line even when its answer is lost: from here on,
             // leaving without the lease must take us out (dequeuing is safe to repeat).
-            reserved |= !*fail_if_locked;
+            in_line |= !*fail_if_locked;
             let attempt = pgcoord::db::retry(|| async {
                 self.statements_sent
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -253,7 +253,7 @@ impl AcquireJob {
             drop(conn);
             // Wake on a release, at the holder's expiry, or on the polling fallback; a row
             // locked by another transaction is asked again after a short, growing pause.
-            let nap = if busy > 0 && reserved && busy <= 4 {
+            let nap = if busy > 0 && in_line && busy <= 4 {
                 // The next grant is ours and another attempt holds the row for a moment (every
                 // waiter tries when a release is announced): ask again at once.
                 Duration::from_micros(250 * u64::from(busy))
@@ -275,12 +275,12 @@ impl AcquireJob {
                 _ = until_deadline(deadline) => break Outcome::Failed(Error::not_acquired(name, holder)),
             }
         };
-        if reserved && !matches!(outcome, Outcome::Granted { .. }) {
-            // Give the reservation up so the next waiter need not wait for it to lapse. Safe to
-            // run twice: it clears only our own reservation.
+        if in_line && !matches!(outcome, Outcome::Granted { .. }) {
+            // Leave the line so the next waiter need not wait for our place to lapse. Safe to
+            // run twice: it removes only our own place.
             let statements = self.pool.idempotent(None);
             if let Err(e) = self.table.dequeue(&statements, name, &self.owner).await {
-                debug!(%name, error = %e, "cannot give up a reservation; it lapses on its own");
+                debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
             }
         }
         outcome

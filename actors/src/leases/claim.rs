@@ -10,7 +10,7 @@ use pgcoord::lease::AcquireRequest;
 use super::{Lease, LockManager};
 use crate::batch::MAX_BATCH;
 
-/// Take each of `names` that is free now (not held, not reserved for another waiter, its row
+/// Take each of `names` that is free now (not held, no other waiter first in line, its row
 /// not locked), in one statement per thousand names; the others are left alone, not waited for.
 /// Answers the leases granted. A caller that goes away has them released.
 #[derive(Debug, Clone, Message)]

@@ -363,8 +363,8 @@ impl Handler<RawNotification> for LockManager {
 
     fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
         match Released::parse(&notification.payload) {
-            // Reserved for another process's waiter: an attempt here could only be refused.
-            // Its grant (or the reservation lapsing) is announced or polled for later.
+            // Another process's waiter is first in line: an attempt here could only be refused.
+            // Its grant (or its place lapsing) is announced or polled for later.
             Some(released) if !released.may_grant(self.config.owner()) => {}
             Some(released) => semaphore::wake_released(&self.queues, released.name),
             // Not an announcement (written by hand, say): wake whoever waits for that name.

@@ -43,7 +43,7 @@ struct Tenure {
 pub(super) enum Attempt {
     /// Granted: the token, the data, and the loss signal's receiver.
     Granted(i64, Option<Vec<u8>>, watch::Receiver<Option<LossReason>>),
-    /// Held by someone else (`None`: free, but reserved for a waiter who came first).
+    /// Held by someone else (`None`: free, but another waiter came first).
     Held(Option<Holder>),
 }
 

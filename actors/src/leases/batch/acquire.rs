@@ -1,7 +1,7 @@
 //! Batched first acquire attempts (`LeaseTable::try_acquire_many`).
 //!
 //! Only the first attempt of an `Acquire` is batched. A name the batch did not grant (held,
-//! reserved, its row locked) is asked again alone, which tells the job Busy or Held exactly as
+//! another waiter first in line, its row locked) is asked again alone, which tells the job Busy or Held exactly as
 //! before, so waiting, fairness, deadlines and cancellation keep the single-attempt path's
 //! guarantees. Every batch is bounded by the earliest bound among its jobs. When its outcome is
 //! unknown (a timeout or a connection failure after sending), each job gets the error and frees
