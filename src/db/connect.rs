@@ -92,7 +92,10 @@ pub(crate) fn describe(pg: &tokio_postgres::Config) -> String {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         #[cfg(unix)]
         Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_owned(),
+        None => match pg.get_hostaddrs().first() {
+            Some(address) => address.to_string(),
+            None => "localhost".to_owned(),
+        },
     };
     let port = pg.get_ports().first().copied().unwrap_or(5432);
     format!("{host}:{port}")

@@ -159,7 +159,25 @@ impl TlsRequest {
     /// The mode in force ([`mode`](Self::mode)) and the connector that implements it, root
     /// certificates loaded. `pg` is told whether to ask for TLS and whether to insist.
     pub(crate) fn resolve(self, pg: &mut tokio_postgres::Config) -> Result<Tls> {
-        let mode = self.mode()?;
+        let mut mode = self.mode()?;
+        if pg.get_hosts().is_empty() {
+            // tokio-postgres does no TLS handshake without a host name (it refuses one to a
+            // `hostaddr` alone, even under `prefer`).
+            match mode {
+                SslMode::Disable => {}
+                // What `prefer` meant before TLS was built in: plain.
+                SslMode::Prefer => mode = SslMode::Disable,
+                mode => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidConfig,
+                        format!(
+                            "sslmode={mode} needs the server's host name: give host= (with \
+                             hostaddr= for the address to connect to)"
+                        ),
+                    ));
+                }
+            }
+        }
         pg.ssl_mode(mode.negotiation());
         #[cfg(feature = "tls")]
         let connector = {
@@ -214,13 +232,6 @@ impl MakeTlsConnect<Socket> for Tls {
     type Error = <Connector as MakeTlsConnect<Socket>>::Error;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error> {
-        // tokio-postgres passes no name for a host given only as `hostaddr`. Where the name is
-        // not checked, an IP address stands in (rustls sends no SNI for one); `verify-full`
-        // needs the name, and fails saying so.
-        let domain = match domain {
-            "" if self.mode != SslMode::VerifyFull => "0.0.0.0",
-            domain => domain,
-        };
         MakeTlsConnect::<Socket>::make_tls_connect(&mut self.connector, domain)
     }
 }

@@ -192,6 +192,31 @@ async fn a_certificate_for_another_host_fails_verify_full_but_passes_verify_ca()
 }
 
 #[tokio::test]
+async fn a_server_given_only_by_address_cannot_be_reached_over_tls_and_says_so() {
+    let by_address = |mode: &str| {
+        format!(
+            "hostaddr=127.0.0.1 port={} user=postgres dbname=postgres sslmode={mode} sslrootcert={}",
+            server().port(),
+            root()
+        )
+    };
+    // tokio-postgres does no TLS handshake without a host name: `prefer` connects plain (as it
+    // did before TLS was built in) instead of failing...
+    let session = pgcoord::db::connect_spawned(&config(&by_address("prefer")))
+        .await
+        .unwrap();
+    assert!(!encrypted(&session).await);
+    // ...and modes that need TLS are refused when the configuration is built, saying why.
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let Err(e) = Config::builder().dsn(by_address(mode)).build() else {
+            panic!("{mode} without a host name was accepted")
+        };
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("give host="), "{e}");
+    }
+}
+
+#[tokio::test]
 async fn require_prefer_and_disable_do_what_libpq_does() {
     // require: encrypted, nothing verified (no root certificate given).
     let session = pgcoord::db::connect_spawned(&config(&dsn("localhost", "sslmode=require")))
