@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorKind, Holder, Result};
 use crate::statement::Statements;
 
 mod batch;
+mod line;
 mod release;
 mod semaphore;
 mod statements;
@@ -188,98 +189,6 @@ impl LeaseTable {
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
             rows => rows.map(Some),
         }
-    }
-
-    /// [`try_acquire`](Self::try_acquire) for a waiter: when the attempt grants nothing,
-    /// `owner` is put in line for `name` (or keeps its place) for `wait_for`, as
-    /// [`enqueue`](Self::enqueue) does, in the same statement, and the holder is reported
-    /// (`Held(None)` when the lease is free but another waiter is first in line).
-    #[instrument(skip(self, client, data), level = "debug")]
-    #[allow(clippy::too_many_arguments)]
-    pub async fn try_acquire_or_queue(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-        data: Option<&[u8]>,
-        replace_data: bool,
-        lease: Duration,
-        wait_for: Duration,
-    ) -> Result<Attempt> {
-        let sql = &self.acquire_or_queue;
-        let attempt = self.attempt(
-            client,
-            sql,
-            name,
-            owner,
-            data,
-            replace_data,
-            lease,
-            Some(wait_for),
-        );
-        let Some(rows) = attempt.await? else {
-            return Ok(Attempt::Busy);
-        };
-        let row = rows.first();
-        if let Some(token) = row
-            .map(|r| r.try_get::<_, Option<i64>>(3))
-            .transpose()?
-            .flatten()
-        {
-            let data = row.map(|r| r.try_get(4)).transpose()?.flatten();
-            return Ok(Attempt::Granted(Grant { token, data }));
-        }
-        Ok(Attempt::Held(holder_from(row)?))
-    }
-
-    /// Reserves the next grant of `name` for `owner` (unless another waiter has a live
-    /// reservation) for `hold_for`, and returns the current holder. `Ok(None)` when the row is
-    /// gone or free: try again at once.
-    #[instrument(skip(self, client), level = "debug")]
-    pub async fn enqueue(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-        hold_for: Duration,
-    ) -> Result<Option<Holder>> {
-        let rows = client
-            .run(
-                &self.enqueue,
-                &[
-                    (&name, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&millis(hold_for)?, Type::INT8),
-                ],
-            )
-            .await?;
-        holder_from(rows.first())
-    }
-
-    /// Gives up `owner`'s reservation of `name`, when it has one.
-    pub async fn dequeue(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-    ) -> Result<()> {
-        client
-            .run(
-                &self.dequeue,
-                &[
-                    (&name, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&self.channel, Type::TEXT),
-                ],
-            )
-            .await?;
-        // A row that only stayed for this reservation goes with it.
-        self.cleanup(client, name).await
-    }
-
-    async fn cleanup(&self, client: &(impl Statements + ?Sized), name: &str) -> Result<()> {
-        client.run(&self.cleanup, &[(&name, Type::TEXT)]).await?;
-        Ok(())
     }
 
     /// Releases `name` if `owner` holds it, whatever the token: for an acquire whose outcome is

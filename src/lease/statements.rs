@@ -24,6 +24,27 @@ fn announce(q: &str) -> String {
     )
 }
 
+/// The CTEs that put waiter `owner` in line for `name` for `ms` milliseconds, in queue table
+/// `q`, keeping its place when it has a live one, and prune other waiters whose place lapsed;
+/// only when `when` (an SQL condition) holds. Shared by `enqueue` and `acquire_or_queue`.
+fn line_up(q: &str, name: &str, owner: &str, ms: &str, when: &str) -> String {
+    format!(
+        "pruned AS (
+             DELETE FROM {q} WHERE name = {name} AND waiter <> {owner}
+               AND until <= clock_timestamp() AND {when}
+         ), queued AS (
+             INSERT INTO {q} AS w (name, waiter, queued_at, until)
+             SELECT {name}, {owner}, clock_timestamp(),
+                    clock_timestamp() + {ms} * interval '1 millisecond'
+             WHERE {when}
+             ON CONFLICT (name, waiter) DO UPDATE SET
+                 until = EXCLUDED.until,
+                 queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
+                                  ELSE w.queued_at END
+         )"
+    )
+}
+
 /// The live waiter first in line for the lease `name` (an SQL expression), in queue table `q`.
 fn first_in_line(q: &str, name: &str) -> String {
     format!(
@@ -92,22 +113,12 @@ impl LeaseTable {
             // trip. Columns: the holder as `holder` reads it (owner, token, ms left), then the
             // grant (token, data); a grant has no holder columns, a refusal no grant.
             acquire_or_queue: format!(
-                "WITH {grant_one}, pruned AS (
-                     DELETE FROM {q} WHERE name = $1 AND waiter <> $2 AND until <= clock_timestamp()
-                       AND NOT EXISTS (SELECT 1 FROM granted)
-                 ), queued AS (
-                     INSERT INTO {q} AS w (name, waiter, queued_at, until)
-                     SELECT $1, $2, clock_timestamp(), clock_timestamp() + $7 * interval '1 millisecond'
-                     WHERE NOT EXISTS (SELECT 1 FROM granted)
-                     ON CONFLICT (name, waiter) DO UPDATE SET
-                         until = EXCLUDED.until,
-                         queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
-                                          ELSE w.queued_at END
-                 )
+                "WITH {grant_one}, {line_up}
                  SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data FROM granted
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea
-                 FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)"
+                 FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)",
+                line_up = line_up(&q, "$1", "$2", "$7", "NOT EXISTS (SELECT 1 FROM granted)"),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire` (group commit for one process's concurrent first attempts),
@@ -180,17 +191,9 @@ impl LeaseTable {
             // it is there, refreshing how long it stays), drops waiters whose time ran out, and
             // reports the holder. A waiter refreshes its place at every attempt it loses.
             enqueue: format!(
-                "WITH pruned AS (
-                     DELETE FROM {q} WHERE name = $1 AND waiter <> $2 AND until <= clock_timestamp()
-                 ), queued AS (
-                     INSERT INTO {q} AS w (name, waiter, queued_at, until)
-                     VALUES ($1, $2, clock_timestamp(), clock_timestamp() + $3 * interval '1 millisecond')
-                     ON CONFLICT (name, waiter) DO UPDATE SET
-                         until = EXCLUDED.until,
-                         queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
-                                          ELSE w.queued_at END
-                 )
-                 SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
+                "WITH {line_up}
+                 SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1",
+                line_up = line_up(&q, "$1", "$2", "$3", "true"),
             ),
             // $1 name, $2 owner, $3 channel. A waiter leaving the line: when it was first and the
             // lease is free, the release it would have taken is announced again, naming the next

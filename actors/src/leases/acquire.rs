@@ -184,32 +184,24 @@ impl AcquireJob {
                 self.statements_sent
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // A waiter's lost attempt also puts it in line, in the same statement.
-                let attempt = match *fail_if_locked {
-                    true => {
-                        self.table
-                            .try_acquire(
-                                &statements,
-                                name,
-                                &self.owner,
-                                data.as_deref(),
-                                *replace_data,
-                                self.lease,
-                            )
-                            .await?
-                    }
-                    false => {
-                        self.table
-                            .try_acquire_or_queue(
-                                &statements,
-                                name,
-                                &self.owner,
-                                data.as_deref(),
-                                *replace_data,
-                                self.lease,
-                                self.lease * 2,
-                            )
-                            .await?
-                    }
+                let (table, owner, data) = (&self.table, &self.owner, data.as_deref());
+                let (replace, lease) = (*replace_data, self.lease);
+                let attempt = if *fail_if_locked {
+                    table
+                        .try_acquire(&statements, name, owner, data, replace, lease)
+                        .await?
+                } else {
+                    let wait_for = lease * 2;
+                    let queued = table.try_acquire_or_queue(
+                        &statements,
+                        name,
+                        owner,
+                        data,
+                        replace,
+                        lease,
+                        wait_for,
+                    );
+                    queued.await?
                 };
                 match (&attempt, *fail_if_locked) {
                     (Attempt::Held(_) | Attempt::Busy, true) => {

@@ -10,6 +10,7 @@ mod election;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
+mod memory_backend;
 mod pgbouncer;
 mod privileges;
 mod reliability;

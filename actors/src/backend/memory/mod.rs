@@ -48,7 +48,7 @@ pub struct MemoryBackend {
 }
 
 /// What a backend's coordinators share.
-pub(crate) struct Shared {
+struct Shared {
     state: Mutex<State>,
     /// What `LeaseInfo::remaining` and a holder's `remaining` report.
     lease: Duration,

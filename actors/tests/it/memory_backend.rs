@@ -1,0 +1,67 @@
+//! What only the in-memory backend promises, beyond the suite both backends pass
+//! (`backends.rs`): strict arrival order, and a fencing guard that checks the token.
+
+use std::time::Duration;
+
+use pgcoord::ErrorKind;
+use pgcoord::embedded::unique_name;
+use pgcoord_actors::backend::Locking;
+use pgcoord_actors::backend::memory::MemoryBackend;
+use pgcoord_actors::*;
+
+use super::Collector;
+
+/// In memory, waiters are served in strict arrival order (on PostgreSQL fairness is measured,
+/// not strict: see the README's known limits).
+#[actix_rt::test]
+async fn in_memory_waiters_are_served_in_arrival_order() {
+    let backend = MemoryBackend::new();
+    let holder = backend.coordinator("holder");
+    let name = unique_name("fifo");
+    let mut lease = holder.acquire(Acquire::new(&name)).await.unwrap();
+    let (order, recipient) = Collector::<Signal>::start_new();
+    let mut waiters = Vec::new();
+    for i in 0..5u8 {
+        let (process, name, recipient) = (
+            backend.coordinator(format!("w{i}")),
+            name.clone(),
+            recipient.clone(),
+        );
+        waiters.push(actix_rt::spawn(async move {
+            let lease = process.acquire(Acquire::new(&name)).await.unwrap();
+            recipient.do_send(Signal {
+                channel: "order".into(),
+                id: i.into(),
+                payload: vec![i].into(),
+            });
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lease.release().await.unwrap();
+        }));
+        // Each is queued before the next arrives.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lease.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let served: Vec<u64> = order.received().iter().map(|s| s.id).collect();
+    assert_eq!(served, vec![0, 1, 2, 3, 4]);
+    lease = holder
+        .acquire(Acquire::new(&name).fail_if_locked())
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+}
+
+/// In memory, the fencing guard checks the token (there is no transaction to guard).
+#[actix_rt::test]
+async fn in_memory_the_fencing_guard_checks_the_token() {
+    use pgcoord_actors::backend::memory::NoDatabase;
+    let backend = MemoryBackend::new();
+    let process = backend.coordinator("a");
+    let lease = process.acquire(Acquire::new("fenced")).await.unwrap();
+    lease.fence(&NoDatabase).await.unwrap();
+    assert!(process.force_loss("fenced"));
+    let e = lease.fence(&NoDatabase).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost);
+}
