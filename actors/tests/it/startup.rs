@@ -141,6 +141,18 @@ async fn connect_names_missing_tables_and_refuses_a_read_only_server() {
     assert!(err.to_string().contains("schema::migrate"), "{err}");
     assert!(err.to_string().contains("migrations/"), "{err}");
 
+    // A schema from before the waiters' table (an upgrade not migrated yet) is named too.
+    let config = setup.builder("x").build().unwrap();
+    admin
+        .batch_execute(&format!("DROP TABLE {}", config.lock_queue().quoted()))
+        .await
+        .unwrap();
+    let err = LockManager::connect(config.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("waiters' table"), "{err}");
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    LockManager::connect(config).await.unwrap();
+
     let database = unique_name("ro");
     admin
         .batch_execute(&format!("CREATE DATABASE {database}"))
