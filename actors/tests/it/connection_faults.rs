@@ -94,7 +94,7 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
     let a = manager.send(Acquire::new("a")).await.unwrap().unwrap();
     let b = manager.send(Acquire::new("b")).await.unwrap().unwrap();
     let frozen = backend_of(&admin, &format!("{app} heartbeat")).await;
-    server.freeze_backend(frozen).unwrap();
+    freeze_while_idle(&server, &admin, frozen).await;
     let before = stats(&manager).await;
 
     // Three leases: every lease would be lost three times over if renewals had stopped.
@@ -122,6 +122,31 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
     // The frozen connection was discarded: a new heartbeat session serves now.
     let now = backend_of(&admin, &format!("{app} heartbeat")).await;
     assert_ne!(now, frozen);
+}
+
+/// Freezes backend `pid` between two statements. A backend stopped in the middle of its
+/// renewal would hold the leases' row locks: every renewal, the holder's included, would then
+/// wait on it and the leases would rightly be lost — a different test from a connection that
+/// stops answering.
+async fn freeze_while_idle(server: &TempPostgres, admin: &Client, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        server.freeze_backend(pid).unwrap();
+        let state: Option<String> = admin
+            .query_one(
+                "SELECT state FROM pg_stat_activity WHERE pid = $1",
+                &[&(pid as i32)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if state.as_deref() == Some("idle") {
+            return;
+        }
+        server.thaw_backend(pid).unwrap();
+        assert!(Instant::now() < deadline, "backend {pid} never idle");
+        tokio::time::sleep(Duration::from_millis(7)).await;
+    }
 }
 
 /// A `List` on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
