@@ -53,6 +53,16 @@ fn first_in_line(q: &str, name: &str) -> String {
     )
 }
 
+// Why the batch statements read their arrays through a one-row `args` CTE: a
+// prepared statement's first five runs are planned for their parameters' values ("custom"
+// plans), and PostgreSQL keeps planning every run afresh while a custom plan looks cheaper than
+// the generic one. With `unnest($1)` and `= ANY($1)` the planner sees the array's length, so a
+// batch of 1–8 names always looks cheaper custom-planned, and each run paid about 0.4 ms of
+// planning, more than the statement itself (measured: a batch acquire+release of one name cost
+// the server 0.75–0.84 ms of CPU, against 0.19–0.33 ms for the single statements). Read through
+// a CTE column, the array's length is unknown to every plan, so both plans cost the same and
+// the generic one, planned once per connection, is kept.
+
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
     "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
@@ -126,13 +136,20 @@ impl LeaseTable {
             // (`SKIP LOCKED`, found by difference in `busy`) instead of failing the statement: its
             // caller asks again alone, which tells it Busy or Held. New names are inserted in
             // name order, so two batches inserting the same new names cannot deadlock.
+            //
+            // The arrays are read through `args` (see the note above `REMAINING_MS`), so the plan does not
+            // depend on how many names a batch has.
             acquire_many: format!(
-                "WITH req AS (
-                     SELECT * FROM unnest($1::text[], $2::bytea[], $3::bool[]) AS r(name, data, replace_data)
+                "WITH args AS MATERIALIZED (
+                     SELECT $1::text[] AS names, $2::bytea[] AS data, $3::bool[] AS replace_data
+                 ), req AS (
+                     SELECT r.* FROM args,
+                         unnest(args.names, args.data, args.replace_data) AS r(name, data, replace_data)
                  ), locked AS (
-                     SELECT l.name FROM {t} AS l WHERE l.name = ANY($1::text[]) FOR UPDATE SKIP LOCKED
+                     SELECT l.name FROM {t} AS l JOIN req ON l.name = req.name
+                     FOR UPDATE OF l SKIP LOCKED
                  ), busy AS (
-                     SELECT l.name FROM {t} AS l WHERE l.name = ANY($1::text[])
+                     SELECT l.name FROM {t} AS l JOIN req ON l.name = req.name
                      EXCEPT SELECT name FROM locked
                  ), granted AS (
                      INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
@@ -249,8 +266,10 @@ impl LeaseTable {
             // each other's rows in opposite orders (a deadlock, noticed only after the server's
             // `deadlock_timeout`); their callers release alone, which waits for one row.
             release_many: format!(
-                "WITH req AS (
-                     SELECT * FROM unnest($1::text[], $2::int8[], $3::bool[]) AS r(name, token, keep)
+                "WITH args AS MATERIALIZED (
+                     SELECT $1::text[] AS names, $2::int8[] AS tokens, $3::bool[] AS keep
+                 ), req AS (
+                     SELECT r.* FROM args, unnest(args.names, args.tokens, args.keep) AS r(name, token, keep)
                  ), locked AS (
                      SELECT l.name, l.token, r.keep FROM {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::statement::{CachingClient, Statements};
 use pgcoord::{ErrorKind, LeaseTable};
 
 use super::{LEASE, grant};
@@ -178,7 +179,6 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
 /// another transaction holds.
 #[tokio::test]
 async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows() {
-    use pgcoord::lease::AcquireRequest;
     let (config, client) = super::setup().await;
     let other = super::connect(&config).await;
     let table = LeaseTable::new(&config);
@@ -298,4 +298,62 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
         table.get(&client, "ok").await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
+}
+
+/// The batch statements keep one plan per connection. A prepared statement whose plans for its
+/// parameters' values look cheaper than its generic plan is planned afresh at every run; with
+/// the arrays' lengths visible to the planner that was every batch of a few names, and the
+/// planning cost the server more than the statement (see `src/lease/statements.rs`).
+#[tokio::test]
+async fn batch_statements_are_planned_once_per_connection() {
+    let (config, _admin) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let (client, connection) = pgcoord::db::connect(&config).await.unwrap();
+    tokio::spawn(connection);
+    let client = CachingClient::new(client, config.session_tls().clone());
+    for i in 0..12 {
+        // Batches of 1 to 3 names: short arrays are what made custom plans look cheaper.
+        let names: Vec<String> = (0..=i % 3).map(|n| format!("plan-{i}-{n}")).collect();
+        let requests: Vec<AcquireRequest> = names
+            .iter()
+            .map(|name| AcquireRequest {
+                name,
+                data: None,
+                replace_data: false,
+            })
+            .collect();
+        let grants = table
+            .try_acquire_many(&client, &requests, "me", LEASE)
+            .await
+            .unwrap();
+        assert_eq!(grants.len(), names.len());
+        let releases: Vec<ReleaseRequest> = names
+            .iter()
+            .map(|name| ReleaseRequest {
+                name,
+                token: grants[name].token,
+                keep: false,
+            })
+            .collect();
+        let released = table.release_many(&client, &releases).await.unwrap();
+        assert_eq!(released.len(), names.len());
+    }
+    let plans = client
+        .run(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+             WHERE statement LIKE '%unnest(args.names%'
+               AND statement NOT LIKE '%pg_prepared_statements%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(plans.len(), 2, "the acquire and the release batch");
+    for row in plans {
+        let (generic, custom): (i64, i64) = (row.get(0), row.get(1));
+        // PostgreSQL tries five custom plans before it compares them with the generic plan.
+        assert!(
+            custom <= 5 && generic >= 7,
+            "custom plans {custom}, generic {generic}"
+        );
+    }
 }
