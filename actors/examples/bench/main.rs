@@ -8,6 +8,7 @@
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
 //! `CONTENDERS=N` runs the contended handoff with N managers instead of 8.
 
+mod batches;
 mod cpu;
 mod election;
 mod faults;
@@ -19,6 +20,8 @@ mod semaphore;
 mod signals;
 mod unlogged;
 mod workers;
+
+use std::time::Duration;
 
 use report::Report;
 
@@ -93,6 +96,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
         held::run(&pg, &sizes, &mut report).await?;
+        let (lease, heartbeat) = (Duration::from_secs(20), Duration::from_secs(5));
+        batches::run(
+            &leases::config(&pg, "batches", lease, heartbeat),
+            &mut report,
+        )
+        .await?;
         unlogged::run(&pg, &sizes, &mut report).await?;
     }
     if run("election") {

@@ -1,0 +1,99 @@
+//! What the server spends on one acquire+release by the size of the batch statements that carry
+//! it: the batch forms of k names against the single statements, back to back on one warm
+//! connection, in the server backend's own CPU time (`/proc/<pid>/stat`). Skipped when the
+//! server's processes are not on this machine.
+
+use std::time::Duration;
+
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::statement::{CachingClient, Statements};
+use pgcoord::{Config, LeaseTable};
+
+use crate::leases::{Res, floor_clients};
+use crate::report::Report;
+
+/// Pairs per measurement: enough for a few hundred of the kernel's 10 ms CPU ticks.
+const PAIRS: usize = 4_000;
+
+pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
+    let table = LeaseTable::new(cfg);
+    let client = floor_clients(cfg, 1).await?.remove(0);
+    let pid: i32 = client.run("SELECT pg_backend_pid()", &[]).await?[0].try_get(0)?;
+    let local = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmd| cmd.windows(8).any(|w| w == b"postgres"));
+    if !local || backend_cpu(pid).is_none() {
+        return Ok(());
+    }
+    let lease = cfg.lease();
+    let single = server_cpu_per_pair(pid, async {
+        for i in 0..PAIRS {
+            let name = format!("single-{i}");
+            let Attempt::Granted(g) = table
+                .try_acquire(&*client, &name, "raw", None, false, lease)
+                .await?
+            else {
+                panic!("free")
+            };
+            table.release(&*client, &name, g.token, false).await?;
+        }
+        Ok(())
+    })
+    .await?;
+    for k in [1, 2, 4, 8, 64] {
+        let batched = server_cpu_per_pair(pid, batches(&table, &client, k, lease)).await?;
+        report.time(
+            &format!(
+                "server CPU per acquire+release, in batch statements of {k} (floor: the single statements)"
+            ),
+            batched,
+            single,
+        );
+    }
+    Ok(())
+}
+
+/// [`PAIRS`] acquires and releases in batch statements of `k` names.
+async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Duration) -> Res {
+    for round in 0..PAIRS / k {
+        let names: Vec<String> = (0..k).map(|i| format!("batch{k}-{round}-{i}")).collect();
+        let requests: Vec<AcquireRequest> = names
+            .iter()
+            .map(|name| AcquireRequest {
+                name,
+                data: None,
+                replace_data: false,
+            })
+            .collect();
+        let grants = table
+            .try_acquire_many(client, &requests, "raw", lease)
+            .await?;
+        assert_eq!(grants.len(), k, "free names");
+        let releases: Vec<ReleaseRequest> = names
+            .iter()
+            .map(|name| ReleaseRequest {
+                name,
+                token: grants[name].token,
+                keep: false,
+            })
+            .collect();
+        table.release_many(client, &releases).await?;
+    }
+    Ok(())
+}
+
+/// The server backend's CPU time per pair while `work` runs [`PAIRS`] pairs.
+async fn server_cpu_per_pair(pid: i32, work: impl Future<Output = Res>) -> Res<Duration> {
+    let before = backend_cpu(pid).ok_or("backend gone")?;
+    work.await?;
+    let used = backend_cpu(pid).ok_or("backend gone")? - before;
+    Ok(used / PAIRS as u32)
+}
+
+/// User and system CPU time of process `pid`, from `/proc` (in the kernel's 10 ms ticks).
+fn backend_cpu(pid: i32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
