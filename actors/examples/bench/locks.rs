@@ -84,12 +84,18 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let manager = manager.expect("at least one repetition");
     let admin = pgcoord::db::connect_spawned(&config).await?;
     let (raw, ours) = (Samples::new(raw_all), Samples::new(ours_all));
-    // Each side's connections land on fast or slow placements at random, so the medians of the
-    // repetitions' p50s are compared: each side samples both modes alike.
+    // Each side's connections land on fast or slow placements at random, for a repetition's
+    // whole life, so the two sides' medians can come from different modes (one run: pgcoord's
+    // median p50 from slow repetitions, the raw pair's from fast ones, 5.9× apart, while the
+    // median of the repetitions' own ratios was 1.39×). The repetition whose ratio is the median
+    // is reported: both of its sides ran side by side on the same machine.
+    let mut by_ratio: Vec<usize> = (0..repetitions).collect();
+    by_ratio.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+    let median = by_ratio[repetitions / 2];
     report.time(
-        &format!("advisory lock+unlock through the runtime, median of {repetitions} repetitions' p50 (floor: the prepared raw pair)"),
-        Samples::new(ours_p50s).p(0.5),
-        Samples::new(raw_p50s).p(0.5),
+        &format!("advisory lock+unlock through the runtime, p50, the repetition with the median ratio of {repetitions} (floor: the prepared raw pair)"),
+        ours_p50s[median],
+        raw_p50s[median],
     );
     report.time("advisory lock+unlock p99", ours.p(0.99), raw.p(0.99));
     ratios.sort_by(f64::total_cmp);
