@@ -5,9 +5,12 @@
 //! A caller hands its item to a [`Batcher`] and waits for its own answer. The batcher takes
 //! whatever has queued while earlier batches were in flight (at most [`MAX_BATCH`], and at most
 //! [`IN_FLIGHT`] batches at once), so an idle manager sends a lone item at once and a busy one
-//! sends fewer, larger statements: one round trip and one commit for many callers. An item alone
-//! (nothing else under way) goes at once, without the batcher. An item the batch could not settle (a row another transaction holds, say) is done
-//! alone by its caller, so every caller gets exactly the answer a single statement would give.
+//! sends fewer, larger statements: one round trip and one commit for many callers. A batch of
+//! one goes as the single statement. A notification with nothing else under way skips the
+//! batching task ([`NOTIFY_BATCH_FROM`]); lease requests always take it
+//! ([`LEASES_BATCH_FROM`]). An item the batch could not settle (a row another transaction holds,
+//! say) is done alone by its caller, so every caller gets exactly the answer a single statement
+//! would give.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -20,14 +23,18 @@ use tokio::sync::{Semaphore, mpsc};
 /// The most items in one statement.
 pub(crate) const MAX_BATCH: usize = 1000;
 
-/// How many items must be under way at once before they are batched; below it an item goes
-/// alone, on its own pooled connection. Measured (docs/BENCHMARKS.md, 2 cores): batching whenever
-/// two are under way makes 64 clients of one manager about 4× faster than the unbatched floor on
-/// 64 connections, and 8 clients faster than it on a cluster with durable commits; with 16, 64
-/// clients gain only 2×. On a cluster with `fsync=off` a few closed-loop callers run up to a
-/// third slower batched than side by side, since their commits cost nothing: durable commits
-/// are what pgcoord assumes in production.
-pub(crate) const BATCH_FROM: usize = 2;
+/// How many items must be under way at once before they are batched, for leases: one, so every
+/// acquire attempt and release goes through the batching task, which sends a batch of one as
+/// the single statement. Callers woken together by the answer to one batch then queue together
+/// (see `collect`), so 8 closed-loop clients move in batches of 8 (measured, docs/BENCHMARKS.md:
+/// 0.6–0.7× the time of the unbatched floor on 8 connections, where sending a request alone
+/// whenever nothing else was under way made a third of them single statements and ran 1.2–1.5×
+/// slower than the floor). A lone caller pays one more task hop.
+pub(crate) const LEASES_BATCH_FROM: usize = 1;
+
+/// The same for notifications: two, so a lone publish (a request, a reply) goes at once on its
+/// own connection, and only a burst is batched.
+pub(crate) const NOTIFY_BATCH_FROM: usize = 2;
 
 /// The most batches in flight at once: enough to keep a connection busy while the next batch
 /// fills, few enough that batches do form.
@@ -45,6 +52,8 @@ pub(crate) struct Batcher<I> {
     queue: mpsc::UnboundedSender<I>,
     /// Items under way, batched or alone.
     under_way: Arc<AtomicUsize>,
+    /// Below this many items under way, an item goes alone without the batching task.
+    batch_from: usize,
 }
 
 impl<I> Clone for Batcher<I> {
@@ -52,6 +61,7 @@ impl<I> Clone for Batcher<I> {
         Batcher {
             queue: self.queue.clone(),
             under_way: self.under_way.clone(),
+            batch_from: self.batch_from,
         }
     }
 }
@@ -66,21 +76,26 @@ impl Drop for UnderWay {
 }
 
 impl<I: Send + 'static> Batcher<I> {
-    /// Starts the batching task on the current tokio runtime.
-    pub(crate) fn start(runner: Arc<impl RunBatch<I>>) -> Batcher<I> {
+    /// Starts the batching task on the current tokio runtime; below `batch_from` items under
+    /// way, items go alone ([`LEASES_BATCH_FROM`], [`NOTIFY_BATCH_FROM`]).
+    pub(crate) fn start(runner: Arc<impl RunBatch<I>>, batch_from: usize) -> Batcher<I> {
         let (queue, items) = mpsc::unbounded_channel();
         tokio::spawn(collect(items, runner));
         Batcher {
             queue,
             under_way: Arc::default(),
+            batch_from,
         }
     }
 
-    /// Marks an item as under way; true when fewer than [`BATCH_FROM`] are, so it goes alone at
-    /// once instead of through a batch.
+    /// Marks an item as under way; true when fewer than the batcher's `batch_from` are, so it
+    /// goes alone at once instead of through a batch.
     pub(crate) fn enter(&self) -> (UnderWay, bool) {
         let before = self.under_way.fetch_add(1, Ordering::Relaxed);
-        (UnderWay(self.under_way.clone()), before + 1 < BATCH_FROM)
+        (
+            UnderWay(self.under_way.clone()),
+            before + 1 < self.batch_from,
+        )
     }
 
     /// Queues `item` for the next batch; gives it back when the batching task is gone.
@@ -102,6 +117,9 @@ async fn collect<I: Send + 'static, R: RunBatch<I>>(
         let Some(first) = items.recv().await else {
             return;
         };
+        // Callers woken together (by the answer to one batch) are ready to run on this thread
+        // now: one pass of the scheduler lets them queue before the batch is taken.
+        tokio::task::yield_now().await;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match items.try_recv() {

@@ -246,15 +246,16 @@ impl Actor for LockManager {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
         self.metrics = Some(crate::metrics::LeaseMetrics::new(self.config.owner()));
-        self.batcher = Some(crate::batch::Batcher::start(Arc::new(
-            batch::acquire::AcquireRunner {
+        self.batcher = Some(crate::batch::Batcher::start(
+            Arc::new(batch::acquire::AcquireRunner {
                 pool: self.pool.clone(),
                 table: self.table.clone(),
                 owner: self.config.owner().to_owned(),
                 lease: self.config.lease(),
                 statements_sent: self.acquire_statements.clone(),
-            },
-        )));
+            }),
+            crate::batch::LEASES_BATCH_FROM,
+        ));
         self.releaser = Some(batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),

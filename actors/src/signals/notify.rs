@@ -47,7 +47,7 @@ impl Notifier {
             statements_sent,
         });
         Notifier {
-            batcher: Batcher::start(runner.clone()),
+            batcher: Batcher::start(runner.clone(), crate::batch::NOTIFY_BATCH_FROM),
             runner,
         }
     }

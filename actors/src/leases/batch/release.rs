@@ -53,7 +53,7 @@ impl Releaser {
             statements_sent,
         });
         Releaser {
-            batcher: Batcher::start(runner.clone()),
+            batcher: Batcher::start(runner.clone(), crate::batch::LEASES_BATCH_FROM),
             runner,
         }
     }
