@@ -4,6 +4,7 @@
 mod advisory;
 mod app_pool;
 mod backends;
+mod batch_faults;
 mod batching;
 mod connection_faults;
 mod election;
