@@ -128,7 +128,8 @@ impl AcquireJob {
                 break Outcome::Failed(Error::not_acquired(name, None));
             }
             let bound = bound_from_now(deadline, self.pool.statement_timeout());
-            // Alone unless a burst of first attempts is under way (see `batch`). The guard marks
+            // The first attempt goes through the batching task (see `batch`); a batch of one
+            // comes back unanswered and is sent below as the single statement. The guard marks
             // this one as under way until its statement returns, so a burst is seen as one.
             let mut under_way = None;
             let mut batch = None;

@@ -58,8 +58,9 @@ impl Releaser {
         }
     }
 
-    /// Releases `name` if `token` still holds it (see `LeaseTable::release`): in a batch when
-    /// many releases are under way, alone otherwise. Bounded by the statement timeout.
+    /// Releases `name` if `token` still holds it (see `LeaseTable::release`): through the
+    /// batching task, which shares a statement among the releases under way at once and hands a
+    /// batch of one back to be sent alone. Bounded by the statement timeout.
     pub(crate) async fn release(&self, name: Arc<str>, token: i64, keep: bool) -> Result<()> {
         let (_under_way, alone) = self.batcher.enter();
         if !alone {
