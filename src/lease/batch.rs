@@ -22,6 +22,17 @@ pub struct AcquireRequest<'a> {
     pub replace_data: bool,
 }
 
+impl<'a> AcquireRequest<'a> {
+    /// An attempt at `name` with no data to store (`data: None`, `replace_data: false`).
+    pub fn new(name: &'a str) -> AcquireRequest<'a> {
+        AcquireRequest {
+            name,
+            data: None,
+            replace_data: false,
+        }
+    }
+}
+
 impl LeaseTable {
     /// One attempt at each of `requests` (distinct names) for `owner`, in one statement, with
     /// the conditions of [`try_acquire`](Self::try_acquire). Returns the grants by name; a name

@@ -314,14 +314,8 @@ async fn batch_statements_are_planned_once_per_connection() {
     for i in 0..12 {
         // Batches of 1 to 3 names: short arrays are what made custom plans look cheaper.
         let names: Vec<String> = (0..=i % 3).map(|n| format!("plan-{i}-{n}")).collect();
-        let requests: Vec<AcquireRequest> = names
-            .iter()
-            .map(|name| AcquireRequest {
-                name,
-                data: None,
-                replace_data: false,
-            })
-            .collect();
+        let requests: Vec<AcquireRequest> =
+            names.iter().map(|name| AcquireRequest::new(name)).collect();
         let grants = table
             .try_acquire_many(&client, &requests, "me", LEASE)
             .await

@@ -56,14 +56,8 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
 async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Duration) -> Res {
     for round in 0..PAIRS / k {
         let names: Vec<String> = (0..k).map(|i| format!("batch{k}-{round}-{i}")).collect();
-        let requests: Vec<AcquireRequest> = names
-            .iter()
-            .map(|name| AcquireRequest {
-                name,
-                data: None,
-                replace_data: false,
-            })
-            .collect();
+        let requests: Vec<AcquireRequest> =
+            names.iter().map(|name| AcquireRequest::new(name)).collect();
         let grants = table
             .try_acquire_many(client, &requests, "raw", lease)
             .await?;

@@ -38,14 +38,8 @@ impl Handler<Claim> for LockManager {
         let claim = async move {
             let mut granted = Vec::new();
             for chunk in names.chunks(MAX_BATCH) {
-                let requests: Vec<AcquireRequest<'_>> = chunk
-                    .iter()
-                    .map(|name| AcquireRequest {
-                        name,
-                        data: None,
-                        replace_data: false,
-                    })
-                    .collect();
+                let requests: Vec<AcquireRequest<'_>> =
+                    chunk.iter().map(|name| AcquireRequest::new(name)).collect();
                 let statements = pool.statements(None);
                 let sent = Instant::now();
                 let grants = pgcoord::db::retry(|| {
