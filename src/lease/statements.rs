@@ -53,15 +53,34 @@ fn first_in_line(q: &str, name: &str) -> String {
     )
 }
 
-// Why the batch statements read their arrays through a one-row `args` CTE: a
-// prepared statement's first five runs are planned for their parameters' values ("custom"
-// plans), and PostgreSQL keeps planning every run afresh while a custom plan looks cheaper than
-// the generic one. With `unnest($1)` and `= ANY($1)` the planner sees the array's length, so a
-// batch of 1–8 names always looks cheaper custom-planned, and each run paid about 0.4 ms of
-// planning, more than the statement itself (measured: a batch acquire+release of one name cost
-// the server 0.75–0.84 ms of CPU, against 0.19–0.33 ms for the single statements). Read through
-// a CTE column, the array's length is unknown to every plan, so both plans cost the same and
-// the generic one, planned once per connection, is kept.
+/// The CTEs `args` and `req` of a batch statement. Each of `fields` is (array, element type,
+/// field): parameter `$n` is the n-th array, `args.<array>`, and `req` has a row per batch
+/// item with the fields, in order.
+///
+/// Why through a one-row `args` CTE and not `unnest($1, …)` directly: a prepared statement's
+/// first five runs are planned for their parameters' values ("custom" plans), and PostgreSQL
+/// keeps planning every run afresh while a custom plan looks cheaper than the generic one. With
+/// `unnest($1)` and `= ANY($1)` the planner sees the array's length, so a batch of 1–8 names
+/// always looks cheaper custom-planned, and each run paid about 0.4 ms of planning, more than
+/// the statement itself (measured: a batch acquire+release of one name cost the server
+/// 0.75–0.84 ms of CPU, against 0.19–0.33 ms for the single statements). Read through a CTE
+/// column, the array's length is unknown to every plan, so both plans cost the same and the
+/// generic one, planned once per connection, is kept.
+fn batch_request(fields: &[(&str, &str, &str)]) -> String {
+    let arrays: Vec<String> = (fields.iter().enumerate())
+        .map(|(i, (array, ty, _))| format!("${}::{ty}[] AS {array}", i + 1))
+        .collect();
+    let unnested: Vec<String> = (fields.iter())
+        .map(|(array, _, _)| format!("args.{array}"))
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|(_, _, field)| *field).collect();
+    format!(
+        "args AS MATERIALIZED (SELECT {}), req AS (SELECT r.* FROM args, unnest({}) AS r({}))",
+        arrays.join(", "),
+        unnested.join(", "),
+        names.join(", ")
+    )
+}
 
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
@@ -136,16 +155,8 @@ impl LeaseTable {
             // (`SKIP LOCKED`, found by difference in `busy`) instead of failing the statement: its
             // caller asks again alone, which tells it Busy or Held. New names are inserted in
             // name order, so two batches inserting the same new names cannot deadlock.
-            //
-            // The arrays are read through `args` (see the note above `REMAINING_MS`), so the plan does not
-            // depend on how many names a batch has.
             acquire_many: format!(
-                "WITH args AS MATERIALIZED (
-                     SELECT $1::text[] AS names, $2::bytea[] AS data, $3::bool[] AS replace_data
-                 ), req AS (
-                     SELECT r.* FROM args,
-                         unnest(args.names, args.data, args.replace_data) AS r(name, data, replace_data)
-                 ), locked AS (
+                "WITH {request}, locked AS (
                      SELECT l.name FROM {t} AS l JOIN req ON l.name = req.name
                      FOR UPDATE OF l SKIP LOCKED
                  ), busy AS (
@@ -168,6 +179,11 @@ impl LeaseTable {
                      DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $4
                  )
                  SELECT name, token, data FROM granted",
+                request = batch_request(&[
+                    ("names", "text", "name"),
+                    ("data", "bytea", "data"),
+                    ("replace_data", "bool", "replace_data"),
+                ]),
                 first = may_go("r.name", "$4"),
             ),
             // $1 slot names, $2 owner, $3 lease ms, $4 sequence. One grant of any free slot of a
@@ -266,11 +282,7 @@ impl LeaseTable {
             // each other's rows in opposite orders (a deadlock, noticed only after the server's
             // `deadlock_timeout`); their callers release alone, which waits for one row.
             release_many: format!(
-                "WITH args AS MATERIALIZED (
-                     SELECT $1::text[] AS names, $2::int8[] AS tokens, $3::bool[] AS keep
-                 ), req AS (
-                     SELECT r.* FROM args, unnest(args.names, args.tokens, args.keep) AS r(name, token, keep)
-                 ), locked AS (
+                "WITH {request}, locked AS (
                      SELECT l.name, l.token, r.keep FROM {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token
                      FOR UPDATE OF l SKIP LOCKED
@@ -287,7 +299,12 @@ impl LeaseTable {
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {announce})::text FROM released"
+                 SELECT released.name, pg_notify($4, {announce})::text FROM released",
+                request = batch_request(&[
+                    ("names", "text", "name"),
+                    ("tokens", "int8", "token"),
+                    ("keep", "bool", "keep"),
+                ]),
             ),
             // Deletes the row of `name` if it is free and not kept (a reserved row of a version
             // before the queue table): safe at any moment, since each condition is checked on

@@ -9,10 +9,11 @@ use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::statement::{CachingClient, Statements};
 use pgcoord::{Config, LeaseTable};
 
+use crate::cpu::process_cpu;
 use crate::leases::{Res, floor_clients};
 use crate::report::Report;
 
-/// Pairs per measurement: enough for a few hundred of the kernel's 10 ms CPU ticks.
+/// Pairs per measurement: enough for a few hundred of the kernel's CPU ticks (10 ms on most).
 const PAIRS: usize = 4_000;
 
 pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
@@ -21,7 +22,7 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
     let pid: i32 = client.run("SELECT pg_backend_pid()", &[]).await?[0].try_get(0)?;
     let local = std::fs::read(format!("/proc/{pid}/cmdline"))
         .is_ok_and(|cmd| cmd.windows(8).any(|w| w == b"postgres"));
-    if !local || backend_cpu(pid).is_none() {
+    if !local || process_cpu(pid).is_none() {
         return Ok(());
     }
     let lease = cfg.lease();
@@ -77,17 +78,8 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
 
 /// The server backend's CPU time per pair while `work` runs [`PAIRS`] pairs.
 async fn server_cpu_per_pair(pid: i32, work: impl Future<Output = Res>) -> Res<Duration> {
-    let before = backend_cpu(pid).ok_or("backend gone")?;
+    let before = process_cpu(pid).ok_or("backend gone")?;
     work.await?;
-    let used = backend_cpu(pid).ok_or("backend gone")? - before;
+    let used = process_cpu(pid).ok_or("backend gone")? - before;
     Ok(used / PAIRS as u32)
-}
-
-/// User and system CPU time of process `pid`, from `/proc` (in the kernel's 10 ms ticks).
-fn backend_cpu(pid: i32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
 }

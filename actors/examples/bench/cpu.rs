@@ -65,3 +65,15 @@ impl CpuUse {
         self.machine_busy as f64 * 100.0 / self.machine_total.max(1) as f64
     }
 }
+
+/// User and system CPU time of another process on this machine (a server backend), from
+/// `/proc/<pid>/stat`; `None` when it cannot be read.
+pub fn process_cpu(pid: i32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some(Duration::from_secs(ticks) / per_second.max(1) as u32)
+}

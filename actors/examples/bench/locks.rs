@@ -98,14 +98,13 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         raw_p50s[median],
     );
     report.time("advisory lock+unlock p99", ours.p(0.99), raw.p(0.99));
-    ratios.sort_by(f64::total_cmp);
     report.note(
         &format!("advisory p50 ratio across {repetitions} repetitions (fresh connections): min / median / max"),
         format!(
             "{:.2}× / {:.2}× / {:.2}×",
-            ratios[0],
-            ratios[ratios.len() / 2],
-            ratios[ratios.len() - 1]
+            ratios[by_ratio[0]],
+            ratios[median],
+            ratios[by_ratio[repetitions - 1]]
         ),
     );
     report.note(
