@@ -10,7 +10,7 @@ use pgcoord::embedded::{backend_pids, unique_name};
 use pgcoord_actors::*;
 use tokio_postgres::NoTls;
 
-use super::connection_faults::{backend_of, cut_off_at_the_bound, own_cluster};
+use super::own_cluster::{backend_of, cut_off_at_the_bound, own_cluster};
 use super::{Collector, Setup};
 
 /// The application's pool: at most `max_size` connections named `app`, a borrower waiting at

@@ -7,7 +7,7 @@ use actix::prelude::*;
 use pgcoord::embedded::Proxy;
 use pgcoord_actors::*;
 
-use super::connection_faults::own_cluster;
+use super::own_cluster::own_cluster;
 
 /// A burst whose batch goes to a black-holed pooled connection: the batch is cut off at the
 /// statement timeout, its outcome unknown; every caller frees what it may have been granted and

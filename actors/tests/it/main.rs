@@ -12,6 +12,7 @@ mod lease_contention;
 mod lease_guarantees;
 mod leases;
 mod memory_backend;
+mod own_cluster;
 mod pgbouncer;
 mod privileges;
 mod reliability;

@@ -8,7 +8,7 @@ use pgcoord::embedded::{TempPostgres, unique_name};
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::*;
 
-use super::connection_faults::{on_server, own_cluster};
+use super::own_cluster::{on_server, own_cluster};
 use super::{Collector, Setup};
 
 const LEASE: Duration = Duration::from_secs(2);

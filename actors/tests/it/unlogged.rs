@@ -8,7 +8,7 @@ use pgcoord::embedded::TempPostgres;
 use pgcoord_actors::*;
 
 use super::Collector;
-use super::connection_faults::{on_server, own_cluster};
+use super::own_cluster::{on_server, own_cluster};
 
 #[actix_rt::test]
 async fn a_crash_empties_the_unlogged_table_and_holders_hear_it_at_the_next_renewal() {
