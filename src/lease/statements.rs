@@ -82,6 +82,15 @@ fn batch_request(fields: &[(&str, &str, &str)]) -> String {
     )
 }
 
+/// How a batch statement finds its rows in the lock table (`l`): by the array of names itself,
+/// an index condition (`name = ANY(…)`) whatever the table's size. The generic plan cannot know
+/// how many names a batch holds and guesses ten; joined to the `req` rows instead, it scanned
+/// the whole table into a hash whenever the table looked small next to ten index probes: up to
+/// 2,000–3,000 rows on PostgreSQL 15 (measured: with 2,000 leases held, an acquire batch of 8
+/// names ran 0.72 ms, by the array 0.28 ms). Tested by
+/// `batch_statements_find_their_rows_by_index_in_a_large_lock_table`.
+const BY_NAME: &str = "l.name = ANY(args.names)";
+
 /// Milliseconds left until `expires_at` on the server's clock, never negative.
 const REMAINING_MS: &str =
     "greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint";
@@ -157,10 +166,10 @@ impl LeaseTable {
             // name order, so two batches inserting the same new names cannot deadlock.
             acquire_many: format!(
                 "WITH {request}, locked AS (
-                     SELECT l.name FROM {t} AS l JOIN req ON l.name = req.name
+                     SELECT l.name FROM args, {t} AS l WHERE {by_name}
                      FOR UPDATE OF l SKIP LOCKED
                  ), busy AS (
-                     SELECT l.name FROM {t} AS l JOIN req ON l.name = req.name
+                     SELECT l.name FROM args, {t} AS l WHERE {by_name}
                      EXCEPT SELECT name FROM locked
                  ), granted AS (
                      INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
@@ -184,6 +193,7 @@ impl LeaseTable {
                     ("data", "bytea", "data"),
                     ("replace_data", "bool", "replace_data"),
                 ]),
+                by_name = BY_NAME,
                 first = may_go("r.name", "$4"),
             ),
             // $1 slot names, $2 owner, $3 lease ms, $4 sequence. One grant of any free slot of a
@@ -283,8 +293,9 @@ impl LeaseTable {
             // `deadlock_timeout`); their callers release alone, which waits for one row.
             release_many: format!(
                 "WITH {request}, locked AS (
-                     SELECT l.name, l.token, r.keep FROM {t} AS l
+                     SELECT l.name, l.token, r.keep FROM args, {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token
+                     WHERE {by_name}
                      FOR UPDATE OF l SKIP LOCKED
                  ), deleted AS (
                      DELETE FROM {t} AS l USING locked
@@ -305,6 +316,7 @@ impl LeaseTable {
                     ("tokens", "int8", "token"),
                     ("keep", "bool", "keep"),
                 ]),
+                by_name = BY_NAME,
             ),
             // Deletes the row of `name` if it is free and not kept (a reserved row of a version
             // before the queue table): safe at any moment, since each condition is checked on

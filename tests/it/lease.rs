@@ -351,3 +351,83 @@ async fn batch_statements_are_planned_once_per_connection() {
         );
     }
 }
+
+/// The batch statements find their rows by index whatever the lock table's size. Their generic
+/// plan cannot know how many names a batch holds; joined to the batch's rows, it read a lock
+/// table of 2,000 held leases whole into a hash at every batch (see `BY_NAME` in
+/// `src/lease/statements.rs`). The plans are read with `EXPLAIN EXECUTE` of the statements
+/// the batches prepared, forced generic as a long-lived connection's are.
+#[tokio::test]
+async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
+    let (config, admin) = super::setup().await;
+    let locks = config.lock_table().quoted();
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {locks} (name, owner, token, acquired_at, expires_at)
+             SELECT 'held-' || g, 'others', 1000000 + g, now(), now() + interval '1 hour'
+             FROM generate_series(1, 2000) AS g;
+             ANALYZE {locks}"
+        ))
+        .await
+        .unwrap();
+    let table = LeaseTable::new(&config);
+    let (client, connection) = pgcoord::db::connect(&config).await.unwrap();
+    tokio::spawn(connection);
+    let client = CachingClient::new(client, config.session_tls().clone());
+    client
+        .run("SET plan_cache_mode = force_generic_plan", &[])
+        .await
+        .unwrap();
+    let names = ["by-index-1", "by-index-2"];
+    let requests: Vec<AcquireRequest> =
+        names.iter().map(|name| AcquireRequest::new(name)).collect();
+    let grants = table
+        .try_acquire_many(&client, &requests, "me", LEASE)
+        .await
+        .unwrap();
+    let releases: Vec<ReleaseRequest> = (names.iter())
+        .map(|name| ReleaseRequest {
+            name,
+            token: grants[*name].token,
+            keep: false,
+        })
+        .collect();
+    assert_eq!(
+        table.release_many(&client, &releases).await.unwrap().len(),
+        2
+    );
+    let prepared = client
+        .run(
+            "SELECT name, statement LIKE '%replace_data%' FROM pg_prepared_statements
+             WHERE statement LIKE '%unnest(args.names%'
+               AND statement NOT LIKE '%pg_prepared_statements%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(prepared.len(), 2, "the acquire and the release batch");
+    for row in prepared {
+        let (statement, acquire): (String, bool) = (row.get(0), row.get(1));
+        let arguments = if acquire {
+            "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
+        } else {
+            "'{a,b}', '{1,2}', '{f,f}', 'channel'"
+        };
+        let plan: Vec<String> = client
+            .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|line| line.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        let lock_table = config.lock_table().name().as_str();
+        // The queue table's name starts with the lock table's: the space ends the name.
+        assert!(
+            !plan.contains(&format!("Seq Scan on {lock_table} ")),
+            "{plan}"
+        );
+        // It does read the lock table, by an index.
+        assert!(plan.contains(&format!(" on {lock_table} ")), "{plan}");
+    }
+}

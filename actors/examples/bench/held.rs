@@ -84,18 +84,22 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let ticks = holder.send(GetStats::new()).await?.renew_statements - stats.renew_statements;
     let snapshot: Vec<(&str, i64)> = held.iter().map(|l| (l.name(), l.token())).collect();
     // The holder's heartbeat renews the same rows meanwhile; two multi-row updates of the same
-    // rows can deadlock (only here: in use, a lease is renewed by its holder alone), so time
-    // the first attempt that does not.
-    let (mut renewed, mut renew_time) = (Vec::new(), Duration::ZERO);
-    for _ in 0..5 {
+    // rows can deadlock (only here: in use, a lease is renewed by its holder alone), and one
+    // that waits for the other's rows, or for the deadlock to be found (`deadlock_timeout`,
+    // 1 s), measures the wait: the fastest of three attempts that succeed is the statement's.
+    let (mut renewed, mut renew_time, mut succeeded) = (Vec::new(), Duration::MAX, 0);
+    for _ in 0..8 {
         let t = Instant::now();
         match table
             .renew(&admin, &snapshot, Duration::from_secs(60))
             .await
         {
             Ok(r) => {
-                (renewed, renew_time) = (r, t.elapsed());
-                break;
+                (renewed, renew_time) = (r, renew_time.min(t.elapsed()));
+                succeeded += 1;
+                if succeeded == 3 {
+                    break;
+                }
             }
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) => {
             }
@@ -112,7 +116,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     report.note(
         &format!(
-            "heartbeat for {} held leases: the renew statement's time",
+            "heartbeat for {} held leases: the renew statement's time (fastest of 3)",
             sizes.held
         ),
         ms(renew_time),
