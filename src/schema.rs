@@ -25,6 +25,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_lock_queue.sql",
         include_str!("../migrations/0003_lock_queue.sql"),
     ),
+    (
+        "0004_lock_queue_handover.sql",
+        include_str!("../migrations/0004_lock_queue_handover.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT

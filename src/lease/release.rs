@@ -15,33 +15,67 @@ use crate::statement::Statements;
 ///
 /// The payload is the name's length in bytes, a colon, the name, then the owner the next grant
 /// is reserved for, if any: `3:jobworker-7` announces that `job` is free and reserved for
-/// `worker-7`; `3:job` that it is free for anyone. Any name and owner can be written this way
-/// (neither may contain NUL, which a payload cannot carry), so other languages can read it too.
-/// Processes other than the reserved waiter's have no reason to try: the grant is not theirs
-/// until the reservation is used or lapses.
+/// `worker-7`; `3:job` that it is free for anyone. A release that handed the lease straight to
+/// the waiter first in line writes `>` instead of the colon, then the name, the new token, a
+/// colon and the new holder: `3>job1042:worker-7` announces that `worker-7` holds `job` with
+/// token 1042 (a reader of the first two forms only, an older version, does not take it for one
+/// of them: the text before the first colon is not a number). Any name and owner can be written
+/// this way (neither may contain NUL, which a payload cannot carry), so other languages can
+/// read it too. Processes other than the named waiter's have no reason to try: the grant is not
+/// theirs until the reservation is used or lapses, or the lease is released again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released<'a> {
     /// The lock's name.
     pub name: &'a str,
-    /// The waiter first in line, the only one the next grant may go to; `None` when anyone
-    /// may take it.
+    /// The waiter first in line, the only one the next grant may go to (or, with
+    /// `handed_over`, the one it went to); `None` when anyone may take it.
     pub reserved_for: Option<&'a str>,
+    /// The token of the grant to `reserved_for` made by the release itself; `None` when the
+    /// lease is free.
+    pub handed_over: Option<i64>,
 }
 
 impl<'a> Released<'a> {
     /// Reads an announcement; `None` when `payload` is not one (sent by hand, say).
     pub fn parse(payload: &'a str) -> Option<Released<'a>> {
-        let (length, rest) = payload.split_once(':')?;
-        let length: usize = length.parse().ok()?;
+        let digits = payload.bytes().take_while(u8::is_ascii_digit).count();
+        let length: usize = payload[..digits].parse().ok()?;
+        let (handed, rest) = match payload.as_bytes().get(digits)? {
+            b':' => (false, &payload[digits + 1..]),
+            b'>' => (true, &payload[digits + 1..]),
+            _ => return None,
+        };
         // `get` refuses a length past the end or inside a multi-byte character.
         let name = rest.get(..length).filter(|n| !n.is_empty())?;
-        let reserved_for = Some(&rest[length..]).filter(|w| !w.is_empty());
-        Some(Released { name, reserved_for })
+        let rest = &rest[length..];
+        if !handed {
+            let reserved_for = Some(rest).filter(|w| !w.is_empty());
+            return Some(Released {
+                name,
+                reserved_for,
+                handed_over: None,
+            });
+        }
+        // The token has no colon; the owner is everything after the first one.
+        let (token, owner) = rest.split_once(':')?;
+        let owner = Some(owner).filter(|o| !o.is_empty())?;
+        Some(Released {
+            name,
+            reserved_for: Some(owner),
+            handed_over: Some(token.parse().ok()?),
+        })
     }
 
-    /// Whether a process whose owner is `owner` may be granted the lock now.
+    /// Whether a process whose owner is `owner` may be granted the lock now (or, after a
+    /// handover, holds it).
     pub fn may_grant(&self, owner: &str) -> bool {
         self.reserved_for.is_none_or(|waiter| waiter == owner)
+    }
+
+    /// The token `owner` was handed the lease with, when this release handed it to `owner`.
+    pub fn handed_to(&self, owner: &str) -> Option<i64> {
+        self.handed_over
+            .filter(|_| self.reserved_for == Some(owner))
     }
 }
 
@@ -77,6 +111,7 @@ impl LeaseTable {
                     (&token, Type::INT8),
                     (&keep, Type::BOOL),
                     (&self.channel, Type::TEXT),
+                    (&self.sequence, Type::TEXT),
                 ],
             )
             .await?;
@@ -117,6 +152,7 @@ impl LeaseTable {
                     (&tokens, Type::INT8_ARRAY),
                     (&keep, Type::BOOL_ARRAY),
                     (&self.channel, Type::TEXT),
+                    (&self.sequence, Type::TEXT),
                 ],
             )
             .await?;
@@ -145,8 +181,36 @@ mod tests {
     }
 
     #[test]
+    fn handovers_are_read_back_and_name_their_new_holder() {
+        let handed = Released::parse("3>job1042:worker-7").unwrap();
+        assert_eq!(
+            (handed.name, handed.reserved_for, handed.handed_over),
+            ("job", Some("worker-7"), Some(1042))
+        );
+        assert_eq!(handed.handed_to("worker-7"), Some(1042));
+        assert_eq!(handed.handed_to("worker-8"), None);
+        assert!(!handed.may_grant("worker-8"));
+        // Colons and digits in the name and the owner; a token of the timeline after a failover.
+        let odd = Released::parse("4>a:1>1099511627777:9:x").unwrap();
+        assert_eq!(
+            (odd.name, odd.reserved_for, odd.handed_over),
+            ("a:1>", Some("9:x"), Some(1099511627777))
+        );
+        // A plain reservation never reads as a handover, whatever the owner's name holds.
+        let plain = Released::parse("3:job1042:worker-7").unwrap();
+        assert_eq!(
+            (plain.reserved_for, plain.handed_over),
+            (Some("1042:worker-7"), None)
+        );
+        assert_eq!(plain.handed_to("worker-7"), None);
+    }
+
+    #[test]
     fn anything_else_is_not_an_announcement() {
-        for payload in ["", "job", ":job", "0:", "x:job", "9:job", "1:ä", "-1:job"] {
+        for payload in [
+            "", "job", ":job", "0:", "x:job", "9:job", "1:ä", "-1:job", "3>job", "3>job12",
+            "3>job:w", "3>jobx:w", "3>job12:", ">job1:w",
+        ] {
             assert_eq!(Released::parse(payload), None, "{payload:?}");
         }
     }

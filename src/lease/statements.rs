@@ -15,33 +15,111 @@ const TIMELINE_BASE: &str =
     "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
 
 /// The payload announcing the release of `released.name` (see `Released`): the name's length in
-/// bytes, a colon, the name, and the waiter first in line for it (queue table `q`), if any.
-fn announce(q: &str) -> String {
+/// bytes, a colon, the name, and the waiter first in line for it (queue table `q`), if any, other
+/// than `releaser` (an SQL expression: the owner that held it, whose own place the release
+/// removes).
+fn announce(q: &str, releaser: &str) -> String {
     format!(
         "octet_length(released.name)::text || ':' || released.name
          || coalesce(({}), '')",
-        first_in_line(q, "released.name")
+        first_in_line_but(q, "released.name", releaser)
     )
 }
 
+/// What a waiter's place stores of the grant a release may hand it (see [`hand_over`]): its
+/// lease in milliseconds, its data and whether that data replaces a kept row's — three SQL
+/// expressions.
+struct Grantable<'a> {
+    lease_ms: &'a str,
+    data: &'a str,
+    replace_data: &'a str,
+}
+
+/// A place that stores no grant: it is announced, never handed the lease.
+const NOT_GRANTABLE: Grantable<'static> = Grantable {
+    lease_ms: "NULL::bigint",
+    data: "NULL::bytea",
+    replace_data: "false",
+};
+
 /// The CTEs that put waiter `owner` in line for `name` for `ms` milliseconds, in queue table
-/// `q`, keeping its place when it has a live one, and prune other waiters whose place lapsed;
-/// only when `when` (an SQL condition) holds. Shared by `enqueue` and `acquire_or_queue`.
-fn line_up(q: &str, name: &str, owner: &str, ms: &str, when: &str) -> String {
+/// `q`, keeping its place when it has a live one (and storing `grant` with it), and prune other
+/// waiters whose place lapsed; only when `when` (an SQL condition) holds. Shared by `enqueue`
+/// and `acquire_or_queue`.
+fn line_up(q: &str, name: &str, owner: &str, ms: &str, grant: Grantable, when: &str) -> String {
+    let Grantable {
+        lease_ms,
+        data,
+        replace_data,
+    } = grant;
     format!(
         "pruned AS (
              DELETE FROM {q} WHERE name = {name} AND waiter <> {owner}
                AND until <= clock_timestamp() AND {when}
          ), queued AS (
-             INSERT INTO {q} AS w (name, waiter, queued_at, until)
+             INSERT INTO {q} AS w (name, waiter, queued_at, until, lease_ms, data, replace_data)
              SELECT {name}, {owner}, clock_timestamp(),
-                    clock_timestamp() + {ms} * interval '1 millisecond'
+                    clock_timestamp() + {ms} * interval '1 millisecond',
+                    {lease_ms}, {data}, {replace_data}
              WHERE {when}
              ON CONFLICT (name, waiter) DO UPDATE SET
-                 until = EXCLUDED.until,
+                 until = EXCLUDED.until, lease_ms = EXCLUDED.lease_ms, data = EXCLUDED.data,
+                 replace_data = EXCLUDED.replace_data,
                  queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
                                   ELSE w.queued_at END
          )"
+    )
+}
+
+/// The CTEs of a release that hand the lease straight to the waiter first in line: `handed`
+/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner and
+/// token, and `served` takes that waiter out of the line. `heirs` is a CTE with, per lease being
+/// released, its `name`, `token` and `keep` flag and its first live waiter (`waiter`,
+/// `lease_ms`, `heir_data`, `replace_data`); `sequence` the SQL of the token sequence.
+///
+/// Only a waiter that stored its grant is handed the lease, and only when the data the grant
+/// would have is the waiter's own (the row goes, or the waiter replaces its data, or it has
+/// none): its process then holds the lease from the announcement alone. Otherwise the release
+/// is announced naming that waiter, which asks itself, as before handover.
+fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String {
+    format!(
+        "handed AS (
+             UPDATE {t} AS l SET owner = h.waiter, token = {TIMELINE_BASE} + nextval({sequence}),
+                 data = h.heir_data, acquired_at = now(),
+                 expires_at = now() + h.lease_ms * interval '1 millisecond', kept = false
+             FROM {heirs} AS h
+             WHERE l.name = h.name AND l.token = h.token AND h.lease_ms IS NOT NULL
+               AND (NOT h.keep OR h.replace_data OR l.data IS NULL)
+             RETURNING l.name, l.owner, l.token
+         ), served AS (
+             DELETE FROM {q} AS w USING handed
+             WHERE w.name = handed.name AND w.waiter = handed.owner
+         )"
+    )
+}
+
+/// The payload announcing that `handed.name` was handed to `handed.owner` with `handed.token`
+/// (see `Released`): the name's length in bytes, `>`, the name, the token, a colon, the owner.
+const HANDED_OVER: &str = "octet_length(handed.name)::text || '>' || handed.name
+     || handed.token::text || ':' || handed.owner";
+
+/// The live waiter first in line for `name` (an SQL expression), in queue table `q`, other than
+/// `releaser` (see `announce`), with what its place stores of its grant: `waiter`, `lease_ms`,
+/// `heir_data`, `replace_data`.
+fn heir(q: &str, name: &str, releaser: &str) -> String {
+    format!(
+        "SELECT w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data FROM {q} AS w
+         WHERE w.name = {name} AND w.until > clock_timestamp() AND w.waiter <> {releaser}
+         ORDER BY w.queued_at, w.waiter LIMIT 1"
+    )
+}
+
+/// `first_in_line`, passing over `releaser`'s place (see `announce`).
+fn first_in_line_but(q: &str, name: &str, releaser: &str) -> String {
+    format!(
+        "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp()
+           AND w.waiter <> {releaser}
+         ORDER BY w.queued_at, w.waiter LIMIT 1"
     )
 }
 
@@ -105,7 +183,6 @@ impl LeaseTable {
         let may_go = |name: &str, owner: &str| {
             format!("coalesce(({}), {owner}) = {owner}", first_in_line(&q, name))
         };
-        let announce = announce(&q);
         // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence: the CTEs of
         // one attempt (`locked`, `granted`, `served`), shared by `acquire` and
         // `acquire_or_queue`.
@@ -156,7 +233,18 @@ impl LeaseTable {
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea
                  FROM {t} AS l WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)",
-                line_up = line_up(&q, "$1", "$2", "$7", "NOT EXISTS (SELECT 1 FROM granted)"),
+                line_up = line_up(
+                    &q,
+                    "$1",
+                    "$2",
+                    "$7",
+                    Grantable {
+                        lease_ms: "$4",
+                        data: "$3",
+                        replace_data: "$5",
+                    },
+                    "NOT EXISTS (SELECT 1 FROM granted)"
+                ),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire` (group commit for one process's concurrent first attempts),
@@ -236,7 +324,7 @@ impl LeaseTable {
             enqueue: format!(
                 "WITH {line_up}
                  SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1",
-                line_up = line_up(&q, "$1", "$2", "$3", "true"),
+                line_up = line_up(&q, "$1", "$2", "$3", NOT_GRANTABLE, "true"),
             ),
             // $1 name, $2 owner, $3 channel. A waiter leaving the line: when it was first and the
             // lease is free, the release it would have taken is announced again, naming the next
@@ -269,48 +357,79 @@ impl LeaseTable {
                  WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
                  RETURNING l.token"
             ),
-            // $1 name, $2 token, $3 keep row, $4 channel. Both branches match on name and token
-            // only (and on $3). The announcement names the waiter first in line (see
-            // `Released`), so only its process needs to wake.
+            // $1 name, $2 token, $3 keep row, $4 channel, $5 sequence. The lease goes to the
+            // waiter first in line when it can (`hand_over`); otherwise the row is deleted, or
+            // kept free with $3. Every branch matches on name and token only (and on $3). The
+            // announcement names the waiter first in line (see `Released`), so only its process
+            // needs to wake.
             release: format!(
-                "WITH deleted AS (
+                "WITH releaser AS (
+                     SELECT owner FROM {t} WHERE name = $1 AND token = $2
+                 ), heirs AS (
+                     SELECT $1::text AS name, $2::bigint AS token, $3::bool AS keep, h.*
+                     FROM releaser CROSS JOIN LATERAL ({heir}) AS h
+                 ), {hand_over}, own_place AS (
+                     DELETE FROM {q} WHERE name = $1 AND waiter = (SELECT owner FROM releaser)
+                 ), deleted AS (
                      DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
+                       AND NOT EXISTS (SELECT 1 FROM handed)
                      RETURNING name
                  ), kept AS (
                      UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
                          kept = true
-                     WHERE name = $1 AND token = $2 AND $3
+                     WHERE name = $1 AND token = $2 AND $3 AND NOT EXISTS (SELECT 1 FROM handed)
                      RETURNING name
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {announce})::text FROM released"
+                 SELECT released.name, pg_notify($4, {announce})::text FROM released
+                 UNION ALL
+                 SELECT handed.name, pg_notify($4, {HANDED_OVER})::text FROM handed",
+                heir = heir(&q, "$1", "releaser.owner"),
+                hand_over = hand_over(&t, &q, "heirs", "$5::regclass"),
+                announce = announce(&q, "(SELECT owner FROM releaser)"),
             ),
-            // $1 names, $2 tokens, $3 keep flags, $4 channel. The batch form of `release`, with
-            // the same effects. Rows another transaction has locked (a renewal, a fencing guard)
-            // are skipped rather than waited for, so two multi-row statements never wait on
-            // each other's rows in opposite orders (a deadlock, noticed only after the server's
-            // `deadlock_timeout`); their callers release alone, which waits for one row.
+            // $1 names, $2 tokens, $3 keep flags, $4 channel, $5 sequence. The batch form of
+            // `release`, with the same effects. Rows another transaction has locked (a renewal,
+            // a fencing guard) are skipped rather than waited for, so two multi-row statements
+            // never wait on each other's rows in opposite orders (a deadlock, noticed only after
+            // the server's `deadlock_timeout`); their callers release alone, which waits for one
+            // row.
             release_many: format!(
                 "WITH {request}, locked AS (
-                     SELECT l.name, l.token, r.keep FROM args, {t} AS l
+                     SELECT l.name, l.token, l.owner, r.keep FROM args, {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token
                      WHERE {by_name}
                      FOR UPDATE OF l SKIP LOCKED
+                 ), heirs AS (
+                     SELECT locked.*, h.* FROM locked CROSS JOIN LATERAL ({heir}) AS h
+                 ), {hand_over}, own_place AS (
+                     DELETE FROM {q} AS w USING locked
+                     WHERE w.name = locked.name AND w.waiter = locked.owner
                  ), deleted AS (
                      DELETE FROM {t} AS l USING locked
                      WHERE l.name = locked.name AND l.token = locked.token AND NOT locked.keep
+                       AND locked.name NOT IN (SELECT name FROM handed)
                      RETURNING l.name
                  ), kept AS (
                      UPDATE {t} AS l SET owner = NULL, token = NULL, acquired_at = NULL,
                          expires_at = NULL, kept = true
                      FROM locked
                      WHERE l.name = locked.name AND l.token = locked.token AND locked.keep
+                       AND locked.name NOT IN (SELECT name FROM handed)
                      RETURNING l.name
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {announce})::text FROM released",
+                 SELECT released.name, pg_notify($4, {announce})::text FROM released
+                 UNION ALL
+                 SELECT handed.name, pg_notify($4, {HANDED_OVER})::text FROM handed",
+                heir = heir(&q, "locked.name", "locked.owner"),
+                hand_over = hand_over(&t, &q, "heirs", "$5::regclass"),
+                announce = announce(
+                    &q,
+                    "(SELECT o.owner FROM locked AS o WHERE o.name = released.name)"
+                ),
                 request = batch_request(&[
                     ("names", "text", "name"),
                     ("tokens", "int8", "token"),

@@ -148,7 +148,7 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let (pool, table) = (pgcoord::db::pool(&config), LeaseTable::new(&config));
     // This session's prepared acquire and release statements.
     let prepared = "SELECT count(*) FROM pg_prepared_statements
-                    WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH deleted%'";
+                    WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH releaser%'";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
@@ -398,7 +398,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
     );
     let prepared = client
         .run(
-            "SELECT name, statement LIKE '%replace_data%' FROM pg_prepared_statements
+            "SELECT name, statement LIKE '%INSERT INTO%' FROM pg_prepared_statements
              WHERE statement LIKE '%unnest(args.names%'
                AND statement NOT LIKE '%pg_prepared_statements%'",
             &[],
@@ -411,7 +411,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
         let arguments = if acquire {
             "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
         } else {
-            "'{a,b}', '{1,2}', '{f,f}', 'channel'"
+            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'unused'"
         };
         let plan: Vec<String> = client
             .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])

@@ -5,6 +5,7 @@ mod actix_web;
 mod config;
 mod embedded;
 mod errors;
+mod handover;
 mod ident;
 mod lease;
 mod release;

@@ -26,7 +26,7 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
 
 /// A connection listening on the lease channel (it listens while the client lives), and its
 /// payloads in order.
-async fn announcements(
+pub async fn announcements(
     config: &pgcoord::Config,
 ) -> (
     tokio_postgres::Client,
@@ -48,7 +48,7 @@ async fn announcements(
     (client, rx)
 }
 
-async fn next(announced: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+pub async fn next(announced: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
     tokio::time::timeout(Duration::from_secs(5), announced.recv())
         .await
         .expect("an announcement")
@@ -288,13 +288,22 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         other => panic!("{other:?}"),
     }
     table.release(&client, "job", g.token, false).await.unwrap();
-    // The releaser asking again is behind the waiter (free, so no holder to name).
-    assert!(matches!(wait("holder").await, Attempt::Held(None)));
-    let Attempt::Granted(g) = wait("waiter").await else {
-        panic!("the first in line is granted")
+    // The waiter's lost attempt stored its grant, so the release handed it the lease (see
+    // `handover.rs`): the releaser asking again is refused by it, and in line behind it.
+    let heir = match wait("holder").await {
+        Attempt::Held(Some(holder)) => holder,
+        other => panic!("{other:?}"),
     };
-    table.release(&client, "job", g.token, false).await.unwrap();
-    // The releaser was put in line by its refused attempt: it is first now.
+    assert_eq!(heir.owner, "waiter");
+    assert!(heir.token > g.token);
+    table
+        .release(&client, "job", heir.token, false)
+        .await
+        .unwrap();
+    // The releaser was put in line by its refused attempt: the lease went to it in turn.
+    let info = table.get(&client, "job").await.unwrap();
+    assert_eq!(info.owner.as_deref(), Some("holder"));
+    assert!(info.token.unwrap() > heir.token);
     assert!(matches!(
         table
             .try_acquire(&client, "job", "newcomer", None, false, LEASE)
@@ -302,7 +311,6 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
             .unwrap(),
         Attempt::Held(_)
     ));
-    grant(&table, &client, "job", "holder", LEASE).await;
 }
 
 #[tokio::test]

@@ -38,13 +38,17 @@ async fn objects(client: &Client, schema: &str) -> Vec<(String, String)> {
 fn default_rendering_is_exactly_the_files() {
     let config = Config::builder().dsn("host=localhost").build().unwrap();
     let files: String = schema::MIGRATIONS.iter().map(|(_, sql)| *sql).collect();
-    let on_disk: String = ["0001_locks.sql", "0002_payloads.sql", "0003_lock_queue.sql"]
-        .iter()
-        .map(|f| {
-            std::fs::read_to_string(format!("{}/migrations/{f}", env!("CARGO_MANIFEST_DIR")))
-                .unwrap()
-        })
-        .collect();
+    let on_disk: String = [
+        "0001_locks.sql",
+        "0002_payloads.sql",
+        "0003_lock_queue.sql",
+        "0004_lock_queue_handover.sql",
+    ]
+    .iter()
+    .map(|f| {
+        std::fs::read_to_string(format!("{}/migrations/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    })
+    .collect();
     assert_eq!(schema::sql(&config), files);
     assert_eq!(files, on_disk);
 }

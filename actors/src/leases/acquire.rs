@@ -24,7 +24,7 @@ use tracing::info_span;
 use super::LockManager;
 use super::lease::Lease;
 use super::messages::Acquire;
-use super::wake::Queues;
+use super::wake::{NameQueue, Queues};
 use crate::reply::caller_gone;
 
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
@@ -86,7 +86,7 @@ impl AcquireJob {
             // taking it ahead of them would not be fair either.
             match queue.turn.try_lock() {
                 Ok(_turn) if self.holds(&name) => Outcome::Failed(already_held(&name)),
-                Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
+                Ok(_turn) => self.attempts(&queue, deadline, reply).await,
                 Err(_) => Outcome::Failed(Error::not_acquired(&name, self.holder(&name).await)),
             }
         } else {
@@ -98,20 +98,39 @@ impl AcquireJob {
             match turn {
                 // A local caller ahead in the queue got it meanwhile.
                 Ok(_turn) if self.holds(&name) => Outcome::Failed(already_held(&name)),
-                Ok(_turn) => self.attempts(&queue.wake, deadline, reply).await,
+                Ok(_turn) => self.attempts(&queue, deadline, reply).await,
                 Err(outcome) => outcome,
             }
         };
-        self.queues.leave(&name, queue);
+        if let Some(token) = self.queues.leave(&name, queue) {
+            let ours = matches!(&outcome, Outcome::Granted { grant, .. } if grant.token == token);
+            if !ours {
+                self.release_unclaimed(&name, token).await;
+            }
+        }
         outcome
+    }
+
+    /// Releases a lease a release handed to this process that no waiter here took (the waiter
+    /// gave up as it was handed over), so the next in line gets it now rather than at its
+    /// expiry.
+    pub(crate) async fn release_unclaimed(&self, name: &str, token: i64) {
+        let statements = self.pool.idempotent(None);
+        match self.table.release(&statements, name, token, false).await {
+            Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
+            Err(e) => {
+                warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
+            }
+        }
     }
 
     async fn attempts(
         &self,
-        wake: &tokio::sync::Notify,
+        queue: &NameQueue,
         deadline: Option<Instant>,
         reply: &mut Option<Reply>,
     ) -> Outcome {
+        let wake = &queue.wake;
         let Acquire {
             name,
             data,
@@ -121,9 +140,28 @@ impl AcquireJob {
         } = &self.request;
         let mut in_line = false;
         let mut busy = 0u32;
+        // When our last refused attempt was sent: a release that hands us the lease afterwards
+        // granted it later than that, so it starts our tenure's monotonic deadline.
+        let mut refused_at: Option<Instant> = None;
+        // A token handed to an earlier waiter of ours that left is not trusted: the attempt
+        // below finds the lease ours if it still is, and takes it as the server has it.
+        let _ = queue.take_handed();
         // `fail_if_locked` asks alone: it needs the holder when not granted.
         let mut batched = self.batcher.as_ref().filter(|_| !*fail_if_locked);
         let outcome = loop {
+            if let Some(token) = queue.take_handed() {
+                // Handed to us by a release after our last refused attempt (see `hand_over` in
+                // `pgcoord::lease`), with our data: ours without a statement. Unless that
+                // attempt is so long ago that little of the lease would be left by our clock;
+                // then the attempt below takes it with the server's remaining time.
+                if let Some(sent) = refused_at.filter(|sent| sent.elapsed() < self.lease / 2) {
+                    let grant = Grant {
+                        token,
+                        data: data.as_ref().map(|d| d.to_vec()),
+                    };
+                    break Outcome::Granted { grant, sent };
+                }
+            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Outcome::Failed(Error::not_acquired(name, None));
             }
@@ -233,12 +271,25 @@ impl AcquireJob {
                 }
                 Ok(Attempt::Busy) => {
                     busy += 1;
+                    refused_at = Some(sent);
                     None
+                }
+                Ok(Attempt::Held(Some(holder))) if holder.owner == self.owner => {
+                    // Ours, and not held here: handed to us by a release whose announcement we
+                    // missed (or granted by an attempt whose answer was lost). Taken as the
+                    // server has it; too close to its expiry, it is waited out instead.
+                    if let Some(outcome) = self.adopt(name, holder.token).await {
+                        break outcome;
+                    }
+                    busy = 0;
+                    refused_at = Some(sent);
+                    Some(holder)
                 }
                 Ok(Attempt::Held(holder)) => {
                     // In line now (the attempt put us there), so a releaser cannot take the
                     // lease straight back.
                     busy = 0;
+                    refused_at = Some(sent);
                     holder
                 }
             };
@@ -277,6 +328,35 @@ impl AcquireJob {
             }
         }
         outcome
+    }
+
+    /// Takes a lease the table says this owner holds with `token` while the manager does not:
+    /// safe because this job holds the name's turn (as for `release_orphan`). Its data and
+    /// remaining time are read from the row; `None` when the row says otherwise now, or leaves
+    /// less than a poll interval.
+    async fn adopt(&self, name: &str, token: i64) -> Option<Outcome> {
+        let statements = self.pool.idempotent(None);
+        let sent = Instant::now();
+        let info = match self.table.get(&statements, name).await {
+            Ok(info) => info,
+            Err(e) => {
+                debug!(%name, error = %e, "cannot read a lease handed to us; asking again later");
+                return None;
+            }
+        };
+        let remaining = info.remaining.filter(|r| *r > self.poll)?;
+        if info.owner.as_deref() != Some(self.owner.as_str()) || info.token != Some(token) {
+            return None;
+        }
+        // The tenure's deadline is `sent + lease`, less the margin: start it as far back as
+        // the server's remaining time says.
+        let sent = sent.checked_sub(self.lease.saturating_sub(remaining))?;
+        let grant = Grant {
+            token,
+            data: info.data,
+        };
+        debug!(%name, token, ?remaining, "took a lease handed to us");
+        Some(Outcome::Granted { grant, sent })
     }
 
     /// Whether the manager holds `name` now (a local caller ahead in the queue got it).

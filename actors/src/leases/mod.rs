@@ -364,13 +364,49 @@ impl Handler<RawNotification> for LockManager {
 
     fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
         match Released::parse(&notification.payload) {
-            // Another process's waiter is first in line: an attempt here could only be refused.
-            // Its grant (or its place lapsing) is announced or polled for later.
+            // Handed to us by the release itself: the waiter whose turn it is takes it.
+            Some(released) if released.handed_to(self.config.owner()).is_some() => {
+                let token = released.handed_over.unwrap_or_default();
+                self.handed_over(released.name, token);
+            }
+            // Another process's waiter is first in line (or was handed the lease): an attempt
+            // here could only be refused. Its grant (or its place lapsing) is announced or
+            // polled for later.
             Some(released) if !released.may_grant(self.config.owner()) => {}
             Some(released) => semaphore::wake_released(&self.queues, released.name),
             // Not an announcement (written by hand, say): wake whoever waits for that name.
             None => self.queues.wake(&notification.payload),
         }
+    }
+}
+
+impl LockManager {
+    /// A release handed `name` to this process with `token`. The waiter whose turn it is takes
+    /// it; when nobody here waits for it any more (the waiter gave up as it was handed over) it
+    /// is released at once, so the next in line need not wait for it to expire. Already ours
+    /// (taken from the table, its announcement late): nothing to do.
+    fn handed_over(&mut self, name: &str, token: i64) {
+        if self.held.get(name).is_some_and(|held| held.token == token) {
+            return;
+        }
+        if self.queues.hand_over(name, token) {
+            return;
+        }
+        let Some(releaser) = self.releaser.clone() else {
+            return;
+        };
+        let name: Arc<str> = Arc::from(name);
+        // Not on the actor's context: the release must finish even if the manager stops.
+        tokio::spawn(async move {
+            match releaser.release(name.clone(), token, false).await {
+                Ok(()) => {
+                    debug!(%name, token, "released a lease handed over after its waiter left")
+                }
+                Err(e) => {
+                    warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
+                }
+            }
+        });
     }
 }
 

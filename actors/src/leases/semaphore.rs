@@ -89,7 +89,8 @@ impl PermitJob {
     async fn run(self, reply: &mut Option<OneshotSender<Result<Lease>>>) -> (Outcome, String) {
         let queue = self.job.queues.join(&self.key);
         let outcome = self.wait(&queue, reply).await;
-        self.job.queues.leave(&self.key, queue);
+        // A permit's queue key holds a NUL, which no lease name can: nothing is handed to it.
+        let _ = self.job.queues.leave(&self.key, queue);
         outcome
     }
 

@@ -1,4 +1,5 @@
-//! Wake-ups for waiters: a FIFO turn per lock name, woken by the releases the listener hears.
+//! Wake-ups for waiters: a FIFO turn per lock name, woken by the releases the listener hears,
+//! and the leases releases hand to this process, waiting to be taken.
 //!
 //! Only the first local waiter for a name talks to the database; the others wait their turn in
 //! the FIFO of a `tokio::sync::Mutex`, so a process sends one attempt per wake-up however many
@@ -16,8 +17,18 @@ use tokio::sync::Notify;
 pub(crate) struct NameQueue {
     /// Held by the one waiter whose turn it is.
     pub(crate) turn: tokio::sync::Mutex<()>,
-    /// Signalled when the lease may have become free.
+    /// Signalled when the lease may have become free, or was handed to us.
     pub(crate) wake: Notify,
+    /// The token of a lease a release handed to this process, announced and not yet taken by
+    /// the waiter whose turn it is (see [`Queues::hand_over`]).
+    handed: Mutex<Option<i64>>,
+}
+
+impl NameQueue {
+    /// Takes the token of a lease handed to this process, if one is waiting to be taken.
+    pub(crate) fn take_handed(&self) -> Option<i64> {
+        self.handed.lock().expect("handed").take()
+    }
 }
 
 /// Every name with local waiters.
@@ -33,13 +44,29 @@ impl Queues {
         names.entry(name.to_owned()).or_default().clone()
     }
 
-    /// Forgets `name`'s queue once nobody else waits in it.
-    pub(crate) fn leave(&self, name: &str, queue: Arc<NameQueue>) {
+    /// Forgets `name`'s queue once nobody else waits in it. Returns the token of a lease handed
+    /// to this process that nobody took, when the queue goes with one: the caller releases it
+    /// (under the map's lock, so a handover is either seen here or finds no queue).
+    pub(crate) fn leave(&self, name: &str, queue: Arc<NameQueue>) -> Option<i64> {
         let mut names = self.names.lock().expect("queues lock");
         // One reference in the map, one in `queue`: nobody else.
         if Arc::strong_count(&queue) == 2 {
             names.remove(name);
+            return queue.take_handed();
         }
+        None
+    }
+
+    /// A release handed `name` to this process with `token`: the waiter whose turn it is takes
+    /// it. False when nobody here waits for `name` any more; the caller releases it.
+    pub(crate) fn hand_over(&self, name: &str, token: i64) -> bool {
+        let names = self.names.lock().expect("queues lock");
+        let Some(queue) = names.get(name) else {
+            return false;
+        };
+        *queue.handed.lock().expect("handed") = Some(token);
+        queue.wake.notify_one();
+        true
     }
 
     /// Wakes the waiter whose turn it is for `name`, if any.
