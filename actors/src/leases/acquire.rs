@@ -143,6 +143,11 @@ impl AcquireJob {
         // When our last refused attempt was sent: a release that hands us the lease afterwards
         // granted it later than that, so it starts our tenure's monotonic deadline.
         let mut refused_at: Option<Instant> = None;
+        // Whether an attempt of this wait found the lease held by another (or its row busy): a
+        // lease of ours found afterwards was handed to us while we waited. One ours from the
+        // start is not taken (a process before this one with the same owner identity, say): it
+        // is waited out, as any holder's.
+        let mut refused_by_another = false;
         // A token handed to an earlier waiter of ours that left is not trusted: the attempt
         // below finds the lease ours if it still is, and takes it as the server has it.
         let _ = queue.take_handed();
@@ -272,12 +277,23 @@ impl AcquireJob {
                 Ok(Attempt::Busy) => {
                     busy += 1;
                     refused_at = Some(sent);
+                    refused_by_another = true;
                     None
                 }
-                Ok(Attempt::Held(Some(holder))) if holder.owner == self.owner => {
-                    // Ours, and not held here: handed to us by a release whose announcement we
-                    // missed (or granted by an attempt whose answer was lost). Taken as the
-                    // server has it; too close to its expiry, it is waited out instead.
+                Ok(Attempt::Held(Some(holder)))
+                    if holder.owner != self.owner || !refused_by_another =>
+                {
+                    // In line now (the attempt put us there), so a releaser cannot take the
+                    // lease straight back.
+                    busy = 0;
+                    refused_at = Some(sent);
+                    refused_by_another |= holder.owner != self.owner;
+                    Some(holder)
+                }
+                Ok(Attempt::Held(Some(holder))) => {
+                    // Ours, not held here, and another's earlier in this wait: handed to us by a
+                    // release whose announcement we missed. Taken as the server has it; too
+                    // close to its expiry, it is waited out instead.
                     if let Some(outcome) = self.adopt(name, holder.token).await {
                         break outcome;
                     }
@@ -285,12 +301,12 @@ impl AcquireJob {
                     refused_at = Some(sent);
                     Some(holder)
                 }
-                Ok(Attempt::Held(holder)) => {
-                    // In line now (the attempt put us there), so a releaser cannot take the
-                    // lease straight back.
+                Ok(Attempt::Held(None)) => {
+                    // Free, and another waiter is first in line.
                     busy = 0;
                     refused_at = Some(sent);
-                    holder
+                    refused_by_another = true;
+                    None
                 }
             };
             // Back to the pool while we wait.

@@ -8,6 +8,7 @@ mod batch_faults;
 mod batching;
 mod connection_faults;
 mod election;
+mod handover;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;

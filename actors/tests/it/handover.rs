@@ -1,0 +1,183 @@
+//! Handover through the runtime: a waiter's process holds a lease its holder's release handed
+//! it without another statement, takes it from the table when it missed the announcement, and
+//! gives it back when its waiter left as it was handed over.
+
+use std::time::{Duration, Instant};
+
+use actix::Actor;
+use pgcoord::LeaseTable;
+use pgcoord::embedded::Proxy;
+use pgcoord::lease::Attempt;
+use pgcoord_actors::*;
+
+use super::Setup;
+
+/// The row of `name`: owner, token, seconds left.
+async fn row(
+    setup: &Setup,
+    admin: &tokio_postgres::Client,
+    name: &str,
+) -> Option<(String, i64, f64)> {
+    let sql = format!(
+        "SELECT owner, token, extract(epoch FROM expires_at - clock_timestamp())::float8
+         FROM {} WHERE name = $1 AND owner IS NOT NULL",
+        setup.quoted_table()
+    );
+    let row = admin.query_opt(&sql, &[&name]).await.unwrap()?;
+    Some((row.get(0), row.get(1), row.get(2)))
+}
+
+#[actix_rt::test]
+async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_statement_for_it() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(
+        waiter.send(
+            Acquire::new("job")
+                .data(b"mine".to_vec())
+                .timeout(Duration::from_secs(10)),
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let before = waiter
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .acquire_statements;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    // Its poll is 5 s away: the announcement handed it over.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    let after = waiter
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .acquire_statements;
+    assert_eq!(
+        after, before,
+        "no acquire statement for a lease handed over"
+    );
+    assert_eq!(lease.data(), Some(&b"mine"[..]));
+    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
+    // Held as any grant: renewed by the waiter's heartbeat, released by its handle.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (_, _, left) = row(&setup, &admin, "job").await.unwrap();
+    assert!(left > 18.0, "renewed: {left} s left");
+    lease.release().await.unwrap();
+    assert_eq!(row(&setup, &admin, "job").await, None);
+}
+
+/// The waiter's LISTEN connection goes through a proxy that black-holes it, so the handover's
+/// announcement never reaches it: its next poll finds the lease its own and takes it.
+#[actix_rt::test]
+async fn a_waiter_that_missed_the_announcement_takes_the_lease_at_its_next_poll() {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(500)).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let deaf = setup
+        .builder("deaf")
+        .session_pg_config(&proxy.pg_config(&setup.pg))
+        .build()
+        .unwrap();
+    let (holder, waiter) = (setup.manager("holder"), LockManager::new(deaf).start());
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    proxy.cut();
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!(owner, "deaf", "handed over at the release");
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    assert_eq!(lease.token(), token);
+    // The poll is a quarter lease (0.5 s); the lease had 2 s.
+    assert!(
+        released.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+}
+
+/// The waiter's place is put in line by a statement of the test (as if its `Acquire` had given
+/// up at the moment of the release): the process hears that it was handed a lease nobody there
+/// waits for, and releases it, so the next in line need not wait for it to expire.
+#[actix_rt::test]
+async fn a_lease_handed_to_a_process_whose_waiter_left_is_given_back_at_once() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let config = setup.builder("gone").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let (holder, gone, next) = (
+        setup.manager("holder"),
+        setup.manager("gone"),
+        setup.manager("next"),
+    );
+    // The manager of "gone" listens, and none of its callers waits.
+    gone.send(GetStats::new()).await.unwrap();
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let attempt = table
+        .try_acquire_or_queue(
+            &admin,
+            "job",
+            "gone",
+            None,
+            false,
+            Duration::from_secs(20),
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(attempt, Attempt::Held(Some(_))));
+    let next_waits =
+        actix_rt::spawn(next.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // in line behind "gone"
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = next_waits.await.unwrap().unwrap().unwrap();
+    // Not the 20 s of the lease "gone" was handed, nor the 5 s poll.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+}
+
+/// A lease of this owner found at the first attempt of a wait (a process before this one with
+/// the same owner identity, say) is not taken: it is waited out, as any holder's.
+#[actix_rt::test]
+async fn a_lease_of_the_same_owner_found_at_once_is_waited_out_not_taken() {
+    let (setup, admin) = Setup::new(Duration::from_secs(1), Duration::from_millis(250)).await;
+    let config = setup.builder("same").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let Attempt::Granted(before) = table
+        .try_acquire(&admin, "job", "same", None, false, Duration::from_secs(1))
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let manager = setup.manager("same");
+    let started = Instant::now();
+    let lease = manager
+        .send(Acquire::new("job").timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lease.token() > before.token,
+        "a grant of its own, not the one found"
+    );
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    lease.release().await.unwrap();
+}
