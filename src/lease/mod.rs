@@ -27,6 +27,7 @@ mod batch;
 mod line;
 mod release;
 mod semaphore;
+mod sql;
 mod statements;
 
 pub use batch::AcquireRequest;

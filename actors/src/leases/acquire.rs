@@ -15,13 +15,8 @@ use pgcoord::db::until;
 use pgcoord::lease::{Attempt, Grant};
 use pgcoord::{Error, ErrorKind, LeaseTable, Pool, Result};
 
-use tracing::{debug, warn};
+use tracing::debug;
 
-use actix::dev::MessageResponse;
-use actix::prelude::*;
-use tracing::info_span;
-
-use super::LockManager;
 use super::lease::Lease;
 use super::messages::Acquire;
 use super::wake::{NameQueue, Queues};
@@ -109,19 +104,6 @@ impl AcquireJob {
             }
         }
         outcome
-    }
-
-    /// Releases a lease a release handed to this process that no waiter here took (the waiter
-    /// gave up as it was handed over), so the next in line gets it now rather than at its
-    /// expiry.
-    pub(crate) async fn release_unclaimed(&self, name: &str, token: i64) {
-        let statements = self.pool.idempotent(None);
-        match self.table.release(&statements, name, token, false).await {
-            Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
-            Err(e) => {
-                warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
-            }
-        }
     }
 
     async fn attempts(
@@ -346,35 +328,6 @@ impl AcquireJob {
         outcome
     }
 
-    /// Takes a lease the table says this owner holds with `token` while the manager does not:
-    /// safe because this job holds the name's turn (as for `release_orphan`). Its data and
-    /// remaining time are read from the row; `None` when the row says otherwise now, or leaves
-    /// less than a poll interval.
-    async fn adopt(&self, name: &str, token: i64) -> Option<Outcome> {
-        let statements = self.pool.idempotent(None);
-        let sent = Instant::now();
-        let info = match self.table.get(&statements, name).await {
-            Ok(info) => info,
-            Err(e) => {
-                debug!(%name, error = %e, "cannot read a lease handed to us; asking again later");
-                return None;
-            }
-        };
-        let remaining = info.remaining.filter(|r| *r > self.poll)?;
-        if info.owner.as_deref() != Some(self.owner.as_str()) || info.token != Some(token) {
-            return None;
-        }
-        // The tenure's deadline is `sent + lease`, less the margin: start it as far back as
-        // the server's remaining time says.
-        let sent = sent.checked_sub(self.lease.saturating_sub(remaining))?;
-        let grant = Grant {
-            token,
-            data: info.data,
-        };
-        debug!(%name, token, ?remaining, "took a lease handed to us");
-        Some(Outcome::Granted { grant, sent })
-    }
-
     /// Whether the manager holds `name` now (a local caller ahead in the queue got it).
     fn holds(&self, name: &str) -> bool {
         self.holding.lock().expect("holding").contains(name)
@@ -385,114 +338,10 @@ impl AcquireJob {
         let statements = self.pool.idempotent(None);
         self.table.holder(&statements, name).await.ok().flatten()
     }
-
-    /// After an acquire whose outcome is unknown: frees a grant of `name` to this owner, if the
-    /// statement made one. Safe here because this job holds the name's turn and the manager
-    /// does not hold the name, so no tenure of ours can be legitimate. True when it is known
-    /// that nothing is left.
-    async fn release_orphan(&self, name: &str) -> bool {
-        let statements = self.pool.idempotent(None);
-        match self
-            .table
-            .release_orphan(&statements, name, &self.owner)
-            .await
-        {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(%name, error = %e, "an acquire's outcome is unknown and its lease could not be checked; if it was granted, it expires on its own");
-                false
-            }
-        }
-    }
 }
 
 /// The end of one attempt: the caller's deadline, or the statement timeout from now.
 pub(crate) fn bound_from_now(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
     let bound = Instant::now() + statement_timeout;
     deadline.map_or(bound, |d| d.min(bound))
-}
-
-/// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
-/// caller that gives up cancels it.
-pub struct AcquireResponse(Result<AcquireJob>);
-
-impl MessageResponse<LockManager, Acquire> for AcquireResponse {
-    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
-        let job = match self.0 {
-            Ok(job) => job,
-            Err(error) => return crate::reply::refuse(reply, error),
-        };
-        // Only what the grant needs: the request's data stays with the job.
-        let (name, keep_on_release) = (job.request.name.clone(), job.request.keep_on_release);
-        let span = info_span!("acquire", lease = %name);
-        let wait = async move {
-            let mut reply = reply;
-            let outcome = job.run(&mut reply).await;
-            ((outcome, name), reply)
-        };
-        spawn_wait(ctx, span, keep_on_release, wait);
-    }
-}
-
-/// Runs a wait (an acquire's, a permit's) on the manager's context; `wait` owns the reply
-/// channel, watching it so a caller that gives up cancels the wait, and ends with the outcome and
-/// the name of the lease it is about. The outcome is counted, and a grant recorded and handed
-/// over (or released at once when its caller has gone).
-pub(crate) fn spawn_wait(
-    ctx: &mut Context<LockManager>,
-    span: tracing::Span,
-    keep_on_release: bool,
-    wait: impl Future<Output = ((Outcome, String), Option<Reply>)> + 'static,
-) {
-    let arrived = Instant::now();
-    let wait = tracing::Instrument::instrument(wait, span);
-    ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-        move |((outcome, name), reply), act, ctx| {
-            act.count_acquire(&outcome, arrived);
-            match outcome {
-                Outcome::Granted { grant, sent } => {
-                    act.granted(name, keep_on_release, grant, sent, reply, ctx)
-                }
-                Outcome::Failed(error) => {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Err(error));
-                    }
-                }
-                Outcome::Cancelled => debug!(lease = %name, "wait cancelled by its caller"),
-            }
-        },
-    ));
-}
-
-impl Handler<Acquire> for LockManager {
-    type Result = AcquireResponse;
-
-    fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
-        // Borrowed check (validate_name takes ownership to hand the string back).
-        if let Err(e) = pgcoord::lease::check_name(&request.name) {
-            return AcquireResponse(Err(e));
-        }
-        if self.held.contains_key(request.name.as_str()) {
-            return AcquireResponse(Err(already_held(&request.name)));
-        }
-        AcquireResponse(Ok(self.job_for(request)))
-    }
-}
-
-impl LockManager {
-    /// What the wait of `request` needs, cloned out of the manager.
-    pub(crate) fn job_for(&self, request: Acquire) -> AcquireJob {
-        AcquireJob {
-            request,
-            pool: self.pool.clone(),
-            table: self.table.clone(),
-            queues: self.queues.clone(),
-            holding: self.holding.clone(),
-            owner: self.config.owner().to_owned(),
-            lease: self.config.lease(),
-            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
-            batcher: self.batcher.clone(),
-            statements_sent: self.acquire_statements.clone(),
-        }
-    }
 }

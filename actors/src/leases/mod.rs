@@ -26,6 +26,8 @@ mod listing;
 mod messages;
 mod release;
 mod semaphore;
+mod unclaimed;
+mod wait;
 mod wake;
 mod with_lock;
 
@@ -34,12 +36,12 @@ pub(crate) use acquire::already_held;
 #[cfg(feature = "memory")]
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 
-pub use acquire::AcquireResponse;
 pub use claim::Claim;
 pub use lease::Lease;
 pub use listing::ListPrefix;
 pub use messages::*;
 pub use semaphore::{AcquirePermit, PermitResponse};
+pub use wait::AcquireResponse;
 pub use with_lock::with_lock;
 
 /// One lease this process holds.
@@ -377,36 +379,6 @@ impl Handler<RawNotification> for LockManager {
             // Not an announcement (written by hand, say): wake whoever waits for that name.
             None => self.queues.wake(&notification.payload),
         }
-    }
-}
-
-impl LockManager {
-    /// A release handed `name` to this process with `token`. The waiter whose turn it is takes
-    /// it; when nobody here waits for it any more (the waiter gave up as it was handed over) it
-    /// is released at once, so the next in line need not wait for it to expire. Already ours
-    /// (taken from the table, its announcement late): nothing to do.
-    fn handed_over(&mut self, name: &str, token: i64) {
-        if self.held.get(name).is_some_and(|held| held.token == token) {
-            return;
-        }
-        if self.queues.hand_over(name, token) {
-            return;
-        }
-        let Some(releaser) = self.releaser.clone() else {
-            return;
-        };
-        let name: Arc<str> = Arc::from(name);
-        // Not on the actor's context: the release must finish even if the manager stops.
-        tokio::spawn(async move {
-            match releaser.release(name.clone(), token, false).await {
-                Ok(()) => {
-                    debug!(%name, token, "released a lease handed over after its waiter left")
-                }
-                Err(e) => {
-                    warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
-                }
-            }
-        });
     }
 }
 

@@ -16,8 +16,9 @@ use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
 use tracing::{debug, info_span, warn};
 
-use super::acquire::{AcquireJob, Outcome, bound_from_now, spawn_wait, until_deadline};
+use super::acquire::{AcquireJob, Outcome, bound_from_now, until_deadline};
 use super::lease::Lease;
+use super::wait::spawn_wait;
 use super::wake::NameQueue;
 use super::{LockManager, Queues};
 use crate::reply::caller_gone;

@@ -1,0 +1,106 @@
+//! Leases the table says this process holds that no handle here has: handed to it by a
+//! release (taken by the waiter whose turn it is, taken from the table when the announcement
+//! was missed, given back when nobody here waits any more), or granted by an attempt whose
+//! answer was lost (released).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use pgcoord::lease::Grant;
+use tracing::{debug, warn};
+
+use super::LockManager;
+use super::acquire::{AcquireJob, Outcome};
+
+impl LockManager {
+    /// A release handed `name` to this process with `token`. The waiter whose turn it is takes
+    /// it; when nobody here waits for it any more (the waiter gave up as it was handed over) it
+    /// is released at once, so the next in line need not wait for it to expire. Already ours
+    /// (taken from the table, its announcement late): nothing to do.
+    pub(crate) fn handed_over(&mut self, name: &str, token: i64) {
+        if self.held.get(name).is_some_and(|held| held.token == token) {
+            return;
+        }
+        if self.queues.hand_over(name, token) {
+            return;
+        }
+        let Some(releaser) = self.releaser.clone() else {
+            return;
+        };
+        let name: Arc<str> = Arc::from(name);
+        // Not on the actor's context: the release must finish even if the manager stops.
+        tokio::spawn(async move {
+            match releaser.release(name.clone(), token, false).await {
+                Ok(()) => {
+                    debug!(%name, token, "released a lease handed over after its waiter left")
+                }
+                Err(e) => {
+                    warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
+                }
+            }
+        });
+    }
+}
+
+impl AcquireJob {
+    /// Releases a lease a release handed to this process that no waiter here took (the waiter
+    /// gave up as it was handed over), so the next in line gets it now rather than at its
+    /// expiry.
+    pub(crate) async fn release_unclaimed(&self, name: &str, token: i64) {
+        let statements = self.pool.idempotent(None);
+        match self.table.release(&statements, name, token, false).await {
+            Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
+            Err(e) => {
+                warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
+            }
+        }
+    }
+
+    /// Takes a lease the table says this owner holds with `token` while the manager does not:
+    /// safe because this job holds the name's turn (as for `release_orphan`). Its data and
+    /// remaining time are read from the row; `None` when the row says otherwise now, or leaves
+    /// less than a poll interval.
+    pub(crate) async fn adopt(&self, name: &str, token: i64) -> Option<Outcome> {
+        let statements = self.pool.idempotent(None);
+        let sent = Instant::now();
+        let info = match self.table.get(&statements, name).await {
+            Ok(info) => info,
+            Err(e) => {
+                debug!(%name, error = %e, "cannot read a lease handed to us; asking again later");
+                return None;
+            }
+        };
+        let remaining = info.remaining.filter(|r| *r > self.poll)?;
+        if info.owner.as_deref() != Some(self.owner.as_str()) || info.token != Some(token) {
+            return None;
+        }
+        // The tenure's deadline is `sent + lease`, less the margin: start it as far back as
+        // the server's remaining time says.
+        let sent = sent.checked_sub(self.lease.saturating_sub(remaining))?;
+        let grant = Grant {
+            token,
+            data: info.data,
+        };
+        debug!(%name, token, ?remaining, "took a lease handed to us");
+        Some(Outcome::Granted { grant, sent })
+    }
+
+    /// After an acquire whose outcome is unknown: frees a grant of `name` to this owner, if the
+    /// statement made one. Safe here because this job holds the name's turn and the manager
+    /// does not hold the name, so no tenure of ours can be legitimate. True when it is known
+    /// that nothing is left.
+    pub(crate) async fn release_orphan(&self, name: &str) -> bool {
+        let statements = self.pool.idempotent(None);
+        match self
+            .table
+            .release_orphan(&statements, name, &self.owner)
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(%name, error = %e, "an acquire's outcome is unknown and its lease could not be checked; if it was granted, it expires on its own");
+                false
+            }
+        }
+    }
+}
