@@ -100,7 +100,7 @@ impl AcquireJob {
         if let Some(token) = self.queues.leave(&name, queue) {
             let ours = matches!(&outcome, Outcome::Granted { grant, .. } if grant.token == token);
             if !ours {
-                self.release_unclaimed(&name, token).await;
+                super::unclaimed::release_unclaimed(&self.table, &self.pool, &name, token).await;
             }
         }
         outcome
@@ -138,10 +138,12 @@ impl AcquireJob {
         let outcome = loop {
             if let Some(token) = queue.take_handed() {
                 // Handed to us by a release after our last refused attempt (see `hand_over` in
-                // `pgcoord::lease`), with our data: ours without a statement. Unless that
-                // attempt is so long ago that little of the lease would be left by our clock;
-                // then the attempt below takes it with the server's remaining time.
-                if let Some(sent) = refused_at.filter(|sent| sent.elapsed() < self.lease / 2) {
+                // `pgcoord::lease`), with our data: ours without a statement, its deadline
+                // counted from that attempt. Unless that is a third of the lease ago or more:
+                // then less than the heartbeat (at most half the lease) plus the margin could
+                // be left by our clock, and the attempt below takes the lease with the server's
+                // remaining time.
+                if let Some(sent) = refused_at.filter(|sent| sent.elapsed() < self.lease / 3) {
                     let grant = Grant {
                         token,
                         data: data.as_ref().map(|d| d.to_vec()),

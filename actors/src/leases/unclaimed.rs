@@ -3,10 +3,10 @@
 //! was missed, given back when nobody here waits any more), or granted by an attempt whose
 //! answer was lost (released).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use pgcoord::lease::Grant;
+use pgcoord::{ErrorKind, LeaseTable, Pool};
 use tracing::{debug, warn};
 
 use super::LockManager;
@@ -24,42 +24,33 @@ impl LockManager {
         if self.queues.hand_over(name, token) {
             return;
         }
-        let Some(releaser) = self.releaser.clone() else {
-            return;
-        };
-        let name: Arc<str> = Arc::from(name);
+        let (table, pool, name) = (self.table.clone(), self.pool.clone(), name.to_owned());
         // Not on the actor's context: the release must finish even if the manager stops.
-        tokio::spawn(async move {
-            match releaser.release(name.clone(), token, false).await {
-                Ok(()) => {
-                    debug!(%name, token, "released a lease handed over after its waiter left")
-                }
-                Err(e) => {
-                    warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
-                }
-            }
-        });
+        tokio::spawn(async move { release_unclaimed(&table, &pool, &name, token).await });
+    }
+}
+
+/// Releases a lease a release handed to this process that no waiter here took (the waiter
+/// gave up as it was handed over), so the next in line gets it now rather than at its expiry.
+pub(crate) async fn release_unclaimed(table: &LeaseTable, pool: &Pool, name: &str, token: i64) {
+    let statements = pool.idempotent(None);
+    match table.release(&statements, name, token, false).await {
+        Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
+        // Taken from the table and released already, its announcement late: nothing left.
+        Err(e) if e.kind() == ErrorKind::LockLost => {
+            debug!(%name, token, "a lease handed over was released already")
+        }
+        Err(e) => {
+            warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
+        }
     }
 }
 
 impl AcquireJob {
-    /// Releases a lease a release handed to this process that no waiter here took (the waiter
-    /// gave up as it was handed over), so the next in line gets it now rather than at its
-    /// expiry.
-    pub(crate) async fn release_unclaimed(&self, name: &str, token: i64) {
-        let statements = self.pool.idempotent(None);
-        match self.table.release(&statements, name, token, false).await {
-            Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
-            Err(e) => {
-                warn!(%name, token, error = %e, "cannot release a lease handed over after its waiter left; it expires on its own")
-            }
-        }
-    }
-
     /// Takes a lease the table says this owner holds with `token` while the manager does not:
     /// safe because this job holds the name's turn (as for `release_orphan`). Its data and
     /// remaining time are read from the row; `None` when the row says otherwise now, or leaves
-    /// less than a poll interval.
+    /// less than two thirds of the lease (it is waited out then).
     pub(crate) async fn adopt(&self, name: &str, token: i64) -> Option<Outcome> {
         let statements = self.pool.idempotent(None);
         let sent = Instant::now();
@@ -70,7 +61,9 @@ impl AcquireJob {
                 return None;
             }
         };
-        let remaining = info.remaining.filter(|r| *r > self.poll)?;
+        // Two thirds of the lease left at least, so the heartbeat (at most half the lease)
+        // renews it before the deadline (less the margin, a tenth) passes.
+        let remaining = info.remaining.filter(|r| *r > self.lease * 2 / 3)?;
         if info.owner.as_deref() != Some(self.owner.as_str()) || info.token != Some(token) {
             return None;
         }
