@@ -2,6 +2,7 @@
 //! `DATABASE_URL` when it is set.
 
 mod actix_web;
+mod batch_plans;
 mod config;
 mod embedded;
 mod errors;

@@ -1,0 +1,135 @@
+//! The batch statements' plans: planned once per connection, and finding their rows by index
+//! whatever the lock table's size.
+
+use pgcoord::LeaseTable;
+use pgcoord::lease::{AcquireRequest, ReleaseRequest};
+use pgcoord::statement::{CachingClient, Statements};
+
+use super::LEASE;
+
+/// The batch statements keep one plan per connection. A prepared statement whose plans for its
+/// parameters' values look cheaper than its generic plan is planned afresh at every run; with
+/// the arrays' lengths visible to the planner that was every batch of a few names, and the
+/// planning cost the server more than the statement (see `batch_request` in
+/// `src/lease/sql.rs`).
+#[tokio::test]
+async fn batch_statements_are_planned_once_per_connection() {
+    let (config, _admin) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let client = caching_client(&config).await;
+    for i in 0..12 {
+        // Batches of 1 to 3 names: short arrays are what made custom plans look cheaper.
+        let names: Vec<String> = (0..=i % 3).map(|n| format!("plan-{i}-{n}")).collect();
+        acquire_and_release(&table, &client, &names).await;
+    }
+    let plans = prepared_batches(&client, "generic_plans, custom_plans").await;
+    for row in plans {
+        let (generic, custom): (i64, i64) = (row.get(0), row.get(1));
+        // PostgreSQL tries five custom plans before it compares them with the generic plan.
+        assert!(
+            custom <= 5 && generic >= 7,
+            "custom plans {custom}, generic {generic}"
+        );
+    }
+}
+
+/// The batch statements find their rows by index whatever the lock table's size. Their generic
+/// plan cannot know how many names a batch holds; joined to the batch's rows, it read a lock
+/// table of 2,000 held leases whole into a hash at every batch (see `BY_NAME` in
+/// `src/lease/sql.rs`). The plans are read with `EXPLAIN EXECUTE` of the statements
+/// the batches prepared, forced generic as a long-lived connection's are.
+#[tokio::test]
+async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
+    let (config, admin) = super::setup().await;
+    let locks = config.lock_table().quoted();
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {locks} (name, owner, token, acquired_at, expires_at)
+             SELECT 'held-' || g, 'others', 1000000 + g, now(), now() + interval '1 hour'
+             FROM generate_series(1, 2000) AS g;
+             ANALYZE {locks}"
+        ))
+        .await
+        .unwrap();
+    let table = LeaseTable::new(&config);
+    let client = caching_client(&config).await;
+    client
+        .run("SET plan_cache_mode = force_generic_plan", &[])
+        .await
+        .unwrap();
+    acquire_and_release(&table, &client, &["by-index-1", "by-index-2"]).await;
+    let prepared = prepared_batches(&client, "name, statement LIKE '%INSERT INTO%'").await;
+    for row in prepared {
+        let (statement, acquire): (String, bool) = (row.get(0), row.get(1));
+        let arguments = if acquire {
+            "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
+        } else {
+            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'unused'"
+        };
+        let plan: Vec<String> = client
+            .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|line| line.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        let lock_table = config.lock_table().name().as_str();
+        // The queue table's name starts with the lock table's: the space ends the name.
+        assert!(
+            !plan.contains(&format!("Seq Scan on {lock_table} ")),
+            "{plan}"
+        );
+        // It does read the lock table, by an index.
+        assert!(plan.contains(&format!(" on {lock_table} ")), "{plan}");
+    }
+}
+
+/// A connection that prepares each statement once, as the pool's do.
+async fn caching_client(config: &pgcoord::Config) -> CachingClient {
+    let (client, connection) = pgcoord::db::connect(config).await.unwrap();
+    tokio::spawn(connection);
+    CachingClient::new(client, config.session_tls().clone())
+}
+
+/// `names` (free) acquired in one batch statement and released in another.
+async fn acquire_and_release(
+    table: &LeaseTable,
+    client: &CachingClient,
+    names: &[impl AsRef<str>],
+) {
+    let requests: Vec<AcquireRequest> = (names.iter())
+        .map(|name| AcquireRequest::new(name.as_ref()))
+        .collect();
+    let grants = table
+        .try_acquire_many(client, &requests, "me", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(grants.len(), names.len());
+    let releases: Vec<ReleaseRequest> = (names.iter())
+        .map(|name| ReleaseRequest {
+            name: name.as_ref(),
+            token: grants[name.as_ref()].token,
+            keep: false,
+        })
+        .collect();
+    let released = table.release_many(client, &releases).await.unwrap();
+    assert_eq!(released.len(), names.len());
+}
+
+/// `columns` of `pg_prepared_statements` for the two batch statements `client` prepared.
+async fn prepared_batches(client: &CachingClient, columns: &str) -> Vec<tokio_postgres::Row> {
+    let rows = client
+        .run(
+            &format!(
+                "SELECT {columns} FROM pg_prepared_statements
+                 WHERE statement LIKE '%unnest(args.names%'
+                   AND statement NOT LIKE '%pg_prepared_statements%'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2, "the acquire and the release batch");
+    rows
+}
