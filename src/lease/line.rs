@@ -1,6 +1,7 @@
-//! The waiters' line: a waiter's lost attempt puts it in line, refreshing its place; leaving
-//! the line announces the next waiter when the lease is free; only the first in line may take a
-//! free lease (the condition lives in the attempt statements, see `statements`).
+//! The waiters' line: a waiter's lost attempt puts it in line, refreshing its place and storing
+//! the grant a release may hand it; leaving the line announces the next waiter when the lease is
+//! free; only the first in line may take a free lease (the condition lives in the attempt
+//! statements, see `statements`).
 
 use std::time::Duration;
 
@@ -15,7 +16,9 @@ impl LeaseTable {
     /// [`try_acquire`](Self::try_acquire) for a waiter: when the attempt grants nothing,
     /// `owner` is put in line for `name` (or keeps its place) for `wait_for`, as
     /// [`enqueue`](Self::enqueue) does, in the same statement, and the holder is reported
-    /// (`Held(None)` when the lease is free but another waiter is first in line).
+    /// (`Held(None)` when the lease is free but another waiter is first in line). The place
+    /// stores the grant the attempt asked for (`data`, `replace_data`, `lease`), so a release
+    /// can hand the lease to `owner` when it is first in line (see [`Released`](super::Released)).
     #[instrument(skip(self, client, data), level = "debug")]
     #[allow(clippy::too_many_arguments)]
     pub async fn try_acquire_or_queue(
@@ -54,8 +57,9 @@ impl LeaseTable {
         Ok(Attempt::Held(holder_from(row)?))
     }
 
-    /// Reserves the next grant of `name` for `owner` (unless another waiter has a live
-    /// reservation) for `hold_for`, and returns the current holder. `Ok(None)` when the row is
+    /// Puts `owner` in line for `name` (keeping its place when it has one) for `hold_for`, and
+    /// returns the current holder. The place stores no grant: a release announces it rather
+    /// than hand it the lease. `Ok(None)` when the row is
     /// gone or free: try again at once.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn enqueue(

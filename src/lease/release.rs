@@ -91,10 +91,13 @@ pub struct ReleaseRequest<'a> {
 }
 
 impl LeaseTable {
-    /// Releases `name` if `token` still holds it, deleting the row — unless a waiter reserved
-    /// the next grant, then it stays free without data — or, with `keep`, keeping it (and its
-    /// data) free. Waiters everywhere are woken through the lease channel. A
-    /// [`ErrorKind::LockLost`] error when the lease was no longer held with that token.
+    /// Releases `name` if `token` still holds it: hands it to the waiter first in line when
+    /// that waiter's place stored its grant (a refused
+    /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)) and the grant's data would be the
+    /// waiter's own; otherwise deletes the row or, with `keep`, keeps it (and its data) free.
+    /// Either way it is announced on the lease channel ([`Released`]), and the releaser's own
+    /// place in line, if it had one, is removed. A [`ErrorKind::LockLost`] error when the lease
+    /// was no longer held with that token.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn release(
         &self,
@@ -124,8 +127,8 @@ impl LeaseTable {
         Ok(())
     }
 
-    /// Each of `requests` (distinct names) released as [`release`](Self::release) would, in one
-    /// statement. Returns the names released. A name missing from the set was not released:
+    /// Each of `requests` (distinct names) released as [`release`](Self::release) would (handed
+    /// over, deleted or kept), in one statement. Returns the names released. A name missing from the set was not released:
     /// lost, or its row locked by another transaction (a renewal, a fencing guard — not waited
     /// for, so that two multi-row statements cannot deadlock); its caller releases it alone,
     /// which tells it which.
