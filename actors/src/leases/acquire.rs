@@ -100,7 +100,7 @@ impl AcquireJob {
         if let Some(token) = self.queues.leave(&name, queue) {
             let ours = matches!(&outcome, Outcome::Granted { grant, .. } if grant.token == token);
             if !ours {
-                super::unclaimed::release_unclaimed(&self.table, &self.pool, &name, token).await;
+                self.give_back(&name, token).await;
             }
         }
         outcome

@@ -47,6 +47,11 @@ pub(crate) async fn release_unclaimed(table: &LeaseTable, pool: &Pool, name: &st
 }
 
 impl AcquireJob {
+    /// [`release_unclaimed`] on this job's pool: a token handed over that its wait left behind.
+    pub(crate) async fn give_back(&self, name: &str, token: i64) {
+        release_unclaimed(&self.table, &self.pool, name, token).await;
+    }
+
     /// Takes a lease the table says this owner holds with `token` while the manager does not:
     /// safe because this job holds the name's turn (as for `release_orphan`). Its data and
     /// remaining time are read from the row; `None` when the row says otherwise now, or leaves
