@@ -162,8 +162,10 @@ impl ConfigBuilder {
         self
     }
 
-    /// The channel that announces released leases to waiters. Default: the lock table's
-    /// unqualified name.
+    /// The channel that announces released leases to waiters, and leases handed to them.
+    /// Default: the lock table's unqualified name. Give each lock table of a database a channel
+    /// of its own (tables of one name in two schemas share the default): a handover names the
+    /// new holder's owner and token, and is taken by a waiting manager of that owner.
     pub fn lease_channel(mut self, channel: impl Into<String>) -> Self {
         self.lease_channel = Some(channel.into());
         self
