@@ -24,6 +24,7 @@ use crate::statement::Statements;
 /// read it too. Processes other than the named waiter's have no reason to try: the grant is not
 /// theirs until the reservation is used or lapses, or the lease is released again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Released<'a> {
     /// The lock's name.
     pub name: &'a str,
