@@ -181,3 +181,64 @@ async fn a_lease_of_the_same_owner_found_at_once_is_waited_out_not_taken() {
     );
     lease.release().await.unwrap();
 }
+
+/// Releases sent together share a statement (`release_many`), which hands each lease to its own
+/// first waiter: every waiter holds its lease without a statement of its own.
+#[actix_rt::test]
+async fn a_batch_of_releases_hands_each_lease_to_its_waiter() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let holder = setup.manager("holder");
+    let names = ["a", "b", "c"];
+    let mut held = Vec::new();
+    let mut waits = Vec::new();
+    let mut waiters = Vec::new();
+    for name in names {
+        held.push(holder.send(Acquire::new(name)).await.unwrap().unwrap());
+        let waiter = setup.manager(&format!("w{name}"));
+        let acquire = Acquire::new(name).timeout(Duration::from_secs(10));
+        waits.push(actix_rt::spawn(waiter.send(acquire)));
+        waiters.push(waiter);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // all refused, in line
+    let mut before = Vec::new();
+    for waiter in &waiters {
+        before.push(
+            waiter
+                .send(GetStats::new())
+                .await
+                .unwrap()
+                .acquire_statements,
+        );
+    }
+    let releases_before = holder
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .release_statements;
+    let released = futures_util::future::join_all(held.into_iter().map(|lease| lease.release()));
+    for result in released.await {
+        result.unwrap();
+    }
+    let releases = holder
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .release_statements
+        - releases_before;
+    assert!(
+        releases < 3,
+        "{releases} release statements: some were sent together"
+    );
+    for (i, wait) in waits.into_iter().enumerate() {
+        let lease = wait.await.unwrap().unwrap().unwrap();
+        let after = waiters[i]
+            .send(GetStats::new())
+            .await
+            .unwrap()
+            .acquire_statements;
+        assert_eq!(after, before[i], "no acquire statement for {}", names[i]);
+        let (owner, token, _) = row(&setup, &admin, names[i]).await.unwrap();
+        assert_eq!((owner, token), (format!("w{}", names[i]), lease.token()));
+        lease.release().await.unwrap();
+    }
+}
