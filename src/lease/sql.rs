@@ -113,26 +113,26 @@ pub(super) const HANDED_OVER: &str = "octet_length(handed.name)::text || '>' || 
 /// `releaser` (see `announce`), with what its place stores of its grant: `waiter`, `lease_ms`,
 /// `heir_data`, `replace_data`.
 pub(super) fn heir(q: &str, name: &str, releaser: &str) -> String {
-    format!(
-        "SELECT w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data FROM {q} AS w
-         WHERE w.name = {name} AND w.until > clock_timestamp() AND w.waiter <> {releaser}
-         ORDER BY w.queued_at, w.waiter LIMIT 1"
-    )
+    let columns = "w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data";
+    line_head(q, name, columns, Some(releaser))
 }
 
 /// `first_in_line`, passing over `releaser`'s place (see `announce`).
 pub(super) fn first_in_line_but(q: &str, name: &str, releaser: &str) -> String {
-    format!(
-        "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp()
-           AND w.waiter <> {releaser}
-         ORDER BY w.queued_at, w.waiter LIMIT 1"
-    )
+    line_head(q, name, "w.waiter", Some(releaser))
 }
 
 /// The live waiter first in line for the lease `name` (an SQL expression), in queue table `q`.
 pub(super) fn first_in_line(q: &str, name: &str) -> String {
+    line_head(q, name, "w.waiter", None)
+}
+
+/// `columns` of the live waiter (`w`) first in line for `name` in queue table `q`, passing over
+/// the waiter `but` (an SQL expression) when given: arrival order, then the waiter's name.
+fn line_head(q: &str, name: &str, columns: &str, but: Option<&str>) -> String {
+    let but = but.map_or(String::new(), |waiter| format!(" AND w.waiter <> {waiter}"));
     format!(
-        "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp()
+        "SELECT {columns} FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp(){but}
          ORDER BY w.queued_at, w.waiter LIMIT 1"
     )
 }
