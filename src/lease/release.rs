@@ -129,10 +129,10 @@ impl LeaseTable {
     }
 
     /// Each of `requests` (distinct names) released as [`release`](Self::release) would (handed
-    /// over, deleted or kept), in one statement. Returns the names released. A name missing from the set was not released:
-    /// lost, or its row locked by another transaction (a renewal, a fencing guard — not waited
-    /// for, so that two multi-row statements cannot deadlock); its caller releases it alone,
-    /// which tells it which.
+    /// over, deleted or kept), in one statement. Returns the names released. A name missing from
+    /// the set was not released: lost, or its row locked by another transaction (a renewal, a
+    /// fencing guard — not waited for, so that two multi-row statements cannot deadlock); its
+    /// caller releases it alone, which tells it which.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
     pub async fn release_many(
         &self,

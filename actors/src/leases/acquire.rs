@@ -260,7 +260,6 @@ impl AcquireJob {
                 }
                 Ok(Attempt::Busy) => {
                     busy += 1;
-                    refused_at = Some(sent);
                     refused_by_another = true;
                     None
                 }
@@ -270,7 +269,6 @@ impl AcquireJob {
                     // In line now (the attempt put us there), so a releaser cannot take the
                     // lease straight back.
                     busy = 0;
-                    refused_at = Some(sent);
                     refused_by_another |= holder.owner != self.owner;
                     Some(holder)
                 }
@@ -282,17 +280,17 @@ impl AcquireJob {
                         break outcome;
                     }
                     busy = 0;
-                    refused_at = Some(sent);
                     Some(holder)
                 }
                 Ok(Attempt::Held(None)) => {
                     // Free, and another waiter is first in line.
                     busy = 0;
-                    refused_at = Some(sent);
                     refused_by_another = true;
                     None
                 }
             };
+            // Refused: a lease handed to us from now on was granted after `sent`.
+            refused_at = Some(sent);
             // Back to the pool while we wait.
             drop(conn);
             // Wake on a release, at the holder's expiry, or on the polling fallback; a row

@@ -365,17 +365,19 @@ impl Handler<RawNotification> for LockManager {
     type Result = ();
 
     fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
+        let owner = self.config.owner();
         match Released::parse(&notification.payload) {
-            // Handed to us by the release itself: the waiter whose turn it is takes it.
-            Some(released) if released.handed_to(self.config.owner()).is_some() => {
-                let token = released.handed_over.unwrap_or_default();
-                self.handed_over(released.name, token);
-            }
-            // Another process's waiter is first in line (or was handed the lease): an attempt
-            // here could only be refused. Its grant (or its place lapsing) is announced or
-            // polled for later.
-            Some(released) if !released.may_grant(self.config.owner()) => {}
-            Some(released) => semaphore::wake_released(&self.queues, released.name),
+            Some(released) => match released.handed_to(owner) {
+                // Handed to us by the release itself: the waiter whose turn it is takes it.
+                Some(token) => self.handed_over(released.name, token),
+                None if released.may_grant(owner) => {
+                    semaphore::wake_released(&self.queues, released.name)
+                }
+                // Another process's waiter is first in line (or was handed the lease): an
+                // attempt here could only be refused. Its grant (or its place lapsing) is
+                // announced or polled for later.
+                None => {}
+            },
             // Not an announcement (written by hand, say): wake whoever waits for that name.
             None => self.queues.wake(&notification.payload),
         }
