@@ -240,3 +240,28 @@ async fn a_releaser_in_line_for_its_own_lease_is_passed_over_and_leaves_the_line
         "only old's place"
     );
 }
+
+/// A waiter whose process died after it got in line is handed the lease all the same; nobody
+/// renews it, so the next waiter gets it when that lease ends (the dead waiter's own lease),
+/// not when the dead waiter's place would have lapsed (twice its lease).
+#[tokio::test]
+async fn a_lease_handed_to_a_waiter_that_died_is_free_when_its_lease_ends() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    let short = Duration::from_millis(300);
+    let attempt = table
+        .try_acquire_or_queue(&client, "job", "dead", None, false, short, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(attempt, Attempt::Held(Some(_))));
+    line_up(&table, &client, "job", "next", None, false).await;
+    table.release(&client, "job", g.token, false).await.unwrap();
+    let ask = || table.try_acquire_or_queue(&client, "job", "next", None, false, LEASE, LEASE);
+    match ask().await.unwrap() {
+        Attempt::Held(Some(holder)) => assert_eq!(holder.owner, "dead"),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(matches!(ask().await.unwrap(), Attempt::Granted(_)));
+}
