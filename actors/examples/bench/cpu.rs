@@ -64,6 +64,12 @@ impl CpuUse {
     pub fn machine_busy(&self) -> f64 {
         self.machine_busy as f64 * 100.0 / self.machine_total.max(1) as f64
     }
+
+    /// How many of the machine's cores were busy on average: CPU-seconds per second.
+    pub fn machine_cores_used(&self) -> f64 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.machine_busy() / 100.0 * cores as f64
+    }
 }
 
 /// User and system CPU time of another process on this machine (a server backend), from

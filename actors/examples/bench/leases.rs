@@ -179,6 +179,14 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             floor_rate,
             "pairs/s",
         );
+        if clients == 8 {
+            report.target(
+                "8 clients: at least 2× the unbatched raw floor's rate, on the throwaway cluster \
+                 (`fsync` and `synchronous_commit` off: commits cost nothing, see notes)",
+                format!("{:.2}×", rate / floor_rate),
+                rate >= 2.0 * floor_rate,
+            );
+        }
         report.time(
             &format!("lease acquire+release, {clients} client(s), p50"),
             ours.p(0.5),
@@ -199,6 +207,12 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             report.note(
                 &format!("lease acquire+release, {clients} client(s): machine busy (2 cores shared with the server), pgcoord / floor"),
                 format!("{:.0}% / {:.0}%", cpu.machine_busy(), floor_cpu.machine_busy()),
+            );
+            report.rate(
+                &format!("lease acquire+release, {clients} client(s): pairs per second of the machine's CPU (server and clients)"),
+                rate / cpu.machine_cores_used(),
+                floor_rate / floor_cpu.machine_cores_used(),
+                "pairs/CPU-s",
             );
         }
         one_client_floor.get_or_insert(floor);
@@ -264,10 +278,15 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         .unzip();
     let measured = handoffs.len();
     let (handoffs, release_parts) = (Samples::new(handoffs), Samples::new(release_parts));
-    report.time(
+    let handoff = report.time(
         "handoff, release sent → next holder, p50 (floor: one acquire+release)",
         handoffs.p(0.5),
         floor.p(0.5),
+    );
+    report.target(
+        "handoff p50: at most 2× one acquire+release pair",
+        format!("{handoff:.2}×"),
+        handoff <= 2.0,
     );
     report.time("handoff p99", handoffs.p(0.99), floor.p(0.99));
     report.note("handoff max", ms(handoffs.max()));

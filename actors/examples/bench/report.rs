@@ -5,6 +5,8 @@ use std::time::Duration;
 /// Rows of workload, pgcoord's figure, the floor's figure, and their ratio.
 pub struct Report {
     rows: Vec<[String; 4]>,
+    /// Targets the issues set, each with what this run measured and whether it met it.
+    targets: Vec<[String; 3]>,
     machine: String,
 }
 
@@ -46,25 +48,36 @@ impl Report {
             .unwrap_or(1);
         Ok(Report {
             rows: Vec::new(),
+            targets: Vec::new(),
             machine: format!("{cores} × {cpu}, PostgreSQL {version} on loopback"),
         })
     }
 
-    /// A time measured against a floor time: ratio = ours ÷ floor.
-    pub fn time(&mut self, workload: &str, ours: Duration, floor: Duration) {
+    /// A time measured against a floor time: ratio = ours ÷ floor, returned.
+    pub fn time(&mut self, workload: &str, ours: Duration, floor: Duration) -> f64 {
         let ratio = ours.as_secs_f64() / floor.as_secs_f64();
         self.rows
             .push([workload.into(), ms(ours), ms(floor), format!("{ratio:.2}×")]);
+        ratio
     }
 
-    /// A rate measured against a floor rate: ratio = floor ÷ ours (lower is better, as for times).
-    pub fn rate(&mut self, workload: &str, ours: f64, floor: f64, unit: &str) {
+    /// A rate measured against a floor rate: ratio = floor ÷ ours (lower is better, as for
+    /// times), returned.
+    pub fn rate(&mut self, workload: &str, ours: f64, floor: f64, unit: &str) -> f64 {
         self.rows.push([
             workload.into(),
             format!("{ours:.0} {unit}"),
             format!("{floor:.0} {unit}"),
             format!("{:.2}×", floor / ours),
         ]);
+        floor / ours
+    }
+
+    /// A target an issue set, what this run measured of it, and whether that meets it: listed
+    /// after the figures, so a run says plainly which targets it met.
+    pub fn target(&mut self, target: &str, measured: String, met: bool) {
+        let met = if met { "yes" } else { "**no**" };
+        self.targets.push([target.into(), measured, met.into()]);
     }
 
     /// A figure with no floor.
@@ -78,6 +91,12 @@ impl Report {
             String::from("| workload | pgcoord | raw floor | ratio |\n|---|---|---|---|\n");
         for [w, o, f, r] in &self.rows {
             out.push_str(&format!("| {w} | {o} | {f} | {r} |\n"));
+        }
+        if !self.targets.is_empty() {
+            out.push_str("\n| target | this run | met |\n|---|---|---|\n");
+            for [target, measured, met] in &self.targets {
+                out.push_str(&format!("| {target} | {measured} | {met} |\n"));
+            }
         }
         out
     }
