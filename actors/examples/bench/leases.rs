@@ -183,7 +183,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             report.target(
                 "8 clients: at least 2× the unbatched raw floor's rate, on the throwaway cluster \
                  (`fsync` and `synchronous_commit` off: commits cost nothing, see notes)",
-                format!("{:.2}×", rate / floor_rate),
+                format!("{:.3}×", rate / floor_rate),
                 rate >= 2.0 * floor_rate,
             );
         }
@@ -285,7 +285,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     report.target(
         "handoff p50: at most 2× one acquire+release pair",
-        format!("{handoff:.2}×"),
+        format!("{handoff:.3}×"),
         handoff <= 2.0,
     );
     report.time("handoff p99", handoffs.p(0.99), floor.p(0.99));

@@ -99,7 +99,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     report.target(
         "advisory lock+unlock p50 (median repetition): at most 1.5× the raw pair",
-        format!("{advisory:.2}×"),
+        format!("{advisory:.3}×"),
         advisory <= 1.5,
     );
     report.time("advisory lock+unlock p99", ours.p(0.99), raw.p(0.99));

@@ -74,7 +74,8 @@ impl Report {
     }
 
     /// A target an issue set, what this run measured of it, and whether that meets it: listed
-    /// after the figures, so a run says plainly which targets it met.
+    /// after the figures, so a run says plainly which targets it met. Ratios are written with
+    /// three decimals there, so one just past a bound does not read as on it.
     pub fn target(&mut self, target: &str, measured: String, met: bool) {
         let met = if met { "yes" } else { "**no**" };
         self.targets.push([target.into(), measured, met.into()]);

@@ -71,7 +71,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     "8 clients: at least 2× the unbatched raw floor's rate, with durable commits \
                      (`fsync` and `synchronous_commit` on, the default lock table): the one judged, \
                      see notes",
-                    format!("{:.2}×", rate / floor_rate),
+                    format!("{:.3}×", rate / floor_rate),
                     rate >= 2.0 * floor_rate,
                 );
             }
