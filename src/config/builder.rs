@@ -164,8 +164,9 @@ impl ConfigBuilder {
 
     /// The channel that announces released leases to waiters, and leases handed to them.
     /// Default: the lock table's unqualified name. Give each lock table of a database a channel
-    /// of its own (tables of one name in two schemas share the default): a handover names the
-    /// new holder's owner and token, and is taken by a waiting manager of that owner.
+    /// of its own (tables of one name in two schemas share the default): on a shared channel
+    /// each table's releases wake the other's waiters for nothing (a handover names its table's
+    /// oid, so it is only ever taken by a manager of that table).
     pub fn lease_channel(mut self, channel: impl Into<String>) -> Self {
         self.lease_channel = Some(channel.into());
         self

@@ -109,6 +109,8 @@ pub struct LeaseTable {
     list_prefix: String,
     fence: String,
     pub(crate) proclaim: String,
+    /// The lock table's name, quoted (and qualified when configured so).
+    table: String,
     sequence: String,
     channel: String,
     pub(crate) election_channel: String,
@@ -118,6 +120,26 @@ impl LeaseTable {
     /// The channel on which releases are announced; its payloads are read by [`Released::parse`].
     pub fn channel(&self) -> &str {
         &self.channel
+    }
+
+    /// The lock table's oid, its name resolved as the lease statements resolve it: what a
+    /// handover announcement names ([`Released::table_oid`]), so that a process takes only the
+    /// handovers of its own table when several share a channel. [`ErrorKind::NotFound`] when the
+    /// table does not exist.
+    pub async fn table_oid(&self, client: &(impl Statements + ?Sized)) -> Result<u32> {
+        let rows = client
+            .run("SELECT to_regclass($1)::oid", &[(&self.table, Type::TEXT)])
+            .await?;
+        let oid: Option<u32> = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => None,
+        };
+        oid.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("lock table {} does not exist", self.table),
+            )
+        })
     }
 
     /// One attempt to take `name` for `owner` for `lease`. With `replace_data`, `data` replaces

@@ -16,10 +16,12 @@ use crate::statement::Statements;
 /// The payload is the name's length in bytes, a colon, the name, then the owner the next grant
 /// is reserved for, if any: `3:jobworker-7` announces that `job` is free and reserved for
 /// `worker-7`; `3:job` that it is free for anyone. A release that handed the lease straight to
-/// the waiter first in line writes `>` instead of the colon, then the name, the new token, a
-/// colon and the new holder: `3>job1042:worker-7` announces that `worker-7` holds `job` with
-/// token 1042 (a reader of the first two forms only, an older version, does not take it for one
-/// of them: the text before the first colon is not a number). Any name and owner can be written
+/// the waiter first in line writes `>` instead of the colon, then the name, the new token, `@`,
+/// the lock table's oid, a colon and the new holder: `3>job1042@16384:worker-7` announces that
+/// `worker-7` holds `job` with token 1042 in the lock table whose oid is 16384 (a reader of the
+/// first two forms only, an older version, does not take it for one of them: the text before
+/// the first colon is not a number). The oid tells apart lock tables that share a channel (see
+/// [`LeaseTable::table_oid`]). Any name and owner can be written
 /// this way (neither may contain NUL, which a payload cannot carry), so other languages can
 /// read it too. Processes other than the named waiter's have no reason to try: the grant is not
 /// theirs until the reservation is used or lapses, or the lease is released again.
@@ -34,6 +36,8 @@ pub struct Released<'a> {
     /// The token of the grant to `reserved_for` made by the release itself; `None` when the
     /// lease is free.
     pub handed_over: Option<i64>,
+    /// With `handed_over`, the oid of the lock table the grant is in; `None` otherwise.
+    pub table_oid: Option<u32>,
 }
 
 impl<'a> Released<'a> {
@@ -55,15 +59,22 @@ impl<'a> Released<'a> {
                 name,
                 reserved_for,
                 handed_over: None,
+                table_oid: None,
             });
         }
-        // The token has no colon; the owner is everything after the first one.
-        let (token, owner) = rest.split_once(':')?;
+        // Token and oid hold no colon; the owner is everything after the first one.
+        let (grant, owner) = rest.split_once(':')?;
+        let (token, table_oid) = grant.split_once('@')?;
         let owner = Some(owner).filter(|o| !o.is_empty())?;
+        let digits = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+        if !digits(token) || !digits(table_oid) {
+            return None;
+        }
         Some(Released {
             name,
             reserved_for: Some(owner),
             handed_over: Some(token.parse().ok()?),
+            table_oid: Some(table_oid.parse().ok()?),
         })
     }
 
@@ -73,10 +84,18 @@ impl<'a> Released<'a> {
         self.reserved_for.is_none_or(|waiter| waiter == owner)
     }
 
-    /// The token `owner` was handed the lease with, when this release handed it to `owner`.
-    pub fn handed_to(&self, owner: &str) -> Option<i64> {
+    /// The token `owner` was handed the lease with, when this release handed it to `owner` in
+    /// the lock table whose oid is `table_oid` ([`LeaseTable::table_oid`]).
+    pub fn handed_to(&self, owner: &str, table_oid: u32) -> Option<i64> {
         self.handed_over
-            .filter(|_| self.reserved_for == Some(owner))
+            .filter(|_| self.reserved_for == Some(owner) && self.table_oid == Some(table_oid))
+    }
+
+    /// Whether this announcement may be about the lock table whose oid is `table_oid`: a
+    /// handover names its table; a release that handed nothing over names none, so it may be
+    /// about any table on its channel.
+    pub fn may_concern(&self, table_oid: u32) -> bool {
+        self.table_oid.is_none_or(|oid| oid == table_oid)
     }
 }
 
@@ -185,35 +204,62 @@ mod tests {
     }
 
     #[test]
-    fn handovers_are_read_back_and_name_their_new_holder() {
-        let handed = Released::parse("3>job1042:worker-7").unwrap();
+    fn handovers_are_read_back_and_name_their_new_holder_and_table() {
+        let handed = Released::parse("3>job1042@16384:worker-7").unwrap();
         assert_eq!(
             (handed.name, handed.reserved_for, handed.handed_over),
             ("job", Some("worker-7"), Some(1042))
         );
-        assert_eq!(handed.handed_to("worker-7"), Some(1042));
-        assert_eq!(handed.handed_to("worker-8"), None);
+        assert_eq!(handed.table_oid, Some(16384));
+        assert_eq!(handed.handed_to("worker-7", 16384), Some(1042));
+        assert_eq!(handed.handed_to("worker-8", 16384), None);
+        // The same owner in another lock table sharing the channel: not its lease.
+        assert_eq!(handed.handed_to("worker-7", 16385), None);
+        assert!(handed.may_concern(16384) && !handed.may_concern(16385));
         assert!(!handed.may_grant("worker-8"));
-        // Colons and digits in the name and the owner; a token of the timeline after a failover.
-        let odd = Released::parse("4>a:1>1099511627777:9:x").unwrap();
+        // Colons, digits and `@` in the name and the owner; a token of the timeline after a
+        // failover.
+        let odd = Released::parse("5>a:1>@1099511627777@7:9:x@1").unwrap();
         assert_eq!(
-            (odd.name, odd.reserved_for, odd.handed_over),
-            ("a:1>", Some("9:x"), Some(1099511627777))
+            (odd.name, odd.reserved_for, odd.handed_over, odd.table_oid),
+            ("a:1>@", Some("9:x@1"), Some(1099511627777), Some(7))
         );
-        // A plain reservation never reads as a handover, whatever the owner's name holds.
-        let plain = Released::parse("3:job1042:worker-7").unwrap();
+        // A plain reservation never reads as a handover, whatever the owner's name holds, and
+        // may concern any table.
+        let plain = Released::parse("3:job1042@16384:worker-7").unwrap();
         assert_eq!(
-            (plain.reserved_for, plain.handed_over),
-            (Some("1042:worker-7"), None)
+            (plain.reserved_for, plain.handed_over, plain.table_oid),
+            (Some("1042@16384:worker-7"), None, None)
         );
-        assert_eq!(plain.handed_to("worker-7"), None);
+        assert_eq!(plain.handed_to("worker-7", 16384), None);
+        assert!(plain.may_concern(16384) && plain.may_concern(1));
     }
 
     #[test]
     fn anything_else_is_not_an_announcement() {
         for payload in [
-            "", "job", ":job", "0:", "x:job", "9:job", "1:ä", "-1:job", "3>job", "3>job12",
-            "3>job:w", "3>jobx:w", "3>job12:", ">job1:w",
+            "",
+            "job",
+            ":job",
+            "0:",
+            "x:job",
+            "9:job",
+            "1:ä",
+            "-1:job",
+            "3>job",
+            "3>job12",
+            "3>job:w",
+            "3>jobx:w",
+            "3>job12:",
+            ">job1:w",
+            "3>job12:w",
+            "3>job12@:w",
+            "3>job@5:w",
+            "3>job12@5:",
+            "3>job-1@5:w",
+            "3>job1@-5:w",
+            "3>job1@5x:w",
+            "3>job1@4294967296:w",
         ] {
             assert_eq!(Released::parse(payload), None, "{payload:?}");
         }

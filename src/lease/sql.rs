@@ -78,8 +78,8 @@ pub(super) fn line_up(
 }
 
 /// The CTEs of a release that hand the lease straight to the waiter first in line: `handed`
-/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner and
-/// token, and `served` takes that waiter out of the line. `heirs` is a CTE with, per lease being
+/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner, token
+/// and the lock table's oid, and `served` takes that waiter out of the line. `heirs` is a CTE with, per lease being
 /// released, its `name`, `token` and `keep` flag and its first live waiter (`waiter`,
 /// `lease_ms`, `heir_data`, `replace_data`); `sequence` the SQL of the token sequence.
 ///
@@ -96,7 +96,7 @@ pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String
              FROM {heirs} AS h
              WHERE l.name = h.name AND l.token = h.token AND h.lease_ms IS NOT NULL
                AND (NOT h.keep OR h.replace_data OR l.data IS NULL)
-             RETURNING l.name, l.owner, l.token
+             RETURNING l.name, l.owner, l.token, l.tableoid
          ), served AS (
              DELETE FROM {q} AS w USING handed
              WHERE w.name = handed.name AND w.waiter = handed.owner
@@ -105,9 +105,12 @@ pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String
 }
 
 /// The payload announcing that `handed.name` was handed to `handed.owner` with `handed.token`
-/// (see `Released`): the name's length in bytes, `>`, the name, the token, a colon, the owner.
+/// in the lock table `handed.tableoid` (see `Released`): the name's length in bytes, `>`, the
+/// name, the token, `@`, the table's oid, a colon, the owner. The oid tells the lock tables
+/// that share a channel apart (one name in two schemas share the default channel), so a
+/// handover is never taken for a lease of another table.
 pub(super) const HANDED_OVER: &str = "octet_length(handed.name)::text || '>' || handed.name
-     || handed.token::text || ':' || handed.owner";
+     || handed.token::text || '@' || handed.tableoid::text || ':' || handed.owner";
 
 /// The live waiter first in line for `name` (an SQL expression), in queue table `q`, other than
 /// `releaser` (see `announce`), with what its place stores of its grant: `waiter`, `lease_ms`,

@@ -301,6 +301,7 @@ impl LeaseTable {
                 "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
                  FOR KEY SHARE"
             ),
+            table: config.lock_table.quoted(),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
             election_channel: config.election_channel.as_str().to_owned(),

@@ -39,6 +39,7 @@ async fn in_line(config: &pgcoord::Config, client: &tokio_postgres::Client, name
 async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&client).await.unwrap();
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     line_up(&table, &client, "job", "first", Some(b"mine"), false).await;
     line_up(&table, &client, "job", "second", None, false).await;
@@ -47,10 +48,13 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     let payload = next(&mut announced).await;
     let released = Released::parse(&payload).unwrap();
     let token = released
-        .handed_to("first")
+        .handed_to("first", oid)
         .expect("handed to the first in line");
     assert!(token > g.token, "{payload}");
-    assert_eq!(released.handed_to("second"), None);
+    assert_eq!(released.handed_to("second", oid), None);
+    // It names the lock table: a process of another table on the channel does not take it.
+    assert_eq!(released.table_oid, Some(oid));
+    assert_eq!(released.handed_to("first", oid + 1), None);
     // The row says the same: the new holder, its token, its data, its whole lease.
     let info = table.get(&client, "job").await.unwrap();
     assert_eq!(
@@ -65,7 +69,7 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     assert!(
         Released::parse(&released)
             .unwrap()
-            .handed_to("second")
+            .handed_to("second", oid)
             .is_some()
     );
 }
@@ -74,6 +78,7 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
 async fn a_batch_release_hands_each_lease_to_its_first_waiter() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&client).await.unwrap();
     let a = grant(&table, &client, "a", "holder", LEASE).await;
     let b = grant(&table, &client, "b", "holder", LEASE).await;
     let c = grant(&table, &client, "c", "holder", LEASE).await;
@@ -98,8 +103,14 @@ async fn a_batch_release_hands_each_lease_to_its_first_waiter() {
             .find(|r| r.name == name)
             .unwrap()
     };
-    assert_eq!(find("a").handed_to("wa").map(|t| t > a.token), Some(true));
-    assert_eq!(find("b").handed_to("wb").map(|t| t > b.token), Some(true));
+    assert_eq!(
+        find("a").handed_to("wa", oid).map(|t| t > a.token),
+        Some(true)
+    );
+    assert_eq!(
+        find("b").handed_to("wb", oid).map(|t| t > b.token),
+        Some(true)
+    );
     let c_free = find("c");
     assert_eq!((c_free.reserved_for, c_free.handed_over), (None, None));
     for (name, owner) in [("a", Some("wa")), ("b", Some("wb"))] {
@@ -115,6 +126,7 @@ async fn a_batch_release_hands_each_lease_to_its_first_waiter() {
 async fn a_kept_rows_data_is_handed_only_to_a_waiter_that_replaces_it() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&client).await.unwrap();
     let (_listening, mut announced) = announcements(&config).await;
     // A waiter that would keep the row's data: announced, not handed the lease (its process
     // could not know the data it would hold); the row stays free with its data.
@@ -155,7 +167,9 @@ async fn a_kept_rows_data_is_handed_only_to_a_waiter_that_replaces_it() {
     line_up(&table, &client, "job", "replacer", Some(b"new"), true).await;
     table.release(&client, "job", g.token, true).await.unwrap();
     let payload = next(&mut announced).await;
-    let token = Released::parse(&payload).unwrap().handed_to("replacer");
+    let token = Released::parse(&payload)
+        .unwrap()
+        .handed_to("replacer", oid);
     let info = table.get(&client, "job").await.unwrap();
     assert_eq!(
         (info.token, info.data.as_deref()),
@@ -204,6 +218,7 @@ async fn a_place_without_a_stored_grant_or_lapsed_is_announced_not_handed_over()
 async fn a_releaser_in_line_for_its_own_lease_is_passed_over_and_leaves_the_line() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&client).await.unwrap();
     // A holder in line for what it holds: a refused attempt of its own that raced a handover
     // to it. Its release must not hand the lease back to it, nor leave it first in line.
     let g = grant(&table, &client, "job", "holder", LEASE).await;
@@ -215,7 +230,7 @@ async fn a_releaser_in_line_for_its_own_lease_is_passed_over_and_leaves_the_line
     assert!(
         Released::parse(&payload)
             .unwrap()
-            .handed_to("waiter")
+            .handed_to("waiter", oid)
             .is_some(),
         "{payload}"
     );

@@ -6,18 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::lease::Released;
 use pgcoord::{Config, LeaseTable, Pool, Result};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
-use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
+use crate::signals::{ListenerActor, SubscribeConnState, SubscribeRaw};
 use crate::stats::GetStats;
 use acquire::Reply;
 pub(crate) use wake::Queues;
 
 mod acquire;
+mod announced;
 mod batch;
 mod claim;
 mod heartbeat;
@@ -89,6 +89,12 @@ pub struct LockManager {
     release_statements: Arc<AtomicU64>,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
+    /// The lock table's oid, looked up when the actor starts (and again when the listener
+    /// connects, until known): handovers name it. Unknown, a handover to this owner only wakes
+    /// the waiter, which finds the lease its own and takes it from the table. (A table dropped
+    /// and created again under a running manager has a new oid: its handovers are then taken
+    /// at the waiter's next poll, the same way.)
+    table_oid: Option<u32>,
 }
 
 impl LockManager {
@@ -112,6 +118,7 @@ impl LockManager {
             acquire_statements: Arc::default(),
             release_statements: Arc::default(),
             metrics: None,
+            table_oid: None,
             config,
         }
     }
@@ -281,6 +288,7 @@ impl Actor for LockManager {
             Ok(Err(e)) => warn!(error = %e, "cannot listen for lease releases; waiters poll"),
             Err(e) => warn!(error = %e, "listener gone; waiters poll"),
         }));
+        self.look_up_table_oid(ctx);
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
@@ -357,40 +365,6 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             acquire_statements: self.acquire_statements.load(Ordering::Relaxed),
             release_statements: self.release_statements.load(Ordering::Relaxed),
             ..self.stats.clone()
-        }
-    }
-}
-
-impl Handler<RawNotification> for LockManager {
-    type Result = ();
-
-    fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
-        let owner = self.config.owner();
-        match Released::parse(&notification.payload) {
-            Some(released) => match released.handed_to(owner) {
-                // Handed to us by the release itself: the waiter whose turn it is takes it.
-                Some(token) => self.handed_over(released.name, token),
-                None if released.may_grant(owner) => {
-                    semaphore::wake_released(&self.queues, released.name)
-                }
-                // Another process's waiter is first in line (or was handed the lease): an
-                // attempt here could only be refused. Its grant (or its place lapsing) is
-                // announced or polled for later.
-                None => {}
-            },
-            // Not an announcement (written by hand, say): wake whoever waits for that name.
-            None => self.queues.wake(&notification.payload),
-        }
-    }
-}
-
-impl Handler<ConnState> for LockManager {
-    type Result = ();
-
-    fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
-        // Releases announced while the listener was away were missed: everyone retries.
-        if matches!(state, ConnState::Connected | ConnState::Reconnected) {
-            self.queues.wake_all();
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use actix::Actor;
 use pgcoord::LeaseTable;
-use pgcoord::embedded::Proxy;
+use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord::lease::Attempt;
 use pgcoord_actors::*;
 
@@ -241,4 +241,52 @@ async fn a_batch_of_releases_hands_each_lease_to_its_waiter() {
         assert_eq!((owner, token), (format!("w{}", names[i]), lease.token()));
         lease.release().await.unwrap();
     }
+}
+
+/// Two lock tables of one name in two schemas share the default lease channel, and (against
+/// the documented rule) one owner identity waits in both. A handover in one table names that
+/// owner; the manager of the other table must not take it for its own lease of that name,
+/// which another process still holds.
+#[actix_rt::test]
+async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let in_schema = |owner: &str, schema: &str| {
+        LockManager::new(setup.builder(owner).schema(schema).build().unwrap()).start()
+    };
+    let (schema_a, schema_b) = (unique_name("sa"), unique_name("sb"));
+    for schema in [&schema_a, &schema_b] {
+        admin
+            .batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+            .await
+            .unwrap();
+        let config = setup.builder("admin").schema(schema).build().unwrap();
+        pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    }
+    let (holder_a, waiter_a) = (in_schema("ha", &schema_a), in_schema("w", &schema_a));
+    let (holder_b, waiter_b) = (in_schema("hb", &schema_b), in_schema("w", &schema_b));
+    let held_a = holder_a.send(Acquire::new("job")).await.unwrap().unwrap();
+    let held_b = holder_b.send(Acquire::new("job")).await.unwrap().unwrap();
+    let wait = |waiter: &actix::Addr<LockManager>| {
+        actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))))
+    };
+    let (waits_a, waits_b) = (wait(&waiter_a), wait(&waiter_b));
+    tokio::time::sleep(Duration::from_millis(300)).await; // both refused, in line
+    held_a.release().await.unwrap();
+    let lease_a = waits_a.await.unwrap().unwrap().unwrap();
+    // B's waiter heard the handover too (same channel, same owner): it must wait on, since
+    // its own table's lease is still held by hb.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!waits_b.is_finished(), "B's waiter took A's handover");
+    let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
+    assert_eq!(b.owner.as_deref(), Some("hb"));
+    // Released in B, it goes to B's waiter, handed over in B.
+    held_b.release().await.unwrap();
+    let lease_b = waits_b.await.unwrap().unwrap().unwrap();
+    let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
+    assert_eq!(
+        (b.owner.as_deref(), b.token),
+        (Some("w"), Some(lease_b.token()))
+    );
+    lease_a.release().await.unwrap();
+    lease_b.release().await.unwrap();
 }
