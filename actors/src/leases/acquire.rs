@@ -177,7 +177,7 @@ impl AcquireJob {
                     }
                     Some((Err(e), _)) if e.is_unavailable() => {
                         // Unknown outcome, as after a single attempt (below).
-                        let cleaned = self.release_orphan(name).await;
+                        let cleaned = self.release_orphan(name, deadline).await;
                         if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                             continue;
                         }
@@ -246,7 +246,7 @@ impl AcquireJob {
                     // that is done the attempt left nothing behind, so a caller with time left
                     // tries again (on another connection: this one was discarded).
                     drop(conn);
-                    let cleaned = self.release_orphan(name).await;
+                    let cleaned = self.release_orphan(name, deadline).await;
                     if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                         debug!(%name, error = %e, "acquire attempt failed on its connection; trying again");
                         continue;

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use pgcoord::db::Backoff;
 use pgcoord::lease::Grant;
 use pgcoord::{ErrorKind, LeaseTable, Pool};
 use tracing::{debug, warn};
@@ -87,18 +88,30 @@ impl AcquireJob {
     /// statement made one. Safe here because this job holds the name's turn and the manager
     /// does not hold the name, so no tenure of ours can be legitimate. True when it is known
     /// that nothing is left.
-    pub(crate) async fn release_orphan(&self, name: &str) -> bool {
-        let statements = self.pool.idempotent(None);
-        match self
-            .table
-            .release_orphan(&statements, name, &self.owner)
-            .await
-        {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(%name, error = %e, "an acquire's outcome is unknown and its lease could not be checked; if it was granted, it expires on its own");
-                false
+    ///
+    /// Asked again, after a backoff, while the caller's `deadline` allows: a connection that
+    /// stopped answering is found only when its statement's bound passes (and is then
+    /// discarded), and a network that black-holed one pooled connection usually black-holed the
+    /// idle others too, so the first check may land on one of them.
+    pub(crate) async fn release_orphan(&self, name: &str, deadline: Option<Instant>) -> bool {
+        for attempt in 0.. {
+            let statements = self.pool.idempotent(None);
+            let e = match (self.table)
+                .release_orphan(&statements, name, &self.owner)
+                .await
+            {
+                Ok(()) => return true,
+                Err(e) => e,
+            };
+            let pause = Backoff::DEFAULT.delay(attempt);
+            if e.is_unavailable() && deadline.is_some_and(|d| Instant::now() + pause < d) {
+                debug!(%name, error = %e, "checking an acquire of unknown outcome failed; asking again");
+                tokio::time::sleep(pause).await;
+                continue;
             }
+            warn!(%name, error = %e, "an acquire's outcome is unknown and its lease could not be checked; if it was granted, it expires on its own");
+            break;
         }
+        false
     }
 }

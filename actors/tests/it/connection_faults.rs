@@ -100,12 +100,15 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
 
 #[actix_rt::test]
 async fn black_holed_connections_then_healed_lose_no_lease() {
-    let (_server, setup, _admin) = own_cluster().await;
+    let (_server, setup, admin) = own_cluster().await;
     let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let app = unique_name("app");
+    let bound = Duration::from_millis(500);
     let config = setup
         .builder("holder")
+        .application_name(&app)
         .pg_config(&proxy.pg_config(&setup.pg))
-        .statement_timeout(Duration::from_millis(500))
+        .statement_timeout(bound)
         .build()
         .unwrap();
     let manager = LockManager::new(config).start();
@@ -115,18 +118,22 @@ async fn black_holed_connections_then_healed_lose_no_lease() {
 
     // Every connection open now stops forwarding, the heartbeat's and the pooled ones alike;
     // new ones pass (the network healed, the old connections never recover).
+    let pooled = backend_pids(&admin, &app).await.unwrap().len() as u32;
+    assert!(pooled >= 1, "the pool has a connection to black-hole");
     proxy.cut();
     let started = Instant::now();
-    // The first attempt may go to a black-holed pooled connection: it is cut off at the
-    // statement timeout, and the attempt is made again on a new connection.
+    // The attempt, and the check of its unknown outcome, may each go to a black-holed pooled
+    // connection: each is cut off at the statement timeout and its connection discarded, and
+    // they are made again on other connections, new ones in the end, well within the caller's
+    // time. At most one cut-off per pooled connection, then one round on a fresh one.
     let after = manager
         .send(Acquire::new("after").timeout(Duration::from_secs(5)))
         .await
         .unwrap()
         .unwrap();
     assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "acquired on a fresh connection after {:?}",
+        started.elapsed() < bound * (pooled + 2),
+        "acquired on a fresh connection after {:?} ({pooled} pooled connections cut)",
         started.elapsed()
     );
     tokio::time::sleep(LEASE * 3).await;
