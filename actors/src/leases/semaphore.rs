@@ -14,7 +14,7 @@ use actix::prelude::*;
 use pgcoord::db::until;
 use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
-use tracing::{debug, info_span, warn};
+use tracing::{debug, info_span};
 
 use super::acquire::{AcquireJob, Outcome, bound_from_now, until_deadline};
 use super::lease::Lease;
@@ -144,15 +144,17 @@ impl PermitJob {
                     break (Outcome::Granted { grant, sent }, slot);
                 }
                 Err(e) if e.is_unavailable() => {
-                    // A slot may have been granted that nobody received: free any such.
+                    // A slot may have been granted that nobody received: free any such. Once
+                    // that is known the attempt left nothing behind, so a caller with time left
+                    // asks again (on another connection: the cut-off one was discarded), as for
+                    // a lease.
+                    let mut cleaned = true;
                     for slot in &free {
-                        if let Err(e) = job
-                            .table
-                            .release_orphan(&job.pool.idempotent(None), slot, &job.owner)
-                            .await
-                        {
-                            warn!(%slot, error = %e, "a permit's outcome is unknown and could not be checked; if granted, it expires on its own");
-                        }
+                        cleaned &= job.release_orphan(slot, deadline).await;
+                    }
+                    if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
+                        debug!(semaphore = name, error = %e, "permit attempt failed on its connection; trying again");
+                        continue;
                     }
                     break (Outcome::Failed(e), String::new());
                 }

@@ -319,3 +319,40 @@ async fn a_takeover_blocked_by_a_guard_succeeds_as_soon_as_it_commits() {
         "{after_commit:?}"
     );
 }
+
+/// A permit's attempt on a black-holed pooled connection is cut off at the statement timeout,
+/// its outcome unknown: any slot it may have granted is freed, and the caller, with time left,
+/// asks again on a fresh connection and gets exactly one permit, as for a lease.
+#[actix_rt::test]
+async fn a_permit_attempt_cut_off_on_a_black_holed_connection_is_made_again() {
+    let (_server, setup, admin) = own_cluster().await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("permits")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    // Open the pool's connections, then black-hole them (new connections pass).
+    let warm = manager.send(AcquirePermit::new("exports", 3)).await;
+    warm.unwrap().unwrap().release().await.unwrap();
+    proxy.cut();
+    let permit = manager
+        .send(AcquirePermit::new("exports", 3).timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .unwrap();
+    let sql = format!(
+        "SELECT token FROM {} WHERE owner = 'permits' AND expires_at > clock_timestamp()",
+        setup.quoted_table()
+    );
+    let rows = admin.query(&sql, &[]).await.unwrap();
+    let tokens: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        tokens,
+        [permit.token()],
+        "one slot held, no orphan grant left"
+    );
+    permit.release().await.unwrap();
+}
