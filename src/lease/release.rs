@@ -25,6 +25,10 @@ use crate::statement::Statements;
 /// this way (neither may contain NUL, which a payload cannot carry), so other languages can
 /// read it too. Processes other than the named waiter's have no reason to try: the grant is not
 /// theirs until the reservation is used or lapses, or the lease is released again.
+///
+/// An announcement is a hint, not proof: it may arrive after what it announces was undone, and
+/// anyone who can connect may NOTIFY the channel. Read the row ([`LeaseTable::get`]) before
+/// acting on a handover as a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Released<'a> {

@@ -122,9 +122,6 @@ impl AcquireJob {
         } = &self.request;
         let mut in_line = false;
         let mut busy = 0u32;
-        // When our last refused attempt was sent: a release that hands us the lease afterwards
-        // granted it later than that, so it starts our tenure's monotonic deadline.
-        let mut refused_at: Option<Instant> = None;
         // Whether an attempt of this wait found the lease held by another (or its row busy): a
         // lease of ours found afterwards was handed to us while we waited. One ours from the
         // start is not taken (a process before this one with the same owner identity, say): it
@@ -138,17 +135,14 @@ impl AcquireJob {
         let outcome = loop {
             if let Some(token) = queue.take_handed() {
                 // Handed to us by a release after our last refused attempt (see `hand_over` in
-                // `pgcoord::lease`), with our data: ours without a statement, its deadline
-                // counted from that attempt. Unless that is a third of the lease ago or more:
-                // then less than the heartbeat (at most half the lease) plus the margin could
-                // be left by our clock, and the attempt below takes the lease with the server's
-                // remaining time.
-                if let Some(sent) = refused_at.filter(|sent| sent.elapsed() < self.lease / 3) {
-                    let grant = Grant {
-                        token,
-                        data: data.as_ref().map(|d| d.to_vec()),
-                    };
-                    break Outcome::Granted { grant, sent };
+                // `pgcoord::lease`). The announcement's word is not taken: it may be late (a
+                // grant of an earlier wait, taken from the table and let go before its
+                // announcement was heard, which once made an election term of a stale token),
+                // or not a release's at all (anyone may NOTIFY the channel). One read of the
+                // row makes it exact: ours with that token, its data, the server's time left.
+                // Otherwise the attempt below asks.
+                if let Some(outcome) = self.adopt(name, token).await {
+                    break outcome;
                 }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -289,8 +283,6 @@ impl AcquireJob {
                     None
                 }
             };
-            // Refused: a lease handed to us from now on was granted after `sent`.
-            refused_at = Some(sent);
             // Back to the pool while we wait.
             drop(conn);
             // Wake on a release, at the holder's expiry, or on the polling fallback; a row

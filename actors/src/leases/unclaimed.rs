@@ -26,15 +26,39 @@ impl LockManager {
             return;
         }
         let (table, pool, name) = (self.table.clone(), self.pool.clone(), name.to_owned());
+        let owner = self.config.owner().to_owned();
         // Not on the actor's context: the release must finish even if the manager stops.
-        tokio::spawn(async move { release_unclaimed(&table, &pool, &name, token).await });
+        tokio::spawn(async move { release_unclaimed(&table, &pool, &name, token, &owner).await });
     }
 }
 
 /// Releases a lease a release handed to this process that no waiter here took (the waiter
-/// gave up as it was handed over), so the next in line gets it now rather than at its expiry.
-pub(crate) async fn release_unclaimed(table: &LeaseTable, pool: &Pool, name: &str, token: i64) {
+/// gave up as it was handed over), so the next in line gets it now rather than at its expiry —
+/// when the table says it is ours with that token. An announcement is not proof: it may be late
+/// (released already) or not a release's at all (anyone may NOTIFY the channel, and tokens are
+/// seen on it), and must never make this process release another's lease.
+pub(crate) async fn release_unclaimed(
+    table: &LeaseTable,
+    pool: &Pool,
+    name: &str,
+    token: i64,
+    owner: &str,
+) {
     let statements = pool.idempotent(None);
+    // Tokens name one grant each: if the row still has this one, it is the grant to `owner`,
+    // and the release below (matching the token) can end nothing else.
+    let ours = match table.get(&statements, name).await {
+        Ok(info) => info.owner.as_deref() == Some(owner) && info.token == Some(token),
+        Err(e) if e.kind() == ErrorKind::NotFound => false,
+        Err(e) => {
+            warn!(%name, token, error = %e, "cannot check a lease handed over after its waiter left; if ours, it expires on its own");
+            return;
+        }
+    };
+    if !ours {
+        debug!(%name, token, "a lease announced as handed to us is not ours (released already, or never)");
+        return;
+    }
     match table.release(&statements, name, token, false).await {
         Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
         // Taken from the table and released already, its announcement late: nothing left.
@@ -50,7 +74,7 @@ pub(crate) async fn release_unclaimed(table: &LeaseTable, pool: &Pool, name: &st
 impl AcquireJob {
     /// [`release_unclaimed`] on this job's pool: a token handed over that its wait left behind.
     pub(crate) async fn give_back(&self, name: &str, token: i64) {
-        release_unclaimed(&self.table, &self.pool, name, token).await;
+        release_unclaimed(&self.table, &self.pool, name, token, &self.owner).await;
     }
 
     /// Takes a lease the table says this owner holds with `token` while the manager does not:

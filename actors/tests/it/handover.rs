@@ -1,6 +1,7 @@
 //! Handover through the runtime: a waiter's process holds a lease its holder's release handed
-//! it without another statement, takes it from the table when it missed the announcement, and
-//! gives it back when its waiter left as it was handed over.
+//! it after one read of its row (no acquire statement), takes it from the table when it missed
+//! the announcement, gives it back when its waiter left as it was handed over, and takes or
+//! gives back nothing on a false announcement.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ async fn row(
 }
 
 #[actix_rt::test]
-async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_statement_for_it() {
+async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_acquire_statement_for_it() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
     let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
@@ -183,7 +184,7 @@ async fn a_lease_of_the_same_owner_found_at_once_is_waited_out_not_taken() {
 }
 
 /// Releases sent together share a statement (`release_many`), which hands each lease to its own
-/// first waiter: every waiter holds its lease without a statement of its own.
+/// first waiter: every waiter holds its lease without an acquire statement of its own.
 #[actix_rt::test]
 async fn a_batch_of_releases_hands_each_lease_to_its_waiter() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
@@ -289,4 +290,45 @@ async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
     );
     lease_a.release().await.unwrap();
     lease_b.release().await.unwrap();
+}
+
+/// An announcement is not proof of a grant: one that is late (a grant already taken from the
+/// table and let go) or not a release's at all (anyone may NOTIFY the channel, and tokens are
+/// seen on it) names a waiter, and a process with no waiter, with the holder's own token. The
+/// waiter is not granted and the other process releases nothing: the holder keeps its lease.
+#[actix_rt::test]
+async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let config = setup.builder("admin").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&admin).await.unwrap();
+    let (holder, waiter, bystander) = (
+        setup.manager("holder"),
+        setup.manager("waiter"),
+        setup.manager("bystander"),
+    );
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line; oids looked up
+    for owner in ["waiter", "bystander"] {
+        let payload = format!("3>job{}@{oid}:{owner}", held.token());
+        admin
+            .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        !waits.is_finished(),
+        "the waiter was granted: it took a false handover, or another process released the holder's lease on one"
+    );
+    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), token), ("holder", held.token()));
+    // The real release hands it over, and the waiter holds it with the new token.
+    held.release().await.unwrap();
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
+    lease.release().await.unwrap();
+    drop(bystander);
 }
