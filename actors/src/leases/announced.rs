@@ -40,7 +40,8 @@ impl Handler<RawNotification> for LockManager {
                 .table_oid
                 .and_then(|oid| released.handed_to(owner, oid))
             {
-                // Handed to us by the release itself: the waiter whose turn it is takes it.
+                // Handed to us by the release itself: the waiter whose turn it is takes it
+                // once its row says so (an announcement is not proof).
                 Some(token) => self.handed_over(released.name, token),
                 // Free for us, or handed to us while the table's oid is unknown: the waiter
                 // asks, and finds the lease its own (it takes it from the table) or free.

@@ -14,10 +14,11 @@ use super::LockManager;
 use super::acquire::{AcquireJob, Outcome};
 
 impl LockManager {
-    /// A release handed `name` to this process with `token`. The waiter whose turn it is takes
-    /// it; when nobody here waits for it any more (the waiter gave up as it was handed over) it
-    /// is released at once, so the next in line need not wait for it to expire. Already ours
-    /// (taken from the table, its announcement late): nothing to do.
+    /// A release announced it handed `name` to this process with `token`. The waiter whose turn
+    /// it is takes it once the row confirms it (see `adopt`); when nobody here waits for it any
+    /// more (the waiter gave up as it was handed over) it is released at once, if the row says
+    /// it is ours, so the next in line need not wait for it to expire. Already ours (taken from
+    /// the table, its announcement late): nothing to do.
     pub(crate) fn handed_over(&mut self, name: &str, token: i64) {
         if self.held.get(name).is_some_and(|held| held.token == token) {
             return;

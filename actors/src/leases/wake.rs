@@ -20,7 +20,8 @@ pub(crate) struct NameQueue {
     /// Signalled when the lease may have become free, or was handed to us.
     pub(crate) wake: Notify,
     /// The token of a lease a release handed to this process, announced and not yet taken by
-    /// the waiter whose turn it is (see [`Queues::hand_over`]).
+    /// the waiter whose turn it is (see [`Queues::hand_over`]). Announced only: the waiter
+    /// takes it once the row says it is ours with that token.
     handed: Mutex<Option<i64>>,
 }
 
