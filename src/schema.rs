@@ -29,6 +29,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0004_lock_queue_handover.sql",
         include_str!("../migrations/0004_lock_queue_handover.sql"),
     ),
+    (
+        "0005_lock_queue_nonce.sql",
+        include_str!("../migrations/0005_lock_queue_nonce.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT

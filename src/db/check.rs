@@ -40,7 +40,9 @@ async fn check_on(
                         to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
                         to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL,
                         EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
-                                  AND attname = 'lease_ms' AND NOT attisdropped)",
+                                  AND attname = 'lease_ms' AND NOT attisdropped),
+                        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
+                                  AND attname = 'nonce' AND NOT attisdropped)",
                 &[
                     &config.lock_table.quoted(),
                     &config.lock_sequence.quoted(),
@@ -93,16 +95,21 @@ async fn check_on(
                 ));
             }
         }
-        // Added to an existing table by a later migration, which the statements read.
-        if !row.try_get::<_, bool>(6)? {
-            return Err(Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "pgcoord's waiters' table {} lacks the columns of \
-                     migrations/0004_lock_queue_handover.sql: run pgcoord::schema::migrate",
-                    config.lock_queue.quoted()
-                ),
-            ));
+        // Added to an existing table by later migrations, which the statements read.
+        for (index, file) in [
+            (6, "0004_lock_queue_handover.sql"),
+            (7, "0005_lock_queue_nonce.sql"),
+        ] {
+            if !row.try_get::<_, bool>(index)? {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "pgcoord's waiters' table {} lacks the columns of migrations/{file}: \
+                         run pgcoord::schema::migrate",
+                        config.lock_queue.quoted()
+                    ),
+                ));
+            }
         }
         Ok(())
     };

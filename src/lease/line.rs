@@ -18,7 +18,14 @@ impl LeaseTable {
     /// [`enqueue`](Self::enqueue) does, in the same statement, and the holder is reported
     /// (`Held(None)` when the lease is free but another waiter is first in line). The place
     /// stores the grant the attempt asked for (`data`, `replace_data`, `lease`), so a release
-    /// can hand the lease to `owner` when it is first in line (see [`Released`](super::Released)).
+    /// can hand the lease to `owner` when it is first in line (see [`Released`](super::Released)),
+    /// and `nonce`, which that release announces with the grant.
+    ///
+    /// Pass a new random `nonce` at every attempt (`rand::random()`). A handover announcing the
+    /// nonce of an attempt that was refused (a holder other than `owner`, or `Held(None)`) was
+    /// made after that attempt was sent, for this wait: a process may hold the lease from the
+    /// announcement alone, its deadline counted from that attempt's sending. Any other handover
+    /// announcement (no nonce, another one) is a hint to be checked against the row.
     #[instrument(skip(self, client, data), level = "debug")]
     #[allow(clippy::too_many_arguments)]
     pub async fn try_acquire_or_queue(
@@ -30,6 +37,7 @@ impl LeaseTable {
         replace_data: bool,
         lease: Duration,
         wait_for: Duration,
+        nonce: i64,
     ) -> Result<Attempt> {
         let sql = &self.acquire_or_queue;
         let attempt = self.attempt(
@@ -40,7 +48,7 @@ impl LeaseTable {
             data,
             replace_data,
             lease,
-            Some(wait_for),
+            Some((wait_for, nonce)),
         );
         let Some(rows) = attempt.await? else {
             return Ok(Attempt::Busy);

@@ -191,12 +191,14 @@ impl LeaseTable {
         data: Option<&[u8]>,
         replace_data: bool,
         lease: Duration,
-        wait_for: Option<Duration>,
+        place: Option<(Duration, i64)>,
     ) -> Result<Option<Vec<tokio_postgres::Row>>> {
         check_name(name)?;
         check_name(owner)?;
         let lease = millis(lease)?;
-        let wait_for = wait_for.map(millis).transpose()?;
+        let place = place
+            .map(|(wait_for, nonce)| Ok::<_, crate::Error>((millis(wait_for)?, nonce)))
+            .transpose()?;
         let mut params: Vec<crate::statement::Param<'_>> = vec![
             (&name, Type::TEXT),
             (&owner, Type::TEXT),
@@ -205,8 +207,9 @@ impl LeaseTable {
             (&replace_data, Type::BOOL),
             (&self.sequence, Type::TEXT),
         ];
-        if let Some(wait_for) = &wait_for {
+        if let Some((wait_for, nonce)) = &place {
             params.push((wait_for, Type::INT8));
+            params.push((nonce, Type::INT8));
         }
         match client.run(sql, &params).await {
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),

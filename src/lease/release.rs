@@ -17,18 +17,23 @@ use crate::statement::Statements;
 /// is reserved for, if any: `3:jobworker-7` announces that `job` is free and reserved for
 /// `worker-7`; `3:job` that it is free for anyone. A release that handed the lease straight to
 /// the waiter first in line writes `>` instead of the colon, then the name, the new token, `@`,
-/// the lock table's oid, a colon and the new holder: `3>job1042@16384:worker-7` announces that
-/// `worker-7` holds `job` with token 1042 in the lock table whose oid is 16384 (a reader of the
-/// first two forms only, an older version, does not take it for one of them: the text before
-/// the first colon is not a number). The oid tells apart lock tables that share a channel (see
-/// [`LeaseTable::table_oid`]). Any name and owner can be written
+/// the lock table's oid, `#` and the nonce the waiter's place stored (when it stored one), a
+/// colon and the new holder: `3>job1042@16384#-77:worker-7` announces that `worker-7` holds
+/// `job` with token 1042 in the lock table whose oid is 16384, handed to the place its attempt
+/// with nonce -77 wrote (a reader of the first two forms only, an older version, does not take
+/// it for one of them: the text before the first colon is not a number). The oid tells apart
+/// lock tables that share a channel (see [`LeaseTable::table_oid`]). Any name and owner can be
+/// written
 /// this way (neither may contain NUL, which a payload cannot carry), so other languages can
 /// read it too. Processes other than the named waiter's have no reason to try: the grant is not
 /// theirs until the reservation is used or lapses, or the lease is released again.
 ///
 /// An announcement is a hint, not proof: it may arrive after what it announces was undone, and
 /// anyone who can connect may NOTIFY the channel. Read the row ([`LeaseTable::get`]) before
-/// acting on a handover as a grant.
+/// acting on a handover as a grant — unless it carries the nonce of your last refused attempt
+/// (see [`try_acquire_or_queue`](LeaseTable::try_acquire_or_queue)): that nonce is random, new
+/// per attempt, and was seen only by the server, so the announcement is the release's, made for
+/// that attempt's wait after it was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Released<'a> {
@@ -42,6 +47,10 @@ pub struct Released<'a> {
     pub handed_over: Option<i64>,
     /// With `handed_over`, the oid of the lock table the grant is in; `None` otherwise.
     pub table_oid: Option<u32>,
+    /// With `handed_over`, the nonce of the attempt that last wrote the waiter's place (see
+    /// [`try_acquire_or_queue`](LeaseTable::try_acquire_or_queue)); `None` otherwise, or when
+    /// the place stored none (a waiter of an older version).
+    pub nonce: Option<i64>,
 }
 
 impl<'a> Released<'a> {
@@ -64,21 +73,34 @@ impl<'a> Released<'a> {
                 reserved_for,
                 handed_over: None,
                 table_oid: None,
+                nonce: None,
             });
         }
-        // Token and oid hold no colon; the owner is everything after the first one.
+        // Token, oid and nonce hold no colon; the owner is everything after the first one.
         let (grant, owner) = rest.split_once(':')?;
-        let (token, table_oid) = grant.split_once('@')?;
+        let (token, table) = grant.split_once('@')?;
+        let (table_oid, nonce) = match table.split_once('#') {
+            Some((oid, nonce)) => (oid, Some(nonce)),
+            None => (table, None),
+        };
         let owner = Some(owner).filter(|o| !o.is_empty())?;
         let digits = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
         if !digits(token) || !digits(table_oid) {
             return None;
         }
+        let nonce = match nonce {
+            Some(nonce) if digits(nonce.strip_prefix('-').unwrap_or(nonce)) => {
+                Some(nonce.parse().ok()?)
+            }
+            Some(_) => return None,
+            None => None,
+        };
         Some(Released {
             name,
             reserved_for: Some(owner),
             handed_over: Some(token.parse().ok()?),
             table_oid: Some(table_oid.parse().ok()?),
+            nonce,
         })
     }
 
@@ -237,6 +259,30 @@ mod tests {
         );
         assert_eq!(plain.handed_to("worker-7", 16384), None);
         assert!(plain.may_concern(16384) && plain.may_concern(1));
+        assert_eq!(handed.nonce, None, "a place of an older version");
+    }
+
+    #[test]
+    fn handovers_carry_the_nonce_of_the_place_they_were_made_for() {
+        for (payload, nonce) in [
+            ("3>job1042@16384#77:worker-7", 77),
+            ("3>job1042@16384#-9223372036854775808:worker-7", i64::MIN),
+            ("3>job1042@16384#9223372036854775807:w#1:x", i64::MAX),
+        ] {
+            let handed = Released::parse(payload).unwrap();
+            assert_eq!(handed.nonce, Some(nonce), "{payload}");
+            assert_eq!(
+                (handed.handed_over, handed.table_oid),
+                (Some(1042), Some(16384))
+            );
+            assert_eq!(
+                handed.handed_to(handed.reserved_for.unwrap(), 16384),
+                Some(1042)
+            );
+        }
+        // `#` in the owner is the owner's.
+        let odd = Released::parse("3>job1@2:w#1").unwrap();
+        assert_eq!((odd.reserved_for, odd.nonce), (Some("w#1"), None));
     }
 
     #[test]
@@ -264,6 +310,14 @@ mod tests {
             "3>job1@-5:w",
             "3>job1@5x:w",
             "3>job1@4294967296:w",
+            "3>job1@5#:w",
+            "3>job1@5#-:w",
+            "3>job1@5#x:w",
+            "3>job1@5#1-:w",
+            "3>job1@5#--1:w",
+            "3>job1@5#1#2:w",
+            "3>job1@5#9223372036854775808:w",
+            "3>job1#7@5:w",
         ] {
             assert_eq!(Released::parse(payload), None, "{payload:?}");
         }

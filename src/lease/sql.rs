@@ -26,12 +26,13 @@ pub(super) fn announce(q: &str, releaser: &str) -> String {
 }
 
 /// What a waiter's place stores of the grant a release may hand it (see [`hand_over`]): its
-/// lease in milliseconds, its data and whether that data replaces a kept row's — three SQL
-/// expressions.
+/// lease in milliseconds, its data, whether that data replaces a kept row's, and the nonce of
+/// the attempt that wrote it, which the handover's announcement carries — four SQL expressions.
 pub(super) struct Grantable<'a> {
     pub(super) lease_ms: &'a str,
     pub(super) data: &'a str,
     pub(super) replace_data: &'a str,
+    pub(super) nonce: &'a str,
 }
 
 /// A place that stores no grant: it is announced, never handed the lease.
@@ -39,6 +40,7 @@ pub(super) const NOT_GRANTABLE: Grantable<'static> = Grantable {
     lease_ms: "NULL::bigint",
     data: "NULL::bytea",
     replace_data: "false",
+    nonce: "NULL::bigint",
 };
 
 /// The CTEs that put waiter `owner` in line for `name` for `ms` milliseconds, in queue table
@@ -57,20 +59,22 @@ pub(super) fn line_up(
         lease_ms,
         data,
         replace_data,
+        nonce,
     } = grant;
     format!(
         "pruned AS (
              DELETE FROM {q} WHERE name = {name} AND waiter <> {owner}
                AND until <= clock_timestamp() AND {when}
          ), queued AS (
-             INSERT INTO {q} AS w (name, waiter, queued_at, until, lease_ms, data, replace_data)
+             INSERT INTO {q} AS w
+                 (name, waiter, queued_at, until, lease_ms, data, replace_data, nonce)
              SELECT {name}, {owner}, clock_timestamp(),
                     clock_timestamp() + {ms} * interval '1 millisecond',
-                    {lease_ms}, {data}, {replace_data}
+                    {lease_ms}, {data}, {replace_data}, {nonce}
              WHERE {when}
              ON CONFLICT (name, waiter) DO UPDATE SET
                  until = EXCLUDED.until, lease_ms = EXCLUDED.lease_ms, data = EXCLUDED.data,
-                 replace_data = EXCLUDED.replace_data,
+                 replace_data = EXCLUDED.replace_data, nonce = EXCLUDED.nonce,
                  queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
                                   ELSE w.queued_at END
          )"
@@ -78,10 +82,11 @@ pub(super) fn line_up(
 }
 
 /// The CTEs of a release that hand the lease straight to the waiter first in line: `handed`
-/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner, token
-/// and the lock table's oid, and `served` takes that waiter out of the line. `heirs` is a CTE with, per lease being
-/// released, its `name`, `token` and `keep` flag and its first live waiter (`waiter`,
-/// `lease_ms`, `heir_data`, `replace_data`); `sequence` the SQL of the token sequence.
+/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner, token,
+/// the lock table's oid and the nonce of the waiter's place, and `served` takes that waiter out
+/// of the line. `heirs` is a CTE with, per lease being released, its `name`, `token` and `keep`
+/// flag and its first live waiter (`waiter`, `lease_ms`, `heir_data`, `replace_data`,
+/// `heir_nonce`); `sequence` the SQL of the token sequence.
 ///
 /// Only a waiter that stored its grant is handed the lease, and only when the data the grant
 /// would have is the waiter's own (the row goes, or the waiter replaces its data, or it has
@@ -96,7 +101,7 @@ pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String
              FROM {heirs} AS h
              WHERE l.name = h.name AND l.token = h.token AND h.lease_ms IS NOT NULL
                AND (NOT h.keep OR h.replace_data OR l.data IS NULL)
-             RETURNING l.name, l.owner, l.token, l.tableoid
+             RETURNING l.name, l.owner, l.token, l.tableoid, h.heir_nonce AS nonce
          ), served AS (
              DELETE FROM {q} AS w USING handed
              WHERE w.name = handed.name AND w.waiter = handed.owner
@@ -106,17 +111,20 @@ pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String
 
 /// The payload announcing that `handed.name` was handed to `handed.owner` with `handed.token`
 /// in the lock table `handed.tableoid` (see `Released`): the name's length in bytes, `>`, the
-/// name, the token, `@`, the table's oid, a colon, the owner. The oid tells the lock tables
-/// that share a channel apart (one name in two schemas share the default channel), so a
-/// handover is never taken for a lease of another table.
+/// name, the token, `@`, the table's oid, then `#` and the nonce of the waiter's place when it
+/// stored one, a colon, the owner. The oid tells the lock tables that share a channel apart
+/// (one name in two schemas share the default channel), so a handover is never taken for a
+/// lease of another table; the nonce tells the waiter the grant is its current wait's.
 pub(super) const HANDED_OVER: &str = "octet_length(handed.name)::text || '>' || handed.name
-     || handed.token::text || '@' || handed.tableoid::text || ':' || handed.owner";
+     || handed.token::text || '@' || handed.tableoid::text
+     || coalesce('#' || handed.nonce::text, '') || ':' || handed.owner";
 
 /// The live waiter first in line for `name` (an SQL expression), in queue table `q`, other than
 /// `releaser` (see `announce`), with what its place stores of its grant: `waiter`, `lease_ms`,
-/// `heir_data`, `replace_data`.
+/// `heir_data`, `replace_data`, `heir_nonce`.
 pub(super) fn heir(q: &str, name: &str, releaser: &str) -> String {
-    let columns = "w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data";
+    let columns =
+        "w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data, w.nonce AS heir_nonce";
     line_head(q, name, columns, Some(releaser))
 }
 

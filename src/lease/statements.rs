@@ -53,7 +53,8 @@ impl LeaseTable {
             // anyone, when nobody waits) may take the lease, whether its row exists or not, and
             // a grant takes its waiter out of the queue, so the next one is first.
             acquire: format!("WITH {grant_one} SELECT token, data FROM granted"),
-            // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence, $7 ms.
+            // $1 name, $2 owner, $3 data, $4 lease ms, $5 replace data, $6 sequence, $7 ms,
+            // $8 nonce.
             // `acquire`, and when it grants nothing, `enqueue` in the same statement: a waiter's
             // lost attempt puts it in line (or keeps its place) for $7 without a second round
             // trip. Columns: the holder as `holder` reads it (owner, token, ms left), then the
@@ -73,6 +74,7 @@ impl LeaseTable {
                         lease_ms: "$4",
                         data: "$3",
                         replace_data: "$5",
+                        nonce: "$8",
                     },
                     "NOT EXISTS (SELECT 1 FROM granted)"
                 ),

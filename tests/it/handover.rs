@@ -1,6 +1,7 @@
 //! Handover: a release grants the lease to the waiter first in line in the same statement, and
 //! announces the grant with its token, when that waiter's place stored what its grant would be.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use pgcoord::LeaseTable;
@@ -10,7 +11,7 @@ use super::release::{announcements, next};
 use super::{LEASE, grant};
 
 /// Puts `owner` in line for `name` with a lost attempt (which stores its grant: `data`, and
-/// whether it replaces a kept row's).
+/// whether it replaces a kept row's). Returns the attempt's nonce, new at every call.
 async fn line_up(
     table: &LeaseTable,
     client: &tokio_postgres::Client,
@@ -18,12 +19,15 @@ async fn line_up(
     owner: &str,
     data: Option<&[u8]>,
     replace_data: bool,
-) {
+) -> i64 {
+    static NONCES: AtomicI64 = AtomicI64::new(-1_000_000);
+    let nonce = NONCES.fetch_sub(7, Ordering::Relaxed);
     let attempt = table
-        .try_acquire_or_queue(client, name, owner, data, replace_data, LEASE, LEASE)
+        .try_acquire_or_queue(client, name, owner, data, replace_data, LEASE, LEASE, nonce)
         .await
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(Some(_))), "{attempt:?}");
+    nonce
 }
 
 /// How many places are in line for `name`.
@@ -41,8 +45,8 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     let table = LeaseTable::new(&config);
     let oid = table.table_oid(&client).await.unwrap();
     let g = grant(&table, &client, "job", "holder", LEASE).await;
-    line_up(&table, &client, "job", "first", Some(b"mine"), false).await;
-    line_up(&table, &client, "job", "second", None, false).await;
+    let first = line_up(&table, &client, "job", "first", Some(b"mine"), false).await;
+    let second = line_up(&table, &client, "job", "second", None, false).await;
     let (_listening, mut announced) = announcements(&config).await;
     table.release(&client, "job", g.token, false).await.unwrap();
     let payload = next(&mut announced).await;
@@ -52,6 +56,8 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
         .expect("handed to the first in line");
     assert!(token > g.token, "{payload}");
     assert_eq!(released.handed_to("second", oid), None);
+    // It names the attempt that wrote the place it was handed to.
+    assert_eq!(released.nonce, Some(first), "{payload}");
     // It names the lock table: a process of another table on the channel does not take it.
     assert_eq!(released.table_oid, Some(oid));
     assert_eq!(released.handed_to("first", oid + 1), None);
@@ -65,13 +71,49 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     // Out of the line; the second waits on, first in line now.
     assert_eq!(in_line(&config, &client, "job").await, 1);
     table.release(&client, "job", token, false).await.unwrap();
-    let released = next(&mut announced).await;
-    assert!(
-        Released::parse(&released)
-            .unwrap()
-            .handed_to("second", oid)
-            .is_some()
-    );
+    let payload = next(&mut announced).await;
+    let released = Released::parse(&payload).unwrap();
+    assert!(released.handed_to("second", oid).is_some());
+    assert_eq!(released.nonce, Some(second), "{payload}");
+}
+
+/// Every refused attempt writes its own nonce with the place, so a handover names the last
+/// attempt before it; a place without one (written by an older version) is handed over with an
+/// announcement that names none.
+#[tokio::test]
+async fn a_handover_names_the_nonce_of_the_last_attempt_that_wrote_the_place() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&client).await.unwrap();
+    let (_listening, mut announced) = announcements(&config).await;
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    let earlier = line_up(&table, &client, "job", "waiter", None, false).await;
+    let last = line_up(&table, &client, "job", "waiter", None, false).await;
+    assert_ne!(earlier, last);
+    table.release(&client, "job", g.token, false).await.unwrap();
+    let payload = next(&mut announced).await;
+    let released = Released::parse(&payload).unwrap();
+    assert!(released.handed_to("waiter", oid).is_some(), "{payload}");
+    assert_eq!(released.nonce, Some(last), "{payload}");
+    // A place of an older version: no nonce stored, none announced.
+    let token = released.handed_over.unwrap();
+    line_up(&table, &client, "job", "old", None, false).await;
+    client
+        .execute(
+            &format!(
+                "UPDATE {} SET nonce = NULL WHERE name = 'job'",
+                config.lock_queue().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    table.release(&client, "job", token, false).await.unwrap();
+    let payload = next(&mut announced).await;
+    let released = Released::parse(&payload).unwrap();
+    assert!(released.handed_to("old", oid).is_some(), "{payload}");
+    assert_eq!(released.nonce, None, "{payload}");
+    assert!(!payload.contains('#'), "{payload}");
 }
 
 #[tokio::test]
@@ -156,6 +198,7 @@ async fn a_kept_rows_data_is_handed_only_to_a_waiter_that_replaces_it() {
             false,
             LEASE,
             LEASE,
+            3,
         )
         .await
         .unwrap()
@@ -200,6 +243,7 @@ async fn a_place_without_a_stored_grant_or_lapsed_is_announced_not_handed_over()
             false,
             LEASE,
             Duration::from_millis(1),
+            4,
         )
         .await
         .unwrap();
@@ -266,13 +310,13 @@ async fn a_lease_handed_to_a_waiter_that_died_is_free_when_its_lease_ends() {
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     let short = Duration::from_millis(300);
     let attempt = table
-        .try_acquire_or_queue(&client, "job", "dead", None, false, short, LEASE)
+        .try_acquire_or_queue(&client, "job", "dead", None, false, short, LEASE, 1)
         .await
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(Some(_))));
     line_up(&table, &client, "job", "next", None, false).await;
     table.release(&client, "job", g.token, false).await.unwrap();
-    let ask = || table.try_acquire_or_queue(&client, "job", "next", None, false, LEASE, LEASE);
+    let ask = || table.try_acquire_or_queue(&client, "job", "next", None, false, LEASE, LEASE, 2);
     match ask().await.unwrap() {
         Attempt::Held(Some(holder)) => assert_eq!(holder.owner, "dead"),
         other => panic!("{other:?}"),

@@ -271,7 +271,7 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         let (table, client) = (&table, &client);
         async move {
             table
-                .try_acquire_or_queue(client, "job", owner, None, false, LEASE, LEASE)
+                .try_acquire_or_queue(client, "job", owner, None, false, LEASE, LEASE, 1)
                 .await
                 .unwrap()
         }

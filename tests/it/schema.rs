@@ -43,6 +43,7 @@ fn default_rendering_is_exactly_the_files() {
         "0002_payloads.sql",
         "0003_lock_queue.sql",
         "0004_lock_queue_handover.sql",
+        "0005_lock_queue_nonce.sql",
     ]
     .iter()
     .map(|f| {
@@ -261,26 +262,29 @@ async fn an_unlogged_lock_table_is_created_unlogged_and_can_be_switched() {
     schema::drop_tables(&client, &logged).await.unwrap();
 }
 
-/// A waiters' table from before handover (migration 0004 not run) is reported at start, with
-/// what to run, instead of failing every release with "column does not exist".
+/// A waiters' table from before handover (migration 0004 not run) or before its nonce (0005) is
+/// reported at start, with what to run, instead of failing every release with "column does not
+/// exist".
 #[tokio::test]
 async fn a_waiters_table_without_the_handover_columns_is_reported_at_start() {
     let (config, client) = super::setup().await;
     pgcoord::db::check_server(&config).await.unwrap();
-    client
-        .batch_execute(&format!(
-            "ALTER TABLE {} DROP COLUMN lease_ms",
-            config.lock_queue().quoted()
-        ))
-        .await
-        .unwrap();
-    let err = pgcoord::db::check_server(&config).await.unwrap_err();
-    assert_eq!(err.kind(), pgcoord::ErrorKind::NotFound);
-    assert!(
-        err.to_string().contains("0004_lock_queue_handover"),
-        "{err}"
-    );
-    // Migrating again adds it back.
-    pgcoord::schema::migrate(&client, &config).await.unwrap();
-    pgcoord::db::check_server(&config).await.unwrap();
+    for (column, file) in [
+        ("lease_ms", "0004_lock_queue_handover"),
+        ("nonce", "0005_lock_queue_nonce"),
+    ] {
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {} DROP COLUMN {column}",
+                config.lock_queue().quoted()
+            ))
+            .await
+            .unwrap();
+        let err = pgcoord::db::check_server(&config).await.unwrap_err();
+        assert_eq!(err.kind(), pgcoord::ErrorKind::NotFound);
+        assert!(err.to_string().contains(file), "{err}");
+        // Migrating again adds it back.
+        pgcoord::schema::migrate(&client, &config).await.unwrap();
+        pgcoord::db::check_server(&config).await.unwrap();
+    }
 }

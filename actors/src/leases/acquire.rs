@@ -19,7 +19,7 @@ use tracing::debug;
 
 use super::lease::Lease;
 use super::messages::Acquire;
-use super::wake::{NameQueue, Queues};
+use super::wake::{Handed, NameQueue, Queues};
 use crate::reply::caller_gone;
 
 /// Everything the wait needs, cloned out of the manager so it runs without borrowing it.
@@ -52,6 +52,15 @@ pub(crate) enum Outcome {
 }
 
 pub(crate) type Reply = OneshotSender<Result<Lease>>;
+
+/// A refused attempt of a wait, which wrote the waiter's place in line: its nonce, and when it
+/// was sent. A release that hands the lease to that place announces the nonce, and granted it
+/// after `sent` (the place had that nonce only once the attempt committed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    pub(crate) nonce: i64,
+    pub(crate) sent: Instant,
+}
 
 pub(crate) async fn until_deadline(deadline: Option<Instant>) {
     match deadline {
@@ -97,7 +106,7 @@ impl AcquireJob {
                 Err(outcome) => outcome,
             }
         };
-        if let Some(token) = self.queues.leave(&name, queue) {
+        if let Some(Handed { token, .. }) = self.queues.leave(&name, queue) {
             let ours = matches!(&outcome, Outcome::Granted { grant, .. } if grant.token == token);
             if !ours {
                 self.give_back(&name, token).await;
@@ -127,21 +136,20 @@ impl AcquireJob {
         // start is not taken (a process before this one with the same owner identity, say): it
         // is waited out, as any holder's.
         let mut refused_by_another = false;
+        // The nonce of our last attempt that wrote our place in line, and when it was sent: a
+        // handover announced with that nonce was made for this wait after that moment.
+        let mut placed: Option<Placed> = None;
         // A token handed to an earlier waiter of ours that left is not trusted: the attempt
         // below finds the lease ours if it still is, and takes it as the server has it.
         let _ = queue.take_handed();
         // `fail_if_locked` asks alone: it needs the holder when not granted.
         let mut batched = self.batcher.as_ref().filter(|_| !*fail_if_locked);
         let outcome = loop {
-            if let Some(token) = queue.take_handed() {
-                // Handed to us by a release after our last refused attempt (see `hand_over` in
-                // `pgcoord::lease`). The announcement's word is not taken: it may be late (a
-                // grant of an earlier wait, taken from the table and let go before its
-                // announcement was heard, which once made an election term of a stale token),
-                // or not a release's at all (anyone may NOTIFY the channel). One read of the
-                // row makes it exact: ours with that token, its data, the server's time left.
-                // Otherwise the attempt below asks.
-                if let Some(outcome) = self.adopt(name, token).await {
+            if let Some(handed) = queue.take_handed() {
+                // Handed to us by a release (see `hand_over` in `pgcoord::lease`); taken when
+                // the announcement proves it ours, or the row does. Otherwise the attempt below
+                // asks.
+                if let Some(outcome) = self.take_handed(name, handed, placed).await {
                     break outcome;
                 }
             }
@@ -199,6 +207,8 @@ impl AcquireJob {
             let bound = bound_from_now(deadline, self.pool.statement_timeout());
             let statements = until(&*conn, bound);
             let sent = Instant::now();
+            // New for every attempt, so a handover names the attempt that wrote the place.
+            let nonce: i64 = rand::random();
             // A waiting attempt may put us in line even when its answer is lost: from here on,
             // leaving without the lease must take us out (dequeuing is safe to repeat).
             in_line |= !*fail_if_locked;
@@ -222,6 +232,7 @@ impl AcquireJob {
                         replace,
                         lease,
                         wait_for,
+                        nonce,
                     );
                     queued.await?
                 };
@@ -234,6 +245,8 @@ impl AcquireJob {
             })
             .await;
             drop(under_way);
+            // Refused, waiting: the statement wrote our place, with this attempt's nonce.
+            let wrote_place = !*fail_if_locked && matches!(attempt, Ok(Attempt::Held(_)));
             let holder = match attempt {
                 Err(e) if e.is_unavailable() => {
                     // The acquire may have run and granted a lease nobody received: free it. Once
@@ -283,6 +296,9 @@ impl AcquireJob {
                     None
                 }
             };
+            if wrote_place {
+                placed = Some(Placed { nonce, sent });
+            }
             // Back to the pool while we wait.
             drop(conn);
             // Wake on a release, at the holder's expiry, or on the polling fallback; a row

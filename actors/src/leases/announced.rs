@@ -8,6 +8,7 @@ use actix::prelude::*;
 use pgcoord::lease::Released;
 use tracing::warn;
 
+use super::wake::Handed;
 use super::{LockManager, semaphore};
 use crate::signals::{ConnState, RawNotification};
 
@@ -40,9 +41,13 @@ impl Handler<RawNotification> for LockManager {
                 .table_oid
                 .and_then(|oid| released.handed_to(owner, oid))
             {
-                // Handed to us by the release itself: the waiter whose turn it is takes it
-                // once its row says so (an announcement is not proof).
-                Some(token) => self.handed_over(released.name, token),
+                // Handed to us by the release itself: the waiter whose turn it is takes it when
+                // the announcement names its last refused attempt's nonce, or once its row
+                // says so (an announcement is not proof otherwise).
+                Some(token) => {
+                    let nonce = released.nonce;
+                    self.handed_over(released.name, Handed { token, nonce })
+                }
                 // Free for us, or handed to us while the table's oid is unknown: the waiter
                 // asks, and finds the lease its own (it takes it from the table) or free.
                 None if released.may_grant(owner) => {

@@ -11,19 +11,21 @@ use pgcoord::{ErrorKind, LeaseTable, Pool};
 use tracing::{debug, warn};
 
 use super::LockManager;
-use super::acquire::{AcquireJob, Outcome};
+use super::acquire::{AcquireJob, Outcome, Placed};
+use super::wake::Handed;
 
 impl LockManager {
-    /// A release announced it handed `name` to this process with `token`. The waiter whose turn
-    /// it is takes it once the row confirms it (see `adopt`); when nobody here waits for it any
+    /// A release announced it handed `name` to this process. The waiter whose turn it is takes
+    /// it (see `AcquireJob::take_handed`); when nobody here waits for it any
     /// more (the waiter gave up as it was handed over) it is released at once, if the row says
     /// it is ours, so the next in line need not wait for it to expire. Already ours (taken from
     /// the table, its announcement late): nothing to do.
-    pub(crate) fn handed_over(&mut self, name: &str, token: i64) {
+    pub(crate) fn handed_over(&mut self, name: &str, handed: Handed) {
+        let token = handed.token;
         if self.held.get(name).is_some_and(|held| held.token == token) {
             return;
         }
-        if self.queues.hand_over(name, token) {
+        if self.queues.hand_over(name, handed) {
             return;
         }
         let (table, pool, name) = (self.table.clone(), self.pool.clone(), name.to_owned());
@@ -76,6 +78,40 @@ impl AcquireJob {
     /// [`release_unclaimed`] on this job's pool: a token handed over that its wait left behind.
     pub(crate) async fn give_back(&self, name: &str, token: i64) {
         release_unclaimed(&self.table, &self.pool, name, token, &self.owner).await;
+    }
+
+    /// Takes a lease a release handed to this wait, as its announcement tells it.
+    ///
+    /// An announcement naming the nonce of our last refused attempt (`placed`) is proof: the
+    /// nonce is random, new per attempt, and seen only by the server until the handover spends
+    /// it, so the grant is this wait's, made after that attempt was sent, with our data. It is
+    /// held without a statement, its deadline counted from that attempt — unless that is a third
+    /// of the lease ago or more: then less than the heartbeat (at most half the lease) plus the
+    /// margin could be left by our clock, and the row is read for the server's time left.
+    ///
+    /// Any other announcement is not taken on its word: it may be late (a grant of an earlier
+    /// wait, taken from the table and let go before its announcement was heard, which once made
+    /// an election term of a stale token), from a place of an older version (no nonce), or not a
+    /// release's at all (anyone may NOTIFY the channel). One read of the row makes it exact
+    /// (`adopt`).
+    pub(crate) async fn take_handed(
+        &self,
+        name: &str,
+        handed: Handed,
+        placed: Option<Placed>,
+    ) -> Option<Outcome> {
+        if let Some(Placed { nonce, sent }) = placed
+            && handed.nonce == Some(nonce)
+            && sent.elapsed() < self.lease / 3
+        {
+            let grant = Grant {
+                token: handed.token,
+                data: self.request.data.as_ref().map(|d| d.to_vec()),
+            };
+            debug!(%name, token = handed.token, "took a lease handed to us");
+            return Some(Outcome::Granted { grant, sent });
+        }
+        self.adopt(name, handed.token).await
     }
 
     /// Takes a lease the table says this owner holds with `token` while the manager does not:

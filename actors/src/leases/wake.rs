@@ -19,15 +19,25 @@ pub(crate) struct NameQueue {
     pub(crate) turn: tokio::sync::Mutex<()>,
     /// Signalled when the lease may have become free, or was handed to us.
     pub(crate) wake: Notify,
-    /// The token of a lease a release handed to this process, announced and not yet taken by
-    /// the waiter whose turn it is (see [`Queues::hand_over`]). Announced only: the waiter
-    /// takes it once the row says it is ours with that token.
-    handed: Mutex<Option<i64>>,
+    /// A lease a release handed to this process, announced and not yet taken by the waiter
+    /// whose turn it is (see [`Queues::hand_over`]). Announced only: the waiter takes it when
+    /// the announcement names the nonce of its last refused attempt, or once the row says it is
+    /// ours with that token.
+    handed: Mutex<Option<Handed>>,
+}
+
+/// A handover to this process as its announcement tells it (see `pgcoord::lease::Released`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handed {
+    /// The token the lease was handed over with.
+    pub(crate) token: i64,
+    /// The nonce of the attempt that last wrote the place it was handed to, when it had one.
+    pub(crate) nonce: Option<i64>,
 }
 
 impl NameQueue {
-    /// Takes the token of a lease handed to this process, if one is waiting to be taken.
-    pub(crate) fn take_handed(&self) -> Option<i64> {
+    /// Takes the lease handed to this process, if one is waiting to be taken.
+    pub(crate) fn take_handed(&self) -> Option<Handed> {
         self.handed.lock().expect("handed").take()
     }
 }
@@ -45,10 +55,10 @@ impl Queues {
         names.entry(name.to_owned()).or_default().clone()
     }
 
-    /// Forgets `name`'s queue once nobody else waits in it. Returns the token of a lease handed
-    /// to this process that nobody took, when the queue goes with one: the caller releases it
-    /// (under the map's lock, so a handover is either seen here or finds no queue).
-    pub(crate) fn leave(&self, name: &str, queue: Arc<NameQueue>) -> Option<i64> {
+    /// Forgets `name`'s queue once nobody else waits in it. Returns a lease handed to this
+    /// process that nobody took, when the queue goes with one: the caller releases it (under the
+    /// map's lock, so a handover is either seen here or finds no queue).
+    pub(crate) fn leave(&self, name: &str, queue: Arc<NameQueue>) -> Option<Handed> {
         let mut names = self.names.lock().expect("queues lock");
         // One reference in the map, one in `queue`: nobody else.
         if Arc::strong_count(&queue) == 2 {
@@ -58,14 +68,14 @@ impl Queues {
         None
     }
 
-    /// A release handed `name` to this process with `token`: the waiter whose turn it is takes
-    /// it. False when nobody here waits for `name` any more; the caller releases it.
-    pub(crate) fn hand_over(&self, name: &str, token: i64) -> bool {
+    /// A release handed `name` to this process: the waiter whose turn it is takes it. False
+    /// when nobody here waits for `name` any more; the caller releases it.
+    pub(crate) fn hand_over(&self, name: &str, handed: Handed) -> bool {
         let names = self.names.lock().expect("queues lock");
         let Some(queue) = names.get(name) else {
             return false;
         };
-        *queue.handed.lock().expect("handed") = Some(token);
+        *queue.handed.lock().expect("handed") = Some(handed);
         queue.wake.notify_one();
         true
     }

@@ -1,7 +1,8 @@
 //! Handover through the runtime: a waiter's process holds a lease its holder's release handed
-//! it after one read of its row (no acquire statement), takes it from the table when it missed
-//! the announcement, gives it back when its waiter left as it was handed over, and takes or
-//! gives back nothing on a false announcement.
+//! it from the announcement alone (no statement) when it names the nonce of the waiter's last
+//! refused attempt, takes it from the table when it missed the announcement, gives it back when
+//! its waiter left as it was handed over, and takes or gives back nothing on a false
+//! announcement.
 
 use std::time::{Duration, Instant};
 
@@ -131,6 +132,7 @@ async fn a_lease_handed_to_a_process_whose_waiter_left_is_given_back_at_once() {
             false,
             Duration::from_secs(20),
             Duration::from_secs(20),
+            1,
         )
         .await
         .unwrap();
@@ -294,8 +296,9 @@ async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
 
 /// An announcement is not proof of a grant: one that is late (a grant already taken from the
 /// table and let go) or not a release's at all (anyone may NOTIFY the channel, and tokens are
-/// seen on it) names a waiter, and a process with no waiter, with the holder's own token. The
-/// waiter is not granted and the other process releases nothing: the holder keeps its lease.
+/// seen on it) names a waiter, and a process with no waiter, with the holder's own token and
+/// without the nonce of the waiter's attempt. The waiter is not granted and the other process
+/// releases nothing: the holder keeps its lease.
 #[actix_rt::test]
 async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
@@ -310,12 +313,15 @@ async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
     let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
     let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
     tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line; oids looked up
+    // Without a nonce (as a place of an older version), and with nonces the forger guessed.
     for owner in ["waiter", "bystander"] {
-        let payload = format!("3>job{}@{oid}:{owner}", held.token());
-        admin
-            .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
-            .await
-            .unwrap();
+        for nonce in ["", "#0", "#1", "#-1"] {
+            let payload = format!("3>job{}@{oid}{nonce}:{owner}", held.token());
+            admin
+                .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
+                .await
+                .unwrap();
+        }
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
@@ -331,4 +337,48 @@ async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
     assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
     lease.release().await.unwrap();
     drop(bystander);
+}
+
+/// The announcement of a handover names the nonce of the waiter's refused attempt, which proves
+/// the grant: the waiter holds the lease without a statement. Its pool is cut off (black-holed
+/// and refusing new connections) after it lined up; its listener is not. A waiter that read its
+/// row first would wait for the statement timeout and then fail to reach the server.
+#[actix_rt::test]
+async fn a_handover_naming_the_waiters_attempt_is_taken_without_a_statement() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = (setup.builder("waiter"))
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .session_pg_config(&setup.pg)
+        .statement_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (holder, waiter) = (setup.manager("holder"), LockManager::new(config).start());
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(
+        waiter.send(
+            Acquire::new("job")
+                .data(b"mine".to_vec())
+                .timeout(Duration::from_secs(15)),
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    proxy.cut();
+    proxy.refuse(true);
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    assert_eq!(lease.data(), Some(&b"mine"[..]));
+    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
+    // Its pool healed, it releases the lease as any other.
+    proxy.refuse(false);
+    proxy.reset();
+    lease.release().await.unwrap();
+    assert_eq!(row(&setup, &admin, "job").await, None);
 }
