@@ -267,9 +267,12 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for t in tasks {
         counts.push(t.await?);
     }
-    let mut attempts = 0;
+    let (mut attempts, mut from_announcement, mut from_row) = (0, 0, 0);
     for manager in &managers {
-        attempts += manager.send(GetStats::new()).await?.acquire_statements;
+        let stats = manager.send(GetStats::new()).await?;
+        attempts += stats.acquire_statements;
+        from_announcement += stats.handovers_from_announcement;
+        from_row += stats.handovers_from_row;
     }
     let (handoffs, release_parts): (Vec<_>, Vec<_>) = Arc::try_unwrap(handoffs)
         .unwrap()
@@ -305,6 +308,10 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             "{:.2} ({measured} handoffs)",
             (attempts - attempts_before) as f64 / f64::from(total.max(1))
         ),
+    );
+    report.note(
+        "handoff breakdown: handed leases held on the announcement's nonce / after reading the row",
+        format!("{from_announcement} / {from_row}"),
     );
     let mean = counts.iter().sum::<u32>() as f64 / counts.len() as f64;
     let min = *counts.iter().min().unwrap() as f64;

@@ -38,6 +38,8 @@ pub(crate) struct AcquireJob {
     pub(crate) batcher: Option<super::batch::acquire::AcquireBatcher>,
     /// The manager's count of acquire statements sent.
     pub(crate) statements_sent: Arc<std::sync::atomic::AtomicU64>,
+    /// The manager's count of handed leases taken, by how.
+    pub(crate) handovers: Arc<super::unclaimed::HandoverCounts>,
 }
 
 /// How a wait ended.

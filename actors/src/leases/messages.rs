@@ -120,4 +120,10 @@ pub struct ManagerStats {
     pub release_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
+    /// Leases a release handed to this process that were held from the announcement alone: it
+    /// named the nonce of the waiter's last refused attempt, so no statement was needed.
+    pub handovers_from_announcement: u64,
+    /// Leases handed to this process that were held after reading their row: the announcement
+    /// proved nothing (no nonce, another, heard late) or was missed (found at the next attempt).
+    pub handovers_from_row: u64,
 }

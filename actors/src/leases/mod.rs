@@ -87,6 +87,8 @@ pub struct LockManager {
     pub(crate) acquire_statements: Arc<AtomicU64>,
     /// Release statements sent (outside the actor).
     release_statements: Arc<AtomicU64>,
+    /// How the leases handed to this process were taken (by jobs, outside the actor).
+    pub(crate) handovers: Arc<unclaimed::HandoverCounts>,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
     /// The lock table's oid, looked up when the actor starts (and again when the listener
@@ -117,6 +119,7 @@ impl LockManager {
             releaser: None,
             acquire_statements: Arc::default(),
             release_statements: Arc::default(),
+            handovers: Arc::default(),
             metrics: None,
             table_oid: None,
             config,
@@ -364,6 +367,8 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             held: self.held.len(),
             acquire_statements: self.acquire_statements.load(Ordering::Relaxed),
             release_statements: self.release_statements.load(Ordering::Relaxed),
+            handovers_from_announcement: (self.handovers.from_announcement).load(Ordering::Relaxed),
+            handovers_from_row: self.handovers.from_row.load(Ordering::Relaxed),
             ..self.stats.clone()
         }
     }

@@ -3,6 +3,7 @@
 //! was missed, given back when nobody here waits any more), or granted by an attempt whose
 //! answer was lost (released).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use pgcoord::db::Backoff;
@@ -74,6 +75,15 @@ pub(crate) async fn release_unclaimed(
     }
 }
 
+/// How the leases handed to a manager were taken (see `ManagerStats`).
+#[derive(Debug, Default)]
+pub(crate) struct HandoverCounts {
+    /// Held from the announcement alone, its nonce the waiter's.
+    pub(crate) from_announcement: AtomicU64,
+    /// Held after reading the row.
+    pub(crate) from_row: AtomicU64,
+}
+
 impl AcquireJob {
     /// [`release_unclaimed`] on this job's pool: a token handed over that its wait left behind.
     pub(crate) async fn give_back(&self, name: &str, token: i64) {
@@ -109,6 +119,7 @@ impl AcquireJob {
                 data: self.request.data.as_ref().map(|d| d.to_vec()),
             };
             debug!(%name, token = handed.token, "took a lease handed to us");
+            (self.handovers.from_announcement).fetch_add(1, Ordering::Relaxed);
             return Some(Outcome::Granted { grant, sent });
         }
         self.adopt(name, handed.token).await
@@ -141,7 +152,8 @@ impl AcquireJob {
             token,
             data: info.data,
         };
-        debug!(%name, token, ?remaining, "took a lease handed to us");
+        debug!(%name, token, ?remaining, "took a lease handed to us, as its row says");
+        self.handovers.from_row.fetch_add(1, Ordering::Relaxed);
         Some(Outcome::Granted { grant, sent })
     }
 

@@ -94,6 +94,7 @@ impl LockManager {
             poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
             batcher: self.batcher.clone(),
             statements_sent: self.acquire_statements.clone(),
+            handovers: self.handovers.clone(),
         }
     }
 }

@@ -65,6 +65,12 @@ async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_acquire_stateme
         after, before,
         "no acquire statement for a lease handed over"
     );
+    let stats = waiter.send(GetStats::new()).await.unwrap();
+    assert_eq!(
+        (stats.handovers_from_announcement, stats.handovers_from_row),
+        (1, 0),
+        "held on the announcement's proof"
+    );
     assert_eq!(lease.data(), Some(&b"mine"[..]));
     let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
     assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
@@ -98,6 +104,12 @@ async fn a_waiter_that_missed_the_announcement_takes_the_lease_at_its_next_poll(
     assert_eq!(owner, "deaf", "handed over at the release");
     let lease = waits.await.unwrap().unwrap().unwrap();
     assert_eq!(lease.token(), token);
+    let stats = waiter.send(GetStats::new()).await.unwrap();
+    assert_eq!(
+        (stats.handovers_from_announcement, stats.handovers_from_row),
+        (0, 1),
+        "taken from the table"
+    );
     // At its next poll (a quarter lease, 2 s), not when the lease it was handed expires (8 s).
     assert!(
         released.elapsed() < Duration::from_secs(5),
