@@ -181,6 +181,7 @@ impl AcquireJob {
                     }
                     Some((Err(e), _)) if e.is_unavailable() => {
                         // Unknown outcome, as after a single attempt (below).
+                        placed = None;
                         let cleaned = self.release_orphan(name, deadline).await;
                         if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                             continue;
@@ -255,6 +256,10 @@ impl AcquireJob {
                     // that is done the attempt left nothing behind, so a caller with time left
                     // tries again (on another connection: this one was discarded).
                     drop(conn);
+                    // The check releases any lease of the name this owner holds: one handed
+                    // to our place meanwhile too. Its announcement, heard or to come, must not
+                    // be taken on our last attempt's nonce any more (the row decides).
+                    placed = None;
                     let cleaned = self.release_orphan(name, deadline).await;
                     if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                         debug!(%name, error = %e, "acquire attempt failed on its connection; trying again");

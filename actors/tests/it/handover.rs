@@ -394,3 +394,52 @@ async fn a_handover_naming_the_waiters_attempt_is_taken_without_a_statement() {
     lease.release().await.unwrap();
     assert_eq!(row(&setup, &admin, "job").await, None);
 }
+
+/// A handover whose announcement names the waiter's last refused attempt, made while the
+/// waiter's next attempt hung on a black-holed pooled connection: the orphan check after that
+/// attempt (its outcome unknown) releases every lease of the name the owner holds, the handed
+/// one included. The announcement heard meanwhile must not be taken on its nonce afterwards:
+/// the lease it names is gone, and the waiter must hold only what the row says.
+#[actix_rt::test]
+async fn a_handover_released_by_the_orphan_check_is_not_taken_on_its_nonce() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let config = setup.builder("admin").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let waiter_config = (setup.builder("waiter"))
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .session_pg_config(&setup.pg)
+        .statement_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let (holder, waiter) = (
+        setup.manager("holder"),
+        LockManager::new(waiter_config).start(),
+    );
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    // Its idle pooled connection black-holed, the waiter is woken (as by a release) and asks
+    // again on it: the attempt hangs until the statement timeout.
+    proxy.cut();
+    admin
+        .execute("SELECT pg_notify($1, '3:job')", &[&table.channel()])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Meanwhile the holder's release hands the lease to the waiter's place.
+    held.release().await.unwrap();
+    let (owner, handed, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!(owner, "waiter");
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    // Whatever it holds, the row must say so.
+    let (owner, token, _) = row(&setup, &admin, "job")
+        .await
+        .expect("the waiter holds a lease the table does not have");
+    assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
+    assert_ne!(
+        token, handed,
+        "the handed lease was released by the orphan check"
+    );
+    lease.release().await.unwrap();
+}
