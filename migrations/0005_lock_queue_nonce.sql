@@ -5,6 +5,7 @@
 -- process takes the grant from the announcement only when it carries the nonce of its last
 -- refused attempt: that proves the grant was made for this wait after that attempt (so its
 -- deadline may count from the attempt), not by an earlier wait, and not written by hand on the
--- channel (a forger would have to read this table). A place without a nonce (a waiter of a
--- version before this file) is handed the lease as before, and that waiter reads the row.
+-- channel (a forger would have to read this table: grant it to pgcoord's roles only). A place
+-- without a nonce (a waiter of a version before this file) is handed the lease as before, and
+-- that waiter reads the row.
 ALTER TABLE "pgcoord_locks_wq" ADD COLUMN IF NOT EXISTS nonce bigint;

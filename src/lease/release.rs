@@ -33,7 +33,9 @@ use crate::statement::Statements;
 /// acting on a handover as a grant — unless it carries the nonce of your last refused attempt
 /// (see [`try_acquire_or_queue`](LeaseTable::try_acquire_or_queue)): that nonce is random, new
 /// per attempt, and was seen only by the server, so the announcement is the release's, made for
-/// that attempt's wait after it was sent.
+/// that attempt's wait after it was sent (and the handed lease expires its lease after the
+/// release wrote the row, later than that). The nonce is as secret as the waiters' table: a
+/// role that can read it can forge such an announcement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Released<'a> {

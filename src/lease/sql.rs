@@ -88,6 +88,13 @@ pub(super) fn line_up(
 /// flag and its first live waiter (`waiter`, `lease_ms`, `heir_data`, `replace_data`,
 /// `heir_nonce`); `sequence` the SQL of the token sequence.
 ///
+/// The handed lease expires its lease after the moment the row is written
+/// (`clock_timestamp()`), not after the transaction's start (`now()`): the place it was handed
+/// to was read before that moment, so the waiter's attempt that wrote it was sent earlier still,
+/// and a waiter counting its deadline from that attempt counts from before the grant. From the
+/// transaction's start, a release inside a long transaction (or one queued behind a table lock)
+/// could have set an expiry earlier than the waiter's deadline.
+///
 /// Only a waiter that stored its grant is handed the lease, and only when the data the grant
 /// would have is the waiter's own (the row goes, or the waiter replaces its data, or it has
 /// none): its process then holds the lease from the announcement alone. Otherwise the release
@@ -97,7 +104,8 @@ pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String
         "handed AS (
              UPDATE {t} AS l SET owner = h.waiter, token = {TIMELINE_BASE} + nextval({sequence}),
                  data = h.heir_data, acquired_at = now(),
-                 expires_at = now() + h.lease_ms * interval '1 millisecond', kept = false
+                 expires_at = clock_timestamp() + h.lease_ms * interval '1 millisecond',
+                 kept = false
              FROM {heirs} AS h
              WHERE l.name = h.name AND l.token = h.token AND h.lease_ms IS NOT NULL
                AND (NOT h.keep OR h.replace_data OR l.data IS NULL)

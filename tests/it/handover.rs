@@ -324,3 +324,41 @@ async fn a_lease_handed_to_a_waiter_that_died_is_free_when_its_lease_ends() {
     tokio::time::sleep(short + Duration::from_millis(100)).await;
     assert!(matches!(ask().await.unwrap(), Attempt::Granted(_)));
 }
+
+/// A handed lease's expiry counts from when the release wrote the row, not from its
+/// transaction's start: the waiter counts its deadline from its attempt, which may come after
+/// the start of a long transaction that then releases (or of a release queued behind a table
+/// lock). Here the release runs in a transaction begun a second before the waiter lined up.
+#[tokio::test]
+async fn a_handed_lease_expires_a_lease_after_the_release_wrote_it() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    let waiter = super::connect(&config).await;
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SELECT pg_sleep(1)").await.unwrap();
+    let lined_up: std::time::SystemTime = waiter
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    line_up(&table, &waiter, "job", "waiter", None, false).await;
+    table.release(&tx, "job", g.token, false).await.unwrap();
+    tx.commit().await.unwrap();
+    let expires: std::time::SystemTime = client
+        .query_one(
+            &format!(
+                "SELECT expires_at FROM {} WHERE name = 'job' AND owner = 'waiter'",
+                config.lock_table().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let lease = expires.duration_since(lined_up).unwrap();
+    assert!(
+        lease >= LEASE,
+        "expires {lease:?} after the waiter lined up"
+    );
+}

@@ -62,6 +62,9 @@ pub(crate) type Reply = OneshotSender<Result<Lease>>;
 pub(crate) struct Placed {
     pub(crate) nonce: i64,
     pub(crate) sent: Instant,
+    /// The name's orphan checks begun by then (`NameQueue::orphan_checks`): one begun since
+    /// may have released what was handed to us.
+    pub(crate) orphan_checks: u64,
 }
 
 pub(crate) async fn until_deadline(deadline: Option<Instant>) {
@@ -151,7 +154,7 @@ impl AcquireJob {
                 // Handed to us by a release (see `hand_over` in `pgcoord::lease`); taken when
                 // the announcement proves it ours, or the row does. Otherwise the attempt below
                 // asks.
-                if let Some(outcome) = self.take_handed(name, handed, placed).await {
+                if let Some(outcome) = self.take_handed(queue, handed, placed).await {
                     break outcome;
                 }
             }
@@ -181,7 +184,6 @@ impl AcquireJob {
                     }
                     Some((Err(e), _)) if e.is_unavailable() => {
                         // Unknown outcome, as after a single attempt (below).
-                        placed = None;
                         let cleaned = self.release_orphan(name, deadline).await;
                         if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                             continue;
@@ -257,9 +259,8 @@ impl AcquireJob {
                     // tries again (on another connection: this one was discarded).
                     drop(conn);
                     // The check releases any lease of the name this owner holds: one handed
-                    // to our place meanwhile too. Its announcement, heard or to come, must not
-                    // be taken on our last attempt's nonce any more (the row decides).
-                    placed = None;
+                    // to our place meanwhile too, whose announcement is then no longer taken
+                    // on our last attempt's nonce (see `take_handed`).
                     let cleaned = self.release_orphan(name, deadline).await;
                     if cleaned && deadline.is_some_and(|d| Instant::now() < d) {
                         debug!(%name, error = %e, "acquire attempt failed on its connection; trying again");
@@ -304,7 +305,12 @@ impl AcquireJob {
                 }
             };
             if wrote_place {
-                placed = Some(Placed { nonce, sent });
+                let orphan_checks = queue.orphan_checks();
+                placed = Some(Placed {
+                    nonce,
+                    sent,
+                    orphan_checks,
+                });
             }
             // Back to the pool while we wait.
             drop(conn);

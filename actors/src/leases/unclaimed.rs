@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::LockManager;
 use super::acquire::{AcquireJob, Outcome, Placed};
-use super::wake::Handed;
+use super::wake::{Handed, NameQueue};
 
 impl LockManager {
     /// A release announced it handed `name` to this process. The waiter whose turn it is takes
@@ -97,7 +97,10 @@ impl AcquireJob {
     /// it, so the grant is this wait's, made after that attempt was sent, with our data. It is
     /// held without a statement, its deadline counted from that attempt — unless that is a third
     /// of the lease ago or more: then less than the heartbeat (at most half the lease) plus the
-    /// margin could be left by our clock, and the row is read for the server's time left.
+    /// margin could be left by our clock, and the row is read for the server's time left. Nor
+    /// when an orphan check of the name began since that attempt (after an attempt of unknown
+    /// outcome, ours or a semaphore permit's whose slot has this name): it releases any lease
+    /// of the name this owner holds, the handed one too, so the row decides.
     ///
     /// Any other announcement is not taken on its word: it may be late (a grant of an earlier
     /// wait, taken from the table and let go before its announcement was heard, which once made
@@ -106,13 +109,19 @@ impl AcquireJob {
     /// (`adopt`).
     pub(crate) async fn take_handed(
         &self,
-        name: &str,
+        queue: &NameQueue,
         handed: Handed,
         placed: Option<Placed>,
     ) -> Option<Outcome> {
-        if let Some(Placed { nonce, sent }) = placed
+        let name = &self.request.name;
+        if let Some(Placed {
+            nonce,
+            sent,
+            orphan_checks,
+        }) = placed
             && handed.nonce == Some(nonce)
             && sent.elapsed() < self.lease / 3
+            && queue.orphan_checks() == orphan_checks
         {
             let grant = Grant {
                 token: handed.token,
@@ -167,6 +176,7 @@ impl AcquireJob {
     /// discarded), and a network that black-holed one pooled connection usually black-holed the
     /// idle others too, so the first check may land on one of them.
     pub(crate) async fn release_orphan(&self, name: &str, deadline: Option<Instant>) -> bool {
+        self.queues.orphan_check(name);
         for attempt in 0.. {
             let statements = self.pool.idempotent(None);
             let e = match (self.table)

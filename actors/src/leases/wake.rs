@@ -8,6 +8,7 @@
 //! also wake at the holder's expiry and on a polling fallback.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -24,6 +25,10 @@ pub(crate) struct NameQueue {
     /// the announcement names the nonce of its last refused attempt, or once the row says it is
     /// ours with that token.
     handed: Mutex<Option<Handed>>,
+    /// How many times an orphan check (which releases any lease of the name this owner holds)
+    /// began for this name: a handover announced before one may have been released by it, so
+    /// it is no longer taken on its nonce (see `AcquireJob::take_handed`).
+    orphan_checks: AtomicU64,
 }
 
 /// A handover to this process as its announcement tells it (see `pgcoord::lease::Released`).
@@ -39,6 +44,11 @@ impl NameQueue {
     /// Takes the lease handed to this process, if one is waiting to be taken.
     pub(crate) fn take_handed(&self) -> Option<Handed> {
         self.handed.lock().expect("handed").take()
+    }
+
+    /// How many orphan checks of this name have begun (see `orphan_checks`).
+    pub(crate) fn orphan_checks(&self) -> u64 {
+        self.orphan_checks.load(Ordering::SeqCst)
     }
 }
 
@@ -78,6 +88,14 @@ impl Queues {
         *queue.handed.lock().expect("handed") = Some(handed);
         queue.wake.notify_one();
         true
+    }
+
+    /// An orphan check of `name` begins: a handover to a waiter here heard before it is no
+    /// longer taken on its nonce.
+    pub(crate) fn orphan_check(&self, name: &str) {
+        if let Some(queue) = self.names.lock().expect("queues lock").get(name) {
+            queue.orphan_checks.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     /// Wakes the waiter whose turn it is for `name`, if any.
