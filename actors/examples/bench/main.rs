@@ -15,6 +15,7 @@ mod faults;
 mod held;
 mod leases;
 mod locks;
+mod placement;
 mod report;
 mod semaphore;
 mod signals;

@@ -16,6 +16,7 @@ use tokio_postgres::AsyncMessage;
 
 use crate::Sizes;
 use crate::cpu::{CpuMark, CpuUse};
+use crate::placement;
 use crate::report::{Report, Samples};
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -189,7 +190,8 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     // and a select, and two notifications carry the references. The store must be a table every
     // session sees, so the floor runs the payload table's own insert and select, raw, on one warm
     // connection; a temporary table (no WAL, the backend's own buffers), which no store shared
-    // between processes can be, is shown as well, as a lower bound. Interleaved, p50 of the
+    // between processes can be, is shown as well, as a lower bound; the two NOTIFY hops are
+    // raw ones, made in the same round. Interleaved, p50 of the
     // rounds: with five rounds of a 20 ms operation on a shared machine the p50 was one unlucky
     // sample away from another, so this part takes six times the rounds.
     let rounds = 6 * sizes.rounds as i32;
@@ -217,7 +219,20 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         .await?;
     let (mut floors, mut temp_floors, mut trips) = (Vec::new(), Vec::new(), Vec::new());
     let (mut floor_cpu, mut trip_cpu) = (CpuUse::default(), CpuUse::default());
+    // This thread (requester, handler and the raw client) on one core, every backend on the
+    // other, as between a service and its database on separate machines: left to the
+    // scheduler, the floor's one connection and a trip's four or five each ran fast or slow for
+    // their life (see `placement`), and the ratio with them.
+    let pinned = placement::available();
+    let saved = pinned.then(placement::current).transpose()?;
+    if pinned {
+        placement::pin(0, 0)?;
+    }
     for round in 0..rounds {
+        if pinned {
+            // Again every round, outside the clock, for a connection opened meanwhile.
+            placement::pin_backends(&admin, 1).await?;
+        }
         let t = Instant::now();
         let mark = CpuMark::now();
         for _ in 0..2 {
@@ -225,7 +240,17 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             let _: Vec<u8> = admin.query_one(&select, &[&key]).await?.get(0);
         }
         mark.add_since(&mut floor_cpu);
-        floors.push(t.elapsed() + one_way.p(0.5) * 2);
+        let statements = t.elapsed();
+        // The two NOTIFY hops, raw, here and now (same placement, same moment).
+        let mut hops = Duration::ZERO;
+        for hop in 0..2 {
+            let sent = Instant::now();
+            admin
+                .query_one(&notify, &[&format!("1mib-{round}-{hop}")])
+                .await?;
+            hops += arrivals.recv().await.expect("the raw listener") - sent;
+        }
+        floors.push(statements + hops);
         let t = Instant::now();
         for hop in 0..2 {
             let id = round * 2 + hop;
@@ -242,6 +267,9 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         mark.add_since(&mut trip_cpu);
         assert!(echoed == payload);
     }
+    if let Some(saved) = &saved {
+        placement::restore(saved)?;
+    }
     let trips = Samples::new(trips);
     // The requester's and the handler's work both run in this process: what the runtime spends
     // per trip, against what the floor's client spends on the same four statements.
@@ -251,7 +279,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         floor_cpu.process / rounds as u32,
     );
     let large = report.time(
-        &format!("1 MiB request/reply round trip, p50 of {rounds} (fair floor: the payload table's raw insert+select of 1 MiB, twice, and two NOTIFY hops)"),
+        &format!("1 MiB request/reply round trip, p50 of {rounds}, client and backends on separate cores (fair floor: the payload table's raw insert+select of 1 MiB, twice, and two NOTIFY hops)"),
         trips.p(0.5),
         Samples::new(floors).p(0.5),
     );
