@@ -71,6 +71,7 @@ impl LeaseTable {
                     (&value, Type::BYTEA),
                     (&self.election_channel, Type::TEXT),
                     (&text, Type::TEXT),
+                    (&owner, Type::TEXT),
                 ],
             )
             .await?;

@@ -47,7 +47,7 @@ fn print_lease(lease: &LeaseInfo) {
 }
 
 /// `lock release NAME --force`: ends the current tenure as its holder's release would (the next
-/// waiter's reservation kept, waiters woken), matched on the token just read.
+/// waiter's reservation kept, waiters woken), matched on the owner and token just read.
 pub async fn release(config: &Config, client: &Client, name: &str, force: bool) -> Result<()> {
     if !force {
         return Err(Error::new(
@@ -58,17 +58,17 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
     }
     let table = LeaseTable::new(config);
     let lease = table.get(client, name).await?;
-    let Some(token) = lease.token else {
+    let (Some(token), Some(owner)) = (lease.token, lease.owner.as_deref()) else {
         return Err(Error::new(
             ErrorKind::NotFound,
             format!("lease {name:?} is not held"),
         ));
     };
-    match table.release(client, name, token, false).await {
+    // As its holder: a release matches owner and token.
+    match table.release(client, name, owner, token, false).await {
         Ok(()) => {
             println!(
-                "released {name:?} (token {token}, owner {}); the holder learns at its next renewal",
-                lease.owner.as_deref().unwrap_or("?")
+                "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"
             );
             Ok(())
         }

@@ -97,7 +97,12 @@ async fn migrate_list_show_and_force_release_a_lease() {
     assert!(out.status.success(), "{out:?}");
     // The holder's next renewal finds nothing: the loss it reports.
     let renewed = leases
-        .renew(&client, &[("job", grant.token)], Duration::from_secs(30))
+        .renew(
+            &client,
+            "worker-1",
+            &[("job", grant.token)],
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
     assert!(renewed.is_empty());

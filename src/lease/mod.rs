@@ -236,7 +236,7 @@ impl LeaseTable {
         if let Some(row) = rows.first() {
             let token: Option<i64> = row.try_get(0)?;
             if let Some(token) = token {
-                match self.release(client, name, token, false).await {
+                match self.release(client, name, owner, token, false).await {
                     Err(e) if e.is_lock_lost() => {}
                     other => other?,
                 }
@@ -255,14 +255,15 @@ impl LeaseTable {
         holder_from(rows.first())
     }
 
-    /// Renews every `(name, token)` lease for another `lease`, in one statement. Returns the
-    /// tokens of the leases renewed (a token names one lease: tokens are unique); any other was
-    /// lost (row gone, token changed, or already expired). Names may be any string type, so a
-    /// heartbeat can pass the names it holds without copying them.
+    /// Renews every `(name, token)` lease `owner` holds for another `lease`, in one statement.
+    /// Returns the tokens of the leases renewed (a token names one lease: tokens are unique);
+    /// any other was lost (row gone, token changed, already expired, or not `owner`'s). Names
+    /// may be any string type, so a heartbeat can pass the names it holds without copying them.
     #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
     pub async fn renew<N: AsRef<str>>(
         &self,
         client: &(impl Statements + ?Sized),
+        owner: &str,
         held: &[(N, i64)],
         lease: Duration,
     ) -> Result<Vec<i64>> {
@@ -275,6 +276,7 @@ impl LeaseTable {
                     (&names, Type::TEXT_ARRAY),
                     (&tokens, Type::INT8_ARRAY),
                     (&millis(lease)?, Type::INT8),
+                    (&owner, Type::TEXT),
                 ],
             )
             .await?;
@@ -313,20 +315,24 @@ impl LeaseTable {
         rows.iter().map(info_from).collect()
     }
 
-    /// The fencing guard: succeeds only while `name` is held with `token`, and — run inside the
-    /// caller's transaction — keeps the lease from being taken over or released until that
-    /// transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`] otherwise.
-    /// Keep guarded transactions short: a contender waits for them.
+    /// The fencing guard: succeeds only while `owner` holds `name` with `token`, and — run
+    /// inside the caller's transaction — keeps the lease from being taken over or released
+    /// until that transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`]
+    /// otherwise. Keep guarded transactions short: a contender waits for them.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn fence(
         &self,
         client: &(impl Statements + ?Sized),
         name: &str,
+        owner: &str,
         token: i64,
     ) -> Result<()> {
-        let rows = client
-            .run(&self.fence, &[(&name, Type::TEXT), (&token, Type::INT8)])
-            .await?;
+        let params: &[crate::statement::Param<'_>] = &[
+            (&name, Type::TEXT),
+            (&token, Type::INT8),
+            (&owner, Type::TEXT),
+        ];
+        let rows = client.run(&self.fence, params).await?;
         if rows.is_empty() {
             return Err(Error::new(
                 ErrorKind::LockLost,

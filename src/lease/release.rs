@@ -35,7 +35,9 @@ use crate::statement::Statements;
 /// per attempt, and was seen only by the server, so the announcement is the release's, made for
 /// that attempt's wait after it was sent (and the handed lease expires its lease after the
 /// release wrote the row, later than that). The nonce is as secret as the waiters' table: a
-/// role that can read it can forge such an announcement.
+/// role that can read it can forge such an announcement. Every statement on a held lease
+/// matches its owner as well as its token, so such a forgery deceives the waiter's process
+/// only, until its first renewal reports the lease lost; the holder's lease is untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Released<'a> {
@@ -144,13 +146,14 @@ impl LeaseTable {
     /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)) and the grant's data would be the
     /// waiter's own; otherwise deletes the row or, with `keep`, keeps it (and its data) free.
     /// Either way it is announced on the lease channel ([`Released`]), and the releaser's own
-    /// place in line, if it had one, is removed. A [`ErrorKind::LockLost`] error when the lease
-    /// was no longer held with that token.
+    /// place in line, if it had one, is removed. A [`ErrorKind::LockLost`] error when `owner`
+    /// no longer held the lease with that token.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn release(
         &self,
         client: &(impl Statements + ?Sized),
         name: &str,
+        owner: &str,
         token: i64,
         keep: bool,
     ) -> Result<()> {
@@ -163,6 +166,7 @@ impl LeaseTable {
                     (&keep, Type::BOOL),
                     (&self.channel, Type::TEXT),
                     (&self.sequence, Type::TEXT),
+                    (&owner, Type::TEXT),
                 ],
             )
             .await?;
@@ -175,15 +179,17 @@ impl LeaseTable {
         Ok(())
     }
 
-    /// Each of `requests` (distinct names) released as [`release`](Self::release) would (handed
-    /// over, deleted or kept), in one statement. Returns the names released. A name missing from
-    /// the set was not released: lost, or its row locked by another transaction (a renewal, a
-    /// fencing guard — not waited for, so that two multi-row statements cannot deadlock); its
-    /// caller releases it alone, which tells it which.
+    /// Each of `requests` (distinct names, all `owner`'s) released as
+    /// [`release`](Self::release) would (handed over, deleted or kept), in one statement.
+    /// Returns the names released. A name missing from the set was not released: lost, or its
+    /// row locked by another transaction (a renewal, a fencing guard — not waited for, so that
+    /// two multi-row statements cannot deadlock); its caller releases it alone, which tells it
+    /// which.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
     pub async fn release_many(
         &self,
         client: &(impl Statements + ?Sized),
+        owner: &str,
         requests: &[ReleaseRequest<'_>],
     ) -> Result<HashSet<String>> {
         let mut names = Vec::with_capacity(requests.len());
@@ -204,6 +210,7 @@ impl LeaseTable {
                     (&keep, Type::BOOL_ARRAY),
                     (&self.channel, Type::TEXT),
                     (&self.sequence, Type::TEXT),
+                    (&owner, Type::TEXT),
                 ],
             )
             .await?;

@@ -182,35 +182,41 @@ impl LeaseTable {
             holder: format!(
                 "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
             ),
-            // $1 names, $2 tokens, $3 lease ms. One statement for every lease of a process; all
-            // rows get the same expiry (the statement's start), which tests rely on.
+            // $1 names, $2 tokens, $3 lease ms, $4 owner. One statement for every lease of a
+            // process; all rows get the same expiry (the statement's start), which tests rely on.
+            // Every statement that acts on a held lease (renew, release, proclaim, fence)
+            // matches its owner as well as its token: a process that came to believe it holds
+            // another's token (a forged handover announcement, see `Released`) can then renew,
+            // release or fence nothing of the holder's.
             renew: format!(
                 "UPDATE {t} AS l SET expires_at = now() + $3 * interval '1 millisecond'
                  FROM unnest($1::text[], $2::int8[]) AS h(name, token)
-                 WHERE l.name = h.name AND l.token = h.token AND l.expires_at > clock_timestamp()
+                 WHERE l.name = h.name AND l.token = h.token AND l.owner = $4
+                   AND l.expires_at > clock_timestamp()
                  RETURNING l.token"
             ),
-            // $1 name, $2 token, $3 keep row, $4 channel, $5 sequence. The lease goes to the
+            // $1 name, $2 token, $3 keep row, $4 channel, $5 sequence, $6 owner. The lease goes to the
             // waiter first in line when it can (`hand_over`); otherwise the row is deleted, or
             // kept free with $3. Every branch matches on name and token only (and on $3). The
             // announcement names the waiter first in line (see `Released`), so only its process
             // needs to wake.
             release: format!(
                 "WITH releaser AS (
-                     SELECT owner FROM {t} WHERE name = $1 AND token = $2
+                     SELECT owner FROM {t} WHERE name = $1 AND token = $2 AND owner = $6
                  ), heirs AS (
                      SELECT $1::text AS name, $2::bigint AS token, $3::bool AS keep, h.*
                      FROM releaser CROSS JOIN LATERAL ({heir}) AS h
                  ), {hand_over}, own_place AS (
                      DELETE FROM {q} WHERE name = $1 AND waiter = (SELECT owner FROM releaser)
                  ), deleted AS (
-                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND NOT $3
+                     DELETE FROM {t} WHERE name = $1 AND token = $2 AND owner = $6 AND NOT $3
                        AND NOT EXISTS (SELECT 1 FROM handed)
                      RETURNING name
                  ), kept AS (
                      UPDATE {t} SET owner = NULL, token = NULL, acquired_at = NULL, expires_at = NULL,
                          kept = true
-                     WHERE name = $1 AND token = $2 AND $3 AND NOT EXISTS (SELECT 1 FROM handed)
+                     WHERE name = $1 AND token = $2 AND owner = $6 AND $3
+                       AND NOT EXISTS (SELECT 1 FROM handed)
                      RETURNING name
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
@@ -222,7 +228,7 @@ impl LeaseTable {
                 hand_over = hand_over(&t, &q, "heirs", "$5::regclass"),
                 announce = announce(&q, "(SELECT owner FROM releaser)"),
             ),
-            // $1 names, $2 tokens, $3 keep flags, $4 channel, $5 sequence. The batch form of
+            // $1 names, $2 tokens, $3 keep flags, $4 channel, $5 sequence, $6 owner. The batch form of
             // `release`, with the same effects. Rows another transaction has locked (a renewal,
             // a fencing guard) are skipped rather than waited for, so two multi-row statements
             // never wait on each other's rows in opposite orders (a deadlock, noticed only after
@@ -232,7 +238,7 @@ impl LeaseTable {
                 "WITH {request}, locked AS (
                      SELECT l.name, l.token, l.owner, r.keep FROM args, {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token
-                     WHERE {by_name}
+                     WHERE {by_name} AND l.owner = $6
                      FOR UPDATE OF l SKIP LOCKED
                  ), heirs AS (
                      SELECT locked.*, h.* FROM locked CROSS JOIN LATERAL ({heir}) AS h
@@ -287,12 +293,13 @@ impl LeaseTable {
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
                  FROM {t} AS l WHERE starts_with(l.name, $1) ORDER BY l.name"
             ),
-            // $1 name, $2 token, $3 data, $4 channel, $5 announcement. New data for a lease held
+            // $1 name, $2 token, $3 data, $4 channel, $5 announcement, $6 owner. New data for a lease held
             // with this token, announced in the same transaction: announced exactly when done.
             proclaim: format!(
                 "WITH proclaimed AS (
                      UPDATE {t} SET data = $3
-                     WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     WHERE name = $1 AND token = $2 AND owner = $6
+                       AND expires_at > clock_timestamp()
                      RETURNING name
                  )
                  SELECT pg_notify($4, $5)::text FROM proclaimed"
@@ -300,7 +307,8 @@ impl LeaseTable {
             // FOR KEY SHARE conflicts with the token change of a takeover and with release, not
             // with renewals, so the holder keeps renewing while a guarded transaction runs.
             fence: format!(
-                "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+                "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND owner = $3
+                   AND expires_at > clock_timestamp()
                  FOR KEY SHARE"
             ),
             table: config.lock_table.quoted(),

@@ -64,7 +64,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
         let arguments = if acquire {
             "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
         } else {
-            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'unused'"
+            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'unused', 'me'"
         };
         let plan: Vec<String> = client
             .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])
@@ -113,7 +113,7 @@ async fn acquire_and_release(
             keep: false,
         })
         .collect();
-    let released = table.release_many(client, &releases).await.unwrap();
+    let released = table.release_many(client, "me", &releases).await.unwrap();
     assert_eq!(released.len(), names.len());
 }
 

@@ -48,7 +48,10 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     let first = line_up(&table, &client, "job", "first", Some(b"mine"), false).await;
     let second = line_up(&table, &client, "job", "second", None, false).await;
     let (_listening, mut announced) = announcements(&config).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let released = Released::parse(&payload).unwrap();
     let token = released
@@ -70,7 +73,10 @@ async fn a_release_hands_the_lease_to_the_first_waiter_and_announces_its_token()
     assert!(info.remaining.unwrap() > LEASE - Duration::from_secs(5));
     // Out of the line; the second waits on, first in line now.
     assert_eq!(in_line(&config, &client, "job").await, 1);
-    table.release(&client, "job", token, false).await.unwrap();
+    table
+        .release(&client, "job", "first", token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let released = Released::parse(&payload).unwrap();
     assert!(released.handed_to("second", oid).is_some());
@@ -90,7 +96,10 @@ async fn a_handover_names_the_nonce_of_the_last_attempt_that_wrote_the_place() {
     let earlier = line_up(&table, &client, "job", "waiter", None, false).await;
     let last = line_up(&table, &client, "job", "waiter", None, false).await;
     assert_ne!(earlier, last);
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let released = Released::parse(&payload).unwrap();
     assert!(released.handed_to("waiter", oid).is_some(), "{payload}");
@@ -108,7 +117,10 @@ async fn a_handover_names_the_nonce_of_the_last_attempt_that_wrote_the_place() {
         )
         .await
         .unwrap();
-    table.release(&client, "job", token, false).await.unwrap();
+    table
+        .release(&client, "job", "waiter", token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let released = Released::parse(&payload).unwrap();
     assert!(released.handed_to("old", oid).is_some(), "{payload}");
@@ -133,7 +145,10 @@ async fn a_batch_release_hands_each_lease_to_its_first_waiter() {
             token,
             keep: false,
         });
-    let released = table.release_many(&client, &requests).await.unwrap();
+    let released = table
+        .release_many(&client, "holder", &requests)
+        .await
+        .unwrap();
     assert_eq!(released.len(), 3, "handed over or freed, each was released");
     let mut payloads = Vec::new();
     for _ in 0..3 {
@@ -181,7 +196,10 @@ async fn a_kept_rows_data_is_handed_only_to_a_waiter_that_replaces_it() {
         other => panic!("{other:?}"),
     };
     line_up(&table, &client, "job", "keeper", Some(b"theirs"), false).await;
-    table.release(&client, "job", g.token, true).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, true)
+        .await
+        .unwrap();
     assert_eq!(next(&mut announced).await, "3:jobkeeper");
     let info = table.get(&client, "job").await.unwrap();
     assert_eq!(
@@ -208,7 +226,10 @@ async fn a_kept_rows_data_is_handed_only_to_a_waiter_that_replaces_it() {
     assert_eq!(g.data.as_deref(), Some(&b"kept"[..]));
     // A waiter that replaces the data is handed the lease with its own.
     line_up(&table, &client, "job", "replacer", Some(b"new"), true).await;
-    table.release(&client, "job", g.token, true).await.unwrap();
+    table
+        .release(&client, "job", "keeper", g.token, true)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let token = Released::parse(&payload)
         .unwrap()
@@ -228,7 +249,10 @@ async fn a_place_without_a_stored_grant_or_lapsed_is_announced_not_handed_over()
     // `enqueue` (a waiter that did not attempt, or of a version before handover) stores none.
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     table.enqueue(&client, "job", "old", LEASE).await.unwrap();
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     assert_eq!(next(&mut announced).await, "3:jobold");
     assert!(table.get(&client, "job").await.is_err(), "the row is gone");
     table.dequeue(&client, "job", "old").await.unwrap();
@@ -249,7 +273,10 @@ async fn a_place_without_a_stored_grant_or_lapsed_is_announced_not_handed_over()
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(Some(_))));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     // The dequeue above may announce too (it was first and the lease free): skip to this one.
     let mut payload = next(&mut announced).await;
     while payload != "3:job" {
@@ -269,7 +296,10 @@ async fn a_releaser_in_line_for_its_own_lease_is_passed_over_and_leaves_the_line
     line_up(&table, &client, "job", "holder", None, false).await;
     line_up(&table, &client, "job", "waiter", None, false).await;
     let (_listening, mut announced) = announcements(&config).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     assert!(
         Released::parse(&payload)
@@ -289,7 +319,11 @@ async fn a_releaser_in_line_for_its_own_lease_is_passed_over_and_leaves_the_line
         keep: false,
     };
     assert_eq!(
-        table.release_many(&client, &[request]).await.unwrap().len(),
+        table
+            .release_many(&client, "waiter", &[request])
+            .await
+            .unwrap()
+            .len(),
         1
     );
     assert_eq!(next(&mut announced).await, "3:jobold");
@@ -315,7 +349,10 @@ async fn a_lease_handed_to_a_waiter_that_died_is_free_when_its_lease_ends() {
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(Some(_))));
     line_up(&table, &client, "job", "next", None, false).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     let ask = || table.try_acquire_or_queue(&client, "job", "next", None, false, LEASE, LEASE, 2);
     match ask().await.unwrap() {
         Attempt::Held(Some(holder)) => assert_eq!(holder.owner, "dead"),
@@ -343,7 +380,10 @@ async fn a_handed_lease_expires_a_lease_after_the_release_wrote_it() {
         .unwrap()
         .get(0);
     line_up(&table, &waiter, "job", "waiter", None, false).await;
-    table.release(&tx, "job", g.token, false).await.unwrap();
+    table
+        .release(&tx, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let expires: std::time::SystemTime = client
         .query_one(

@@ -23,7 +23,7 @@ async fn tokens_strictly_increase_and_survive_a_server_restart() {
         assert!(g.token > last);
         last = g.token;
         table
-            .release(&client, &format!("n{}", i % 3), g.token, false)
+            .release(&client, &format!("n{}", i % 3), "me", g.token, false)
             .await
             .unwrap();
     }
@@ -47,7 +47,7 @@ async fn renew_never_inserts_steals_or_revives() {
         ("missing".to_string(), 1),
         ("a".to_string(), a.token + 1000),
     ];
-    let renewed = table.renew(&client, &held, LEASE).await.unwrap();
+    let renewed = table.renew(&client, "me", &held, LEASE).await.unwrap();
     assert_eq!(renewed, vec![a.token]);
     assert_eq!(
         table.get(&client, "missing").await.unwrap_err().kind(),
@@ -72,10 +72,10 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
 
     // A guarded transaction keeps the lease from being taken over until it ends...
     let tx = client.transaction().await.unwrap();
-    table.fence(&tx, "job", g.token).await.unwrap();
+    table.fence(&tx, "job", "me", g.token).await.unwrap();
     // ...while the holder can still renew.
     let renewed = table
-        .renew(&other, &[("job", g.token)], short)
+        .renew(&other, "me", &[("job", g.token)], short)
         .await
         .unwrap();
     assert_eq!(renewed.len(), 1);
@@ -103,11 +103,11 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
 
     // The stale token is rejected from now on.
     let tx = client.transaction().await.unwrap();
-    let err = table.fence(&tx, "job", g.token).await.unwrap_err();
+    let err = table.fence(&tx, "job", "me", g.token).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     tx.rollback().await.unwrap();
     let tx = client.transaction().await.unwrap();
-    table.fence(&tx, "job", new.token).await.unwrap();
+    table.fence(&tx, "job", "thief", new.token).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -151,12 +151,18 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
-    table.release(&*conn, "a", g.token, false).await.unwrap();
+    table
+        .release(&*conn, "a", "me", g.token, false)
+        .await
+        .unwrap();
     let after_first: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_first, 2, "acquire and release prepared");
     for _ in 0..5 {
         let g = grant(&table, &*conn, "a", "me", LEASE).await;
-        table.release(&*conn, "a", g.token, false).await.unwrap();
+        table
+            .release(&*conn, "a", "me", g.token, false)
+            .await
+            .unwrap();
     }
     let after_more: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_more, after_first, "not prepared again");
@@ -199,11 +205,14 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
         .await
         .unwrap();
     table
-        .release(&client, "reserved", r.token, false)
+        .release(&client, "reserved", "other", r.token, false)
         .await
         .unwrap();
     let k = grant(&table, &client, "kept", "other", LEASE).await;
-    table.release(&client, "kept", k.token, true).await.unwrap();
+    table
+        .release(&client, "kept", "other", k.token, true)
+        .await
+        .unwrap();
     client
         .execute(
             &format!(
@@ -297,4 +306,59 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
         table.get(&client, "ok").await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
+}
+
+/// Renewal, release (single and batched), proclamation and the fencing guard match the owner as
+/// well as the token: a process that came to believe it holds another's token (a forged
+/// handover announcement, say) renews, releases, proclaims and fences nothing of the holder's.
+#[tokio::test]
+async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    let renewed = table
+        .renew(&client, "thief", &[("job", g.token)], LEASE * 2)
+        .await
+        .unwrap();
+    assert!(renewed.is_empty(), "renewed another's lease");
+    let err = table
+        .release(&client, "job", "thief", g.token, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    let request = pgcoord::lease::ReleaseRequest {
+        name: "job",
+        token: g.token,
+        keep: false,
+    };
+    let released = table
+        .release_many(&client, "thief", &[request])
+        .await
+        .unwrap();
+    assert!(released.is_empty(), "released another's lease in a batch");
+    let err = table
+        .proclaim(&client, "job", g.token, "thief", b"forged")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    let tx = client.transaction().await.unwrap();
+    let err = table.fence(&tx, "job", "thief", g.token).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    tx.rollback().await.unwrap();
+    // The holder's lease is as it was, and its owner still renews and releases it.
+    let info = table.get(&client, "job").await.unwrap();
+    assert_eq!(
+        (info.owner.as_deref(), info.token, info.data),
+        (Some("holder"), Some(g.token), None)
+    );
+    assert!(info.remaining.unwrap() <= LEASE);
+    let renewed = table
+        .renew(&client, "holder", &[("job", g.token)], LEASE)
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![g.token]);
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
 }

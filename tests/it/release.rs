@@ -13,14 +13,17 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "me", LEASE).await;
     let err = table
-        .release(&client, "job", g.token + 1, false)
+        .release(&client, "job", "me", g.token + 1, false)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     assert!(table.get(&client, "job").await.unwrap().is_held());
     // The release announces the name on the lease channel (see `Released`).
     let (_listening, mut announced) = announcements(&config).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "me", g.token, false)
+        .await
+        .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
 }
 
@@ -69,7 +72,10 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
         assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
         // A second waiter is in line behind the first.
         table.enqueue(&client, &name, "late", LEASE).await.unwrap();
-        table.release(&client, &name, g.token, keep).await.unwrap();
+        table
+            .release(&client, &name, "releaser", g.token, keep)
+            .await
+            .unwrap();
         for other in ["releaser", "late"] {
             let attempt = table
                 .try_acquire(&client, &name, other, None, false, LEASE)
@@ -81,7 +87,10 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
             );
         }
         let g = grant(&table, &client, &name, "waiter", LEASE).await;
-        table.release(&client, &name, g.token, keep).await.unwrap();
+        table
+            .release(&client, &name, "waiter", g.token, keep)
+            .await
+            .unwrap();
         // Nobody left in line: a deleted lock is gone, a kept one stays.
         assert_eq!(table.get(&client, &name).await.is_ok(), keep, "{name}");
     }
@@ -99,7 +108,10 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
     }
     // The holder refreshing its place does not move it; a waiter refreshing keeps its own.
     table.enqueue(&client, "job", "first", LEASE).await.unwrap();
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     // The row is gone, yet nobody but the first in line can take it: not the releaser, not a
     // newcomer, not the second.
     for other in ["holder", "newcomer", "second"] {
@@ -113,7 +125,10 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
         );
     }
     let g = grant(&table, &client, "job", "first", LEASE).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "first", g.token, false)
+        .await
+        .unwrap();
     // The second leaves the line: the third is first now.
     table.dequeue(&client, "job", "second").await.unwrap();
     let attempt = table
@@ -122,7 +137,10 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(_)), "the third is in line");
     let g = grant(&table, &client, "job", "third", LEASE).await;
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "third", g.token, false)
+        .await
+        .unwrap();
     // Nobody waits any more: anyone may take it, and no row was left behind.
     assert_eq!(
         table.get(&client, "job").await.unwrap_err().kind(),
@@ -141,7 +159,10 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
         .enqueue(&client, "job", "waiter", LEASE)
         .await
         .unwrap();
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     let payload = next(&mut announced).await;
     let released = pgcoord::lease::Released::parse(&payload).unwrap();
     assert_eq!(
@@ -158,7 +179,10 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    table.release(&client, "job", g.token, true).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, true)
+        .await
+        .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
 }
 
@@ -190,13 +214,17 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
         .unwrap();
     let mut fence = super::connect(&config).await;
     let tx = fence.transaction().await.unwrap();
-    table.fence(&tx, "locked", locked.token).await.unwrap();
+    table
+        .fence(&tx, "locked", "me", locked.token)
+        .await
+        .unwrap();
 
     let request = |name, token, keep| ReleaseRequest { name, token, keep };
     let started = std::time::Instant::now();
     let released = table
         .release_many(
             &client,
+            "me",
             &[
                 request("plain", plain.token, false),
                 request("kept", kept.token, true),
@@ -247,17 +275,17 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     // The skipped row, released alone once the guard ends; the lost one tells its caller.
     tx.rollback().await.unwrap();
     table
-        .release(&client, "locked", locked.token, false)
+        .release(&client, "locked", "me", locked.token, false)
         .await
         .unwrap();
     let err = table
-        .release(&client, "lost", lost.token, false)
+        .release(&client, "lost", "me", lost.token, false)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     // Bad names are refused before any SQL.
     let err = table
-        .release_many(&client, &[request("", 1, false)])
+        .release_many(&client, "me", &[request("", 1, false)])
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
@@ -287,7 +315,10 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         }
         other => panic!("{other:?}"),
     }
-    table.release(&client, "job", g.token, false).await.unwrap();
+    table
+        .release(&client, "job", "holder", g.token, false)
+        .await
+        .unwrap();
     // The waiter's lost attempt stored its grant, so the release handed it the lease (see
     // `handover.rs`): the releaser asking again is refused by it, and in line behind it.
     let heir = match wait("holder").await {
@@ -297,7 +328,7 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
     assert_eq!(heir.owner, "waiter");
     assert!(heir.token > g.token);
     table
-        .release(&client, "job", heir.token, false)
+        .release(&client, "job", "waiter", heir.token, false)
         .await
         .unwrap();
     // The releaser was put in line by its refused attempt: the lease went to it in turn.

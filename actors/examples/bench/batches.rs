@@ -35,7 +35,9 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
             else {
                 panic!("free")
             };
-            table.release(&*client, &name, g.token, false).await?;
+            table
+                .release(&*client, &name, "raw", g.token, false)
+                .await?;
         }
         Ok(())
     })
@@ -71,7 +73,7 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
                 keep: false,
             })
             .collect();
-        table.release_many(client, &releases).await?;
+        table.release_many(client, "raw", &releases).await?;
     }
     Ok(())
 }

@@ -96,7 +96,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for _ in 0..8 {
         let t = Instant::now();
         match table
-            .renew(&admin, &snapshot, Duration::from_secs(60))
+            .renew(&admin, "holder", &snapshot, Duration::from_secs(60))
             .await
         {
             Ok(r) => {

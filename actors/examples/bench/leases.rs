@@ -51,7 +51,7 @@ pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<C
             .try_acquire(&client, &name, "raw", None, false, cfg.lease())
             .await?
         {
-            table.release(&client, &name, g.token, false).await?;
+            table.release(&client, &name, "raw", g.token, false).await?;
         }
         opened.push(Arc::new(client));
     }
@@ -84,7 +84,7 @@ pub(crate) async fn floor(
                     panic!("free")
                 };
                 table
-                    .release(&*client, &name, g.token, false)
+                    .release(&*client, &name, "raw", g.token, false)
                     .await
                     .unwrap();
                 samples.push(t.elapsed());

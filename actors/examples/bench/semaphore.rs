@@ -42,7 +42,9 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     else {
                         panic!("a free slot")
                     };
-                    table.release(&*raw, &slot, grant.token, false).await?;
+                    table
+                        .release(&*raw, &slot, "raw", grant.token, false)
+                        .await?;
                     floor.push(t.elapsed());
                 } else {
                     let permit = manager.send(AcquirePermit::new("one", 3)).await??;

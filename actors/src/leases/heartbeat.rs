@@ -77,7 +77,8 @@ impl LockManager {
             };
             let sent = Instant::now();
             let statements = pgcoord::db::until(&session.client, bound);
-            let renewed = table.renew(&statements, &snapshot, lease).await;
+            let owner = config.owner();
+            let renewed = table.renew(&statements, owner, &snapshot, lease).await;
             (Some(session), sent, snapshot, renewed)
         };
         ctx.spawn(renew.into_actor(self).map(
@@ -151,9 +152,13 @@ impl LockManager {
             self.lose(&name, token, LossReason::DeadlinePassed);
             // A renewal may still land after we gave up: free the row so it does not linger.
             let (pool, table) = (self.pool.clone(), self.table.clone());
+            let owner = self.config.owner().to_owned();
             tokio::spawn(async move {
                 let statements = pool.statements(None);
-                if let Err(e) = table.release(&statements, &name, token, false).await {
+                if let Err(e) = table
+                    .release(&statements, &name, &owner, token, false)
+                    .await
+                {
                     debug!(lease = %name, error = %e, "release after a passed deadline failed");
                 }
             });

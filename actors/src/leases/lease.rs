@@ -29,6 +29,8 @@ pub(crate) enum LeaseHolder {
     Postgres {
         manager: Addr<LockManager>,
         table: Arc<LeaseTable>,
+        /// The manager's owner identity, which the fencing guard matches with the token.
+        owner: Arc<str>,
     },
     /// Another backend (the in-memory one).
     #[cfg(feature = "memory")]
@@ -90,8 +92,8 @@ impl Lease {
     /// guard only checks that the lease is still held with this token.
     pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
         match &self.holder {
-            LeaseHolder::Postgres { table, .. } => {
-                table.fence(client, &self.name, self.token).await
+            LeaseHolder::Postgres { table, owner, .. } => {
+                table.fence(client, &self.name, owner, self.token).await
             }
             #[cfg(feature = "memory")]
             LeaseHolder::Other(keeper) => keeper.check(&self.name, self.token),

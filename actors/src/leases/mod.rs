@@ -244,6 +244,7 @@ impl LockManager {
             holder: lease::LeaseHolder::Postgres {
                 manager: ctx.address(),
                 table: self.table.clone(),
+                owner: self.config.owner().into(),
             },
             lost: lost_rx,
             released: false,
@@ -271,6 +272,7 @@ impl Actor for LockManager {
         self.releaser = Some(batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),
+            self.config.owner().to_owned(),
             self.release_statements.clone(),
         ));
         // Releases are announced on the lease channel. Heard through the process's listener

@@ -63,7 +63,7 @@ pub(crate) async fn release_unclaimed(
         debug!(%name, token, "a lease announced as handed to us is not ours (released already, or never)");
         return;
     }
-    match table.release(&statements, name, token, false).await {
+    match table.release(&statements, name, owner, token, false).await {
         Ok(()) => debug!(%name, token, "released a lease handed over after its waiter left"),
         // Taken from the table and released already, its announcement late: nothing left.
         Err(e) if e.kind() == ErrorKind::LockLost => {

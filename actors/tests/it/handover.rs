@@ -443,3 +443,54 @@ async fn a_handover_released_by_the_orphan_check_is_not_taken_on_its_nonce() {
     );
     lease.release().await.unwrap();
 }
+
+/// The nonce is as secret as the waiters' table: a role that can read it (a read-only
+/// monitoring role, say) can forge a handover the waiter takes on its word. Owner checks bound
+/// the damage: the waiter holds a token that is not its own, so its first renewal reports the
+/// lease lost, and its fencing guard and release touch nothing of the holder's, which keeps
+/// its lease throughout.
+#[actix_rt::test]
+async fn a_handover_forged_with_a_leaked_nonce_is_lost_at_the_first_renewal_and_harms_no_holder() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_millis(500)).await;
+    let config = setup.builder("admin").build().unwrap();
+    let table = LeaseTable::new(&config);
+    let oid = table.table_oid(&admin).await.unwrap();
+    let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let nonce: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT nonce FROM {} WHERE name = 'job' AND waiter = 'waiter'",
+                config.lock_queue().quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let payload = format!("3>job{}@{oid}#{nonce}:waiter", held.token());
+    admin
+        .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
+        .await
+        .unwrap();
+    let forged = waits.await.unwrap().unwrap().unwrap();
+    assert_eq!(forged.token(), held.token(), "taken on the leaked nonce");
+    let mut client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let err = forged.fence(&tx).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::LockLost);
+    tx.rollback().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), forged.lost())
+        .await
+        .expect("reported lost at its first renewal");
+    assert_eq!(reason, LossReason::TakenOver);
+    let _ = forged.release().await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // the holder renewed meanwhile
+    assert_eq!(held.loss(), None, "the holder lost its lease");
+    let (owner, token, left) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), token), ("holder", held.token()));
+    assert!(left > 18.0, "the holder renews it: {left} s left");
+    held.release().await.unwrap();
+}

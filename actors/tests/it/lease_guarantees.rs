@@ -43,12 +43,12 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
 
     // The old holder's release and renewal change nothing and report the loss.
     let err = table
-        .release(&admin, "job", old.token, false)
+        .release(&admin, "job", "frozen", old.token, false)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     let renewed = table
-        .renew(&admin, &[("job", old.token)], lease)
+        .renew(&admin, "frozen", &[("job", old.token)], lease)
         .await
         .unwrap();
     assert!(renewed.is_empty());

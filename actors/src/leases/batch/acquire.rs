@@ -127,10 +127,13 @@ impl RunBatch<AcquireItem> for AcquireRunner {
 impl AcquireRunner {
     /// Releases a grant whose job is gone.
     fn release_unclaimed(&self, name: String, token: i64) {
-        let (pool, table) = (self.pool.clone(), self.table.clone());
+        let (pool, table, owner) = (self.pool.clone(), self.table.clone(), self.owner.clone());
         tokio::spawn(async move {
             let statements = pool.statements(None);
-            match table.release(&statements, &name, token, false).await {
+            match table
+                .release(&statements, &name, &owner, token, false)
+                .await
+            {
                 Ok(()) => debug!(lease = %name, "grant nobody waited for released"),
                 Err(e) => {
                     warn!(lease = %name, error = %e, "cannot release a grant nobody waited for; it expires on its own")

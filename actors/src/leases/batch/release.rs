@@ -36,6 +36,8 @@ pub(crate) struct Releaser {
 pub(crate) struct ReleaseRunner {
     pool: Pool,
     table: Arc<LeaseTable>,
+    /// The manager's owner identity: a release matches it as well as the token.
+    owner: String,
     /// The manager's count of release statements sent.
     statements_sent: Arc<AtomicU64>,
 }
@@ -45,11 +47,13 @@ impl Releaser {
     pub(crate) fn start(
         pool: Pool,
         table: Arc<LeaseTable>,
+        owner: String,
         statements_sent: Arc<AtomicU64>,
     ) -> Releaser {
         let runner = Arc::new(ReleaseRunner {
             pool,
             table,
+            owner,
             statements_sent,
         });
         Releaser {
@@ -85,7 +89,9 @@ impl ReleaseRunner {
     async fn release_alone(&self, name: &str, token: i64, keep: bool) -> Result<()> {
         self.statements_sent.fetch_add(1, Ordering::Relaxed);
         let statements = self.pool.statements(None);
-        self.table.release(&statements, name, token, keep).await
+        (self.table)
+            .release(&statements, name, &self.owner, token, keep)
+            .await
     }
 }
 
@@ -111,7 +117,7 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
         let statements = self.pool.statements(None);
         let released = pgcoord::db::retry(|| {
             self.statements_sent.fetch_add(1, Ordering::Relaxed);
-            self.table.release_many(&statements, &requests)
+            self.table.release_many(&statements, &self.owner, &requests)
         })
         .await;
         debug!(size = batch.len(), ok = released.is_ok(), "release batch");
