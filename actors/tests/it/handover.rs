@@ -29,19 +29,75 @@ async fn row(
     Some((row.get(0), row.get(1), row.get(2)))
 }
 
+/// `holder` takes "job" and `waiter` asks for it (with `data`, for up to 15 s). When this
+/// returns, the waiter's attempt was refused and it is in line (and both managers know their
+/// table's oid).
+async fn contend(
+    holder: &actix::Addr<LockManager>,
+    waiter: &actix::Addr<LockManager>,
+    data: Option<&[u8]>,
+) -> (
+    Lease,
+    actix_rt::task::JoinHandle<Result<pgcoord::Result<Lease>, actix::MailboxError>>,
+) {
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let mut acquire = Acquire::new("job").timeout(Duration::from_secs(15));
+    if let Some(data) = data {
+        acquire = acquire.data(data.to_vec());
+    }
+    let waits = actix_rt::spawn(waiter.send(acquire));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (held, waits)
+}
+
+/// A waiter manager whose pool goes through `proxy` (so a test can cut it off) with statements
+/// bounded by `statement_timeout`, and whose listener reaches the server directly.
+fn waiter_behind(
+    setup: &Setup,
+    proxy: &Proxy,
+    statement_timeout: Duration,
+) -> actix::Addr<LockManager> {
+    let config = (setup.builder("waiter"))
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .session_pg_config(&setup.pg)
+        .statement_timeout(statement_timeout)
+        .build()
+        .unwrap();
+    LockManager::new(config).start()
+}
+
+/// What a forger of handover announcements works with: the lock table (its channel) and its
+/// oid, and a connection that may NOTIFY, as anyone who can connect may.
+struct Forger {
+    table: LeaseTable,
+    oid: u32,
+}
+
+impl Forger {
+    async fn new(setup: &Setup, admin: &tokio_postgres::Client) -> Forger {
+        let table = LeaseTable::new(&setup.builder("admin").build().unwrap());
+        let oid = table.table_oid(admin).await.unwrap();
+        Forger { table, oid }
+    }
+
+    /// Announces that `token` of "job" was handed to `owner`, with `nonce` (`#…`, or empty).
+    async fn announce(&self, admin: &tokio_postgres::Client, token: i64, nonce: &str, owner: &str) {
+        let payload = format!("3>job{token}@{}{nonce}:{owner}", self.oid);
+        admin
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&self.table.channel(), &payload],
+            )
+            .await
+            .unwrap();
+    }
+}
+
 #[actix_rt::test]
 async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_acquire_statement_for_it() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let waits = actix_rt::spawn(
-        waiter.send(
-            Acquire::new("job")
-                .data(b"mine".to_vec())
-                .timeout(Duration::from_secs(10)),
-        ),
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let (held, waits) = contend(&holder, &waiter, Some(b"mine")).await;
     let before = waiter
         .send(GetStats::new())
         .await
@@ -314,25 +370,17 @@ async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
 #[actix_rt::test]
 async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
-    let config = setup.builder("admin").build().unwrap();
-    let table = LeaseTable::new(&config);
-    let oid = table.table_oid(&admin).await.unwrap();
+    let forger = Forger::new(&setup, &admin).await;
     let (holder, waiter, bystander) = (
         setup.manager("holder"),
         setup.manager("waiter"),
         setup.manager("bystander"),
     );
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
-    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line; oids looked up
+    let (held, waits) = contend(&holder, &waiter, None).await;
     // Without a nonce (as a place of an older version), and with nonces the forger guessed.
     for owner in ["waiter", "bystander"] {
         for nonce in ["", "#0", "#1", "#-1"] {
-            let payload = format!("3>job{}@{oid}{nonce}:{owner}", held.token());
-            admin
-                .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
-                .await
-                .unwrap();
+            forger.announce(&admin, held.token(), nonce, owner).await;
         }
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -359,22 +407,11 @@ async fn a_false_handover_announcement_grants_nothing_and_releases_nothing() {
 async fn a_handover_naming_the_waiters_attempt_is_taken_without_a_statement() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let proxy = Proxy::start(&setup.pg).await.unwrap();
-    let config = (setup.builder("waiter"))
-        .pg_config(&proxy.pg_config(&setup.pg))
-        .session_pg_config(&setup.pg)
-        .statement_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let (holder, waiter) = (setup.manager("holder"), LockManager::new(config).start());
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let waits = actix_rt::spawn(
-        waiter.send(
-            Acquire::new("job")
-                .data(b"mine".to_vec())
-                .timeout(Duration::from_secs(15)),
-        ),
+    let (holder, waiter) = (
+        setup.manager("holder"),
+        waiter_behind(&setup, &proxy, Duration::from_secs(5)),
     );
-    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let (held, waits) = contend(&holder, &waiter, Some(b"mine")).await;
     proxy.cut();
     proxy.refuse(true);
     let released = Instant::now();
@@ -406,19 +443,11 @@ async fn a_handover_released_by_the_orphan_check_is_not_taken_on_its_nonce() {
     let config = setup.builder("admin").build().unwrap();
     let table = LeaseTable::new(&config);
     let proxy = Proxy::start(&setup.pg).await.unwrap();
-    let waiter_config = (setup.builder("waiter"))
-        .pg_config(&proxy.pg_config(&setup.pg))
-        .session_pg_config(&setup.pg)
-        .statement_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
     let (holder, waiter) = (
         setup.manager("holder"),
-        LockManager::new(waiter_config).start(),
+        waiter_behind(&setup, &proxy, Duration::from_secs(2)),
     );
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
-    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let (held, waits) = contend(&holder, &waiter, None).await;
     // Its idle pooled connection black-holed, the waiter is woken (as by a release) and asks
     // again on it: the attempt hangs until the statement timeout.
     proxy.cut();
@@ -453,12 +482,9 @@ async fn a_handover_released_by_the_orphan_check_is_not_taken_on_its_nonce() {
 async fn a_handover_forged_with_a_leaked_nonce_is_lost_at_the_first_renewal_and_harms_no_holder() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_millis(500)).await;
     let config = setup.builder("admin").build().unwrap();
-    let table = LeaseTable::new(&config);
-    let oid = table.table_oid(&admin).await.unwrap();
+    let forger = Forger::new(&setup, &admin).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let waits = actix_rt::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(15))));
-    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line
+    let (held, waits) = contend(&holder, &waiter, None).await;
     let nonce: i64 = admin
         .query_one(
             &format!(
@@ -470,11 +496,9 @@ async fn a_handover_forged_with_a_leaked_nonce_is_lost_at_the_first_renewal_and_
         .await
         .unwrap()
         .get(0);
-    let payload = format!("3>job{}@{oid}#{nonce}:waiter", held.token());
-    admin
-        .execute("SELECT pg_notify($1, $2)", &[&table.channel(), &payload])
-        .await
-        .unwrap();
+    forger
+        .announce(&admin, held.token(), &format!("#{nonce}"), "waiter")
+        .await;
     let forged = waits.await.unwrap().unwrap().unwrap();
     assert_eq!(forged.token(), held.token(), "taken on the leaked nonce");
     let mut client = pgcoord::db::connect_spawned(&config).await.unwrap();
