@@ -89,6 +89,8 @@ pub struct LockManager {
     release_statements: Arc<AtomicU64>,
     /// How the leases handed to this process were taken (by jobs, outside the actor).
     pub(crate) handovers: Arc<unclaimed::HandoverCounts>,
+    /// Tokens granted here lately: a late handover announcement of one is not given back.
+    recent_grants: unclaimed::RecentGrants,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
     /// The lock table's oid, looked up when the actor starts (and again when the listener
@@ -120,6 +122,7 @@ impl LockManager {
             acquire_statements: Arc::default(),
             release_statements: Arc::default(),
             handovers: Arc::default(),
+            recent_grants: Default::default(),
             metrics: None,
             table_oid: None,
             config,
@@ -162,6 +165,7 @@ impl LockManager {
 
     /// Records `name` as held.
     pub(crate) fn hold_lease(&mut self, name: Arc<str>, held: Held) {
+        self.recent_grants.remember(held.token);
         self.holding.lock().expect("holding").insert(name.clone());
         self.held.insert(name, held);
         self.count_held();

@@ -3,6 +3,7 @@
 //! was missed, given back when nobody here waits any more), or granted by an attempt whose
 //! answer was lost (released).
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -15,15 +16,51 @@ use super::LockManager;
 use super::acquire::{AcquireJob, Outcome, Placed};
 use super::wake::{Handed, NameQueue};
 
+/// How many granted tokens a manager remembers (see [`RecentGrants`]).
+const RECENT_GRANTS: usize = 4096;
+
+/// The tokens of the leases this manager was granted lately, however (an attempt, a handover,
+/// a claim). A handover's announcement can arrive after its lease was taken — from the table,
+/// at an attempt that found it ours — and even after the lease left `held` for its release,
+/// with the release statement still under way: the row still says ours, and giving it "back"
+/// would race the holder's own release, which then reported a lease it released as lost
+/// (seen once in a smoke run of the benchmark). A token we were granted is never unclaimed.
+#[derive(Debug, Default)]
+pub(crate) struct RecentGrants {
+    order: VecDeque<i64>,
+    tokens: HashSet<i64>,
+}
+
+impl RecentGrants {
+    /// Remembers `token`, forgetting the oldest beyond [`RECENT_GRANTS`].
+    pub(crate) fn remember(&mut self, token: i64) {
+        if self.tokens.insert(token) {
+            self.order.push_back(token);
+        }
+        if self.order.len() > RECENT_GRANTS
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.tokens.remove(&oldest);
+        }
+    }
+
+    /// Whether this manager was granted `token` lately.
+    pub(crate) fn contains(&self, token: i64) -> bool {
+        self.tokens.contains(&token)
+    }
+}
+
 impl LockManager {
     /// A release announced it handed `name` to this process. The waiter whose turn it is takes
     /// it (see `AcquireJob::take_handed`); when nobody here waits for it any
     /// more (the waiter gave up as it was handed over) it is released at once, if the row says
     /// it is ours, so the next in line need not wait for it to expire. Already ours (taken from
-    /// the table, its announcement late): nothing to do.
+    /// the table, its announcement late; held still, or released since, or being released):
+    /// nothing to do (see [`RecentGrants`]).
     pub(crate) fn handed_over(&mut self, name: &str, handed: Handed) {
         let token = handed.token;
-        if self.held.get(name).is_some_and(|held| held.token == token) {
+        // Ours already (taken from the table, its announcement late), held or being released.
+        if self.recent_grants.contains(token) {
             return;
         }
         if self.queues.hand_over(name, handed) {

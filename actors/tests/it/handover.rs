@@ -518,3 +518,53 @@ async fn a_handover_forged_with_a_leaked_nonce_is_lost_at_the_first_renewal_and_
     assert!(left > 18.0, "the holder renews it: {left} s left");
     held.release().await.unwrap();
 }
+
+/// A handover's announcement can arrive after its lease was taken from the table (an attempt
+/// found it ours) and after its holder began releasing it. The process must not give it "back"
+/// too: two releases would race, and the loser — maybe the holder's own — would report a lease
+/// it released as lost. Here the holder's release waits on a fencing guard's row lock while the
+/// announcement (its own grant's, as a late one would be) arrives: only one release statement
+/// may be waiting on the row.
+#[actix_rt::test]
+async fn a_late_announcement_of_a_lease_being_released_starts_no_second_release() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let forger = Forger::new(&setup, &admin).await;
+    let holder = setup.manager("holder");
+    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
+    let token = held.token();
+    let config = setup.builder("admin").build().unwrap();
+    let mut guard = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let tx = guard.transaction().await.unwrap();
+    forger
+        .table
+        .fence(&tx, "job", "holder", token)
+        .await
+        .unwrap();
+    let releasing = actix_rt::spawn(held.release());
+    // Release statements of this test's table waiting on a row lock.
+    let waiting_releases = || async {
+        let sql = "SELECT count(*) FROM pg_stat_activity
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%releaser AS%'
+                     AND strpos(query, $1) > 0";
+        let table = setup.quoted_table();
+        admin
+            .query_one(sql, &[&table])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while waiting_releases().await == 0 {
+        assert!(
+            Instant::now() < until,
+            "the release never waited on the guard"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    forger.announce(&admin, token, "", "holder").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(waiting_releases().await, 1, "a second release of the lease");
+    tx.commit().await.unwrap();
+    releasing.await.unwrap().unwrap();
+    assert_eq!(row(&setup, &admin, "job").await, None);
+}
