@@ -9,6 +9,7 @@ mod batching;
 mod connection_faults;
 mod election;
 mod handover;
+mod handover_proof;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
