@@ -62,8 +62,8 @@ pub(crate) type Reply = OneshotSender<Result<Lease>>;
 pub(crate) struct Placed {
     pub(crate) nonce: i64,
     pub(crate) sent: Instant,
-    /// The name's orphan checks begun by then (`NameQueue::orphan_checks`): one begun since
-    /// may have released what was handed to us.
+    /// The name's orphan checks begun before it was sent (`NameQueue::orphan_checks`): one
+    /// begun since may have released what was handed to us.
     pub(crate) orphan_checks: u64,
 }
 
@@ -214,6 +214,9 @@ impl AcquireJob {
             let sent = Instant::now();
             // New for every attempt, so a handover names the attempt that wrote the place.
             let nonce: i64 = rand::random();
+            // Counted before it is sent: an orphan check begun afterwards may release what a
+            // handover to this attempt's place grants.
+            let orphan_checks = queue.orphan_checks();
             // A waiting attempt may put us in line even when its answer is lost: from here on,
             // leaving without the lease must take us out (dequeuing is safe to repeat).
             in_line |= !*fail_if_locked;
@@ -305,7 +308,6 @@ impl AcquireJob {
                 }
             };
             if wrote_place {
-                let orphan_checks = queue.orphan_checks();
                 placed = Some(Placed {
                     nonce,
                     sent,

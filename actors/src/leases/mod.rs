@@ -91,6 +91,8 @@ pub struct LockManager {
     pub(crate) handovers: Arc<unclaimed::HandoverCounts>,
     /// Tokens granted here lately: a late handover announcement of one is not given back.
     recent_grants: unclaimed::RecentGrants,
+    /// The owner identity, shared by every lease handle (their fencing guards match it).
+    owner: Arc<str>,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
     /// The lock table's oid, looked up when the actor starts (and again when the listener
@@ -123,6 +125,7 @@ impl LockManager {
             release_statements: Arc::default(),
             handovers: Arc::default(),
             recent_grants: Default::default(),
+            owner: config.owner().into(),
             metrics: None,
             table_oid: None,
             config,
@@ -248,7 +251,7 @@ impl LockManager {
             holder: lease::LeaseHolder::Postgres {
                 manager: ctx.address(),
                 table: self.table.clone(),
-                owner: self.config.owner().into(),
+                owner: self.owner.clone(),
             },
             lost: lost_rx,
             released: false,

@@ -59,8 +59,10 @@ impl LockManager {
     /// nothing to do (see [`RecentGrants`]).
     pub(crate) fn handed_over(&mut self, name: &str, handed: Handed) {
         let token = handed.token;
-        // Ours already (taken from the table, its announcement late), held or being released.
-        if self.recent_grants.contains(token) {
+        // Ours already (taken from the table, its announcement late): held — however long ago
+        // it was granted — or granted lately and being released.
+        let held = self.held.get(name).is_some_and(|held| held.token == token);
+        if held || self.recent_grants.contains(token) {
             return;
         }
         if self.queues.hand_over(name, handed) {
