@@ -243,6 +243,51 @@ impl TempPostgres {
         Ok(())
     }
 
+    /// Waits until `standby` has replayed all the WAL this server had written when it was
+    /// called (`pg_current_wal_lsn()` here against `pg_last_wal_replay_lsn()` there), so that
+    /// everything committed here so far is visible on the standby and survives its promotion.
+    /// An asynchronous standby needs it before a test stops it or fails over to it on purpose:
+    /// without it, even the tables a test created just before may be missing there. An error
+    /// at once when `standby` is not in recovery, and when it has not caught up within 30 s (it
+    /// is stopped, paused or not streaming).
+    pub fn wait_replayed(&self, standby: &TempPostgres) -> Result<()> {
+        let written = self
+            .query_value("SELECT pg_current_wal_lsn()", QUERY_TIMEOUT)?
+            .unwrap_or_default();
+        // An LSN is two hexadecimal numbers around a '/': checked, as it goes into the SQL.
+        if !written.contains('/') || !written.chars().all(|c| c.is_ascii_hexdigit() || c == '/') {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!("pg_current_wal_lsn() returned {written:?}"),
+            ));
+        }
+        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{written}'::pg_lsn");
+        let started = Instant::now();
+        loop {
+            let last = match standby.query_value(&sql, QUERY_TIMEOUT) {
+                Ok(Some(replayed)) if replayed == "t" => return Ok(()),
+                Ok(Some(_)) => "behind".to_owned(),
+                Ok(None) => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidConfig,
+                        "not a standby: the server has no replay position",
+                    ));
+                }
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() > STREAMING_TIMEOUT {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the standby had not replayed up to {written} within \
+                         {STREAMING_TIMEOUT:?}: {last}"
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Runs `pg_basebackup` from this server into `data`, with `standby.signal` and a
     /// `primary_conninfo` naming `name` as the `application_name`, logging to `dir`.
     fn base_backup(&self, name: &str, dir: &std::path::Path, data: &std::path::Path) -> Result<()> {

@@ -46,9 +46,9 @@ async fn failover_client(
 
 #[tokio::test]
 async fn an_async_standby_follows_and_takes_over_but_may_miss_acknowledged_commits() {
+    use pgcoord::ErrorKind;
     use pgcoord::embedded::Replication;
     use std::sync::Arc;
-    use std::time::Duration;
     use tokio_postgres::error::SqlState;
 
     let primary = Arc::new(
@@ -112,11 +112,20 @@ async fn an_async_standby_follows_and_takes_over_but_may_miss_acknowledged_commi
         .execute("INSERT INTO t VALUES (2)", &[])
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rows_of(&reader).await != vec![1, 2] {
-        assert!(Instant::now() < deadline, "row 2 not replicated");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    blocking({
+        let (primary, standby) = (primary.clone(), standby.clone());
+        move || primary.wait_replayed(&standby)
+    })
+    .await
+    .expect("replayed");
+    assert_eq!(rows_of(&reader).await, vec![1, 2], "visible once replayed");
+    let err = blocking({
+        let primary = primary.clone();
+        move || primary.wait_replayed(&primary)
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
 
     // Failover clients reach the primary while it runs.
     let client = failover_client(&[&primary, &standby]).await.unwrap();

@@ -45,6 +45,13 @@ async fn pair(replication: Replication) -> (Arc<TempPostgres>, Arc<TempPostgres>
         standby.port()
     );
     let workload = Workload::on(None, dsn).await;
+    // The workload's tables are on the standby before a test stops it or fails over to it (an
+    // asynchronous standby may not have received them yet: CI saw the history table missing).
+    let (p, s) = (primary.clone(), standby.clone());
+    tokio::task::spawn_blocking(move || p.wait_replayed(&s))
+        .await
+        .unwrap()
+        .unwrap();
     (primary, standby, workload)
 }
 
