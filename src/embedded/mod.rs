@@ -16,11 +16,11 @@
 //! found by `application_name` ([`backend_pids`]) or terminated ([`terminate_backends`]).
 //!
 //! For failover tests a cluster can have streaming standbys ([`TempPostgres::start_primary`],
-//! [`TempPostgres::start_standby`], [`TempPostgres::promote`], [`failover_pg_config`]), which
-//! replicate synchronously or asynchronously ([`Replication`]). For pooler deployments, a
-//! [`PgBouncer`] in transaction mode can stand in front of a cluster. For TLS, a cluster can
-//! start with TLS on and a certificate signed by a [`CertificateAuthority`] made for the run
-//! ([`TempPostgres::start_tls`]).
+//! [`TempPostgres::start_standby`], [`TempPostgres::wait_replayed`], [`TempPostgres::promote`],
+//! [`failover_pg_config`]), which replicate synchronously or asynchronously ([`Replication`]).
+//! For pooler deployments, a [`PgBouncer`] in transaction mode can stand in front of a cluster.
+//! For TLS, a cluster can start with TLS on and a certificate signed by a
+//! [`CertificateAuthority`] made for the run ([`TempPostgres::start_tls`]).
 
 use std::fs;
 use std::net::TcpListener;

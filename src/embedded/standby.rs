@@ -6,9 +6,11 @@
 //! into a directory of its own and starts the copy as a hot standby on its own port, streaming
 //! from the primary under the `application_name` `standby1` (`standby2`, … for later ones of
 //! the same primary). The standby is a [`TempPostgres`] like any other: it can be stopped,
-//! paused and started again, and is stopped and deleted on drop. [`TempPostgres::promote`]
-//! makes it writable, and [`failover_pg_config`] gives clients every server's address with
-//! `target_session_attrs=read-write`, so they connect to whichever accepts writes.
+//! paused and started again, and is stopped and deleted on drop.
+//! [`TempPostgres::wait_replayed`] waits until it has replayed what its primary wrote so far,
+//! [`TempPostgres::promote`] makes it writable, and [`failover_pg_config`] gives clients every
+//! server's address with `target_session_attrs=read-write`, so they connect to whichever
+//! accepts writes.
 //!
 //! # Synchronous and asynchronous replication
 //!
