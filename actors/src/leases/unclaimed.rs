@@ -237,3 +237,27 @@ impl AcquireJob {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{RECENT_GRANTS, RecentGrants};
+
+    #[test]
+    fn recent_grants_forget_the_oldest_beyond_their_capacity_and_only_it() {
+        let mut grants = RecentGrants::default();
+        for token in 1..=RECENT_GRANTS as i64 {
+            grants.remember(token);
+        }
+        assert!(grants.contains(1) && grants.contains(RECENT_GRANTS as i64));
+        // Remembered twice, a token takes one place: nothing is forgotten for it.
+        grants.remember(7);
+        assert!(grants.contains(1));
+        grants.remember(RECENT_GRANTS as i64 + 1);
+        assert!(!grants.contains(1), "the oldest is forgotten");
+        assert!(grants.contains(2) && grants.contains(7));
+        assert!(grants.contains(RECENT_GRANTS as i64 + 1));
+        assert!(!grants.contains(0));
+        assert_eq!(grants.order.len(), RECENT_GRANTS);
+        assert_eq!(grants.tokens.len(), RECENT_GRANTS);
+    }
+}
