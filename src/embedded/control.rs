@@ -2,9 +2,9 @@
 //! one of its backends, signalling its processes, finding and ending backends.
 
 use std::fs;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::TempPostgres;
+use super::{TempPostgres, poll_until};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a stopped process may take to show as stopped in `/proc`.
@@ -118,24 +118,21 @@ pub(super) fn signal_with_children(pid: u32, sig: libc::c_int) -> Result<()> {
 /// Waits until every process of `pids` is stopped (or gone), since a signal is delivered after
 /// `kill` returns.
 pub(super) fn wait_stopped(pids: &[u32]) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let running: Vec<u32> = pids
+    let mut running = Vec::new();
+    let stopped = poll_until(STOP_SETTLE, Duration::from_millis(1), || {
+        running = pids
             .iter()
             .copied()
             .filter(|&pid| matches!(stat(pid), Some((_, state)) if !matches!(state, 'T' | 't' | 'Z' | 'X')))
             .collect();
-        if running.is_empty() {
-            return Ok(());
-        }
-        if started.elapsed() > STOP_SETTLE {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                format!("processes {running:?} did not stop within {STOP_SETTLE:?}"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        Ok(running.is_empty().then_some(()))
+    })?;
+    stopped.ok_or_else(|| {
+        Error::new(
+            ErrorKind::Timeout,
+            format!("processes {running:?} did not stop within {STOP_SETTLE:?}"),
+        )
+    })
 }
 
 /// Fault injection on the whole server or one backend: stops, restarts, pauses, freezes.

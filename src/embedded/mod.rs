@@ -226,8 +226,7 @@ impl TempPostgres {
     }
 
     fn wait_ready(&self, dir: &Path, pid: u32, log_start: u64) -> Result<()> {
-        let started = Instant::now();
-        loop {
+        let ready = poll_until(STARTUP_TIMEOUT, Duration::from_millis(10), || {
             if let Some(status) = self
                 .child
                 .lock()
@@ -250,20 +249,17 @@ impl TempPostgres {
             // this postmaster's file from one a killed server left behind.
             let pid_file = fs::read_to_string(self.data.join("postmaster.pid")).unwrap_or_default();
             let mut lines = pid_file.lines().map(str::trim);
-            if lines.next() == Some(pid.to_string().as_str())
-                && matches!(lines.nth(6), Some("ready" | "standby"))
-            {
-                return Ok(());
-            }
-            if started.elapsed() > STARTUP_TIMEOUT {
-                self.stop_server();
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!("postgres did not accept connections within {STARTUP_TIMEOUT:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+            let ours = lines.next() == Some(pid.to_string().as_str());
+            Ok((ours && matches!(lines.nth(6), Some("ready" | "standby"))).then_some(()))
+        })?;
+        if ready.is_none() {
+            self.stop_server();
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("postgres did not accept connections within {STARTUP_TIMEOUT:?}"),
+            ));
         }
+        Ok(())
     }
 
     /// Fast shutdown, for restart and drop: errors are of no use there.
@@ -356,4 +352,70 @@ fn free_port() -> Result<u16> {
 
 fn other(what: &str, e: std::io::Error) -> Error {
     Error::new(ErrorKind::Other, format!("{what}: {e}")).with_source(e)
+}
+
+/// Calls `look` every `every` until it finds what it looks for (`Some`), for at most `within`:
+/// `Ok(None)` when time ran out, the error of a look that fails at once. The blocking waits of
+/// this module (a server starting or stopping, a standby streaming, catching up, promoted)
+/// share it; each says itself what timing out means.
+fn poll_until<T>(
+    within: Duration,
+    every: Duration,
+    mut look: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let started = Instant::now();
+    loop {
+        if let Some(found) = look()? {
+            return Ok(Some(found));
+        }
+        if started.elapsed() > within {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poll_until;
+    use crate::error::{Error, ErrorKind};
+    use std::time::{Duration, Instant};
+
+    const EVERY: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn polling_returns_what_a_look_found_and_looks_no_more() {
+        let mut looks = 0;
+        let found = poll_until(Duration::from_secs(5), EVERY, || {
+            looks += 1;
+            Ok((looks == 3).then_some(looks))
+        });
+        assert_eq!(found.unwrap(), Some(3));
+        assert_eq!(looks, 3);
+    }
+
+    #[test]
+    fn polling_gives_up_after_its_bound_and_stops_at_a_failed_look() {
+        let started = Instant::now();
+        let mut looks = 0;
+        let found = poll_until(Duration::from_millis(30), EVERY, || {
+            looks += 1;
+            Ok(None::<()>)
+        });
+        assert_eq!(found.unwrap(), None);
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        assert!(looks > 1, "looked again until the bound: {looks}");
+
+        let mut looks = 0;
+        let failed = poll_until(
+            Duration::from_secs(5),
+            EVERY,
+            || -> crate::Result<Option<()>> {
+                looks += 1;
+                Err(Error::new(ErrorKind::InvalidConfig, "not a standby"))
+            },
+        );
+        assert_eq!(failed.unwrap_err().kind(), ErrorKind::InvalidConfig);
+        assert_eq!(looks, 1);
+    }
 }

@@ -51,9 +51,9 @@
 use std::fs;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{TempPostgres, command, free_port, new_dir, other};
+use super::{TempPostgres, command, free_port, new_dir, other, poll_until};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a base backup may take.
@@ -230,19 +230,15 @@ impl TempPostgres {
                 format!("the standby was not promoted within {PROMOTE_TIMEOUT:?}"),
             ));
         }
-        let started = Instant::now();
-        while self.in_recovery()? {
-            if started.elapsed() > PROMOTE_TIMEOUT {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the standby was still in recovery {PROMOTE_TIMEOUT:?} after pg_promote"
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(())
+        let writable = poll_until(PROMOTE_TIMEOUT, Duration::from_millis(10), || {
+            Ok((!self.in_recovery()?).then_some(()))
+        })?;
+        writable.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                format!("the standby was still in recovery {PROMOTE_TIMEOUT:?} after pg_promote"),
+            )
+        })
     }
 
     /// Waits until `standby` has replayed all the WAL this server had written when it was
@@ -256,38 +252,31 @@ impl TempPostgres {
         let written = self
             .query_value("SELECT pg_current_wal_lsn()", QUERY_TIMEOUT)?
             .unwrap_or_default();
-        // An LSN is two hexadecimal numbers around a '/': checked, as it goes into the SQL.
-        if !written.contains('/') || !written.chars().all(|c| c.is_ascii_hexdigit() || c == '/') {
-            return Err(Error::new(
-                ErrorKind::Other,
-                format!("pg_current_wal_lsn() returned {written:?}"),
-            ));
-        }
-        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{written}'::pg_lsn");
-        let started = Instant::now();
-        loop {
-            let last = match standby.query_value(&sql, QUERY_TIMEOUT) {
-                Ok(Some(replayed)) if replayed == "t" => return Ok(()),
-                Ok(Some(_)) => "behind".to_owned(),
+        let target = parse_lsn(&written)?;
+        let mut last = String::new();
+        let replayed = poll_until(STREAMING_TIMEOUT, Duration::from_millis(5), || {
+            match standby.query_value("SELECT pg_last_wal_replay_lsn()", QUERY_TIMEOUT) {
+                Ok(Some(replayed)) if parse_lsn(&replayed)? >= target => return Ok(Some(())),
+                Ok(Some(replayed)) => last = format!("replayed up to {replayed}"),
                 Ok(None) => {
                     return Err(Error::new(
                         ErrorKind::InvalidConfig,
                         "not a standby: the server has no replay position",
                     ));
                 }
-                Err(e) => e.to_string(),
-            };
-            if started.elapsed() > STREAMING_TIMEOUT {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the standby had not replayed up to {written} within \
-                         {STREAMING_TIMEOUT:?}: {last}"
-                    ),
-                ));
+                Err(e) => last = e.to_string(),
             }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+            Ok(None)
+        })?;
+        replayed.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the standby had not replayed up to {written} within {STREAMING_TIMEOUT:?}: \
+                     {last}"
+                ),
+            )
+        })
     }
 
     /// Runs `pg_basebackup` from this server into `data`, with `standby.signal` and a
@@ -314,23 +303,18 @@ impl TempPostgres {
             .stderr(stderr)
             .spawn()
             .map_err(|e| other("cannot run pg_basebackup", e))?;
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = child
+        let exited = poll_until(BASE_BACKUP_TIMEOUT, Duration::from_millis(10), || {
+            child
                 .try_wait()
-                .map_err(|e| other("cannot wait for pg_basebackup", e))?
-            {
-                break status;
-            }
-            if started.elapsed() > BASE_BACKUP_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!("pg_basebackup did not finish within {BASE_BACKUP_TIMEOUT:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+                .map_err(|e| other("cannot wait for pg_basebackup", e))
+        })?;
+        let Some(status) = exited else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("pg_basebackup did not finish within {BASE_BACKUP_TIMEOUT:?}"),
+            ));
         };
         if status.success() {
             return Ok(());
@@ -358,24 +342,22 @@ impl TempPostgres {
         };
         self.query(&statement, QUERY_TIMEOUT)?;
         self.query("SELECT pg_reload_conf()", QUERY_TIMEOUT)?;
-        let started = Instant::now();
-        loop {
-            let now = self
+        let mut now = String::new();
+        let seen = poll_until(QUERY_TIMEOUT, Duration::from_millis(10), || {
+            now = self
                 .query_value("SHOW synchronous_standby_names", QUERY_TIMEOUT)?
                 .unwrap_or_default();
-            if now == names {
-                return Ok(previous);
-            }
-            if started.elapsed() > QUERY_TIMEOUT {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "synchronous_standby_names is {now:?}, not {names:?}, after ALTER SYSTEM \
-                         and a reload: is it set with -c (TempPostgres::start_with)?"
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+            Ok((now == names).then_some(()))
+        })?;
+        match seen {
+            Some(()) => Ok(previous),
+            None => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "synchronous_standby_names is {now:?}, not {names:?}, after ALTER SYSTEM and \
+                     a reload: is it set with -c (TempPostgres::start_with)?"
+                ),
+            )),
         }
     }
 
@@ -394,11 +376,11 @@ impl TempPostgres {
         let sql = format!(
             "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = '{name}'"
         );
-        let started = Instant::now();
-        loop {
+        let mut last = String::new();
+        let streaming = poll_until(STREAMING_TIMEOUT, Duration::from_millis(20), || {
             // Connecting may fail while the standby is still starting: try again until the
             // deadline, then report what was last seen.
-            let last = match standby.in_recovery() {
+            last = match standby.in_recovery() {
                 Ok(false) => {
                     return Err(Error::new(
                         ErrorKind::Other,
@@ -411,7 +393,7 @@ impl TempPostgres {
                         .map(|row| (row[0].as_deref(), row[1].as_deref()))
                     {
                         Some((Some("streaming"), Some(state))) if state == expected => {
-                            return Ok(());
+                            return Ok(Some(()));
                         }
                         Some((state, sync)) => format!("state {state:?}, sync_state {sync:?}"),
                         None => "not in pg_stat_replication".to_owned(),
@@ -420,17 +402,17 @@ impl TempPostgres {
                 },
                 Err(e) => format!("standby: {e}"),
             };
-            if started.elapsed() > STREAMING_TIMEOUT {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the standby {name} was not streaming with sync_state {expected} within \
-                         {STREAMING_TIMEOUT:?}: {last}"
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            Ok(None)
+        })?;
+        streaming.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the standby {name} was not streaming with sync_state {expected} within \
+                     {STREAMING_TIMEOUT:?}: {last}"
+                ),
+            )
+        })
     }
 
     /// `pg_is_in_recovery()`.
@@ -521,4 +503,31 @@ pub fn failover_pg_config(servers: &[&TempPostgres]) -> tokio_postgres::Config {
         .dbname("postgres")
         .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
     config
+}
+
+/// A WAL position as PostgreSQL writes it (`16/B374D848`: the high and low 32 bits in
+/// hexadecimal), as one number that orders as the positions do.
+fn parse_lsn(text: &str) -> Result<u64> {
+    let parsed = text.split_once('/').and_then(|(high, low)| {
+        let high = u32::from_str_radix(high, 16).ok()?;
+        let low = u32::from_str_radix(low, 16).ok()?;
+        Some((u64::from(high) << 32) | u64::from(low))
+    });
+    parsed.ok_or_else(|| Error::new(ErrorKind::Other, format!("not a WAL position: {text:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lsn;
+
+    #[test]
+    fn wal_positions_order_as_postgres_orders_them() {
+        assert_eq!(parse_lsn("0/3000148").unwrap(), 0x3000148);
+        assert_eq!(parse_lsn("16/B374D848").unwrap(), 0x16_B374_D848);
+        // The high half counts more than any low half.
+        assert!(parse_lsn("1/0").unwrap() > parse_lsn("0/FFFFFFFF").unwrap());
+        for bad in ["", "0", "0/", "/0", "0/G", "1/2/3", "100000000/0", "-1/0"] {
+            assert!(parse_lsn(bad).is_err(), "{bad:?}");
+        }
+    }
 }
