@@ -12,7 +12,7 @@ use tokio_postgres::types::Type;
 use tracing::instrument;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::lease::{LeaseTable, check_name};
+use crate::lease::{LeaseOwner, LeaseTable, check_name};
 use crate::signal::{Envelope, Kind};
 use crate::statement::Statements;
 
@@ -38,9 +38,9 @@ impl Proclamation {
     }
 }
 
-impl LeaseTable {
-    /// Stores `value` as the data of `election`'s lease while `token` still holds it, and
-    /// announces `owner` as its leader with that value, in one statement. [`ErrorKind::LockLost`]
+impl LeaseOwner<'_> {
+    /// Stores `value` as the data of `election`'s lease while this owner holds it with `token`,
+    /// and announces the owner as its leader with that value, in one statement. [`ErrorKind::LockLost`]
     /// when the lease is no longer held with `token`; [`ErrorKind::PayloadTooLarge`] when the
     /// announcement would not fit in a notification (values are meant to be small: an address,
     /// an id), before anything is sent.
@@ -50,13 +50,12 @@ impl LeaseTable {
         client: &(impl Statements + ?Sized),
         election: &str,
         token: i64,
-        owner: &str,
         value: &[u8],
     ) -> Result<()> {
         check_name(election)?;
         let proclamation = Proclamation {
             election: election.to_owned(),
-            owner: owner.to_owned(),
+            owner: self.owner.to_owned(),
             token,
             value: value.to_vec(),
         };
@@ -64,14 +63,14 @@ impl LeaseTable {
             Envelope::new(Kind::Event, crate::signal::to_payload(&proclamation)?).encode()?;
         let rows = client
             .run(
-                &self.proclaim,
+                &self.table.proclaim,
                 &[
                     (&election, Type::TEXT),
                     (&token, Type::INT8),
                     (&value, Type::BYTEA),
-                    (&self.election_channel, Type::TEXT),
+                    (&self.table.election_channel, Type::TEXT),
                     (&text, Type::TEXT),
-                    (&owner, Type::TEXT),
+                    (&self.owner, Type::TEXT),
                 ],
             )
             .await?;
@@ -83,8 +82,10 @@ impl LeaseTable {
         }
         Ok(())
     }
+}
 
-    /// The channel on which [`proclaim`](Self::proclaim) announces leaders.
+impl LeaseTable {
+    /// The channel on which [`LeaseOwner::proclaim`] announces leaders.
     pub fn election_channel(&self) -> &str {
         &self.election_channel
     }

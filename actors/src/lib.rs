@@ -55,9 +55,17 @@ pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, Ad
 pub use call::Call;
 pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
-pub use leases::*;
-pub use losses::*;
+pub use leases::{
+    Acquire, AcquirePermit, AcquireResponse, Claim, Get, Lease, List, ListPrefix, LockManager,
+    ManagerStats, PermitResponse, Release, RenewNow, with_lock,
+};
+pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, PayloadExpiry};
-pub use signals::*;
+pub use signals::{
+    Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
+    RawNotification, RequestHandler, RequestResponse, RoundTrip, Serve, Signal, StopServing,
+    Subscribe, SubscribeConnState, SubscribeRaw, TypedRequest, TypedResponse, Unsubscribe,
+    WaitNext,
+};
 pub use stats::GetStats;
 pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};

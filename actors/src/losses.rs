@@ -114,17 +114,39 @@ impl LossSubscribers {
     }
 }
 
-/// Resolves with the reason `lost` reports, or `otherwise` when its sender is dropped first:
-/// the loss signal of a lease's or an advisory lock's handle.
-pub(crate) fn when_lost(
-    lost: &tokio::sync::watch::Receiver<Option<LossReason>>,
+/// Where a lock's tenure stands, as its handle sees it (`Lease::lost`, `AdvisoryGuard::lost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tenure {
+    /// Held.
+    Held,
+    /// Lost, for this reason.
+    Lost(LossReason),
+    /// Released by its holder: no loss.
+    Released,
+}
+
+/// Resolves when `tenure` ends: `Some(reason)` for a loss, `None` for a release. A sender
+/// dropped without a word (its actor gone) is a loss for `otherwise`.
+pub(crate) fn when_ended(
+    tenure: &tokio::sync::watch::Receiver<Tenure>,
     otherwise: LossReason,
-) -> impl Future<Output = LossReason> + Send + 'static {
-    let mut lost = lost.clone();
+) -> impl Future<Output = Option<LossReason>> + Send + 'static {
+    let mut tenure = tenure.clone();
     async move {
-        match lost.wait_for(Option::is_some).await {
-            Ok(reason) => reason.unwrap_or(otherwise),
-            Err(_) => otherwise,
+        match tenure.wait_for(|t| *t != Tenure::Held).await {
+            Ok(ended) => match *ended {
+                Tenure::Lost(reason) => Some(reason),
+                Tenure::Held | Tenure::Released => None,
+            },
+            Err(_) => Some(otherwise),
         }
+    }
+}
+
+/// The loss of `tenure`, once lost.
+pub(crate) fn loss_of(tenure: &tokio::sync::watch::Receiver<Tenure>) -> Option<LossReason> {
+    match *tenure.borrow() {
+        Tenure::Lost(reason) => Some(reason),
+        Tenure::Held | Tenure::Released => None,
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use pgcoord::lease::ReleaseRequest;
 use pgcoord::{Config, Error, ErrorKind, LeaseInfo, LeaseTable, Result};
 use tokio_postgres::Client;
 
@@ -46,8 +47,8 @@ fn print_lease(lease: &LeaseInfo) {
     println!("data:   {}", preview(lease.data.as_deref()));
 }
 
-/// `lock release NAME --force`: ends the current tenure as its holder's release would (the next
-/// waiter's reservation kept, waiters woken), matched on the owner and token just read.
+/// `lock release NAME --force`: ends the current tenure as its holder's release would (the
+/// waiter first in line woken), matched on the owner and token just read.
 pub async fn release(config: &Config, client: &Client, name: &str, force: bool) -> Result<()> {
     if !force {
         return Err(Error::new(
@@ -65,7 +66,12 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
         ));
     };
     // As its holder: a release matches owner and token.
-    match table.release(client, name, owner, token, false).await {
+    let request = ReleaseRequest {
+        name,
+        token,
+        keep: false,
+    };
+    match table.owner(owner)?.release(client, &request).await {
         Ok(()) => {
             println!(
                 "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"

@@ -1,6 +1,7 @@
 //! The built `pgcoord` binary against a throwaway cluster: every command, its output and its
 //! exit code.
 
+use pgcoord::lease::AcquireRequest;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -56,12 +57,11 @@ async fn migrate_list_show_and_force_release_a_lease() {
     let client = pgcoord::db::connect_spawned(&config).await.unwrap();
     let leases = LeaseTable::new(&config);
     let Attempt::Granted(grant) = leases
+        .owner("worker-1")
+        .unwrap()
         .try_acquire(
             &client,
-            "job",
-            "worker-1",
-            Some(b"node-a"),
-            false,
+            &AcquireRequest::new("job").data(b"node-a"),
             Duration::from_secs(30),
         )
         .await
@@ -97,12 +97,9 @@ async fn migrate_list_show_and_force_release_a_lease() {
     assert!(out.status.success(), "{out:?}");
     // The holder's next renewal finds nothing: the loss it reports.
     let renewed = leases
-        .renew(
-            &client,
-            "worker-1",
-            &[("job", grant.token)],
-            Duration::from_secs(30),
-        )
+        .owner("worker-1")
+        .unwrap()
+        .renew(&client, &[("job", grant.token)], Duration::from_secs(30))
         .await
         .unwrap();
     assert!(renewed.is_empty());

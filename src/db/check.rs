@@ -24,6 +24,23 @@ pub async fn check_server(config: &Config) -> Result<()> {
     Ok(())
 }
 
+/// Checks, on a session connection of its own, that the server the sessions reach answers
+/// within the statement timeout: what advisory locks need, which use no table.
+/// [`ErrorKind::Unavailable`] (with the cause) when it cannot connect within the connect
+/// timeout, [`ErrorKind::Tls`] for a certificate it cannot trust, the server's own error (a
+/// wrong password, say) otherwise.
+pub async fn check_reachable(config: &Config) -> Result<()> {
+    let (client, connection) = connect_as(config, "check").await?;
+    let driver = tokio::spawn(connection);
+    let answered = crate::db::ping(&client, config.statement_timeout).await;
+    drop(client);
+    driver.abort();
+    answered.map_err(|e| match e.kind() {
+        ErrorKind::Timeout => Error::new(ErrorKind::Unavailable, e.to_string()).with_source(e),
+        _ => e,
+    })
+}
+
 /// The check, on one connection to `target`.
 async fn check_on(
     config: &Config,
@@ -38,11 +55,7 @@ async fn check_on(
             client.query_one(
                 "SELECT current_setting('transaction_read_only'), pg_is_in_recovery(),
                         to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
-                        to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL,
-                        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
-                                  AND attname = 'lease_ms' AND NOT attisdropped),
-                        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
-                                  AND attname = 'nonce' AND NOT attisdropped)",
+                        to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL",
                 &[
                     &config.lock_table.quoted(),
                     &config.lock_sequence.quoted(),
@@ -91,22 +104,6 @@ async fn check_on(
                         "pgcoord's {what} {} does not exist: create the tables with \
                          pgcoord::schema::migrate (or apply the SQL files in migrations/)",
                         name.quoted()
-                    ),
-                ));
-            }
-        }
-        // Added to an existing table by later migrations, which the statements read.
-        for (index, file) in [
-            (6, "0004_lock_queue_handover.sql"),
-            (7, "0005_lock_queue_nonce.sql"),
-        ] {
-            if !row.try_get::<_, bool>(index)? {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "pgcoord's waiters' table {} lacks the columns of migrations/{file}: \
-                         run pgcoord::schema::migrate",
-                        config.lock_queue.quoted()
                     ),
                 ));
             }

@@ -22,7 +22,7 @@ pub use crate::backoff::Backoff;
 pub use crate::statement::cancel;
 pub use borrowed::Borrowed;
 pub use bounded::{Bounded, Until, run_until, until};
-pub use check::check_server;
+pub use check::{check_reachable, check_server};
 pub use connect::{Dedicated, connect, connect_as, connect_spawned, ping};
 pub use pool::{Manager, Pool, Pooled};
 

@@ -1,4 +1,5 @@
-//! Batched lease statements: one statement for many first attempts of one owner (group commit).
+//! [`AcquireRequest`], and the batched attempt: one statement for many first attempts of one
+//! owner (group commit).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -6,12 +7,12 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
-use super::{Grant, LeaseTable, check_name, millis};
+use super::{Grant, LeaseOwner, check_name, millis};
 use crate::error::Result;
 use crate::statement::Statements;
 
-/// One acquire attempt of a batch: the name, the data to store, and whether it replaces data
-/// a kept row holds.
+/// One acquire attempt, alone or in a batch: the name, the data to store, and whether it
+/// replaces the data a kept row holds.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
     /// The lease's name.
@@ -31,10 +32,27 @@ impl<'a> AcquireRequest<'a> {
             replace_data: false,
         }
     }
+
+    /// The data to store with the grant; a kept row's data wins unless
+    /// [`replace_data`](Self::replace_data).
+    pub fn data(self, data: &'a [u8]) -> AcquireRequest<'a> {
+        AcquireRequest {
+            data: Some(data),
+            ..self
+        }
+    }
+
+    /// Replaces the data of a kept row instead of keeping it.
+    pub fn replace_data(self) -> AcquireRequest<'a> {
+        AcquireRequest {
+            replace_data: true,
+            ..self
+        }
+    }
 }
 
-impl LeaseTable {
-    /// One attempt at each of `requests` (distinct names) for `owner`, in one statement, with
+impl LeaseOwner<'_> {
+    /// One attempt at each of `requests` (distinct names), in one statement, with
     /// the conditions of [`try_acquire`](Self::try_acquire). Returns the grants by name; a name
     /// missing from the map was not granted — held by someone, another waiter first in line, or
     /// its row locked by another transaction (not waited for) — and its caller asks again alone
@@ -44,10 +62,8 @@ impl LeaseTable {
         &self,
         client: &(impl Statements + ?Sized),
         requests: &[AcquireRequest<'_>],
-        owner: &str,
         lease: Duration,
     ) -> Result<HashMap<String, Grant>> {
-        check_name(owner)?;
         let mut names = Vec::with_capacity(requests.len());
         let mut data = Vec::with_capacity(requests.len());
         let mut replace = Vec::with_capacity(requests.len());
@@ -59,14 +75,14 @@ impl LeaseTable {
         }
         let rows = client
             .run(
-                &self.acquire_many,
+                &self.table.acquire_many,
                 &[
                     (&names, Type::TEXT_ARRAY),
                     (&data, Type::BYTEA_ARRAY),
                     (&replace, Type::BOOL_ARRAY),
-                    (&owner, Type::TEXT),
+                    (&self.owner, Type::TEXT),
                     (&millis(lease)?, Type::INT8),
-                    (&self.sequence, Type::TEXT),
+                    (&self.table.sequence, Type::TEXT),
                 ],
             )
             .await?;

@@ -2,44 +2,51 @@
 //!
 //! Each function is one statement, decided on the server's clock, and safe to call from any
 //! number of processes at once. The runtime that holds leases and decides when to call these is
-//! `LockManager` in `pgcoord-actors`. Statements are sent with `query_typed`, so each costs one
-//! round trip and no prepare.
+//! `LockManager` in `pgcoord-actors`.
+//!
+//! - [`LeaseTable`] — the statements of one configured table, rendered once; inspection
+//!   ([`get`](LeaseTable::get), [`list`](LeaseTable::list), [`holder`](LeaseTable::holder)).
+//! - [`LeaseOwner`] — the table bound to one owner ([`LeaseTable::owner`]): everything that
+//!   grants, renews, releases or fences.
+//! - [`AcquireRequest`], [`ReleaseRequest`] — one lease's request, alone or in a batch.
+//! - [`Released`] — what a release announces on the lease channel: a doorbell, never a grant.
+//! - semaphores — [`slot_names`], [`LeaseOwner::try_acquire_any`].
 //!
 //! Invariants the statements keep:
-//! - a grant happens only where the row is free or expired on the server's clock, and is not
-//!   reserved for another waiter;
+//! - a grant happens only where the row is free or expired on the server's clock, and only to
+//!   the waiter first in line when someone waits;
 //! - every grant draws a new fencing token from the table's `NO CYCLE` sequence; it stays the
 //!   same for the whole tenure;
-//! - renew and release touch a row only where name **and** token match; renew never inserts,
-//!   never steals, and never revives an expired lease.
+//! - renew, release and the fence touch a row only where name, token **and** owner match;
+//!   renew never inserts, never steals, and never revives an expired lease;
+//! - a takeover never keeps the previous holder's data; only a kept row's data is kept.
 
 use std::time::Duration;
 
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tracing::instrument;
 
 use crate::config::validate_name;
 use crate::error::{Error, ErrorKind, Holder, Result};
 use crate::statement::Statements;
 
 mod batch;
-mod line;
+mod owner;
 mod release;
 mod semaphore;
 mod sql;
 mod statements;
 
 pub use batch::AcquireRequest;
+pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
 
-/// A lease granted by [`LeaseTable::try_acquire`].
+/// A lease granted by an acquire attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     /// The fencing token of this tenure.
     pub token: i64,
-    /// The lock's data after the grant (kept from an earlier holder unless replaced).
+    /// The lock's data after the grant: a kept row's unless replaced, else the request's.
     pub data: Option<Vec<u8>>,
 }
 
@@ -48,7 +55,7 @@ pub struct Grant {
 pub enum Attempt {
     /// The lease is ours.
     Granted(Grant),
-    /// Someone else holds it (or has reserved the next grant); the holder when known.
+    /// Someone else holds it; `None` when it is free but another waiter is first in line.
     Held(Option<Holder>),
     /// Another transaction has the lock's row locked — a holder's fencing guard, a concurrent
     /// attempt, a DBA's open transaction — so the attempt did not wait for it. Try again later.
@@ -97,20 +104,17 @@ pub struct LeaseTable {
     acquire_any: String,
     count_held: String,
     enqueue: String,
-    dequeue: String,
-    owned_token: String,
+    leave_line: String,
+    owned: String,
     holder: String,
     renew: String,
     release: String,
     release_many: String,
-    cleanup: String,
     get: String,
     list: String,
     list_prefix: String,
     fence: String,
     pub(crate) proclaim: String,
-    /// The lock table's name, quoted (and qualified when configured so).
-    table: String,
     sequence: String,
     channel: String,
     pub(crate) election_channel: String,
@@ -122,127 +126,11 @@ impl LeaseTable {
         &self.channel
     }
 
-    /// The lock table's oid, its name resolved as the lease statements resolve it: what a
-    /// handover announcement names ([`Released::table_oid`]), so that a process takes only the
-    /// handovers of its own table when several share a channel. [`ErrorKind::NotFound`] when the
-    /// table does not exist.
-    pub async fn table_oid(&self, client: &(impl Statements + ?Sized)) -> Result<u32> {
-        let rows = client
-            .run("SELECT to_regclass($1)::oid", &[(&self.table, Type::TEXT)])
-            .await?;
-        let oid: Option<u32> = match rows.first() {
-            Some(row) => row.try_get(0)?,
-            None => None,
-        };
-        oid.ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("lock table {} does not exist", self.table),
-            )
-        })
-    }
-
-    /// One attempt to take `name` for `owner` for `lease`. With `replace_data`, `data` replaces
-    /// what a kept row holds; otherwise existing data is kept and `data` only fills an empty one.
-    #[instrument(skip(self, client, data), level = "debug")]
-    pub async fn try_acquire(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-        data: Option<&[u8]>,
-        replace_data: bool,
-        lease: Duration,
-    ) -> Result<Attempt> {
-        let rows = match self
-            .attempt(
-                client,
-                &self.acquire,
-                name,
-                owner,
-                data,
-                replace_data,
-                lease,
-                None,
-            )
-            .await?
-        {
-            Some(rows) => rows,
-            None => return Ok(Attempt::Busy),
-        };
-        Ok(match rows.first() {
-            Some(row) => Attempt::Granted(Grant {
-                token: row.try_get(0)?,
-                data: row.try_get(1)?,
-            }),
-            None => Attempt::Held(None),
-        })
-    }
-
-    /// Runs one attempt's statement, `sql` (`acquire` or, with `wait_for`, `acquire_or_queue`).
-    /// `None` when the lock's row is locked by another transaction (not waited for).
-    #[allow(clippy::too_many_arguments)]
-    async fn attempt(
-        &self,
-        client: &(impl Statements + ?Sized),
-        sql: &str,
-        name: &str,
-        owner: &str,
-        data: Option<&[u8]>,
-        replace_data: bool,
-        lease: Duration,
-        place: Option<(Duration, i64)>,
-    ) -> Result<Option<Vec<tokio_postgres::Row>>> {
-        check_name(name)?;
+    /// The statements of `owner` (1 to 255 bytes, no NUL): every grant, renewal, release and
+    /// fence made through it matches that owner.
+    pub fn owner<'t>(&'t self, owner: &'t str) -> Result<LeaseOwner<'t>> {
         check_name(owner)?;
-        let lease = millis(lease)?;
-        let place = place
-            .map(|(wait_for, nonce)| Ok::<_, crate::Error>((millis(wait_for)?, nonce)))
-            .transpose()?;
-        let mut params: Vec<crate::statement::Param<'_>> = vec![
-            (&name, Type::TEXT),
-            (&owner, Type::TEXT),
-            (&data, Type::BYTEA),
-            (&lease, Type::INT8),
-            (&replace_data, Type::BOOL),
-            (&self.sequence, Type::TEXT),
-        ];
-        if let Some((wait_for, nonce)) = &place {
-            params.push((wait_for, Type::INT8));
-            params.push((nonce, Type::INT8));
-        }
-        match client.run(sql, &params).await {
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
-            rows => rows.map(Some),
-        }
-    }
-
-    /// Releases `name` if `owner` holds it, whatever the token: for an acquire whose outcome is
-    /// unknown (its connection failed or it timed out after it was sent), so that a grant
-    /// nobody received does not stay held until it expires. Only call it where `owner` cannot
-    /// hold `name` legitimately — the caller must know it holds no tenure of `name`.
-    pub async fn release_orphan(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-    ) -> Result<()> {
-        let rows = client
-            .run(
-                &self.owned_token,
-                &[(&name, Type::TEXT), (&owner, Type::TEXT)],
-            )
-            .await?;
-        if let Some(row) = rows.first() {
-            let token: Option<i64> = row.try_get(0)?;
-            if let Some(token) = token {
-                match self.release(client, name, owner, token, false).await {
-                    Err(e) if e.is_lock_lost() => {}
-                    other => other?,
-                }
-            }
-        }
-        Ok(())
+        Ok(LeaseOwner::new(self, owner))
     }
 
     /// The current holder of `name`, if any.
@@ -253,34 +141,6 @@ impl LeaseTable {
     ) -> Result<Option<Holder>> {
         let rows = client.run(&self.holder, &[(&name, Type::TEXT)]).await?;
         holder_from(rows.first())
-    }
-
-    /// Renews every `(name, token)` lease `owner` holds for another `lease`, in one statement.
-    /// Returns the tokens of the leases renewed (a token names one lease: tokens are unique);
-    /// any other was lost (row gone, token changed, already expired, or not `owner`'s). Names
-    /// may be any string type, so a heartbeat can pass the names it holds without copying them.
-    #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
-    pub async fn renew<N: AsRef<str>>(
-        &self,
-        client: &(impl Statements + ?Sized),
-        owner: &str,
-        held: &[(N, i64)],
-        lease: Duration,
-    ) -> Result<Vec<i64>> {
-        let (names, tokens): (Vec<&str>, Vec<i64>) =
-            held.iter().map(|(n, t)| (n.as_ref(), *t)).unzip();
-        let rows = client
-            .run(
-                &self.renew,
-                &[
-                    (&names, Type::TEXT_ARRAY),
-                    (&tokens, Type::INT8_ARRAY),
-                    (&millis(lease)?, Type::INT8),
-                    (&owner, Type::TEXT),
-                ],
-            )
-            .await?;
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.
@@ -313,33 +173,6 @@ impl LeaseTable {
             .run(&self.list_prefix, &[(&prefix, Type::TEXT)])
             .await?;
         rows.iter().map(info_from).collect()
-    }
-
-    /// The fencing guard: succeeds only while `owner` holds `name` with `token`, and — run
-    /// inside the caller's transaction — keeps the lease from being taken over or released
-    /// until that transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`]
-    /// otherwise. Keep guarded transactions short: a contender waits for them.
-    #[instrument(skip(self, client), level = "debug")]
-    pub async fn fence(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        owner: &str,
-        token: i64,
-    ) -> Result<()> {
-        let params: &[crate::statement::Param<'_>] = &[
-            (&name, Type::TEXT),
-            (&token, Type::INT8),
-            (&owner, Type::TEXT),
-        ];
-        let rows = client.run(&self.fence, params).await?;
-        if rows.is_empty() {
-            return Err(Error::new(
-                ErrorKind::LockLost,
-                format!("lock {name:?} is no longer held with token {token}"),
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
-use super::{Grant, LeaseTable, check_name, millis};
+use super::{Grant, LeaseOwner, check_name, millis};
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::Statements;
 
@@ -47,26 +47,24 @@ pub enum SlotAttempt {
     Busy,
 }
 
-impl LeaseTable {
-    /// One attempt, for `owner`, at any free slot among `slots` (from [`slot_names`], minus
-    /// those the caller already holds), for `lease`.
+impl LeaseOwner<'_> {
+    /// One attempt at any free slot among `slots` (from [`slot_names`], minus those the
+    /// caller already holds), for `lease`.
     #[instrument(skip_all, fields(slots = slots.len()), level = "debug")]
     pub async fn try_acquire_any(
         &self,
         client: &(impl Statements + ?Sized),
         slots: &[String],
-        owner: &str,
         lease: Duration,
     ) -> Result<SlotAttempt> {
-        check_name(owner)?;
         let rows = client
             .run(
-                &self.acquire_any,
+                &self.table.acquire_any,
                 &[
                     (&slots, Type::TEXT_ARRAY),
-                    (&owner, Type::TEXT),
+                    (&self.owner, Type::TEXT),
                     (&millis(lease)?, Type::INT8),
-                    (&self.sequence, Type::TEXT),
+                    (&self.table.sequence, Type::TEXT),
                 ],
             )
             .await?;
@@ -80,7 +78,7 @@ impl LeaseTable {
             });
         }
         let rows = client
-            .run(&self.count_held, &[(&slots, Type::TEXT_ARRAY)])
+            .run(&self.table.count_held, &[(&slots, Type::TEXT_ARRAY)])
             .await?;
         let held: i64 = rows.first().map_or(Ok(0), |r| r.try_get(0))?;
         Ok(if held as usize >= slots.len() {

@@ -1,6 +1,6 @@
 //! SQL fragments the lease statements are made of (see `statements`): the token's timeline
-//! base, the waiters' line, handover to the first in line, announcements, and the batch
-//! statements' arrays.
+//! base, the data a grant keeps, the waiters' line, announcements, and the batch statements'
+//! arrays.
 
 /// What a grant's token adds to the sequence's value: the server's current WAL timeline, less
 /// one, times 2^40. On a cluster that never failed over it is 0, so tokens are the sequence's
@@ -13,146 +13,64 @@
 pub(super) const TIMELINE_BASE: &str =
     "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
 
-/// The payload announcing the release of `released.name` (see `Released`): the name's length in
-/// bytes, a colon, the name, and the waiter first in line for it (queue table `q`), if any, other
-/// than `releaser` (an SQL expression: the owner that held it, whose own place the release
-/// removes).
-pub(super) fn announce(q: &str, releaser: &str) -> String {
+/// The data a grant leaves in an existing row `l` (an `ON CONFLICT DO UPDATE`'s): a kept row's
+/// data stays unless `replace` (an SQL condition) holds; a takeover of an expired tenure never
+/// keeps the dead holder's data.
+pub(super) fn data_on_grant(replace: &str) -> String {
     format!(
-        "octet_length(released.name)::text || ':' || released.name
-         || coalesce(({}), '')",
-        first_in_line_but(q, "released.name", releaser)
+        "CASE WHEN l.kept AND NOT ({replace}) THEN coalesce(l.data, EXCLUDED.data)
+              ELSE EXCLUDED.data END"
     )
 }
 
-/// What a waiter's place stores of the grant a release may hand it (see [`hand_over`]): its
-/// lease in milliseconds, its data, whether that data replaces a kept row's, and the nonce of
-/// the attempt that wrote it, which the handover's announcement carries — four SQL expressions.
-pub(super) struct Grantable<'a> {
-    pub(super) lease_ms: &'a str,
-    pub(super) data: &'a str,
-    pub(super) replace_data: &'a str,
-    pub(super) nonce: &'a str,
+/// The live waiter first in line for the lease `name` (an SQL expression), in waiters' table
+/// `q`: arrival order, then the waiter's name.
+pub(super) fn first_in_line(q: &str, name: &str) -> String {
+    first_in_line_but(q, name, None)
 }
 
-/// A place that stores no grant: it is announced, never handed the lease.
-pub(super) const NOT_GRANTABLE: Grantable<'static> = Grantable {
-    lease_ms: "NULL::bigint",
-    data: "NULL::bytea",
-    replace_data: "false",
-    nonce: "NULL::bigint",
-};
+/// [`first_in_line`], passing over waiter `but` (an SQL expression): one whose place the same
+/// statement removes, which the statement itself still sees.
+fn first_in_line_but(q: &str, name: &str, but: Option<&str>) -> String {
+    let but = but.map_or(String::new(), |waiter| format!(" AND w.waiter <> {waiter}"));
+    format!(
+        "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp(){but}
+         ORDER BY w.queued_at, w.waiter LIMIT 1"
+    )
+}
 
-/// The CTEs that put waiter `owner` in line for `name` for `ms` milliseconds, in queue table
-/// `q`, keeping its place when it has a live one (and storing `grant` with it), and prune other
-/// waiters whose place lapsed; only when `when` (an SQL condition) holds. Shared by `enqueue`
-/// and `acquire_or_queue`.
-pub(super) fn line_up(
-    q: &str,
-    name: &str,
-    owner: &str,
-    ms: &str,
-    grant: Grantable,
-    when: &str,
-) -> String {
-    let Grantable {
-        lease_ms,
-        data,
-        replace_data,
-        nonce,
-    } = grant;
+/// Whether `owner` may be granted `name` as far as the line goes: nobody waits, or it is first.
+pub(super) fn may_go(q: &str, name: &str, owner: &str) -> String {
+    format!("coalesce(({}), {owner}) = {owner}", first_in_line(q, name))
+}
+
+/// The payload announcing that lease `name` (an SQL expression) is free: its length in bytes, a
+/// colon, the name, and the waiter first in line for it in `q` other than `leaving` (an SQL
+/// expression), if any (see `Released`).
+pub(super) fn announce(q: &str, name: &str, leaving: Option<&str>) -> String {
+    format!(
+        "octet_length({name})::text || ':' || {name} || coalesce(({}), '')",
+        first_in_line_but(q, name, leaving)
+    )
+}
+
+/// The CTEs that put waiter `$2` in line for `$1` for `$ms` milliseconds in waiters' table `q`,
+/// keeping its place when it has a live one, and drop other waiters whose place lapsed; only
+/// when `when` (an SQL condition) holds.
+pub(super) fn line_up(q: &str, ms: &str, when: &str) -> String {
     format!(
         "pruned AS (
-             DELETE FROM {q} WHERE name = {name} AND waiter <> {owner}
+             DELETE FROM {q} WHERE name = $1 AND waiter <> $2
                AND until <= clock_timestamp() AND {when}
          ), queued AS (
-             INSERT INTO {q} AS w
-                 (name, waiter, queued_at, until, lease_ms, data, replace_data, nonce)
-             SELECT {name}, {owner}, clock_timestamp(),
-                    clock_timestamp() + {ms} * interval '1 millisecond',
-                    {lease_ms}, {data}, {replace_data}, {nonce}
+             INSERT INTO {q} AS w (name, waiter, queued_at, until)
+             SELECT $1, $2, clock_timestamp(), clock_timestamp() + {ms} * interval '1 millisecond'
              WHERE {when}
              ON CONFLICT (name, waiter) DO UPDATE SET
-                 until = EXCLUDED.until, lease_ms = EXCLUDED.lease_ms, data = EXCLUDED.data,
-                 replace_data = EXCLUDED.replace_data, nonce = EXCLUDED.nonce,
+                 until = EXCLUDED.until,
                  queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
                                   ELSE w.queued_at END
          )"
-    )
-}
-
-/// The CTEs of a release that hand the lease straight to the waiter first in line: `handed`
-/// grants it (owner, a new token, the waiter's lease and data) and returns name, owner, token,
-/// the lock table's oid and the nonce of the waiter's place, and `served` takes that waiter out
-/// of the line. `heirs` is a CTE with, per lease being released, its `name`, `token` and `keep`
-/// flag and its first live waiter (`waiter`, `lease_ms`, `heir_data`, `replace_data`,
-/// `heir_nonce`); `sequence` the SQL of the token sequence.
-///
-/// The handed lease expires its lease after the moment the row is written
-/// (`clock_timestamp()`), not after the transaction's start (`now()`): the place it was handed
-/// to was read before that moment, so the waiter's attempt that wrote it was sent earlier still,
-/// and a waiter counting its deadline from that attempt counts from before the grant. From the
-/// transaction's start, a release inside a long transaction (or one queued behind a table lock)
-/// could have set an expiry earlier than the waiter's deadline.
-///
-/// Only a waiter that stored its grant is handed the lease, and only when the data the grant
-/// would have is the waiter's own (the row goes, or the waiter replaces its data, or it has
-/// none): its process then holds the lease from the announcement alone. Otherwise the release
-/// is announced naming that waiter, which asks itself, as before handover.
-pub(super) fn hand_over(t: &str, q: &str, heirs: &str, sequence: &str) -> String {
-    format!(
-        "handed AS (
-             UPDATE {t} AS l SET owner = h.waiter, token = {TIMELINE_BASE} + nextval({sequence}),
-                 data = h.heir_data, acquired_at = now(),
-                 expires_at = clock_timestamp() + h.lease_ms * interval '1 millisecond',
-                 kept = false
-             FROM {heirs} AS h
-             WHERE l.name = h.name AND l.token = h.token AND h.lease_ms IS NOT NULL
-               AND (NOT h.keep OR h.replace_data OR l.data IS NULL)
-             RETURNING l.name, l.owner, l.token, l.tableoid, h.heir_nonce AS nonce
-         ), served AS (
-             DELETE FROM {q} AS w USING handed
-             WHERE w.name = handed.name AND w.waiter = handed.owner
-         )"
-    )
-}
-
-/// The payload announcing that `handed.name` was handed to `handed.owner` with `handed.token`
-/// in the lock table `handed.tableoid` (see `Released`): the name's length in bytes, `>`, the
-/// name, the token, `@`, the table's oid, then `#` and the nonce of the waiter's place when it
-/// stored one, a colon, the owner. The oid tells the lock tables that share a channel apart
-/// (one name in two schemas share the default channel), so a handover is never taken for a
-/// lease of another table; the nonce tells the waiter the grant is its current wait's.
-pub(super) const HANDED_OVER: &str = "octet_length(handed.name)::text || '>' || handed.name
-     || handed.token::text || '@' || handed.tableoid::text
-     || coalesce('#' || handed.nonce::text, '') || ':' || handed.owner";
-
-/// The live waiter first in line for `name` (an SQL expression), in queue table `q`, other than
-/// `releaser` (see `announce`), with what its place stores of its grant: `waiter`, `lease_ms`,
-/// `heir_data`, `replace_data`, `heir_nonce`.
-pub(super) fn heir(q: &str, name: &str, releaser: &str) -> String {
-    let columns =
-        "w.waiter, w.lease_ms, w.data AS heir_data, w.replace_data, w.nonce AS heir_nonce";
-    line_head(q, name, columns, Some(releaser))
-}
-
-/// `first_in_line`, passing over `releaser`'s place (see `announce`).
-pub(super) fn first_in_line_but(q: &str, name: &str, releaser: &str) -> String {
-    line_head(q, name, "w.waiter", Some(releaser))
-}
-
-/// The live waiter first in line for the lease `name` (an SQL expression), in queue table `q`.
-pub(super) fn first_in_line(q: &str, name: &str) -> String {
-    line_head(q, name, "w.waiter", None)
-}
-
-/// `columns` of the live waiter (`w`) first in line for `name` in queue table `q`, passing over
-/// the waiter `but` (an SQL expression) when given: arrival order, then the waiter's name.
-fn line_head(q: &str, name: &str, columns: &str, but: Option<&str>) -> String {
-    let but = but.map_or(String::new(), |waiter| format!(" AND w.waiter <> {waiter}"));
-    format!(
-        "SELECT {columns} FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp(){but}
-         ORDER BY w.queued_at, w.waiter LIMIT 1"
     )
 }
 

@@ -64,7 +64,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
         let arguments = if acquire {
             "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
         } else {
-            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'unused', 'me'"
+            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'me'"
         };
         let plan: Vec<String> = client
             .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])
@@ -102,7 +102,9 @@ async fn acquire_and_release(
         .map(|name| AcquireRequest::new(name.as_ref()))
         .collect();
     let grants = table
-        .try_acquire_many(client, &requests, "me", LEASE)
+        .owner("me")
+        .unwrap()
+        .try_acquire_many(client, &requests, LEASE)
         .await
         .unwrap();
     assert_eq!(grants.len(), names.len());
@@ -113,7 +115,12 @@ async fn acquire_and_release(
             keep: false,
         })
         .collect();
-    let released = table.release_many(client, "me", &releases).await.unwrap();
+    let released = table
+        .owner("me")
+        .unwrap()
+        .release_many(client, &releases)
+        .await
+        .unwrap();
     assert_eq!(released.len(), names.len());
 }
 

@@ -1,5 +1,6 @@
 //! Lease statements on their own: tokens, renewal, release, reservation and the fencing guard.
 
+use pgcoord::lease::ReleaseRequest;
 use std::time::Duration;
 
 use pgcoord::lease::{AcquireRequest, Attempt};
@@ -23,7 +24,16 @@ async fn tokens_strictly_increase_and_survive_a_server_restart() {
         assert!(g.token > last);
         last = g.token;
         table
-            .release(&client, &format!("n{}", i % 3), "me", g.token, false)
+            .owner("me")
+            .unwrap()
+            .release(
+                &client,
+                &ReleaseRequest {
+                    name: &format!("n{}", i % 3),
+                    token: g.token,
+                    keep: false,
+                },
+            )
             .await
             .unwrap();
     }
@@ -47,7 +57,12 @@ async fn renew_never_inserts_steals_or_revives() {
         ("missing".to_string(), 1),
         ("a".to_string(), a.token + 1000),
     ];
-    let renewed = table.renew(&client, "me", &held, LEASE).await.unwrap();
+    let renewed = table
+        .owner("me")
+        .unwrap()
+        .renew(&client, &held, LEASE)
+        .await
+        .unwrap();
     assert_eq!(renewed, vec![a.token]);
     assert_eq!(
         table.get(&client, "missing").await.unwrap_err().kind(),
@@ -72,10 +87,17 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
 
     // A guarded transaction keeps the lease from being taken over until it ends...
     let tx = client.transaction().await.unwrap();
-    table.fence(&tx, "job", "me", g.token).await.unwrap();
+    table
+        .owner("me")
+        .unwrap()
+        .fence(&tx, "job", g.token)
+        .await
+        .unwrap();
     // ...while the holder can still renew.
     let renewed = table
-        .renew(&other, "me", &[("job", g.token)], short)
+        .owner("me")
+        .unwrap()
+        .renew(&other, &[("job", g.token)], short)
         .await
         .unwrap();
     assert_eq!(renewed.len(), 1);
@@ -84,7 +106,9 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
     // for as long as the guarded transaction lasts); it answers Busy at once.
     let started = std::time::Instant::now();
     let attempt = table
-        .try_acquire(&other, "job", "thief", None, false, LEASE)
+        .owner("thief")
+        .unwrap()
+        .try_acquire(&other, &AcquireRequest::new("job"), LEASE)
         .await
         .unwrap();
     assert_eq!(attempt, Attempt::Busy, "takeover is held off by the guard");
@@ -94,7 +118,9 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
     );
     tx.commit().await.unwrap();
     let Attempt::Granted(new) = table
-        .try_acquire(&other, "job", "thief", None, false, LEASE)
+        .owner("thief")
+        .unwrap()
+        .try_acquire(&other, &AcquireRequest::new("job"), LEASE)
         .await
         .unwrap()
     else {
@@ -103,11 +129,21 @@ async fn the_fencing_guard_rejects_stale_tokens_and_holds_off_takeover() {
 
     // The stale token is rejected from now on.
     let tx = client.transaction().await.unwrap();
-    let err = table.fence(&tx, "job", "me", g.token).await.unwrap_err();
+    let err = table
+        .owner("me")
+        .unwrap()
+        .fence(&tx, "job", g.token)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     tx.rollback().await.unwrap();
     let tx = client.transaction().await.unwrap();
-    table.fence(&tx, "job", "thief", new.token).await.unwrap();
+    table
+        .owner("thief")
+        .unwrap()
+        .fence(&tx, "job", new.token)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -122,14 +158,19 @@ async fn bad_names_and_durations_are_rejected_before_sql() {
         ("ok", ""),
         ("ok", long.as_str()),
     ] {
-        let err = table
-            .try_acquire(&client, name, owner, None, false, LEASE)
-            .await
-            .unwrap_err();
+        // A bad owner is refused when it is bound, a bad name by the attempt.
+        let err = match table.owner(owner) {
+            Ok(owner) => (owner.try_acquire(&client, &AcquireRequest::new(name), LEASE))
+                .await
+                .unwrap_err(),
+            Err(e) => e,
+        };
         assert_eq!(err.kind(), ErrorKind::InvalidName);
     }
     let err = table
-        .try_acquire(&client, "ok", "me", None, false, Duration::ZERO)
+        .owner("me")
+        .unwrap()
+        .try_acquire(&client, &AcquireRequest::new("ok"), Duration::ZERO)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DurationTooSmall);
@@ -147,12 +188,21 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let (pool, table) = (pgcoord::db::pool(&config), LeaseTable::new(&config));
     // This session's prepared acquire and release statements.
     let prepared = "SELECT count(*) FROM pg_prepared_statements
-                    WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH releaser%'";
+                    WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH ended%'";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
     table
-        .release(&*conn, "a", "me", g.token, false)
+        .owner("me")
+        .unwrap()
+        .release(
+            &*conn,
+            &ReleaseRequest {
+                name: "a",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     let after_first: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
@@ -160,7 +210,16 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     for _ in 0..5 {
         let g = grant(&table, &*conn, "a", "me", LEASE).await;
         table
-            .release(&*conn, "a", "me", g.token, false)
+            .owner("me")
+            .unwrap()
+            .release(
+                &*conn,
+                &ReleaseRequest {
+                    name: "a",
+                    token: g.token,
+                    keep: false,
+                },
+            )
             .await
             .unwrap();
     }
@@ -201,16 +260,36 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     .await;
     let r = grant(&table, &client, "reserved", "other", LEASE).await;
     table
-        .enqueue(&client, "reserved", "waiter", LEASE)
+        .owner("waiter")
+        .unwrap()
+        .enqueue(&client, "reserved", LEASE)
         .await
         .unwrap();
     table
-        .release(&client, "reserved", "other", r.token, false)
+        .owner("other")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "reserved",
+                token: r.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     let k = grant(&table, &client, "kept", "other", LEASE).await;
     table
-        .release(&client, "kept", "other", k.token, true)
+        .owner("other")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "kept",
+                token: k.token,
+                keep: true,
+            },
+        )
         .await
         .unwrap();
     client
@@ -256,7 +335,9 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     ];
     let started = std::time::Instant::now();
     let granted = table
-        .try_acquire_many(&other, &requests, "me", LEASE)
+        .owner("me")
+        .unwrap()
+        .try_acquire_many(&other, &requests, LEASE)
         .await
         .unwrap();
     assert!(
@@ -298,7 +379,9 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     tx.rollback().await.unwrap();
     // Bad names are refused before any SQL, and nothing is granted.
     let err = table
-        .try_acquire_many(&other, &[request("ok"), request("")], "me", LEASE)
+        .owner("me")
+        .unwrap()
+        .try_acquire_many(&other, &[request("ok"), request("")], LEASE)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
@@ -317,12 +400,23 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     let renewed = table
-        .renew(&client, "thief", &[("job", g.token)], LEASE * 2)
+        .owner("thief")
+        .unwrap()
+        .renew(&client, &[("job", g.token)], LEASE * 2)
         .await
         .unwrap();
     assert!(renewed.is_empty(), "renewed another's lease");
     let err = table
-        .release(&client, "job", "thief", g.token, false)
+        .owner("thief")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
@@ -332,17 +426,26 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
         keep: false,
     };
     let released = table
-        .release_many(&client, "thief", &[request])
+        .owner("thief")
+        .unwrap()
+        .release_many(&client, &[request])
         .await
         .unwrap();
     assert!(released.is_empty(), "released another's lease in a batch");
     let err = table
-        .proclaim(&client, "job", g.token, "thief", b"forged")
+        .owner("thief")
+        .unwrap()
+        .proclaim(&client, "job", g.token, b"forged")
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     let tx = client.transaction().await.unwrap();
-    let err = table.fence(&tx, "job", "thief", g.token).await.unwrap_err();
+    let err = table
+        .owner("thief")
+        .unwrap()
+        .fence(&tx, "job", g.token)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     tx.rollback().await.unwrap();
     // The holder's lease is as it was, and its owner still renews and releases it.
@@ -353,12 +456,115 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
     );
     assert!(info.remaining.unwrap() <= LEASE);
     let renewed = table
-        .renew(&client, "holder", &[("job", g.token)], LEASE)
+        .owner("holder")
+        .unwrap()
+        .renew(&client, &[("job", g.token)], LEASE)
         .await
         .unwrap();
     assert_eq!(renewed, vec![g.token]);
     table
-        .release(&client, "job", "holder", g.token, false)
+        .owner("holder")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
+}
+
+/// A lease taken over after its holder's expiry is the new holder's, data included: the dead
+/// holder's data never passes to it (on a plain attempt and in a batch). Only a kept row's data
+/// outlives its tenure, and `replace_data` replaces that.
+#[tokio::test]
+async fn a_takeover_never_keeps_the_dead_holders_data_only_a_kept_rows() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let short = Duration::from_millis(50);
+    for name in ["single", "batched"] {
+        let dead = table.owner("dead").unwrap();
+        let request = AcquireRequest::new(name).data(b"dead's");
+        assert!(matches!(
+            dead.try_acquire(&client, &request, short).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+    }
+    tokio::time::sleep(short * 3).await;
+    let next = table.owner("next").unwrap();
+    let Attempt::Granted(single) =
+        (next.try_acquire(&client, &AcquireRequest::new("single").data(b"mine"), LEASE))
+            .await
+            .unwrap()
+    else {
+        panic!("expired: taken over")
+    };
+    assert_eq!(single.data.as_deref(), Some(&b"mine"[..]));
+    let batch = [AcquireRequest::new("batched"), AcquireRequest::new("other")];
+    let granted = next.try_acquire_many(&client, &batch, LEASE).await.unwrap();
+    assert_eq!(granted["batched"].data, None, "no data asked, none kept");
+    let info = table.get(&client, "single").await.unwrap();
+    assert_eq!(info.data.as_deref(), Some(&b"mine"[..]));
+    // Kept on release, the data waits for the next holder, unless it replaces it.
+    let release = ReleaseRequest {
+        name: "single",
+        token: single.token,
+        keep: true,
+    };
+    next.release(&client, &release).await.unwrap();
+    let third = table.owner("third").unwrap();
+    let kept = AcquireRequest::new("single").data(b"third's");
+    let Attempt::Granted(g) = third.try_acquire(&client, &kept, LEASE).await.unwrap() else {
+        panic!("free")
+    };
+    assert_eq!(
+        g.data.as_deref(),
+        Some(&b"mine"[..]),
+        "a kept row's data stays"
+    );
+    let release = ReleaseRequest {
+        name: "single",
+        token: g.token,
+        keep: true,
+    };
+    third.release(&client, &release).await.unwrap();
+    let Attempt::Granted(g) = third
+        .try_acquire(&client, &kept.replace_data(), LEASE)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    assert_eq!(g.data.as_deref(), Some(&b"third's"[..]));
+}
+
+/// After an attempt whose outcome is unknown, `release_orphans` frees whatever of its names
+/// the owner holds, whatever the token — and nothing of anyone else's.
+#[tokio::test]
+async fn release_orphans_frees_the_owners_grants_among_the_names_and_nothing_else() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let mine = grant(&table, &client, "mine", "me", LEASE).await;
+    grant(&table, &client, "theirs", "them", LEASE).await;
+    grant(&table, &client, "elsewhere", "me", LEASE).await;
+    let me = table.owner("me").unwrap();
+    let names = ["mine", "theirs", "missing"];
+    assert!(me.release_orphans(&client, &names, false).await.unwrap());
+    assert_eq!(
+        table.get(&client, "mine").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        table.get(&client, "theirs").await.unwrap().owner.as_deref(),
+        Some("them")
+    );
+    assert!(table.get(&client, "elsewhere").await.unwrap().is_held());
+    // Nothing left: true again, and nothing sent but the look.
+    assert!(me.release_orphans(&client, &names, false).await.unwrap());
+    // The token that was freed is lost for good.
+    let err = me.fence(&client, "mine", mine.token).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
 }

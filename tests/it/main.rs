@@ -6,7 +6,6 @@ mod batch_plans;
 mod config;
 mod embedded;
 mod errors;
-mod handover;
 mod ident;
 mod lease;
 mod release;
@@ -16,6 +15,7 @@ mod standby;
 mod tls;
 
 use pgcoord::embedded::{test_pg_config, unique_name};
+use pgcoord::lease::AcquireRequest;
 use pgcoord::{Config, ConfigBuilder};
 use std::time::Duration;
 
@@ -60,7 +60,9 @@ pub async fn grant(
     lease: Duration,
 ) -> Grant {
     match table
-        .try_acquire(client, name, owner, None, false, lease)
+        .owner(owner)
+        .unwrap()
+        .try_acquire(client, &AcquireRequest::new(name), lease)
         .await
         .unwrap()
     {

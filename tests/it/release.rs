@@ -1,5 +1,6 @@
 //! Releasing leases, alone and in batches, and what releases announce on the lease channel.
 
+use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use std::time::Duration;
 
 use pgcoord::lease::Attempt;
@@ -13,7 +14,16 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "me", LEASE).await;
     let err = table
-        .release(&client, "job", "me", g.token + 1, false)
+        .owner("me")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token + 1,
+                keep: false,
+            },
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
@@ -21,7 +31,16 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
     // The release announces the name on the lease channel (see `Released`).
     let (_listening, mut announced) = announcements(&config).await;
     table
-        .release(&client, "job", "me", g.token, false)
+        .owner("me")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
@@ -66,19 +85,37 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
         let name = format!("job-{keep}");
         let g = grant(&table, &client, &name, "releaser", LEASE).await;
         let holder = table
-            .enqueue(&client, &name, "waiter", LEASE)
+            .owner("waiter")
+            .unwrap()
+            .enqueue(&client, &name, LEASE)
             .await
             .unwrap();
         assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
         // A second waiter is in line behind the first.
-        table.enqueue(&client, &name, "late", LEASE).await.unwrap();
         table
-            .release(&client, &name, "releaser", g.token, keep)
+            .owner("late")
+            .unwrap()
+            .enqueue(&client, &name, LEASE)
+            .await
+            .unwrap();
+        table
+            .owner("releaser")
+            .unwrap()
+            .release(
+                &client,
+                &ReleaseRequest {
+                    name: &name,
+                    token: g.token,
+                    keep,
+                },
+            )
             .await
             .unwrap();
         for other in ["releaser", "late"] {
             let attempt = table
-                .try_acquire(&client, &name, other, None, false, LEASE)
+                .owner(other)
+                .unwrap()
+                .try_acquire(&client, &AcquireRequest::new(&name), LEASE)
                 .await
                 .unwrap();
             assert!(
@@ -88,7 +125,16 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
         }
         let g = grant(&table, &client, &name, "waiter", LEASE).await;
         table
-            .release(&client, &name, "waiter", g.token, keep)
+            .owner("waiter")
+            .unwrap()
+            .release(
+                &client,
+                &ReleaseRequest {
+                    name: &name,
+                    token: g.token,
+                    keep,
+                },
+            )
             .await
             .unwrap();
         // Nobody left in line: a deleted lock is gone, a kept one stays.
@@ -102,21 +148,42 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     for waiter in ["first", "second", "third"] {
-        table.enqueue(&client, "job", waiter, LEASE).await.unwrap();
+        table
+            .owner(waiter)
+            .unwrap()
+            .enqueue(&client, "job", LEASE)
+            .await
+            .unwrap();
         // Each arrives after the previous one.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // The holder refreshing its place does not move it; a waiter refreshing keeps its own.
-    table.enqueue(&client, "job", "first", LEASE).await.unwrap();
     table
-        .release(&client, "job", "holder", g.token, false)
+        .owner("first")
+        .unwrap()
+        .enqueue(&client, "job", LEASE)
+        .await
+        .unwrap();
+    table
+        .owner("holder")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     // The row is gone, yet nobody but the first in line can take it: not the releaser, not a
     // newcomer, not the second.
     for other in ["holder", "newcomer", "second"] {
         let attempt = table
-            .try_acquire(&client, "job", other, None, false, LEASE)
+            .owner(other)
+            .unwrap()
+            .try_acquire(&client, &AcquireRequest::new("job"), LEASE)
             .await
             .unwrap();
         assert!(
@@ -126,19 +193,44 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
     }
     let g = grant(&table, &client, "job", "first", LEASE).await;
     table
-        .release(&client, "job", "first", g.token, false)
+        .owner("first")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     // The second leaves the line: the third is first now.
-    table.dequeue(&client, "job", "second").await.unwrap();
+    table
+        .owner("second")
+        .unwrap()
+        .leave_line(&client, "job")
+        .await
+        .unwrap();
     let attempt = table
-        .try_acquire(&client, "job", "newcomer", None, false, LEASE)
+        .owner("newcomer")
+        .unwrap()
+        .try_acquire(&client, &AcquireRequest::new("job"), LEASE)
         .await
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(_)), "the third is in line");
     let g = grant(&table, &client, "job", "third", LEASE).await;
     table
-        .release(&client, "job", "third", g.token, false)
+        .owner("third")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     // Nobody waits any more: anyone may take it, and no row was left behind.
@@ -156,31 +248,58 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
     let (_listening, mut announced) = announcements(&config).await;
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     table
-        .enqueue(&client, "job", "waiter", LEASE)
+        .owner("waiter")
+        .unwrap()
+        .enqueue(&client, "job", LEASE)
         .await
         .unwrap();
     table
-        .release(&client, "job", "holder", g.token, false)
+        .owner("holder")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     let payload = next(&mut announced).await;
     let released = pgcoord::lease::Released::parse(&payload).unwrap();
     assert_eq!(
-        (released.name, released.reserved_for),
+        (released.name, released.first_in_line),
         ("job", Some("waiter"))
     );
     // The waiter gives up while the row is free: the others may try now, so it is announced.
-    table.dequeue(&client, "job", "waiter").await.unwrap();
+    table
+        .owner("waiter")
+        .unwrap()
+        .leave_line(&client, "job")
+        .await
+        .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
     // A lapsed reservation is not named: anyone may take the lock.
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     table
-        .enqueue(&client, "job", "waiter", Duration::from_millis(1))
+        .owner("waiter")
+        .unwrap()
+        .enqueue(&client, "job", Duration::from_millis(1))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     table
-        .release(&client, "job", "holder", g.token, true)
+        .owner("holder")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: true,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
@@ -196,7 +315,9 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     let kept = grant(&table, &client, "kept", "me", LEASE).await;
     let reserved = grant(&table, &client, "reserved", "me", LEASE).await;
     table
-        .enqueue(&client, "reserved", "waiter", LEASE)
+        .owner("waiter")
+        .unwrap()
+        .enqueue(&client, "reserved", LEASE)
         .await
         .unwrap();
     let lost = grant(&table, &client, "lost", "me", LEASE).await;
@@ -215,16 +336,19 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     let mut fence = super::connect(&config).await;
     let tx = fence.transaction().await.unwrap();
     table
-        .fence(&tx, "locked", "me", locked.token)
+        .owner("me")
+        .unwrap()
+        .fence(&tx, "locked", locked.token)
         .await
         .unwrap();
 
     let request = |name, token, keep| ReleaseRequest { name, token, keep };
     let started = std::time::Instant::now();
     let released = table
+        .owner("me")
+        .unwrap()
         .release_many(
             &client,
-            "me",
             &[
                 request("plain", plain.token, false),
                 request("kept", kept.token, true),
@@ -256,7 +380,9 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     );
     assert!(matches!(
         table
-            .try_acquire(&client, "reserved", "me", None, false, LEASE)
+            .owner("me")
+            .unwrap()
+            .try_acquire(&client, &AcquireRequest::new("reserved"), LEASE)
             .await
             .unwrap(),
         Attempt::Held(_)
@@ -275,17 +401,37 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     // The skipped row, released alone once the guard ends; the lost one tells its caller.
     tx.rollback().await.unwrap();
     table
-        .release(&client, "locked", "me", locked.token, false)
+        .owner("me")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "locked",
+                token: locked.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
     let err = table
-        .release(&client, "lost", "me", lost.token, false)
+        .owner("me")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "lost",
+                token: lost.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     // Bad names are refused before any SQL.
     let err = table
-        .release_many(&client, "me", &[request("", 1, false)])
+        .owner("me")
+        .unwrap()
+        .release_many(&client, &[request("", 1, false)])
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
@@ -299,7 +445,9 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         let (table, client) = (&table, &client);
         async move {
             table
-                .try_acquire_or_queue(client, "job", owner, None, false, LEASE, LEASE, 1)
+                .owner(owner)
+                .unwrap()
+                .try_acquire_or_queue(client, &AcquireRequest::new("job"), LEASE, LEASE)
                 .await
                 .unwrap()
         }
@@ -316,32 +464,62 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         other => panic!("{other:?}"),
     }
     table
-        .release(&client, "job", "holder", g.token, false)
+        .owner("holder")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap();
-    // The waiter's lost attempt stored its grant, so the release handed it the lease (see
-    // `handover.rs`): the releaser asking again is refused by it, and in line behind it.
-    let heir = match wait("holder").await {
-        Attempt::Held(Some(holder)) => holder,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(heir.owner, "waiter");
-    assert!(heir.token > g.token);
-    table
-        .release(&client, "job", "waiter", heir.token, false)
-        .await
-        .unwrap();
-    // The releaser was put in line by its refused attempt: the lease went to it in turn.
-    let info = table.get(&client, "job").await.unwrap();
-    assert_eq!(info.owner.as_deref(), Some("holder"));
-    assert!(info.token.unwrap() > heir.token);
+    // Free now, and the waiter is first in line: the releaser asking again is refused, and
+    // lines up behind it; a newcomer's plain attempt is refused too.
+    assert!(matches!(wait("holder").await, Attempt::Held(None)));
     assert!(matches!(
         table
-            .try_acquire(&client, "job", "newcomer", None, false, LEASE)
+            .owner("newcomer")
+            .unwrap()
+            .try_acquire(&client, &AcquireRequest::new("job"), LEASE)
             .await
             .unwrap(),
-        Attempt::Held(_)
+        Attempt::Held(None)
     ));
+    // The waiter's own attempt takes it, and takes it out of the line.
+    let Attempt::Granted(heir) = wait("waiter").await else {
+        panic!("the first in line is granted")
+    };
+    assert!(heir.token > g.token);
+    table
+        .owner("waiter")
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "job",
+                token: heir.token,
+                keep: false,
+            },
+        )
+        .await
+        .unwrap();
+    // Next in line: the releaser, whose refused attempt put it there.
+    assert!(matches!(
+        table
+            .owner("newcomer")
+            .unwrap()
+            .try_acquire(&client, &AcquireRequest::new("job"), LEASE)
+            .await
+            .unwrap(),
+        Attempt::Held(None)
+    ));
+    let Attempt::Granted(last) = wait("holder").await else {
+        panic!("the releaser, next in line, is granted")
+    };
+    assert!(last.token > heir.token);
 }
 
 #[tokio::test]
@@ -350,18 +528,27 @@ async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() 
     let table = LeaseTable::new(&config);
     // A waiter that will never come back (its process died without leaving the line).
     table
-        .enqueue(&client, "job", "ghost", Duration::from_millis(300))
+        .owner("ghost")
+        .unwrap()
+        .enqueue(&client, "job", Duration::from_millis(300))
         .await
         .unwrap();
     let attempt = table
-        .try_acquire(&client, "job", "me", None, false, LEASE)
+        .owner("me")
+        .unwrap()
+        .try_acquire(&client, &AcquireRequest::new("job"), LEASE)
         .await
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(None)), "the ghost is first");
     tokio::time::sleep(Duration::from_millis(350)).await;
     grant(&table, &client, "job", "me", LEASE).await;
     // The lapsed place is pruned when someone queues next.
-    table.enqueue(&client, "job", "next", LEASE).await.unwrap();
+    table
+        .owner("next")
+        .unwrap()
+        .enqueue(&client, "job", LEASE)
+        .await
+        .unwrap();
     let left: i64 = client
         .query_one(
             &format!(

@@ -30,13 +30,22 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
         for i in 0..PAIRS {
             let name = format!("single-{i}");
             let Attempt::Granted(g) = table
-                .try_acquire(&*client, &name, "raw", None, false, lease)
+                .owner("raw")?
+                .try_acquire(&*client, &AcquireRequest::new(&name), lease)
                 .await?
             else {
                 panic!("free")
             };
             table
-                .release(&*client, &name, "raw", g.token, false)
+                .owner("raw")?
+                .release(
+                    &*client,
+                    &ReleaseRequest {
+                        name: &name,
+                        token: g.token,
+                        keep: false,
+                    },
+                )
                 .await?;
         }
         Ok(())
@@ -62,7 +71,8 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
         let requests: Vec<AcquireRequest> =
             names.iter().map(|name| AcquireRequest::new(name)).collect();
         let grants = table
-            .try_acquire_many(client, &requests, "raw", lease)
+            .owner("raw")?
+            .try_acquire_many(client, &requests, lease)
             .await?;
         assert_eq!(grants.len(), k, "free names");
         let releases: Vec<ReleaseRequest> = names
@@ -73,7 +83,7 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
                 keep: false,
             })
             .collect();
-        table.release_many(client, "raw", &releases).await?;
+        table.owner("raw")?.release_many(client, &releases).await?;
     }
     Ok(())
 }

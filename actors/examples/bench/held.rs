@@ -96,7 +96,8 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for _ in 0..8 {
         let t = Instant::now();
         match table
-            .renew(&admin, "holder", &snapshot, Duration::from_secs(60))
+            .owner("holder")?
+            .renew(&admin, &snapshot, Duration::from_secs(60))
             .await
         {
             Ok(r) => {

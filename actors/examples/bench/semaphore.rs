@@ -1,6 +1,7 @@
 //! Counting semaphores: a permit taken and given back through the runtime against the raw
 //! statements, and the throughput of 8 callers on 3 permits.
 
+use pgcoord::lease::ReleaseRequest;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,13 +38,22 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                 let t = Instant::now();
                 if side == 0 {
                     let SlotAttempt::Granted { slot, grant } = table
-                        .try_acquire_any(&*raw, &slots, "raw", admin_cfg.lease())
+                        .owner("raw")?
+                        .try_acquire_any(&*raw, &slots, admin_cfg.lease())
                         .await?
                     else {
                         panic!("a free slot")
                     };
                     table
-                        .release(&*raw, &slot, "raw", grant.token, false)
+                        .owner("raw")?
+                        .release(
+                            &*raw,
+                            &ReleaseRequest {
+                                name: &slot,
+                                token: grant.token,
+                                keep: false,
+                            },
+                        )
                         .await?;
                     floor.push(t.elapsed());
                 } else {

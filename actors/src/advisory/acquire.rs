@@ -119,7 +119,7 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                     mode,
                     pinging: false,
                     watch: None,
-                    lost: tokio::sync::watch::channel(None).0,
+                    lost: tokio::sync::watch::channel(crate::losses::Tenure::Held).0,
                 }),
                 Err(e) => Err((e, clean.then_some(pinned))),
             };

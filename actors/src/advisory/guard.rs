@@ -5,16 +5,17 @@ use pgcoord::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 
 use super::{AdvisoryLocks, AdvisoryUnlock};
-use crate::losses::LossReason;
+use crate::losses::{LossReason, Tenure};
 
 /// An advisory lock held on a session of its own. Dropping the guard releases the lock (in the
 /// background); [`release`](AdvisoryGuard::release) releases it and reports the outcome;
 /// [`lost`](AdvisoryGuard::lost) resolves if the lock is lost first (its session failed,
 /// stopped answering pings, or the actor stopped).
+#[must_use = "dropping an AdvisoryGuard releases the lock at once"]
 pub struct AdvisoryGuard {
     key: i64,
     locks: Addr<AdvisoryLocks>,
-    lost: watch::Receiver<Option<LossReason>>,
+    lost: watch::Receiver<Tenure>,
     released: bool,
 }
 
@@ -22,7 +23,7 @@ impl AdvisoryGuard {
     pub(super) fn new(
         key: i64,
         locks: Addr<AdvisoryLocks>,
-        lost: watch::Receiver<Option<LossReason>>,
+        lost: watch::Receiver<Tenure>,
     ) -> AdvisoryGuard {
         AdvisoryGuard {
             key,
@@ -39,14 +40,14 @@ impl AdvisoryGuard {
 
     /// Why the lock was lost, once it has been.
     pub fn loss(&self) -> Option<LossReason> {
-        *self.lost.borrow()
+        crate::losses::loss_of(&self.lost)
     }
 
-    /// Resolves when the lock is lost (or ended otherwise: released by an [`AdvisoryUnlock`], or
-    /// the actor stopped — then [`LossReason::Shutdown`]); pending forever while it is held.
-    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        // The actor is gone, and with it the session: the server released the lock.
-        crate::losses::when_lost(&self.lost, LossReason::Shutdown)
+    /// Resolves when the tenure ends: `Some(reason)` when the lock is lost (the actor stopping
+    /// is [`LossReason::Shutdown`]), `None` when it was released (no loss). Pending while held.
+    pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
+        // The actor is gone without a word, and with it the session: the server released it.
+        crate::losses::when_ended(&self.lost, LossReason::Shutdown)
     }
 
     /// Releases the lock. [`ErrorKind::LockLost`] when it was already lost.
@@ -68,8 +69,8 @@ impl Drop for AdvisoryGuard {
     fn drop(&mut self) {
         // The sender lives with the session: once it is gone, this tenure ended (lost, or
         // released by an `AdvisoryUnlock`), and a later tenure of the same key is not ours.
-        let ended = self.lost.has_changed().is_err();
-        if !self.released && !ended && self.loss().is_none() {
+        let ended = self.lost.has_changed().is_err() || *self.lost.borrow() != Tenure::Held;
+        if !self.released && !ended {
             self.locks.do_send(AdvisoryUnlock(self.key));
         }
     }

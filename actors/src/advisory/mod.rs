@@ -20,7 +20,9 @@ use pgcoord::advisory::{self, Mode};
 use pgcoord::{Error, ErrorKind, Result};
 use tracing::warn;
 
-use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
+use crate::losses::{
+    LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost, Tenure,
+};
 use crate::session::Pinned;
 use crate::stats::GetStats;
 
@@ -32,8 +34,8 @@ pub use acquire::AdvisoryResponse;
 pub use guard::AdvisoryGuard;
 pub use messages::{AdvisoryLock, AdvisoryStats, AdvisoryUnlock};
 
-/// The actor holding this process's advisory locks. Start it inside an actix System with
-/// [`AdvisoryLocks::new`] and `.start()` (a `Coordinator` starts one).
+/// The actor holding this process's advisory locks. Start it with [`AdvisoryLocks::connect`],
+/// which checks the server first (a `Coordinator` starts one).
 pub struct AdvisoryLocks {
     config: pgcoord::Config,
     sessions: std::collections::HashMap<i64, Session>,
@@ -61,6 +63,15 @@ impl AdvisoryLocks {
         }
     }
 
+    /// Checks that the server can be reached (`pgcoord::db::check_reachable`: advisory locks
+    /// need no table), then starts the actor in the current actix System: the start that can
+    /// fail, with [`pgcoord::ErrorKind::Unavailable`] or [`pgcoord::ErrorKind::Tls`] at once
+    /// instead of at the first lock.
+    pub async fn connect(config: pgcoord::Config) -> Result<Addr<AdvisoryLocks>> {
+        pgcoord::db::check_reachable(&config).await?;
+        Ok(AdvisoryLocks::new(config).start())
+    }
+
     /// Sets the held-locks gauge after `sessions` changed.
     fn count_held(&self) {
         if let Some(gauge) = &self.held_gauge {
@@ -86,7 +97,7 @@ impl Actor for AdvisoryLocks {
         let keys: Vec<i64> = self.sessions.keys().copied().collect();
         for key in keys {
             if let Some(session) = self.sessions.remove(&key) {
-                let _ = session.lost.send(Some(LossReason::Shutdown));
+                let _ = session.lost.send(Tenure::Lost(LossReason::Shutdown));
                 self.stats.lost += 1;
             }
             self.subscribers.broadcast(LockLost {
@@ -106,8 +117,8 @@ struct Session {
     pinging: bool,
     /// The future reporting the loss the moment the connection ends; cancelled with the session.
     watch: Option<SpawnHandle>,
-    /// Tells the lock's guard why it was lost.
-    lost: tokio::sync::watch::Sender<Option<LossReason>>,
+    /// Tells the lock's guard how its tenure ended.
+    lost: tokio::sync::watch::Sender<Tenure>,
 }
 
 /// How many lock-free sessions are kept open for reuse.
@@ -154,8 +165,8 @@ impl AdvisoryLocks {
         key: i64,
         mut session: Session,
         ctx: &mut Context<Self>,
-    ) -> tokio::sync::watch::Receiver<Option<LossReason>> {
-        let (lost_tx, lost_rx) = tokio::sync::watch::channel(None);
+    ) -> tokio::sync::watch::Receiver<Tenure> {
+        let (lost_tx, lost_rx) = tokio::sync::watch::channel(Tenure::Held);
         session.lost = lost_tx;
         let mut ended = session.pinned.ended.clone();
         let watched = Arc::downgrade(&session.pinned);
@@ -208,7 +219,7 @@ impl AdvisoryLocks {
         }
         self.stats.lost += 1;
         warn!(key, ?reason, error = %error, "advisory lock lost; its session is closed");
-        let _ = session.lost.send(Some(reason));
+        let _ = session.lost.send(Tenure::Lost(reason));
         self.subscribers.broadcast(LockLost {
             key: LockKey::Advisory(key),
             token: None,
@@ -225,7 +236,7 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
         AdvisoryUnlock(key): AdvisoryUnlock,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
-        let Some(mut session) = self.sessions.remove(&key) else {
+        let Some(session) = self.sessions.remove(&key) else {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!("advisory lock {key} is not held (lost or released)"),
@@ -233,17 +244,24 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
             return Box::pin(actix::fut::ready(Err(error)));
         };
         self.count_held();
-        if let Some(watch) = session.watch.take() {
+        let Session {
+            pinned,
+            mode,
+            watch,
+            lost: tenure,
+            ..
+        } = session;
+        if let Some(watch) = watch {
             ctx.cancel_future(watch);
         }
         let bound = std::time::Instant::now() + self.config.statement_timeout();
         let unlock = async move {
-            let client = pgcoord::db::until(&session.pinned.client, bound);
-            let result = advisory::unlock(&client, key, session.mode).await;
+            let client = pgcoord::db::until(&pinned.client, bound);
+            let result = advisory::unlock(&client, key, mode).await;
             // Unlocked, the session holds nothing and can serve the next lock.
             let reusable = result
                 .is_ok()
-                .then(|| Arc::try_unwrap(session.pinned).ok())
+                .then(|| Arc::try_unwrap(pinned).ok())
                 .flatten();
             (result, reusable)
         };
@@ -256,11 +274,13 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
                     }
                     if result.is_ok() {
                         act.stats.released += 1;
+                        let _ = tenure.send(Tenure::Released);
                     }
                     if let Err(e) = &result
                         && e.is_lock_lost()
                     {
                         act.stats.lost += 1;
+                        let _ = tenure.send(Tenure::Lost(LossReason::ConnectionLost));
                         // The session no longer held it: that is a loss nobody was told about.
                         act.subscribers.broadcast(LockLost {
                             key: LockKey::Advisory(key),

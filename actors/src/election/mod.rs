@@ -142,6 +142,7 @@ pub(crate) async fn term_of(
 
 /// A term as leader: a held lease and the value proclaimed with it. Dropping it resigns (in the
 /// background).
+#[must_use = "dropping a Leadership resigns at once"]
 pub struct Leadership {
     lease: Lease,
     value: Vec<u8>,
@@ -165,8 +166,9 @@ impl Leadership {
         &self.lease
     }
 
-    /// Resolves when the term is lost; pending while it lasts.
-    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+    /// Resolves when the term ends: `Some(reason)` when it is lost, `None` after a
+    /// [`resign`](Self::resign) (no loss). Pending while it lasts.
+    pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
         self.lease.lost()
     }
 

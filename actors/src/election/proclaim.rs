@@ -23,11 +23,7 @@ impl Handler<Proclaim> for LockManager {
     type Result = ResponseFuture<Result<()>>;
 
     fn handle(&mut self, proclaim: Proclaim, _: &mut Context<Self>) -> Self::Result {
-        if self
-            .held
-            .get(proclaim.name.as_str())
-            .is_none_or(|held| held.token != proclaim.token)
-        {
+        if !self.holds(&proclaim.name, proclaim.token) {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!(
@@ -37,17 +33,14 @@ impl Handler<Proclaim> for LockManager {
             );
             return Box::pin(std::future::ready(Err(error)));
         }
-        let (pool, table, owner) = (
-            self.pool.clone(),
-            self.table.clone(),
-            self.config.owner().to_owned(),
-        );
+        let context = self.context();
         // Not repeated once it may have run (a second one would announce twice); a connection
         // found dead before sending is replaced.
         Box::pin(async move {
             let Proclaim { name, token, value } = proclaim;
-            table
-                .proclaim(&pool.statements(None), &name, token, &owner, &value)
+            let statements = context.pool.statements(None);
+            (context.statements())
+                .proclaim(&statements, &name, token, &value)
                 .await
         })
     }

@@ -5,46 +5,35 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use pgcoord::Result;
-use pgcoord::lease::AcquireRequest;
+use pgcoord::lease::{AcquireRequest, Grant};
 
+use super::context::Counters;
+use super::messages::Claim;
 use super::{Lease, LockManager};
 use crate::batch::MAX_BATCH;
-
-/// Take each of `names` that is free now (not held, no other waiter first in line, its row
-/// not locked), in one statement per thousand names; the others are left alone, not waited for.
-/// Answers the leases granted. A caller that goes away has them released.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Vec<Lease>>")]
-pub struct Claim {
-    /// The leases to take, distinct.
-    pub names: Vec<String>,
-}
 
 impl Handler<Claim> for LockManager {
     type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
 
     fn handle(&mut self, Claim { mut names }: Claim, _: &mut Context<Self>) -> Self::Result {
-        // Names held here already are not asked again (leases never stack).
-        names.retain(|n| !self.held.contains_key(n.as_str()));
+        // Names held here are not asked again (leases never stack), nor names a wait here is
+        // under way for: its turn excludes any other grant of the name to this manager.
+        let queues = self.context().queues.clone();
+        names.retain(|n| !self.holdings.contains(n) && !queues.busy(n));
         names.sort();
         names.dedup();
-        let (pool, table, owner, lease, sent_count) = (
-            self.pool.clone(),
-            self.table.clone(),
-            self.config.owner().to_owned(),
-            self.config.lease(),
-            self.acquire_statements.clone(),
-        );
+        let context = self.context();
         let claim = async move {
-            let mut granted = Vec::new();
+            let mut granted: Vec<(String, Grant, Instant)> = Vec::new();
+            let owner = context.statements();
             for chunk in names.chunks(MAX_BATCH) {
                 let requests: Vec<AcquireRequest<'_>> =
                     chunk.iter().map(|name| AcquireRequest::new(name)).collect();
-                let statements = pool.statements(None);
+                let statements = context.pool.statements(None);
                 let sent = Instant::now();
                 let grants = pgcoord::db::retry(|| {
-                    sent_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    table.try_acquire_many(&statements, &requests, &owner, lease)
+                    Counters::add(&context.counters.acquire_statements);
+                    owner.try_acquire_many(&statements, &requests, context.lease)
                 })
                 .await?;
                 granted.extend(grants.into_iter().map(|(name, grant)| (name, grant, sent)));

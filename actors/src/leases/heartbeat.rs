@@ -16,99 +16,100 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::Error;
+use pgcoord::lease::ReleaseRequest;
 use tracing::{debug, warn};
 
-use super::{Held, LockManager};
-use crate::losses::{LockKey, LockLost, LossReason};
+use super::LockManager;
+use super::context::Counters;
+use super::held::Held;
+use super::permit::wake_released;
+use crate::losses::{LockKey, LockLost, LossReason, Tenure};
 use crate::session::Pinned;
+
+/// The heartbeat's state: its connection, whether a renewal is under way, failures in a row.
+#[derive(Default)]
+pub(crate) struct Heartbeat {
+    /// Its own connection, reopened when it fails.
+    session: Option<Arc<Pinned>>,
+    renewing: bool,
+    failures: u32,
+}
 
 impl LockManager {
     /// Runs the heartbeat: one renew statement for every held lease.
     pub(crate) fn renew_all(&mut self, ctx: &mut Context<Self>) {
-        if self.renewing || self.held.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let Some(earliest) = self.held.values().map(|h| h.deadline).min() else {
+        // Too late for those: the sweep reports them; the rest are renewed.
+        self.sweep_deadlines();
+        let Some(earliest) = self.holdings.earliest_deadline() else {
             return;
         };
-        if earliest <= now {
-            // Too late for that one: the sweep reports it; renew the rest.
-            self.sweep_deadlines();
-            if self.held.is_empty() {
-                return;
-            }
-            return self.renew_all(ctx);
+        if self.heartbeat.renewing {
+            return;
         }
         // A renewal confirmed after the earliest deadline cannot save that lease, and waiting
-        // longer would delay the retry that may save the others. A renewal takes a round trip;
-        // one that has not answered within a quarter of the lease is stuck, and a retry on a new
-        // connection still has most of the lease left.
+        // longer would delay the retry that may save the others. One that has not answered
+        // within a quarter of the lease is stuck; a retry on a new connection still has most of
+        // the lease left.
+        let now = Instant::now();
         let attempt = self.config.statement_timeout().min(self.config.lease() / 4);
         let bound = earliest.min(now + attempt);
-        self.renewing = true;
-        self.stats.renew_statements += 1;
-        // The names are shared (`Arc<str>`), not copied: a tick allocates one vector.
-        let snapshot: Vec<(Arc<str>, i64)> = self
-            .held
-            .iter()
-            .map(|(name, h)| (name.clone(), h.token))
-            .collect();
-        let session = self.heartbeat.clone().filter(|s| !s.is_broken());
+        self.heartbeat.renewing = true;
+        Counters::add(&self.counters.renew_statements);
+        let tenures = self.holdings.tenures();
+        let session = self.heartbeat.session.clone().filter(|s| !s.is_broken());
         let (config, table, lease) = (self.config.clone(), self.table.clone(), self.config.lease());
         let renew = async move {
             let session = match session {
                 Some(session) => session,
                 None => {
-                    let opened =
-                        tokio::time::timeout_at(bound.into(), Pinned::open(&config, "heartbeat"))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(Error::new(
-                                    pgcoord::ErrorKind::Unavailable,
-                                    "no heartbeat connection before the earliest lease deadline",
-                                ))
-                            });
-                    match opened {
-                        Ok(pinned) => Arc::new(pinned),
-                        Err(e) => return (None, Instant::now(), snapshot, Err(e)),
+                    let open = Pinned::open(&config, "heartbeat");
+                    match tokio::time::timeout_at(bound.into(), open).await {
+                        Ok(Ok(pinned)) => Arc::new(pinned),
+                        Ok(Err(e)) => return (None, now, tenures, Err(e)),
+                        Err(_) => {
+                            let error = Error::new(
+                                pgcoord::ErrorKind::Unavailable,
+                                "no heartbeat connection before the earliest lease deadline",
+                            );
+                            return (None, now, tenures, Err(error));
+                        }
                     }
                 }
             };
             let sent = Instant::now();
             let statements = pgcoord::db::until(&session.client, bound);
-            let owner = config.owner();
-            let renewed = table.renew(&statements, owner, &snapshot, lease).await;
-            (Some(session), sent, snapshot, renewed)
+            let owner = table.owner(config.owner()).expect("a configured owner");
+            let renewed = owner.renew(&statements, &tenures, lease).await;
+            (Some(session), sent, tenures, renewed)
         };
-        ctx.spawn(renew.into_actor(self).map(
-            move |(session, sent, snapshot, result), act, ctx| {
-                act.renewing = false;
-                act.heartbeat = session.filter(|s| !s.is_broken());
-                match result {
-                    Ok(renewed) => {
-                        act.renew_failures = 0;
-                        if let Some(metrics) = &act.metrics {
-                            metrics.renew.record(sent.elapsed().as_secs_f64());
+        ctx.spawn(
+            renew
+                .into_actor(self)
+                .map(move |(session, sent, tenures, result), act, ctx| {
+                    act.heartbeat.renewing = false;
+                    act.heartbeat.session = session.filter(|s| !s.is_broken());
+                    match result {
+                        Ok(renewed) => {
+                            act.heartbeat.failures = 0;
+                            if let Some(metrics) = &act.metrics {
+                                metrics.renew.record(sent.elapsed().as_secs_f64());
+                            }
+                            act.renewed(sent, tenures, renewed);
                         }
-                        act.renewed(sent, snapshot, renewed);
+                        Err(e) => act.renew_failed(e, ctx),
                     }
-                    Err(e) => act.renew_failed(e, ctx),
-                }
-            },
-        ));
+                }),
+        );
     }
 
     /// Moves the deadline of every lease the renewal confirmed; the others are gone on the
     /// server.
-    fn renewed(&mut self, sent: Instant, snapshot: Vec<(Arc<str>, i64)>, renewed: Vec<i64>) {
+    fn renewed(&mut self, sent: Instant, tenures: Vec<(Arc<str>, i64)>, renewed: Vec<i64>) {
         let deadline = sent + self.config.lease() - self.margin();
         let renewed: HashSet<i64> = renewed.into_iter().collect();
-        for (name, token) in snapshot {
+        for (name, token) in tenures {
             if renewed.contains(&token) {
-                if let Some(held) = self.held.get_mut(&*name).filter(|h| h.token == token) {
-                    held.deadline = deadline;
-                }
+                self.holdings.extend(&name, token, deadline);
             } else {
                 self.lose(&name, token, LossReason::TakenOver);
             }
@@ -117,22 +118,23 @@ impl LockManager {
 
     /// Tries again soon: the leases are still ours until their deadlines.
     fn renew_failed(&mut self, error: Error, ctx: &mut Context<Self>) {
-        self.renew_failures += 1;
-        self.stats.renew_failures += 1;
+        self.heartbeat.failures += 1;
+        let failures = self.heartbeat.failures;
+        Counters::add(&self.counters.renew_failures);
         if let Some(metrics) = &self.metrics {
             metrics.renew_failures.increment(1);
         }
         // The first failure, then every power of two: an outage must not flood the log.
-        if self.renew_failures.is_power_of_two() {
+        if failures.is_power_of_two() {
             warn!(
                 error = %error,
-                leases = self.held.len(),
-                failures = self.renew_failures,
+                leases = self.holdings.len(),
+                failures,
                 "lease renewal failed; retrying (leases not renewed by their deadline are reported lost)"
             );
         }
         let retry = (self.config.backoff())
-            .delay(self.renew_failures - 1)
+            .delay(failures - 1)
             .max(Duration::from_millis(10))
             .min(self.config.heartbeat().unwrap_or(self.config.lease() / 4));
         debug!(?retry, "renewal retry scheduled");
@@ -141,24 +143,22 @@ impl LockManager {
 
     /// Reports every lease whose deadline has passed.
     pub(crate) fn sweep_deadlines(&mut self) {
-        let now = Instant::now();
-        let expired: Vec<(Arc<str>, i64)> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.deadline <= now)
-            .map(|(name, h)| (name.clone(), h.token))
-            .collect();
-        for (name, token) in expired {
-            self.lose(&name, token, LossReason::DeadlinePassed);
+        for (name, token) in self.holdings.past_deadline(Instant::now()) {
+            let Some(held) = self.holdings.remove(&name, token) else {
+                continue;
+            };
+            let keep = held.keep_on_release;
+            self.announce_loss(&name, held, LossReason::DeadlinePassed);
             // A renewal may still land after we gave up: free the row so it does not linger.
-            let (pool, table) = (self.pool.clone(), self.table.clone());
-            let owner = self.config.owner().to_owned();
+            let (pool, table, owner) = (self.pool.clone(), self.table.clone(), self.owner.clone());
             tokio::spawn(async move {
-                let statements = pool.statements(None);
-                if let Err(e) = table
-                    .release(&statements, &name, &owner, token, false)
-                    .await
-                {
+                let owner = table.owner(&owner).expect("a configured owner");
+                let request = ReleaseRequest {
+                    name: &name,
+                    token,
+                    keep,
+                };
+                if let Err(e) = owner.release(&pool.statements(None), &request).await {
                     debug!(lease = %name, error = %e, "release after a passed deadline failed");
                 }
             });
@@ -167,24 +167,23 @@ impl LockManager {
 
     /// Forgets a held lease and tells its holder and every subscriber, once.
     pub(crate) fn lose(&mut self, name: &str, token: i64, reason: LossReason) {
-        if self.held.get(name).is_none_or(|h| h.token != token) {
-            return;
+        if let Some(held) = self.holdings.remove(name, token) {
+            self.announce_loss(name, held, reason);
         }
-        let held = self.forget_lease(name).expect("checked above");
-        self.announce_loss(name, held, reason);
     }
 
-    /// Tells the holder of a lease no longer in `held`, and every subscriber, that it was lost.
+    /// Tells the holder of a lease no longer held, and every subscriber, that it was lost.
     pub(crate) fn announce_loss(&mut self, name: &str, held: Held, reason: LossReason) {
-        self.stats.lost += 1;
+        Counters::add(&self.counters.lost);
+        self.count_held();
         warn!(lease = name, token = held.token, ?reason, "lease lost");
-        let _ = held.lost.send(Some(reason));
-        let lost = LockLost {
+        let token = held.token;
+        held.end(Tenure::Lost(reason));
+        self.subscribers.broadcast(LockLost {
             key: LockKey::Lease(name.to_owned()),
-            token: Some(held.token),
+            token: Some(token),
             reason,
-        };
-        self.subscribers.broadcast(lost);
-        self.queues.wake(name);
+        });
+        wake_released(&self.context().queues, name);
     }
 }

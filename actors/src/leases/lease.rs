@@ -9,17 +9,18 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::LockManager;
-use crate::losses::LossReason;
-use actix::prelude::*;
+use super::messages::Release;
+use crate::losses::{LossReason, Tenure};
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
 /// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.
+#[must_use = "dropping a Lease releases it at once"]
 pub struct Lease {
     pub(crate) name: String,
     pub(crate) token: i64,
     pub(crate) data: Option<Vec<u8>>,
     pub(crate) holder: LeaseHolder,
-    pub(crate) lost: watch::Receiver<Option<LossReason>>,
+    pub(crate) tenure: watch::Receiver<Tenure>,
     pub(crate) released: bool,
 }
 
@@ -74,13 +75,22 @@ impl Lease {
 
     /// Why the lease was lost, once it has been.
     pub fn loss(&self) -> Option<LossReason> {
-        *self.lost.borrow()
+        crate::losses::loss_of(&self.tenure)
     }
 
-    /// Resolves when the lease is lost; pending forever while it is held.
-    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        // The manager is gone, and with it the heartbeats: the lease will expire.
-        crate::losses::when_lost(&self.lost, LossReason::DeadlinePassed)
+    /// Resolves when the tenure ends: `Some(reason)` when the lease is lost, `None` when its
+    /// holder released it (no loss). Pending while it is held. It does not borrow the lease,
+    /// so it can be selected against the work the lease guards:
+    ///
+    /// ```ignore
+    /// tokio::select! {
+    ///     done = work(&lease) => done,
+    ///     Some(reason) = lease.lost() => return Err(reason), // only on a loss
+    /// }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
+        // The manager gone without a word, the heartbeats went with it: the lease expires.
+        crate::losses::when_ended(&self.tenure, LossReason::DeadlinePassed)
     }
 
     /// The fencing guard: run inside your own transaction, it fails with
@@ -93,7 +103,8 @@ impl Lease {
     pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
         match &self.holder {
             LeaseHolder::Postgres { table, owner, .. } => {
-                table.fence(client, &self.name, owner, self.token).await
+                let owner = table.owner(owner)?;
+                owner.fence(client, &self.name, self.token).await
             }
             #[cfg(feature = "memory")]
             LeaseHolder::Other(keeper) => keeper.check(&self.name, self.token),
@@ -143,15 +154,4 @@ impl std::fmt::Debug for Lease {
             .field("lost", &self.loss())
             .finish()
     }
-}
-
-/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
-/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<()>")]
-pub struct Release {
-    /// The lease's name.
-    pub name: String,
-    /// The fencing token of the tenure to end.
-    pub token: i64,
 }

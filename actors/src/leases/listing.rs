@@ -4,12 +4,8 @@
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
-use super::{Get, List, LockManager};
-
-/// Every lease whose name starts with the prefix, as `Get` reports one.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Vec<LeaseInfo>>")]
-pub struct ListPrefix(pub String);
+use super::LockManager;
+use super::messages::{Get, List, ListPrefix};
 
 impl Handler<Get> for LockManager {
     type Result = ResponseFuture<Result<LeaseInfo>>;

@@ -1,4 +1,17 @@
-//! The messages `LockManager` answers.
+//! Every message a `LockManager` answers:
+//!
+//! | message | answer |
+//! |---|---|
+//! | [`Acquire`] | `Result<Lease>`: a lease, waited for as the request says |
+//! | [`AcquirePermit`] | `Result<Lease>`: a permit of a counting semaphore, a slot's lease |
+//! | [`Release`] | `Result<()>`: the tenure ended (what [`Lease::release`] sends) |
+//! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
+//! | [`Get`], [`List`], [`ListPrefix`] | what the table says, granting nothing |
+//! | [`RenewNow`] | `Result<()>`: every held lease renewed now |
+//! | [`Proclaim`](crate::Proclaim) | `Result<()>`: an election's new value, stored and announced |
+//! | [`GetStats`](crate::GetStats)`<ManagerStats>` | [`ManagerStats`] |
+//! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
+//! | [`Shutdown`](crate::Shutdown) | `()`: every lease released, the manager stopped |
 
 use std::time::Duration;
 
@@ -7,7 +20,6 @@ use pgcoord::{LeaseInfo, Result};
 use serde::Serialize;
 
 use super::lease::Lease;
-pub use super::lease::Release;
 
 /// Acquire a lease. Waits until it is free unless [`fail_if_locked`](Acquire::fail_if_locked);
 /// a [`timeout`](Acquire::timeout) bounds the wait. Dropping the request (or letting actix's
@@ -42,8 +54,9 @@ impl Acquire {
         }
     }
 
-    /// Data stored with the lock. A kept row's existing data wins unless
-    /// [`replace_data`](Self::replace_data) is set. Default: none.
+    /// Data stored with the lock. A kept row's data wins unless
+    /// [`replace_data`](Self::replace_data) is set; a lease taken over from a holder that
+    /// stopped renewing gets this data, never the old holder's. Default: none.
     pub fn data(mut self, data: impl Into<Vec<u8>>) -> Acquire {
         self.data = Some(bytes::Bytes::from(data.into()));
         self
@@ -75,12 +88,70 @@ impl Acquire {
         self
     }
 
-    /// Give up waiting after `timeout`, with [`pgcoord::ErrorKind::NotAcquired`]. Default: wait
-    /// as long as it takes.
+    /// Answer within `timeout`, whatever the connections do: with the lease, with
+    /// [`pgcoord::ErrorKind::NotAcquired`] when it stayed taken, or with
+    /// [`pgcoord::ErrorKind::Unavailable`] when the database did not answer in time. A grant
+    /// whose answer was lost is released by the manager after the answer, never left held.
+    /// Default: wait as long as it takes.
     pub fn timeout(mut self, timeout: Duration) -> Acquire {
         self.timeout = Some(timeout);
         self
     }
+}
+
+/// Acquire a permit of the semaphore `name` with `permits` permits (every process must use the
+/// same count). The [`Lease`] answered is the slot's: its token, `lost()`, fencing guard and
+/// release are a lease's. Waits until a permit is free unless given a
+/// [`timeout`](AcquirePermit::timeout), as hard as [`Acquire::timeout`]; dropping the request
+/// cancels the wait, and a permit granted after the caller left is released at once.
+#[derive(Debug, Clone)]
+pub struct AcquirePermit {
+    pub(crate) name: String,
+    pub(crate) permits: u32,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl AcquirePermit {
+    /// A permit of `name`, one of `permits` (1 to `pgcoord::lease::MAX_PERMITS`).
+    pub fn new(name: impl Into<String>, permits: u32) -> AcquirePermit {
+        AcquirePermit {
+            name: name.into(),
+            permits,
+            timeout: None,
+        }
+    }
+
+    /// Give up after `timeout` with [`pgcoord::ErrorKind::NotAcquired`].
+    pub fn timeout(mut self, timeout: Duration) -> AcquirePermit {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+impl Message for AcquirePermit {
+    type Result = Result<Lease>;
+}
+
+/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
+/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Release {
+    /// The lease's name.
+    pub name: String,
+    /// The fencing token of the tenure to end.
+    pub token: i64,
+}
+
+/// Take each of `names` that is free now (not held, no other waiter first in line, its row
+/// not locked, no wait for it under way here), in one statement per thousand names; the others
+/// are left alone, not waited for. Answers the leases granted. A caller that goes away has them
+/// released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<Lease>>")]
+pub struct Claim {
+    /// The leases to take, distinct.
+    pub names: Vec<String>,
 }
 
 /// Inspect one lock (held or kept). Grants nothing. [`pgcoord::ErrorKind::NotFound`] when
@@ -93,6 +164,11 @@ pub struct Get(pub String);
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<LeaseInfo>>")]
 pub struct List;
+
+/// Every lease whose name starts with the prefix, as `Get` reports one.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<LeaseInfo>>")]
+pub struct ListPrefix(pub String);
 
 /// Renew every held lease now, in one statement; for configurations with heartbeats off.
 /// Leases that could not be renewed are reported through [`LockLost`](crate::LockLost).
@@ -120,10 +196,4 @@ pub struct ManagerStats {
     pub release_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
-    /// Leases a release handed to this process that were held from the announcement alone: it
-    /// named the nonce of the waiter's last refused attempt, so no statement was needed.
-    pub handovers_from_announcement: u64,
-    /// Leases handed to this process that were held after reading their row: the announcement
-    /// proved nothing (no nonce, another, heard late) or was missed (found at the next attempt).
-    pub handovers_from_row: u64,
 }

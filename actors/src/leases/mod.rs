@@ -1,34 +1,47 @@
 //! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
+//!
+//! - `messages` — every message the manager answers, and [`ManagerStats`].
+//! - `lease` — [`Lease`], the handle of a held lease; `with_lock`.
+//! - `held` — the leases held: tokens, monotonic deadlines, loss signals.
+//! - `heartbeat` — one renew statement per tick for all of them; deadlines and loss reports.
+//! - `line` — one wait's decisions (pure): which statement next, what an answer means, the nap.
+//! - `wait` — one wait's I/O loop, shared by leases (`acquire`) and permits (`permit`).
+//! - `queues` — the local FIFO turn per name, and wake-ups.
+//! - `announced` — what the lease channel says: a doorbell that wakes the waiter in line.
+//! - `release`, `claim`, `listing` — the other handlers; `batch` — group commit.
+//! - `context` — what every wait shares; the counters.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::{Config, LeaseTable, Pool, Result};
-use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::losses::Tenure;
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
 use crate::signals::{ListenerActor, SubscribeConnState, SubscribeRaw};
 use crate::stats::GetStats;
-use acquire::Reply;
-pub(crate) use wake::Queues;
+use context::{Counters, WaitContext};
+use heartbeat::Heartbeat;
+use held::{Held, Holdings};
+use wait::{Reply, Won};
 
 mod acquire;
 mod announced;
 mod batch;
 mod claim;
+mod context;
 mod heartbeat;
+mod held;
 mod lease;
+mod line;
 mod listing;
 mod messages;
+mod permit;
+mod queues;
 mod release;
-mod semaphore;
-mod unclaimed;
 mod wait;
-mod wake;
 mod with_lock;
 
 #[cfg(feature = "memory")]
@@ -36,98 +49,58 @@ pub(crate) use acquire::already_held;
 #[cfg(feature = "memory")]
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 
-pub use claim::Claim;
+pub use acquire::AcquireResponse;
 pub use lease::Lease;
-pub use listing::ListPrefix;
-pub use messages::*;
-pub use semaphore::{AcquirePermit, PermitResponse};
-pub use wait::AcquireResponse;
+pub use messages::{
+    Acquire, AcquirePermit, Claim, Get, List, ListPrefix, ManagerStats, Release, RenewNow,
+};
+pub use permit::PermitResponse;
 pub use with_lock::with_lock;
-
-/// One lease this process holds.
-pub(crate) struct Held {
-    pub(crate) token: i64,
-    pub(crate) keep_on_release: bool,
-    /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
-    /// Past it the server may give the lease away, so it is reported lost.
-    pub(crate) deadline: Instant,
-    pub(crate) lost: watch::Sender<Option<LossReason>>,
-}
 
 /// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of
 /// them in one statement per heartbeat, watches each one's monotonic deadline, releases them,
-/// and broadcasts [`LockLost`] exactly once per lost lease. Start it inside an actix System with
-/// [`LockManager::new`] and `.start()`.
+/// and broadcasts [`LockLost`] exactly once per lost lease. Start it with
+/// [`LockManager::connect`], which checks the server first (or inside a `Coordinator`).
 pub struct LockManager {
-    pub(crate) config: Config,
-    pub(crate) pool: Pool,
-    pub(crate) table: Arc<LeaseTable>,
-    pub(crate) queues: Arc<Queues>,
-    /// Keyed by shared names, so that a heartbeat tick copies no name.
-    pub(crate) held: HashMap<Arc<str>, Held>,
-    /// The names in `held`, shared with acquires under way (they refuse a name held meanwhile).
-    pub(crate) holding: Arc<Mutex<HashSet<Arc<str>>>>,
-    pub(crate) subscribers: LossSubscribers,
-    /// Whether the listener was started by this manager (and is stopped with it).
-    own_listener: bool,
-    /// The `ListenerActor` that hears lease releases: the process's, or this manager's own.
-    shared_listener: Option<Addr<ListenerActor>>,
-    pub(crate) renewing: bool,
-    /// The heartbeat's own connection: renewals never wait for the pool, so blocked acquires or
-    /// a busy application cannot starve them. Reopened when it fails.
-    pub(crate) heartbeat: Option<Arc<crate::session::Pinned>>,
-    /// Renewals that failed in a row; retries come sooner than the next tick.
-    pub(crate) renew_failures: u32,
-    pub(crate) stats: ManagerStats,
-    /// Sends concurrent first attempts as one statement; started with the actor.
-    pub(crate) batcher: Option<batch::acquire::AcquireBatcher>,
-    /// Sends releases, concurrent ones as one statement; started with the actor.
-    releaser: Option<batch::release::Releaser>,
-    /// Acquire statements sent (by jobs and the batcher, outside the actor).
-    pub(crate) acquire_statements: Arc<AtomicU64>,
-    /// Release statements sent (outside the actor).
-    release_statements: Arc<AtomicU64>,
-    /// How the leases handed to this process were taken (by jobs, outside the actor).
-    pub(crate) handovers: Arc<unclaimed::HandoverCounts>,
-    /// Tokens granted here lately: a late handover announcement of one is not given back.
-    recent_grants: unclaimed::RecentGrants,
+    config: Config,
+    pool: Pool,
+    table: Arc<LeaseTable>,
     /// The owner identity, shared by every lease handle (their fencing guards match it).
     owner: Arc<str>,
+    holdings: Holdings,
+    heartbeat: Heartbeat,
+    subscribers: LossSubscribers,
+    /// What every wait shares; made when the actor starts (its batcher needs the runtime).
+    context: Option<Arc<WaitContext>>,
+    /// Sends releases, concurrent ones as one statement; started with the actor.
+    releaser: Option<batch::release::Releaser>,
+    counters: Arc<Counters>,
+    /// The `ListenerActor` that hears lease releases: the process's, or this manager's own.
+    listener: Option<Addr<ListenerActor>>,
+    /// Whether the listener was started by this manager (and is stopped with it).
+    own_listener: bool,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
-    /// The lock table's oid, looked up when the actor starts (and again when the listener
-    /// connects, until known): handovers name it. Unknown, a handover to this owner only wakes
-    /// the waiter, which finds the lease its own and takes it from the table. (A table dropped
-    /// and created again under a running manager has a new oid: its handovers are then taken
-    /// at the waiter's next poll, the same way.)
-    table_oid: Option<u32>,
 }
 
 impl LockManager {
-    /// A manager for `config`'s lock table. Its tables must exist (see `pgcoord::schema`).
+    /// A manager for `config`'s lock table, with a pool and a LISTEN connection of its own.
+    /// Its tables must exist (see `pgcoord::schema`). Start it inside an actix System; prefer
+    /// [`connect`](Self::connect), which reports a wrong DSN or missing tables at once.
     pub fn new(config: Config) -> LockManager {
         LockManager {
             pool: pgcoord::db::pool(&config),
             table: Arc::new(LeaseTable::new(&config)),
-            queues: Arc::default(),
-            held: HashMap::new(),
-            holding: Arc::default(),
-            subscribers: LossSubscribers::new(config.owner()),
-            own_listener: true,
-            shared_listener: None,
-            renewing: false,
-            heartbeat: None,
-            renew_failures: 0,
-            stats: ManagerStats::default(),
-            batcher: None,
-            releaser: None,
-            acquire_statements: Arc::default(),
-            release_statements: Arc::default(),
-            handovers: Arc::default(),
-            recent_grants: Default::default(),
             owner: config.owner().into(),
+            holdings: Holdings::default(),
+            heartbeat: Heartbeat::default(),
+            subscribers: LossSubscribers::new(config.owner()),
+            context: None,
+            releaser: None,
+            counters: Arc::default(),
+            listener: None,
+            own_listener: true,
             metrics: None,
-            table_oid: None,
             config,
         }
     }
@@ -136,7 +109,7 @@ impl LockManager {
     /// LISTEN connection of its own, keeping one LISTEN connection per process.
     pub fn with_listener(config: Config, listener: Addr<ListenerActor>) -> LockManager {
         LockManager {
-            shared_listener: Some(listener),
+            listener: Some(listener),
             own_listener: false,
             ..LockManager::new(config)
         }
@@ -152,80 +125,85 @@ impl LockManager {
         LockManager {
             pool,
             own_listener: listener.is_none(),
-            shared_listener: listener,
+            listener,
             ..LockManager::new(config)
         }
     }
 
     /// Checks the server first, then starts a manager in the current actix System: the start
-    /// that can fail. [`ErrorKind::Unavailable`](pgcoord::ErrorKind::Unavailable) (with the cause) when the database cannot be
-    /// reached within the connect timeout, [`ErrorKind::ReadOnly`](pgcoord::ErrorKind::ReadOnly) on a standby,
-    /// [`ErrorKind::NotFound`](pgcoord::ErrorKind::NotFound) when the tables do not exist (see `pgcoord::schema::migrate`).
+    /// that can fail. [`ErrorKind::Unavailable`](pgcoord::ErrorKind::Unavailable) (with the
+    /// cause) when the database cannot be reached within the connect timeout,
+    /// [`ErrorKind::Tls`](pgcoord::ErrorKind::Tls) for a certificate it cannot trust,
+    /// [`ErrorKind::ReadOnly`](pgcoord::ErrorKind::ReadOnly) on a standby,
+    /// [`ErrorKind::NotFound`](pgcoord::ErrorKind::NotFound) when the tables do not exist (see
+    /// `pgcoord::schema::migrate`).
     pub async fn connect(config: Config) -> Result<Addr<LockManager>> {
         pgcoord::db::check_server(&config).await?;
         Ok(LockManager::new(config).start())
     }
 
-    /// Records `name` as held.
-    pub(crate) fn hold_lease(&mut self, name: Arc<str>, held: Held) {
-        self.recent_grants.remember(held.token);
-        self.holding.lock().expect("holding").insert(name.clone());
-        self.held.insert(name, held);
-        self.count_held();
+    /// Whether `name` is held here with `token`.
+    pub(crate) fn holds(&self, name: &str, token: i64) -> bool {
+        self.holdings.holds(name, token)
     }
 
-    /// Forgets `name`, returning what was held.
-    pub(crate) fn forget_lease(&mut self, name: &str) -> Option<Held> {
-        self.holding.lock().expect("holding").remove(name);
-        let held = self.held.remove(name);
-        self.count_held();
-        held
+    /// What every wait shares: the pool, the table and the owner among it.
+    pub(crate) fn context(&self) -> Arc<WaitContext> {
+        self.context.clone().expect("made when the actor started")
+    }
+
+    fn releaser(&self) -> batch::release::Releaser {
+        self.releaser.clone().expect("made when the actor started")
     }
 
     fn count_held(&self) {
         if let Some(metrics) = &self.metrics {
-            metrics.held.set(self.held.len() as f64);
+            metrics.held.set(self.holdings.len() as f64);
         }
     }
 
-    /// Counts how an acquire (or a permit's) ended, `arrived` being when its message did.
-    pub(crate) fn count_acquire(&self, outcome: &acquire::Outcome, arrived: Instant) {
+    /// Counts how a wait ended, `arrived` being when its message did.
+    fn count_acquire(&self, outcome: &wait::Outcome, arrived: Instant) {
         let Some(metrics) = &self.metrics else { return };
         match outcome {
-            acquire::Outcome::Granted { .. } => metrics.granted(arrived.elapsed()),
-            acquire::Outcome::Failed(error) => metrics.failed(error),
-            acquire::Outcome::Cancelled => metrics.cancelled(),
+            wait::Outcome::Granted(_) => metrics.granted(arrived.elapsed()),
+            wait::Outcome::Failed(error) => metrics.failed(error),
+            wait::Outcome::Cancelled => metrics.cancelled(),
         }
     }
 
     /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
     /// absorb clock-rate differences and the sweep's granularity.
-    pub(crate) fn margin(&self) -> Duration {
+    fn margin(&self) -> Duration {
         (self.config.lease() / 10).max(Duration::from_millis(1))
     }
 
     /// Records a granted lease and hands its handle to the caller; a caller that went away
     /// gets nothing, and the handle's drop releases the lease at once.
-    pub(crate) fn granted(
+    fn granted(
         &mut self,
         name: String,
         keep_on_release: bool,
-        grant: pgcoord::lease::Grant,
-        sent: Instant,
+        won: Won,
         reply: Option<Reply>,
         ctx: &mut Context<Self>,
     ) {
-        let lease = self.lease_for(name, keep_on_release, grant, sent, ctx);
-        if let Some(reply) = reply
-            && let Err(Ok(lease)) = reply.send(Ok(lease))
-        {
-            debug!(lease = lease.name(), "caller gave up; releasing");
-            drop(lease);
+        let lease = self.lease_for(name, keep_on_release, won.grant, won.sent, ctx);
+        match reply {
+            Some(reply) => {
+                if let Err(Ok(lease)) = reply.send(Ok(lease)) {
+                    debug!(lease = lease.name(), "caller gave up; releasing");
+                }
+            }
+            None => debug!(
+                lease = lease.name(),
+                "nobody to hand the lease to; releasing"
+            ),
         }
     }
 
-    /// Records a granted lease and returns its handle.
-    pub(crate) fn lease_for(
+    /// Records a granted lease, its deadline counted from `sent`, and returns its handle.
+    fn lease_for(
         &mut self,
         name: String,
         keep_on_release: bool,
@@ -233,17 +211,11 @@ impl LockManager {
         sent: Instant,
         ctx: &mut Context<Self>,
     ) -> Lease {
-        let (lost_tx, lost_rx) = watch::channel(None);
-        self.stats.granted += 1;
-        self.hold_lease(
-            Arc::from(name.as_str()),
-            Held {
-                token: grant.token,
-                keep_on_release,
-                deadline: sent + self.config.lease() - self.margin(),
-                lost: lost_tx,
-            },
-        );
+        let deadline = sent + self.config.lease() - self.margin();
+        let (held, tenure) = Held::new(grant.token, keep_on_release, deadline);
+        Counters::add(&self.counters.granted);
+        self.holdings.insert(Arc::from(name.as_str()), held);
+        self.count_held();
         Lease {
             name,
             token: grant.token,
@@ -253,7 +225,7 @@ impl LockManager {
                 table: self.table.clone(),
                 owner: self.owner.clone(),
             },
-            lost: lost_rx,
+            tenure,
             released: false,
         }
     }
@@ -266,41 +238,34 @@ impl Actor for LockManager {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
         self.metrics = Some(crate::metrics::LeaseMetrics::new(self.config.owner()));
-        self.batcher = Some(crate::batch::Batcher::start(
+        let batcher = crate::batch::Batcher::start(
             Arc::new(batch::acquire::AcquireRunner {
                 pool: self.pool.clone(),
                 table: self.table.clone(),
-                owner: self.config.owner().to_owned(),
+                owner: self.owner.clone(),
                 lease: self.config.lease(),
-                statements_sent: self.acquire_statements.clone(),
+                counters: self.counters.clone(),
             }),
             crate::batch::LEASES_BATCH_FROM,
-        ));
+        );
+        self.context = Some(Arc::new(WaitContext {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            owner: self.owner.clone(),
+            lease: self.config.lease(),
+            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+            queues: Arc::default(),
+            held: self.holdings.names(),
+            batcher,
+            counters: self.counters.clone(),
+        }));
         self.releaser = Some(batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),
-            self.config.owner().to_owned(),
-            self.release_statements.clone(),
+            self.owner.clone(),
+            self.counters.clone(),
         ));
-        // Releases are announced on the lease channel. Heard through the process's listener
-        // when there is one; otherwise through a listener of this manager's own — the same
-        // supervised actor, so there is one way to LISTEN. Waiters poll besides, in case.
-        let listener = self.shared_listener.get_or_insert_with(|| {
-            ListenerActor::with_pool(self.config.clone(), self.pool.clone(), None)
-                .start_supervised()
-        });
-        let channel = self.config.lease_channel().as_str().to_owned();
-        listener.do_send(SubscribeConnState(ctx.address().recipient()));
-        let subscribe = listener.send(SubscribeRaw {
-            channel,
-            recipient: ctx.address().recipient(),
-        });
-        ctx.spawn(subscribe.into_actor(self).map(|result, _, _| match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "cannot listen for lease releases; waiters poll"),
-            Err(e) => warn!(error = %e, "listener gone; waiters poll"),
-        }));
-        self.look_up_table_oid(ctx);
+        self.listen(ctx);
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
@@ -315,39 +280,33 @@ impl Actor for LockManager {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        if let (true, Some(listener)) = (self.own_listener, self.shared_listener.take()) {
+        if let (true, Some(listener)) = (self.own_listener, self.listener.take()) {
             listener.do_send(Shutdown);
         }
-        self.heartbeat = None;
+        self.heartbeat = Heartbeat::default();
         // Release what is still held. The runtime may be shutting down with the System, in
         // which case the leases simply expire on the server.
         let runtime = tokio::runtime::Handle::try_current();
-        let names: Vec<Arc<str>> = self.held.keys().cloned().collect();
-        for name in names {
-            let held = self.forget_lease(&name).expect("listed above");
-            let _ = held.lost.send(Some(LossReason::Shutdown));
+        for (name, held) in self.holdings.drain() {
+            let (token, keep) = (held.token, held.keep_on_release);
+            held.end(Tenure::Lost(LossReason::Shutdown));
             self.subscribers.broadcast(LockLost {
                 key: LockKey::Lease(name.to_string()),
-                token: Some(held.token),
+                token: Some(token),
                 reason: LossReason::Shutdown,
             });
-            let Ok(runtime) = &runtime else {
+            let (Ok(runtime), Some(releaser)) = (&runtime, self.releaser.clone()) else {
                 warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
-                continue;
-            };
-            let Some(releaser) = self.releaser.clone() else {
                 continue;
             };
             // One task per lease, so that thousands of them go out batched.
             runtime.spawn(async move {
-                if let Err(e) = releaser
-                    .release(name.clone(), held.token, held.keep_on_release)
-                    .await
-                {
+                if let Err(e) = releaser.release(name.clone(), token, keep).await {
                     warn!(lease = %name, error = %e, "release at shutdown failed; the lease expires on its own");
                 }
             });
         }
+        self.count_held();
     }
 }
 
@@ -372,13 +331,15 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
     type Result = ManagerStats;
 
     fn handle(&mut self, _: GetStats<ManagerStats>, _: &mut Context<Self>) -> ManagerStats {
+        let counters = &self.counters;
         ManagerStats {
-            held: self.held.len(),
-            acquire_statements: self.acquire_statements.load(Ordering::Relaxed),
-            release_statements: self.release_statements.load(Ordering::Relaxed),
-            handovers_from_announcement: (self.handovers.from_announcement).load(Ordering::Relaxed),
-            handovers_from_row: self.handovers.from_row.load(Ordering::Relaxed),
-            ..self.stats.clone()
+            held: self.holdings.len(),
+            renew_statements: Counters::get(&counters.renew_statements),
+            renew_failures: Counters::get(&counters.renew_failures),
+            granted: Counters::get(&counters.granted),
+            acquire_statements: Counters::get(&counters.acquire_statements),
+            release_statements: Counters::get(&counters.release_statements),
+            lost: Counters::get(&counters.lost),
         }
     }
 }
@@ -388,5 +349,38 @@ impl Handler<Shutdown> for LockManager {
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl std::fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockManager")
+            .field("owner", &self.owner)
+            .field("held", &self.holdings.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Subscribes the manager to the lease channel and the listener's state.
+impl LockManager {
+    fn listen(&mut self, ctx: &mut Context<Self>) {
+        // Heard through the process's listener when there is one; otherwise through a listener
+        // of this manager's own — the same supervised actor, so there is one way to LISTEN.
+        // Waiters poll besides, in case.
+        let listener = self.listener.get_or_insert_with(|| {
+            ListenerActor::with_pool(self.config.clone(), self.pool.clone(), None)
+                .start_supervised()
+        });
+        let channel = self.config.lease_channel().as_str().to_owned();
+        listener.do_send(SubscribeConnState(ctx.address().recipient()));
+        let subscribe = listener.send(SubscribeRaw {
+            channel,
+            recipient: ctx.address().recipient(),
+        });
+        ctx.spawn(subscribe.into_actor(self).map(|result, _, _| match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "cannot listen for lease releases; waiters poll"),
+            Err(e) => warn!(error = %e, "listener gone; waiters poll"),
+        }));
     }
 }

@@ -1,100 +1,345 @@
-//! The `Acquire` handler: a request becomes a wait (`AcquireJob`) run on the manager's
-//! context, watching its caller, whose grant the manager records and hands over.
+//! The one I/O loop of every wait — an `Acquire`'s and an `AcquirePermit`'s: its turn among
+//! local waiters, its attempts, naps, deadline and cancellation, and the clean-up that outlives
+//! its answer. What the answers mean is `line`'s; the statements are the caller's [`Attempts`].
+//!
+//! The caller's deadline is hard: waiting for a connection, every statement and the check of an
+//! attempt of unknown outcome end by it. What is left then (freeing a grant nobody received,
+//! leaving the line) goes on in the background after the answer, still holding the name's turn,
+//! so no local waiter can be granted the name while it runs.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::dev::{MessageResponse, OneshotSender};
-use actix::prelude::*;
-use pgcoord::Result;
-use tracing::{debug, info_span};
+use actix::dev::OneshotSender;
+use pgcoord::db::{Backoff, Bounded, Until};
+use pgcoord::lease::Grant;
+use pgcoord::{Error, Pool, Result};
+use tokio::sync::OwnedMutexGuard;
+use tracing::{debug, warn};
 
-use super::LockManager;
-use super::acquire::{AcquireJob, Outcome, Reply, already_held};
 use super::lease::Lease;
-use super::messages::Acquire;
+use super::line::{Ask, Line, Next};
+use super::queues::{NameQueue, Queues};
+use crate::reply::caller_gone;
 
-/// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
-/// caller that gives up cancels it.
-pub struct AcquireResponse(Result<AcquireJob>);
+pub(crate) use super::line::Answer;
 
-impl MessageResponse<LockManager, Acquire> for AcquireResponse {
-    fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
-        let job = match self.0 {
-            Ok(job) => job,
-            Err(error) => return crate::reply::refuse(reply, error),
-        };
-        // Only what the grant needs: the request's data stays with the job.
-        let (name, keep_on_release) = (job.request.name.clone(), job.request.keep_on_release);
-        let span = info_span!("acquire", lease = %name);
-        let wait = async move {
-            let mut reply = reply;
-            let outcome = job.run(&mut reply).await;
-            ((outcome, name), reply)
-        };
-        spawn_wait(ctx, span, keep_on_release, wait);
-    }
+/// A granted attempt: the grant, when its statement was sent (the start of the holder's
+/// deadline), and the slot's name for a permit.
+#[derive(Debug)]
+pub(crate) struct Won {
+    pub(crate) grant: Grant,
+    pub(crate) sent: Instant,
+    pub(crate) slot: Option<String>,
 }
 
-/// Runs a wait (an acquire's, a permit's) on the manager's context; `wait` owns the reply
-/// channel, watching it so a caller that gives up cancels the wait, and ends with the outcome and
-/// the name of the lease it is about. The outcome is counted, and a grant recorded and handed
-/// over (or released at once when its caller has gone).
-pub(crate) fn spawn_wait(
-    ctx: &mut Context<LockManager>,
-    span: tracing::Span,
-    keep_on_release: bool,
-    wait: impl Future<Output = ((Outcome, String), Option<Reply>)> + 'static,
-) {
-    let arrived = Instant::now();
-    let wait = tracing::Instrument::instrument(wait, span);
-    ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-        move |((outcome, name), reply), act, ctx| {
-            act.count_acquire(&outcome, arrived);
-            match outcome {
-                Outcome::Granted { grant, sent } => {
-                    act.granted(name, keep_on_release, grant, sent, reply, ctx)
-                }
-                Outcome::Failed(error) => {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Err(error));
+/// How a wait ended.
+pub(crate) enum Outcome {
+    Granted(Won),
+    Failed(Error),
+    /// The caller went away before a grant.
+    Cancelled,
+}
+
+pub(crate) type Reply = OneshotSender<Result<Lease>>;
+
+/// The statements of one kind of wait.
+pub(crate) trait Attempts: Send + Sync + 'static {
+    /// Refuses the wait once it has its turn (a lease held meanwhile by a caller ahead).
+    fn refuse(&self) -> Option<Error>;
+
+    /// The attempt `ask` sent with others under way in one statement, within `deadline`;
+    /// `None`: send it alone.
+    fn batched(
+        &self,
+        ask: Ask,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Option<Answer<Won>>> + Send;
+
+    /// The attempt `ask`, alone, on `statements`.
+    fn attempt(&self, ask: Ask, statements: &Until<'_>)
+    -> impl Future<Output = Answer<Won>> + Send;
+
+    /// Frees whatever an attempt of unknown outcome may have granted: one try. True when
+    /// nothing is left held.
+    fn release_orphans(
+        &self,
+        statements: &Bounded<'_>,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Takes the caller out of the line, after a wait in line that ended without a grant.
+    fn leave_line(&self, statements: &Bounded<'_>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Who holds what was asked for, as far as one read within `deadline` tells.
+    fn holder(
+        &self,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Option<pgcoord::Holder>> + Send;
+
+    /// What the wait is for, for errors and logs.
+    fn name(&self) -> &str;
+}
+
+/// One wait: its statements, its place among local waiters, and its line.
+pub(crate) struct Wait<A> {
+    pub(crate) attempts: A,
+    pub(crate) queues: Arc<Queues>,
+    pub(crate) queue: Arc<NameQueue>,
+    pub(crate) pool: Pool,
+    pub(crate) line: Line,
+    /// How long after its sending a grant is sure to have expired on the server: the lease
+    /// plus a margin for the clocks' rates.
+    pub(crate) expires_after: Duration,
+}
+
+/// What is left to do after a wait's answer, holding its turn.
+pub(crate) struct Finish<A> {
+    attempts: A,
+    queues: Arc<Queues>,
+    queue: Arc<NameQueue>,
+    pool: Pool,
+    turn: Option<OwnedMutexGuard<()>>,
+    leave_line: bool,
+    expires_after: Duration,
+    /// When the grant of an unknown attempt whose check did not finish expires on its own.
+    orphans_until: Option<Instant>,
+}
+
+impl<A: Attempts> Wait<A> {
+    /// Waits for the turn, then for the grant. The answer comes within the deadline; what is
+    /// left to do comes back as a [`Finish`].
+    pub(crate) async fn run(mut self, reply: &mut Option<Reply>) -> (Outcome, Finish<A>) {
+        let turn = self.turn(reply).await;
+        let mut finish = Finish {
+            turn: None,
+            leave_line: false,
+            orphans_until: None,
+            expires_after: self.expires_after,
+            queues: self.queues,
+            queue: self.queue,
+            pool: self.pool,
+            attempts: self.attempts,
+        };
+        let outcome = match turn {
+            Ok(turn) => {
+                finish.turn = Some(turn);
+                match finish.attempts.refuse() {
+                    Some(error) => Outcome::Failed(error),
+                    None => {
+                        let (outcome, orphans_until) = self.line.run(&finish, reply).await;
+                        finish.orphans_until = orphans_until;
+                        outcome
                     }
                 }
-                Outcome::Cancelled => debug!(lease = %name, "wait cancelled by its caller"),
             }
-        },
-    ));
-}
+            Err(outcome) => outcome,
+        };
+        finish.leave_line = self.line.in_line() && !matches!(outcome, Outcome::Granted(_));
+        (outcome, finish)
+    }
 
-impl Handler<Acquire> for LockManager {
-    type Result = AcquireResponse;
-
-    fn handle(&mut self, request: Acquire, _: &mut Context<Self>) -> AcquireResponse {
-        // Borrowed check (validate_name takes ownership to hand the string back).
-        if let Err(e) = pgcoord::lease::check_name(&request.name) {
-            return AcquireResponse(Err(e));
+    /// The name's turn among local waiters, first come first served. Without waiting when the
+    /// wait is one attempt: local callers waiting for the name means it is not free.
+    async fn turn(&self, reply: &mut Option<Reply>) -> Result<OwnedMutexGuard<()>, Outcome> {
+        let turn = self.queue.turn.clone();
+        if self.line.once() {
+            return match turn.try_lock_owned() {
+                Ok(turn) => Ok(turn),
+                Err(_) => {
+                    let holder = self.attempts.holder(self.line.deadline()).await;
+                    let error = Error::not_acquired(self.attempts.name(), holder);
+                    Err(Outcome::Failed(error))
+                }
+            };
         }
-        if self.held.contains_key(request.name.as_str()) {
-            return AcquireResponse(Err(already_held(&request.name)));
+        tokio::select! {
+            turn = turn.lock_owned() => Ok(turn),
+            _ = caller_gone(reply) => Err(Outcome::Cancelled),
+            _ = deadline_passes(self.line.deadline()) => {
+                Err(Outcome::Failed(Error::not_acquired(self.attempts.name(), None)))
+            }
         }
-        AcquireResponse(Ok(self.job_for(request)))
     }
 }
 
-impl LockManager {
-    /// What the wait of `request` needs, cloned out of the manager.
-    pub(crate) fn job_for(&self, request: Acquire) -> AcquireJob {
-        AcquireJob {
-            request,
-            pool: self.pool.clone(),
-            table: self.table.clone(),
-            queues: self.queues.clone(),
-            holding: self.holding.clone(),
-            owner: self.config.owner().to_owned(),
-            lease: self.config.lease(),
-            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
-            batcher: self.batcher.clone(),
-            statements_sent: self.acquire_statements.clone(),
-            handovers: self.handovers.clone(),
+impl Line {
+    /// Attempts until granted, refused for good, past the deadline, or the caller left. With
+    /// the outcome, when a grant of an attempt of unknown outcome that could not be checked in
+    /// time expires on its own.
+    async fn run<A: Attempts>(
+        &mut self,
+        finish: &Finish<A>,
+        reply: &mut Option<Reply>,
+    ) -> (Outcome, Option<Instant>) {
+        let mut orphans_until = None;
+        let outcome = self.attempt(finish, reply, &mut orphans_until).await;
+        (outcome, orphans_until)
+    }
+
+    async fn attempt<A: Attempts>(
+        &mut self,
+        finish: &Finish<A>,
+        reply: &mut Option<Reply>,
+        orphans_until: &mut Option<Instant>,
+    ) -> Outcome {
+        let (attempts, pool, wake) = (&finish.attempts, &finish.pool, &finish.queue.wake);
+        let name = attempts.name();
+        loop {
+            if self.passed(Instant::now()) {
+                return Outcome::Failed(Error::not_acquired(name, self.holder()));
+            }
+            let ask = self.ask();
+            let sent = Instant::now();
+            // Abandoning a batch is safe: a grant nobody takes is released by the batcher.
+            let batched = tokio::select! {
+                batched = attempts.batched(ask, self.deadline()) => batched,
+                _ = caller_gone(reply) => return Outcome::Cancelled,
+            };
+            let answer = match batched {
+                Some(answer) => answer,
+                None => {
+                    // Nothing is sent while waiting for a connection: safe to abandon. A busy
+                    // pool is waited for until the caller's deadline.
+                    let bound = bound(self.deadline(), pool.statement_timeout());
+                    let conn = tokio::select! {
+                        conn = pool.checkout(self.deadline().unwrap_or(bound)) => conn,
+                        _ = caller_gone(reply) => return Outcome::Cancelled,
+                    };
+                    match conn {
+                        // A statement in flight is never abandoned: it ends by its bound.
+                        Ok(conn) => {
+                            let statements = pgcoord::db::until(&*conn, bound);
+                            attempts.attempt(ask, &statements).await
+                        }
+                        Err(e) => Answer::Failed(e),
+                    }
+                }
+            };
+            let nap = match self.after(answer, Instant::now()) {
+                Next::Granted(won) => return Outcome::Granted(won),
+                Next::NotAcquired(holder) => {
+                    return Outcome::Failed(Error::not_acquired(name, holder));
+                }
+                Next::Fail(error) => return Outcome::Failed(error),
+                Next::Again => continue,
+                Next::Nap(nap) => nap,
+                Next::CheckOrphans(error) => {
+                    let cleaned = release_orphans(attempts, pool, self.deadline()).await;
+                    if !cleaned {
+                        // Finished after the answer, while the turn is still held.
+                        *orphans_until = Some(sent + finish.expires_after);
+                    }
+                    match self.after_check::<Won>(cleaned, error, Instant::now()) {
+                        Next::Again => {
+                            debug!(%name, "an attempt's answer was lost; nothing was left behind: asking again");
+                            continue;
+                        }
+                        Next::Fail(error) => return Outcome::Failed(error),
+                        _ => unreachable!("after_check asks again or fails"),
+                    }
+                }
+            };
+            debug!(%name, ?nap, holder = ?self.holder(), "waiting");
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(nap) => {}
+                _ = caller_gone(reply) => return Outcome::Cancelled,
+                _ = deadline_passes(self.deadline()) => {
+                    return Outcome::Failed(Error::not_acquired(name, self.holder()));
+                }
+            }
         }
+    }
+}
+
+/// The end of one attempt: the caller's deadline, or the statement timeout from now.
+pub(crate) fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
+    let bound = Instant::now() + statement_timeout;
+    deadline.map_or(bound, |d| d.min(bound))
+}
+
+/// Resolves at `deadline`; never without one.
+pub(crate) async fn deadline_passes(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Frees what an attempt of unknown outcome may have granted, asked again after a backoff
+/// until `deadline` (once without one): a connection that stopped answering is found only when
+/// its statement's bound passes, and a network that black-holed one pooled connection usually
+/// black-holed the idle others too. True when it is known that nothing is left.
+async fn release_orphans<A: Attempts>(
+    attempts: &A,
+    pool: &Pool,
+    deadline: Option<Instant>,
+) -> bool {
+    for attempt in 0.. {
+        match attempts.release_orphans(&pool.idempotent(deadline)).await {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(e) => {
+                debug!(name = attempts.name(), error = %e, "checking an attempt of unknown outcome failed")
+            }
+        }
+        let pause = Backoff::DEFAULT.delay(attempt);
+        if deadline.is_none_or(|d| Instant::now() + pause >= d) {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    unreachable!("the loop returns")
+}
+
+impl<A: Attempts> Finish<A> {
+    /// Whether anything is left to do besides giving the turn back.
+    fn is_empty(&self) -> bool {
+        !self.leave_line && self.orphans_until.is_none()
+    }
+
+    /// Does what is left, then gives the turn back: at once when nothing is, else on a task of
+    /// its own, so the manager stopping does not abandon it.
+    pub(crate) fn spawn(self) {
+        if self.is_empty() {
+            drop(self.turn);
+            self.queues.leave(self.queue);
+            return;
+        }
+        tokio::spawn(self.finish());
+    }
+
+    async fn finish(self) {
+        let name = self.attempts.name();
+        if let Some(until) = self.orphans_until {
+            let mut tries = 0;
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    warn!(%name, "an attempt's outcome is unknown and its grant could not be checked; if it was granted, it has expired");
+                    break;
+                }
+                let statements = self.pool.idempotent(Some(until));
+                match self.attempts.release_orphans(&statements).await {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => {
+                        debug!(%name, error = %e, "checking an attempt of unknown outcome failed; asking again")
+                    }
+                }
+                tokio::time::sleep(Backoff::DEFAULT.delay(tries)).await;
+                tries += 1;
+            }
+        }
+        if self.leave_line {
+            // Safe to run twice: it removes only our own place.
+            let statements = self.pool.idempotent(None);
+            if let Err(e) = self.attempts.leave_line(&statements).await {
+                debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
+            }
+        }
+        drop(self.turn);
+        self.queues.leave(self.queue);
     }
 }

@@ -23,7 +23,7 @@ where
     let lost = lease.lost();
     let outcome = tokio::select! {
         output = work(&lease) => Ok(output),
-        reason = lost => Err(Error::new(
+        Some(reason) = lost => Err(Error::new(
             ErrorKind::LockLost,
             format!("lease {:?} was lost ({reason:?}); its work was cancelled", lease.name()),
         )),

@@ -268,7 +268,7 @@ async fn stopping_the_manager_releases_every_lock() {
     let reported = lost.wait_for(3, Duration::from_secs(5)).await;
     assert!(reported.iter().all(|l| l.reason == LossReason::Shutdown));
     for guard in &guards {
-        assert_eq!(guard.lost().await, LossReason::Shutdown);
+        assert_eq!(guard.lost().await, Some(LossReason::Shutdown));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     for k in keys {
@@ -340,7 +340,7 @@ async fn a_dropped_guard_releases_and_a_lost_lock_is_reported_to_its_guard() {
     let reason = tokio::time::timeout(Duration::from_secs(5), taken.lost())
         .await
         .expect("the guard hears of the loss");
-    assert_eq!(reason, LossReason::ConnectionLost);
+    assert_eq!(reason, Some(LossReason::ConnectionLost));
     assert_eq!(taken.loss(), Some(LossReason::ConnectionLost));
     assert_eq!(
         taken.release().await.unwrap_err().kind(),

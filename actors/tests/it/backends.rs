@@ -230,7 +230,7 @@ async fn a_lease_taken_over_is_reported_once_and_goes_to_the_waiter(h: impl Harn
     let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost())
         .await
         .expect("the holder learns of it");
-    assert_eq!(reason, LossReason::TakenOver);
+    assert_eq!(reason, Some(LossReason::TakenOver));
     let reported = losses.wait_for(1, Duration::from_secs(5)).await;
     assert_eq!(reported[0].key, LockKey::Lease(name.clone()));
     assert_eq!(reported[0].token, Some(lease.token()));

@@ -1,6 +1,7 @@
 //! Leader election: one leader at a time, resign hands over at once, observers told of every
 //! term in token order, of a dead leader at its expiry, and resynced after a reconnect.
 
+use pgcoord::lease::AcquireRequest;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -134,14 +135,22 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
     let short = Duration::from_millis(300);
     let granted = Instant::now();
     let Attempt::Granted(grant) = table
-        .try_acquire(&admin, "job", "dead", Some(b"addr-1"), true, short)
+        .owner("dead")
+        .unwrap()
+        .try_acquire(
+            &admin,
+            &AcquireRequest::new("job").data(b"addr-1").replace_data(),
+            short,
+        )
         .await
         .unwrap()
     else {
         panic!("free")
     };
     table
-        .proclaim(&admin, "job", grant.token, "dead", b"addr-1")
+        .owner("dead")
+        .unwrap()
+        .proclaim(&admin, "job", grant.token, b"addr-1")
         .await
         .unwrap();
     let changes = observed.wait_for(3, Duration::from_secs(2)).await;
@@ -166,12 +175,11 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
         .unwrap();
     assert_eq!(killed, 1);
     let Attempt::Granted(next) = table
+        .owner("next")
+        .unwrap()
         .try_acquire(
             &admin,
-            "job",
-            "next",
-            Some(b"addr-2"),
-            true,
+            &AcquireRequest::new("job").data(b"addr-2").replace_data(),
             Duration::from_secs(30),
         )
         .await
@@ -180,7 +188,9 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
         panic!("free")
     };
     table
-        .proclaim(&admin, "job", next.token, "next", b"addr-2")
+        .owner("next")
+        .unwrap()
+        .proclaim(&admin, "job", next.token, b"addr-2")
         .await
         .unwrap();
     // The announcement may arrive on the new session if it reconnected first; either way the

@@ -2,6 +2,7 @@
 //! deadline, loss reported exactly once, fairness under contention, batched heartbeats, and
 //! wake-ups through the one LISTEN connection.
 
+use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,9 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
     let table = pgcoord::LeaseTable::new(&config);
     let granted_at = Instant::now();
     let Attempt::Granted(old) = table
-        .try_acquire(&admin, "job", "frozen", None, false, lease)
+        .owner("frozen")
+        .unwrap()
+        .try_acquire(&admin, &AcquireRequest::new("job"), lease)
         .await
         .unwrap()
     else {
@@ -43,12 +46,23 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
 
     // The old holder's release and renewal change nothing and report the loss.
     let err = table
-        .release(&admin, "job", "frozen", old.token, false)
+        .owner("frozen")
+        .unwrap()
+        .release(
+            &admin,
+            &ReleaseRequest {
+                name: "job",
+                token: old.token,
+                keep: false,
+            },
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     let renewed = table
-        .renew(&admin, "frozen", &[("job", old.token)], lease)
+        .owner("frozen")
+        .unwrap()
+        .renew(&admin, &[("job", old.token)], lease)
         .await
         .unwrap();
     assert!(renewed.is_empty());
@@ -71,7 +85,7 @@ async fn a_holder_that_cannot_renew_reports_the_loss_before_the_server_expiry() 
     let old = frozen.send(Acquire::new("job")).await.unwrap().unwrap();
     let reason = old.lost().await;
     let noticed = started.elapsed();
-    assert_eq!(reason, LossReason::DeadlinePassed);
+    assert_eq!(reason, Some(LossReason::DeadlinePassed));
     assert!(
         noticed < lease,
         "reported before the server could give it away: {noticed:?}"
@@ -253,7 +267,7 @@ async fn a_holder_cut_off_from_the_database_gives_up_before_the_server_would() {
     let reason = tokio::time::timeout(lease * 2, held.lost())
         .await
         .expect("reported");
-    assert_eq!(reason, LossReason::DeadlinePassed);
+    assert_eq!(reason, Some(LossReason::DeadlinePassed));
     // The last renewal was sent at most a heartbeat before the cut; its lease ends a full lease
     // after that, and the holder gave up before then.
     assert!(

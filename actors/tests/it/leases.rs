@@ -270,7 +270,8 @@ async fn a_lease_this_manager_holds_is_already_held_at_once() {
     }
     held.release().await.unwrap();
     // Released, it can be taken again.
-    a.send(Acquire::new("job")).await.unwrap().unwrap();
+    let again = a.send(Acquire::new("job")).await.unwrap().unwrap();
+    again.release().await.unwrap();
 }
 
 #[actix_rt::test]

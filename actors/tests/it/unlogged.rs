@@ -40,7 +40,7 @@ async fn a_crash_empties_the_unlogged_table_and_holders_hear_it_at_the_next_rene
     let reason = tokio::time::timeout(setup.lease, lease.lost())
         .await
         .expect("the holder hears of the loss before its deadline");
-    assert_eq!(reason, LossReason::TakenOver);
+    assert_eq!(reason, Some(LossReason::TakenOver));
     assert!(
         restarted.elapsed() < setup.lease,
         "{:?}",

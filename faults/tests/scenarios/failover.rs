@@ -180,7 +180,9 @@ async fn a_failover_to_an_asynchronous_standby_can_lose_an_acknowledged_grant_ye
     assert!(
         matches!(
             reason,
-            pgcoord_actors::LossReason::TakenOver | pgcoord_actors::LossReason::DeadlinePassed
+            Some(
+                pgcoord_actors::LossReason::TakenOver | pgcoord_actors::LossReason::DeadlinePassed
+            )
         ),
         "{reason:?}"
     );

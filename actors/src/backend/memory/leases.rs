@@ -13,7 +13,7 @@ use tokio::sync::{Notify, watch};
 
 use super::Shared;
 use crate::leases::Acquire;
-use crate::losses::{LockKey, LockLost, LossReason};
+use crate::losses::{LockKey, LockLost, LossReason, Tenure as Standing};
 
 /// Every lease of one in-memory backend.
 #[derive(Default)]
@@ -36,13 +36,13 @@ struct Tenure {
     coordinator: u64,
     token: i64,
     keep_on_release: bool,
-    lost: watch::Sender<Option<LossReason>>,
+    lost: watch::Sender<Standing>,
 }
 
 /// What one attempt found.
 pub(super) enum Attempt {
     /// Granted: the token, the data, and the loss signal's receiver.
-    Granted(i64, Option<Vec<u8>>, watch::Receiver<Option<LossReason>>),
+    Granted(i64, Option<Vec<u8>>, watch::Receiver<Standing>),
     /// Held by someone else (`None`: free, but another waiter came first).
     Held(Option<Holder>),
 }
@@ -81,7 +81,7 @@ impl LeaseState {
         }
         self.last_token += 1;
         let token = self.last_token;
-        let (lost, lost_rx) = watch::channel(None);
+        let (lost, lost_rx) = watch::channel(Standing::Held);
         let row = self.rows.entry(name.clone()).or_insert(Row {
             tenure: None,
             data: None,
@@ -140,6 +140,7 @@ impl LeaseState {
             return Err(lost(name));
         };
         let tenure = row.tenure.take().expect("checked above");
+        let _ = tenure.lost.send(Standing::Released);
         if !tenure.keep_on_release {
             self.rows.remove(name);
         }
@@ -161,7 +162,7 @@ impl LeaseState {
     pub(super) fn force_loss(&mut self, name: &str) -> Option<(u64, LockLost)> {
         let tenure = self.rows.get_mut(name)?.tenure.take()?;
         self.rows.remove(name);
-        let _ = tenure.lost.send(Some(LossReason::TakenOver));
+        let _ = tenure.lost.send(Standing::Lost(LossReason::TakenOver));
         self.wake(name);
         let loss = LockLost {
             key: LockKey::Lease(name.to_owned()),
@@ -218,7 +219,7 @@ pub(super) async fn acquire(
     coordinator: u64,
     owner: String,
     request: Acquire,
-) -> Result<(i64, Option<Vec<u8>>, watch::Receiver<Option<LossReason>>)> {
+) -> Result<(i64, Option<Vec<u8>>, watch::Receiver<Standing>)> {
     pgcoord::config::validate_name("lease name", request.name.clone())?;
     let deadline = request.timeout.map(|t| Instant::now() + t);
     let notify = Arc::new(Notify::new());

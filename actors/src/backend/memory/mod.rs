@@ -22,7 +22,7 @@
 //! let refused = bob.acquire(Acquire::new("job").fail_if_locked()).await.unwrap_err();
 //! assert_eq!(refused.holder().unwrap().owner, "alice");
 //! assert!(alice.force_loss("job"));
-//! assert_eq!(lease.lost().await, pgcoord_actors::LossReason::TakenOver);
+//! assert_eq!(lease.lost().await, Some(pgcoord_actors::LossReason::TakenOver));
 //! # Ok::<_, pgcoord::Error>(()) }).unwrap();
 //! ```
 
@@ -148,13 +148,13 @@ impl Locking for MemoryCoordinator {
         let (shared, id, owner) = (self.shared.clone(), self.id, self.owner.clone());
         Box::pin(async move {
             let name = request.name.clone();
-            let (token, data, lost) = leases::acquire(shared.clone(), id, owner, request).await?;
+            let (token, data, tenure) = leases::acquire(shared.clone(), id, owner, request).await?;
             Ok(Lease {
                 name,
                 token,
                 data,
                 holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
-                lost,
+                tenure,
                 released: false,
             })
         })

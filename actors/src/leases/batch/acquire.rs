@@ -1,34 +1,38 @@
 //! Batched first acquire attempts (`LeaseTable::try_acquire_many`).
 //!
-//! Only the first attempt of an `Acquire` is batched. A name the batch did not grant (held,
-//! another waiter first in line, its row locked) is asked again alone, which tells the job Busy or Held exactly as
-//! before, so waiting, fairness, deadlines and cancellation keep the single-attempt path's
-//! guarantees. Every batch is bounded by the earliest bound among its jobs. When its outcome is
-//! unknown (a timeout or a connection failure after sending), each job gets the error and frees
-//! any grant it may have got, as after a single attempt. A grant whose job has gone (its caller
-//! gave up, its manager stopped) is released here, so no lease is left that nobody holds.
+//! Only the first attempt of an `Acquire` is batched. A name a batch of several did not grant
+//! (held, another waiter first in line, its row locked) is answered as refused, and its wait
+//! asks again in line, alone, which tells it Busy or Held; a batch of one is handed back to be
+//! sent alone. Every batch is bounded by the earliest bound among its waits. When its outcome is
+//! unknown (a timeout or a connection failure after sending), each wait gets the error and
+//! frees any grant it may have got, as after a single attempt. A grant whose wait has gone (its
+//! caller gave up, its manager stopped) is released here, so no lease is left that nobody
+//! holds.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pgcoord::lease::{AcquireRequest, Attempt};
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
+use super::super::context::Counters;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
+use crate::leases::Acquire;
 
-/// The answer to a first attempt: the attempt's result and when its statement was sent, or
-/// `None` when the job should ask alone.
-pub(crate) type FirstAttempt = Option<(Result<Attempt>, Instant)>;
+/// The answer to a first attempt: when its statement was sent and its result, or `None` when
+/// the wait should ask alone.
+pub(crate) type FirstAttempt = Option<(Instant, Result<Attempt>)>;
 
 /// One first attempt waiting for its batch.
 pub(crate) struct AcquireItem {
     name: String,
     data: Option<Bytes>,
     replace_data: bool,
+    /// Whether a grant nobody takes is released keeping its row, as its holder would have.
+    keep: bool,
     bound: Instant,
     reply: oneshot::Sender<FirstAttempt>,
 }
@@ -40,27 +44,22 @@ pub(crate) type AcquireBatcher = Batcher<AcquireItem>;
 pub(crate) struct AcquireRunner {
     pub(crate) pool: Pool,
     pub(crate) table: Arc<LeaseTable>,
-    pub(crate) owner: String,
+    pub(crate) owner: Arc<str>,
     pub(crate) lease: Duration,
-    /// The manager's count of acquire statements sent.
-    pub(crate) statements_sent: Arc<AtomicU64>,
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl AcquireBatcher {
-    /// The first attempt at `name`, in a batch with others under way (the caller holds its
-    /// [`enter`](Batcher::enter) guard meanwhile). `None`: ask alone.
-    pub(crate) async fn first_attempt(
-        &self,
-        name: &str,
-        data: Option<Bytes>,
-        replace_data: bool,
-        bound: Instant,
-    ) -> FirstAttempt {
+    /// The first attempt at `name`, in a batch with others under way, bounded by `bound`.
+    /// `None`: ask alone.
+    pub(crate) async fn first_attempt(&self, request: &Acquire, bound: Instant) -> FirstAttempt {
+        let _under_way = self.enter();
         let (reply, answer) = oneshot::channel();
         let item = AcquireItem {
-            name: name.to_owned(),
-            data,
-            replace_data,
+            name: request.name.clone(),
+            data: request.data.clone(),
+            replace_data: request.replace_data,
+            keep: request.keep_on_release,
             bound,
             reply,
         };
@@ -91,11 +90,11 @@ impl RunBatch<AcquireItem> for AcquireRunner {
             })
             .collect();
         let statements = self.pool.statements(Some(bound));
+        let owner = self.table.owner(&self.owner).expect("a configured owner");
         let sent = Instant::now();
         let granted = pgcoord::db::retry(|| {
-            self.statements_sent.fetch_add(1, Ordering::Relaxed);
-            self.table
-                .try_acquire_many(&statements, &requests, &self.owner, self.lease)
+            Counters::add(&self.counters.acquire_statements);
+            owner.try_acquire_many(&statements, &requests, self.lease)
         })
         .await;
         debug!(size = batch.len(), ok = granted.is_ok(), "acquire batch");
@@ -103,13 +102,13 @@ impl RunBatch<AcquireItem> for AcquireRunner {
             Ok(mut granted) => {
                 for item in batch {
                     let Some(grant) = granted.remove(&item.name) else {
-                        let _ = item.reply.send(None);
+                        let _ = item.reply.send(Some((sent, Ok(Attempt::Held(None)))));
                         continue;
                     };
                     let token = grant.token;
-                    let answer = Some((Ok(Attempt::Granted(grant)), sent));
+                    let answer = Some((sent, Ok(Attempt::Granted(grant))));
                     if item.reply.send(answer).is_err() {
-                        self.release_unclaimed(item.name, token);
+                        self.release_unclaimed(item.name, token, item.keep);
                     }
                 }
             }
@@ -117,7 +116,7 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                 // Every job learns the batch's fate; each frees what it may have been granted.
                 let error = Arc::new(error);
                 for item in batch {
-                    let _ = item.reply.send(Some((Err(shared_error(&error)), sent)));
+                    let _ = item.reply.send(Some((sent, Err(shared_error(&error)))));
                 }
             }
         }
@@ -126,14 +125,17 @@ impl RunBatch<AcquireItem> for AcquireRunner {
 
 impl AcquireRunner {
     /// Releases a grant whose job is gone.
-    fn release_unclaimed(&self, name: String, token: i64) {
+    fn release_unclaimed(&self, name: String, token: i64, keep: bool) {
         let (pool, table, owner) = (self.pool.clone(), self.table.clone(), self.owner.clone());
         tokio::spawn(async move {
             let statements = pool.statements(None);
-            match table
-                .release(&statements, &name, &owner, token, false)
-                .await
-            {
+            let owner = table.owner(&owner).expect("a configured owner");
+            let request = ReleaseRequest {
+                name: &name,
+                token,
+                keep,
+            };
+            match owner.release(&statements, &request).await {
                 Ok(()) => debug!(lease = %name, "grant nobody waited for released"),
                 Err(e) => {
                     warn!(lease = %name, error = %e, "cannot release a grant nobody waited for; it expires on its own")

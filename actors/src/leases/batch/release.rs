@@ -8,13 +8,13 @@
 //! release that may have run is not repeated, since a second run would report the lease lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use pgcoord::lease::ReleaseRequest;
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::debug;
 
+use super::super::context::Counters;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
@@ -37,9 +37,8 @@ pub(crate) struct ReleaseRunner {
     pool: Pool,
     table: Arc<LeaseTable>,
     /// The manager's owner identity: a release matches it as well as the token.
-    owner: String,
-    /// The manager's count of release statements sent.
-    statements_sent: Arc<AtomicU64>,
+    owner: Arc<str>,
+    counters: Arc<Counters>,
 }
 
 impl Releaser {
@@ -47,14 +46,14 @@ impl Releaser {
     pub(crate) fn start(
         pool: Pool,
         table: Arc<LeaseTable>,
-        owner: String,
-        statements_sent: Arc<AtomicU64>,
+        owner: Arc<str>,
+        counters: Arc<Counters>,
     ) -> Releaser {
         let runner = Arc::new(ReleaseRunner {
             pool,
             table,
             owner,
-            statements_sent,
+            counters,
         });
         Releaser {
             batcher: Batcher::start(runner.clone(), crate::batch::LEASES_BATCH_FROM),
@@ -87,11 +86,14 @@ impl Releaser {
 
 impl ReleaseRunner {
     async fn release_alone(&self, name: &str, token: i64, keep: bool) -> Result<()> {
-        self.statements_sent.fetch_add(1, Ordering::Relaxed);
+        Counters::add(&self.counters.release_statements);
         let statements = self.pool.statements(None);
-        (self.table)
-            .release(&statements, name, &self.owner, token, keep)
-            .await
+        let request = ReleaseRequest { name, token, keep };
+        self.owner().release(&statements, &request).await
+    }
+
+    fn owner(&self) -> pgcoord::lease::LeaseOwner<'_> {
+        self.table.owner(&self.owner).expect("a configured owner")
     }
 }
 
@@ -115,9 +117,10 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
             })
             .collect();
         let statements = self.pool.statements(None);
+        let owner = self.owner();
         let released = pgcoord::db::retry(|| {
-            self.statements_sent.fetch_add(1, Ordering::Relaxed);
-            self.table.release_many(&statements, &self.owner, &requests)
+            Counters::add(&self.counters.release_statements);
+            owner.release_many(&statements, &requests)
         })
         .await;
         debug!(size = batch.len(), ok = released.is_ok(), "release batch");

@@ -1,15 +1,13 @@
-//! Handover through the runtime: a waiter's process holds a lease its holder's release handed
-//! it with no acquire statement, takes it from the table when it missed the announcement,
-//! gives it back when its waiter left as it was handed over, and keeps lock tables that share
-//! a channel apart. What an announcement proves, and what a false one cannot do: see
-//! `handover_proof`.
+//! The lease channel is a doorbell: a release's announcement wakes the waiter first in line,
+//! whose own attempt takes the lease; a missed announcement costs a poll; a forged or late one
+//! costs at most an attempt, and never makes a process hold or release anything.
 
 use std::time::{Duration, Instant};
 
 use actix::Actor;
 use pgcoord::LeaseTable;
 use pgcoord::embedded::{Proxy, unique_name};
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord_actors::*;
 
 use super::Setup;
@@ -30,8 +28,7 @@ pub(super) async fn row(
 }
 
 /// `holder` takes "job" and `waiter` asks for it (with `data`, for up to 15 s). When this
-/// returns, the waiter's attempt was refused and it is in line (and both managers know their
-/// table's oid).
+/// returns, the waiter's attempts were refused and it is in line.
 pub(super) async fn contend(
     holder: &actix::Addr<LockManager>,
     waiter: &actix::Addr<LockManager>,
@@ -50,56 +47,39 @@ pub(super) async fn contend(
     (held, waits)
 }
 
+async fn stats(manager: &actix::Addr<LockManager>) -> ManagerStats {
+    manager.send(GetStats::new()).await.unwrap()
+}
+
 #[actix_rt::test]
-async fn a_waiter_is_handed_the_lease_with_its_data_and_sends_no_acquire_statement_for_it() {
+async fn a_release_wakes_the_waiter_first_in_line_whose_one_attempt_takes_the_lease() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
     let (held, waits) = contend(&holder, &waiter, Some(b"mine")).await;
-    let before = waiter
-        .send(GetStats::new())
-        .await
-        .unwrap()
-        .acquire_statements;
+    let before = stats(&waiter).await.acquire_statements;
     let released = Instant::now();
     held.release().await.unwrap();
     let lease = waits.await.unwrap().unwrap().unwrap();
-    // Its poll is 5 s away: the announcement handed it over.
+    // Its poll is 5 s away: the announcement woke it.
     assert!(
         released.elapsed() < Duration::from_secs(2),
         "{:?}",
         released.elapsed()
     );
-    let after = waiter
-        .send(GetStats::new())
-        .await
-        .unwrap()
-        .acquire_statements;
-    assert_eq!(
-        after, before,
-        "no acquire statement for a lease handed over"
-    );
-    let stats = waiter.send(GetStats::new()).await.unwrap();
-    assert_eq!(
-        (stats.handovers_from_announcement, stats.handovers_from_row),
-        (1, 0),
-        "held on the announcement's proof"
-    );
+    let after = stats(&waiter).await.acquire_statements;
+    assert_eq!(after - before, 1, "one attempt after the release, granted");
     assert_eq!(lease.data(), Some(&b"mine"[..]));
     let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
     assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
-    // Held as any grant: renewed by the waiter's heartbeat, released by its handle.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (_, _, left) = row(&setup, &admin, "job").await.unwrap();
-    assert!(left > 18.0, "renewed: {left} s left");
     lease.release().await.unwrap();
     assert_eq!(row(&setup, &admin, "job").await, None);
 }
 
-/// The waiter's LISTEN connection goes through a proxy that black-holes it, so the handover's
-/// announcement never reaches it: its next poll finds the lease its own and takes it.
+/// The waiter's LISTEN connection goes through a proxy that black-holes it, so the release's
+/// announcement never reaches it: its next poll finds the lease free and takes it.
 #[actix_rt::test]
 async fn a_waiter_that_missed_the_announcement_takes_the_lease_at_its_next_poll() {
-    let (setup, admin) = Setup::new(Duration::from_secs(8), Duration::from_secs(1)).await;
+    let (setup, _admin) = Setup::new(Duration::from_secs(8), Duration::from_secs(1)).await;
     let proxy = Proxy::start(&setup.pg).await.unwrap();
     let deaf = setup
         .builder("deaf")
@@ -113,64 +93,10 @@ async fn a_waiter_that_missed_the_announcement_takes_the_lease_at_its_next_poll(
     proxy.cut();
     let released = Instant::now();
     held.release().await.unwrap();
-    let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
-    assert_eq!(owner, "deaf", "handed over at the release");
     let lease = waits.await.unwrap().unwrap().unwrap();
-    assert_eq!(lease.token(), token);
-    let stats = waiter.send(GetStats::new()).await.unwrap();
-    assert_eq!(
-        (stats.handovers_from_announcement, stats.handovers_from_row),
-        (0, 1),
-        "taken from the table"
-    );
-    // At its next poll (a quarter lease, 2 s), not when the lease it was handed expires (8 s).
+    // At its next poll (a quarter lease, 2 s), never later.
     assert!(
         released.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        released.elapsed()
-    );
-    lease.release().await.unwrap();
-}
-
-/// The waiter's place is put in line by a statement of the test (as if its `Acquire` had given
-/// up at the moment of the release): the process hears that it was handed a lease nobody there
-/// waits for, and releases it, so the next in line need not wait for it to expire.
-#[actix_rt::test]
-async fn a_lease_handed_to_a_process_whose_waiter_left_is_given_back_at_once() {
-    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
-    let config = setup.builder("gone").build().unwrap();
-    let table = LeaseTable::new(&config);
-    let (holder, gone, next) = (
-        setup.manager("holder"),
-        setup.manager("gone"),
-        setup.manager("next"),
-    );
-    // The manager of "gone" listens, and none of its callers waits.
-    gone.send(GetStats::new()).await.unwrap();
-    let held = holder.send(Acquire::new("job")).await.unwrap().unwrap();
-    let attempt = table
-        .try_acquire_or_queue(
-            &admin,
-            "job",
-            "gone",
-            None,
-            false,
-            Duration::from_secs(20),
-            Duration::from_secs(20),
-            1,
-        )
-        .await
-        .unwrap();
-    assert!(matches!(attempt, Attempt::Held(Some(_))));
-    let next_waits =
-        actix_rt::spawn(next.send(Acquire::new("job").timeout(Duration::from_secs(10))));
-    tokio::time::sleep(Duration::from_millis(300)).await; // in line behind "gone"
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let lease = next_waits.await.unwrap().unwrap().unwrap();
-    // Not the 20 s of the lease "gone" was handed, nor the 5 s poll.
-    assert!(
-        released.elapsed() < Duration::from_secs(2),
         "{:?}",
         released.elapsed()
     );
@@ -184,8 +110,9 @@ async fn a_lease_of_the_same_owner_found_at_once_is_waited_out_not_taken() {
     let (setup, admin) = Setup::new(Duration::from_secs(1), Duration::from_millis(250)).await;
     let config = setup.builder("same").build().unwrap();
     let table = LeaseTable::new(&config);
-    let Attempt::Granted(before) = table
-        .try_acquire(&admin, "job", "same", None, false, Duration::from_secs(1))
+    let owner = table.owner("same").unwrap();
+    let request = AcquireRequest::new("job");
+    let Attempt::Granted(before) = (owner.try_acquire(&admin, &request, Duration::from_secs(1)))
         .await
         .unwrap()
     else {
@@ -210,10 +137,10 @@ async fn a_lease_of_the_same_owner_found_at_once_is_waited_out_not_taken() {
     lease.release().await.unwrap();
 }
 
-/// Releases sent together share a statement (`release_many`), which hands each lease to its own
-/// first waiter: every waiter holds its lease without an acquire statement of its own.
+/// Releases sent together share a statement (`release_many`), which announces each lease's
+/// own first waiter: every waiter is woken and takes its lease with one attempt.
 #[actix_rt::test]
-async fn a_batch_of_releases_hands_each_lease_to_its_waiter() {
+async fn a_batch_of_releases_wakes_each_leases_waiter() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let holder = setup.manager("holder");
     let names = ["a", "b", "c"];
@@ -230,53 +157,38 @@ async fn a_batch_of_releases_hands_each_lease_to_its_waiter() {
     tokio::time::sleep(Duration::from_millis(300)).await; // all refused, in line
     let mut before = Vec::new();
     for waiter in &waiters {
-        before.push(
-            waiter
-                .send(GetStats::new())
-                .await
-                .unwrap()
-                .acquire_statements,
-        );
+        before.push(stats(waiter).await.acquire_statements);
     }
-    let releases_before = holder
-        .send(GetStats::new())
-        .await
-        .unwrap()
-        .release_statements;
-    let released = futures_util::future::join_all(held.into_iter().map(|lease| lease.release()));
-    for result in released.await {
+    let releases_before = stats(&holder).await.release_statements;
+    let released = Instant::now();
+    let releases = futures_util::future::join_all(held.into_iter().map(|lease| lease.release()));
+    for result in releases.await {
         result.unwrap();
     }
-    let releases = holder
-        .send(GetStats::new())
-        .await
-        .unwrap()
-        .release_statements
-        - releases_before;
+    let releases = stats(&holder).await.release_statements - releases_before;
     assert!(
         releases < 3,
         "{releases} release statements: some were sent together"
     );
     for (i, wait) in waits.into_iter().enumerate() {
         let lease = wait.await.unwrap().unwrap().unwrap();
-        let after = waiters[i]
-            .send(GetStats::new())
-            .await
-            .unwrap()
-            .acquire_statements;
-        assert_eq!(after, before[i], "no acquire statement for {}", names[i]);
+        let after = stats(&waiters[i]).await.acquire_statements;
+        assert_eq!(after - before[i], 1, "one attempt for {}", names[i]);
         let (owner, token, _) = row(&setup, &admin, names[i]).await.unwrap();
         assert_eq!((owner, token), (format!("w{}", names[i]), lease.token()));
         lease.release().await.unwrap();
     }
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "woken, not polled"
+    );
 }
 
 /// Two lock tables of one name in two schemas share the default lease channel, and (against
-/// the documented rule) one owner identity waits in both. A handover in one table names that
-/// owner; the manager of the other table must not take it for its own lease of that name,
-/// which another process still holds.
+/// the documented rule) one owner identity waits in both. A release in one table rings the
+/// other's waiter too: it asks, is refused, and waits on while its own table's lease is held.
 #[actix_rt::test]
-async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
+async fn a_release_in_another_lock_table_on_the_channel_costs_an_attempt_and_grants_nothing() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let in_schema = |owner: &str, schema: &str| {
         LockManager::new(setup.builder(owner).schema(schema).build().unwrap()).start()
@@ -301,13 +213,10 @@ async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
     tokio::time::sleep(Duration::from_millis(300)).await; // both refused, in line
     held_a.release().await.unwrap();
     let lease_a = waits_a.await.unwrap().unwrap().unwrap();
-    // B's waiter heard the handover too (same channel, same owner): it must wait on, since
-    // its own table's lease is still held by hb.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!waits_b.is_finished(), "B's waiter took A's handover");
+    assert!(!waits_b.is_finished(), "B's waiter was granted A's lease");
     let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
     assert_eq!(b.owner.as_deref(), Some("hb"));
-    // Released in B, it goes to B's waiter, handed over in B.
     held_b.release().await.unwrap();
     let lease_b = waits_b.await.unwrap().unwrap().unwrap();
     let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
@@ -317,4 +226,64 @@ async fn a_handover_in_another_lock_table_on_the_channel_is_not_taken() {
     );
     lease_a.release().await.unwrap();
     lease_b.release().await.unwrap();
+}
+
+/// Anyone who can connect may NOTIFY the lease channel. Announcements in every form — the
+/// handover form of earlier versions naming the waiter with the holder's token, a release
+/// naming the waiter first in line, one for anyone, the bare name, garbage — naming the waiter,
+/// the holder and a bystander make nobody hold or release anything: the holder keeps its row,
+/// the waiter keeps waiting, and no process sends a release. The waiter asks at most once per
+/// announcement, and is refused.
+#[actix_rt::test]
+async fn forged_announcements_of_any_form_grant_nothing_and_release_nothing() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let channel = LeaseTable::new(&setup.builder("admin").build().unwrap())
+        .channel()
+        .to_owned();
+    let (holder, waiter, bystander) = (
+        setup.manager("holder"),
+        setup.manager("waiter"),
+        setup.manager("bystander"),
+    );
+    let (held, waits) = contend(&holder, &waiter, None).await;
+    let _ = stats(&bystander).await; // started and listening
+    let (before, holder_releases) = (
+        stats(&waiter).await.acquire_statements,
+        stats(&holder).await.release_statements,
+    );
+    let token = held.token();
+    let mut forged = Vec::new();
+    for owner in ["waiter", "holder", "bystander"] {
+        for nonce in ["", "#0", "#-1"] {
+            forged.push(format!("3>job{token}@16384{nonce}:{owner}"));
+        }
+        forged.push(format!("3:job{owner}"));
+    }
+    forged.extend(["3:job".into(), "job".into(), "".into(), "9:x".into()]);
+    for payload in &forged {
+        admin
+            .execute("SELECT pg_notify($1, $2)", &[&channel, payload])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!waits.is_finished(), "the waiter was granted on a forgery");
+    let (owner, row_token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), row_token), ("holder", token));
+    assert_eq!(holder.send(GetStats::new()).await.unwrap().held, 1);
+    assert_eq!(stats(&holder).await.release_statements, holder_releases);
+    assert_eq!(stats(&bystander).await.release_statements, 0);
+    let asked = stats(&waiter).await.acquire_statements - before;
+    assert!(
+        asked as usize <= forged.len(),
+        "{asked} attempts for {} forgeries",
+        forged.len()
+    );
+    // The real release wakes the waiter, which takes the lease with a token of its own.
+    held.release().await.unwrap();
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    assert!(lease.token() > token);
+    let (owner, row_token, _) = row(&setup, &admin, "job").await.unwrap();
+    assert_eq!((owner.as_str(), row_token), ("waiter", lease.token()));
+    lease.release().await.unwrap();
 }

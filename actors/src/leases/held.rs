@@ -1,0 +1,134 @@
+//! The leases a `LockManager` holds: their tokens, monotonic deadlines and loss signals, and the
+//! names held, shared with the waits under way (a wait refuses a name held meanwhile).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use crate::losses::Tenure;
+
+/// One lease this process holds.
+pub(crate) struct Held {
+    pub(crate) token: i64,
+    pub(crate) keep_on_release: bool,
+    /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
+    /// Past it the server may give the lease away, so it is reported lost.
+    pub(crate) deadline: Instant,
+    tenure: watch::Sender<Tenure>,
+}
+
+impl Held {
+    /// A lease granted with `token`, held until `deadline` unless renewed; the receiver is its
+    /// handle's.
+    pub(crate) fn new(
+        token: i64,
+        keep_on_release: bool,
+        deadline: Instant,
+    ) -> (Held, watch::Receiver<Tenure>) {
+        let (tenure, receiver) = watch::channel(Tenure::Held);
+        let held = Held {
+            token,
+            keep_on_release,
+            deadline,
+            tenure,
+        };
+        (held, receiver)
+    }
+
+    /// Tells the handle how the tenure ended.
+    pub(crate) fn end(self, how: Tenure) {
+        let _ = self.tenure.send(how);
+    }
+}
+
+/// The names held, shared with waits under way. Only [`Holdings`] changes it.
+#[derive(Clone, Default)]
+pub(crate) struct HeldNames(Arc<Mutex<HashSet<Arc<str>>>>);
+
+impl HeldNames {
+    /// Whether `name` is held now.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.0.lock().expect("held names").contains(name)
+    }
+}
+
+/// Every lease held, by name. The names are shared (`Arc<str>`), so a heartbeat tick copies
+/// none.
+#[derive(Default)]
+pub(crate) struct Holdings {
+    leases: HashMap<Arc<str>, Held>,
+    names: HeldNames,
+}
+
+impl Holdings {
+    /// The names held, as waits see them.
+    pub(crate) fn names(&self) -> HeldNames {
+        self.names.clone()
+    }
+
+    pub(crate) fn insert(&mut self, name: Arc<str>, held: Held) {
+        self.names
+            .0
+            .lock()
+            .expect("held names")
+            .insert(name.clone());
+        self.leases.insert(name, held);
+    }
+
+    /// Forgets `name` when it is held with `token`, returning what was held.
+    pub(crate) fn remove(&mut self, name: &str, token: i64) -> Option<Held> {
+        if !self.holds(name, token) {
+            return None;
+        }
+        self.names.0.lock().expect("held names").remove(name);
+        self.leases.remove(name)
+    }
+
+    /// Whether `name` is held with `token`.
+    pub(crate) fn holds(&self, name: &str, token: i64) -> bool {
+        self.leases.get(name).is_some_and(|h| h.token == token)
+    }
+
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.leases.contains_key(name)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// The earliest deadline of all.
+    pub(crate) fn earliest_deadline(&self) -> Option<Instant> {
+        self.leases.values().map(|h| h.deadline).min()
+    }
+
+    /// Every lease by name and token: what a renewal sends.
+    pub(crate) fn tenures(&self) -> Vec<(Arc<str>, i64)> {
+        (self.leases.iter())
+            .map(|(name, h)| (name.clone(), h.token))
+            .collect()
+    }
+
+    /// Moves the deadline of `name` when it is still held with `token`.
+    pub(crate) fn extend(&mut self, name: &str, token: i64, deadline: Instant) {
+        if let Some(held) = self.leases.get_mut(name).filter(|h| h.token == token) {
+            held.deadline = deadline;
+        }
+    }
+
+    /// The leases whose deadline is `now` or earlier.
+    pub(crate) fn past_deadline(&self, now: Instant) -> Vec<(Arc<str>, i64)> {
+        (self.leases.iter())
+            .filter(|(_, h)| h.deadline <= now)
+            .map(|(name, h)| (name.clone(), h.token))
+            .collect()
+    }
+
+    /// Forgets every lease, returning them.
+    pub(crate) fn drain(&mut self) -> Vec<(Arc<str>, Held)> {
+        self.names.0.lock().expect("held names").clear();
+        self.leases.drain().collect()
+    }
+}

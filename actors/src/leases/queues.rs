@@ -1,0 +1,70 @@
+//! The local waiters of each name: a FIFO turn, and the wake-up of the waiter whose turn it is.
+//!
+//! Only the waiter whose turn it is talks to the database; the others wait in the FIFO of a
+//! `tokio::sync::Mutex`, so a process sends one attempt per wake-up however many of its tasks
+//! wait. Releases are announced with NOTIFY on the lease channel; the manager hears them through
+//! the `ListenerActor` and wakes the waiting name. A wake-up only ends a nap early: notifications
+//! can be missed, late or forged, so waiters also wake at the holder's expiry and on a poll.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+/// The local waiters of one name (a lease's, or a semaphore's queue key).
+pub(crate) struct NameQueue {
+    key: String,
+    /// Held by the one waiter whose turn it is, and by its clean-up after its answer.
+    pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
+    /// Signalled when the lease may have become free.
+    pub(crate) wake: Notify,
+}
+
+/// Every name with local waiters.
+#[derive(Default)]
+pub(crate) struct Queues {
+    names: Mutex<HashMap<String, Arc<NameQueue>>>,
+}
+
+impl Queues {
+    /// The queue of `key`, created on first use.
+    pub(crate) fn join(&self, key: &str) -> Arc<NameQueue> {
+        let mut names = self.names.lock().expect("queues");
+        let queue = names.entry(key.to_owned()).or_insert_with(|| {
+            Arc::new(NameQueue {
+                key: key.to_owned(),
+                turn: Arc::default(),
+                wake: Notify::new(),
+            })
+        });
+        queue.clone()
+    }
+
+    /// Forgets `queue` once nobody else waits in it.
+    pub(crate) fn leave(&self, queue: Arc<NameQueue>) {
+        let mut names = self.names.lock().expect("queues");
+        // One reference in the map, one in `queue`: nobody else.
+        if Arc::strong_count(&queue) == 2 {
+            names.remove(&queue.key);
+        }
+    }
+
+    /// Whether a wait for `key` is under way here (or its clean-up).
+    pub(crate) fn busy(&self, key: &str) -> bool {
+        self.names.lock().expect("queues").contains_key(key)
+    }
+
+    /// Wakes the waiter whose turn it is for `key`, if any.
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some(queue) = self.names.lock().expect("queues").get(key) {
+            queue.wake.notify_one();
+        }
+    }
+
+    /// Wakes every name's waiter: notifications may have been missed.
+    pub(crate) fn wake_all(&self) {
+        for queue in self.names.lock().expect("queues").values() {
+            queue.wake.notify_one();
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! A caller's timeout is hard: an acquire, a permit or a single attempt answers within it
+//! whatever the connections do, and what is left to clean up (a grant whose answer was lost,
+//! the waiter's place in line) is finished by the manager afterwards, never left held.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord::embedded::{Proxy, backend_pids, unique_name};
+use pgcoord_actors::*;
+
+use super::Setup;
+use super::own_cluster::{freeze_while_idle, own_cluster};
+
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// What a timeout may be overrun by: the answer's way back through the actors.
+const SLACK: Duration = Duration::from_millis(100);
+
+/// Opens `n` pooled connections of `manager` (concurrent acquires and releases) and leaves
+/// them idle in its pool.
+async fn warm(manager: &Addr<LockManager>, n: usize) {
+    let acquires = (0..n).map(|i| manager.send(Acquire::new(format!("warm-{i}"))));
+    for lease in futures_util::future::join_all(acquires).await {
+        lease.unwrap().unwrap().release().await.unwrap();
+    }
+}
+
+/// Sends `request` and checks it answers within [`TIMEOUT`] (plus slack), with one of `kinds`.
+async fn answers_in_time<M>(
+    manager: &Addr<LockManager>,
+    request: M,
+    kinds: &[ErrorKind],
+    what: &str,
+) where
+    M: Message<Result = pgcoord::Result<Lease>> + Send + 'static,
+    LockManager: Handler<M>,
+{
+    let started = Instant::now();
+    let answer = manager.send(request).await.unwrap();
+    let took = started.elapsed();
+    let err = answer.expect_err(what);
+    assert!(kinds.contains(&err.kind()), "{what}: {err}");
+    assert!(took < TIMEOUT + SLACK, "{what}: answered after {took:?}");
+}
+
+/// The database did not answer, or (a fresh connection found in time) the lease stayed held.
+const UNAVAILABLE_OR_HELD: &[ErrorKind] = &[ErrorKind::Unavailable, ErrorKind::NotAcquired];
+
+/// The rows `owner` holds now.
+async fn held_by(setup: &Setup, admin: &tokio_postgres::Client, owner: &str) -> Vec<String> {
+    let sql = format!(
+        "SELECT name FROM {} WHERE owner = $1 AND expires_at > clock_timestamp() ORDER BY name",
+        setup.quoted_table()
+    );
+    let rows = admin.query(&sql, &[&owner]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// The manager's idle pooled connections stop forwarding (black-holed by a proxy; new
+/// connections pass), and every statement timeout is longer than the caller's timeout. An
+/// acquire of a free lease, of a held one, a single attempt and a permit each answer within
+/// their timeout — `Unavailable`, or `NotAcquired` for a lease another holds once a fresh
+/// connection could tell — and nothing is left held.
+#[actix_rt::test]
+async fn calls_answer_within_their_timeout_while_idle_pooled_connections_hang() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let holder = setup.manager("holder");
+    let held = holder.send(Acquire::new("held")).await.unwrap().unwrap();
+    // A manager of its own for each call, its pool warm, then black-holed.
+    let cut_off = async || {
+        let proxy = Proxy::start(&setup.pg).await.unwrap();
+        let config = setup
+            .builder("waiter")
+            .pg_config(&proxy.pg_config(&setup.pg))
+            .session_pg_config(&setup.pg)
+            .statement_timeout(Duration::from_secs(5))
+            .pool_size(4)
+            .build()
+            .unwrap();
+        let waiter = LockManager::new(config).start();
+        warm(&waiter, 4).await;
+        proxy.cut();
+        (proxy, waiter)
+    };
+    let cases = [
+        ("a free lease", Acquire::new("free").timeout(TIMEOUT)),
+        ("a held lease", Acquire::new("held").timeout(TIMEOUT)),
+        (
+            "a single attempt",
+            Acquire::new("once").fail_if_locked().timeout(TIMEOUT),
+        ),
+    ];
+    for (what, request) in cases {
+        let (_proxy, waiter) = cut_off().await;
+        answers_in_time(&waiter, request, UNAVAILABLE_OR_HELD, what).await;
+    }
+    let (_proxy, waiter) = cut_off().await;
+    let permit = AcquirePermit::new("permits", 2).timeout(TIMEOUT);
+    answers_in_time(&waiter, permit, &[ErrorKind::Unavailable], "a permit").await;
+    // Nothing was left held meanwhile, and the clean-ups finish on fresh connections.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(held_by(&setup, &admin, "waiter").await, Vec::<String>::new());
+    held.release().await.unwrap();
+}
+
+/// The manager's idle pooled backends are frozen (SIGSTOP) while new connections work: the
+/// attempt reaches the server and hangs there, its outcome unknown past the caller's timeout.
+/// The caller has its answer within the timeout; once the backends are thawed, any grant the
+/// attempt made is released by the manager within a few seconds, long before the lease (20 s)
+/// would have ended it — and the next acquire of the name, waiting for that clean-up, is
+/// granted.
+#[actix_rt::test]
+async fn an_attempt_frozen_on_the_server_is_answered_in_time_and_cleaned_up_after() {
+    let (server, setup, admin) = own_cluster().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("waiter")
+        .application_name(&app)
+        .lease(Duration::from_secs(20))
+        .heartbeat(Duration::from_secs(2))
+        .statement_timeout(Duration::from_secs(5))
+        .pool_size(2)
+        .build()
+        .unwrap();
+    let waiter = LockManager::new(config).start();
+    warm(&waiter, 2).await;
+    let frozen: Vec<u32> = backend_pids(&admin, &app).await.unwrap();
+    assert!(!frozen.is_empty());
+    for &pid in &frozen {
+        freeze_while_idle(&server, &admin, pid).await;
+    }
+    answers_in_time(
+        &waiter,
+        Acquire::new("job").timeout(TIMEOUT),
+        &[ErrorKind::Unavailable],
+        "an acquire on a frozen backend",
+    )
+    .await;
+    for &pid in &frozen {
+        server.thaw_backend(pid).unwrap();
+    }
+    let thawed = Instant::now();
+    // The clean-up holds the name's turn: this waits for it, then is granted.
+    let lease = waiter
+        .send(Acquire::new("job").timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        thawed.elapsed() < Duration::from_secs(8),
+        "granted {:?} after the thaw",
+        thawed.elapsed()
+    );
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE name = 'job' AND owner = 'waiter'",
+        setup.quoted_table()
+    );
+    let rows: i64 = admin.query_one(&sql, &[]).await.unwrap().get(0);
+    assert_eq!(rows, 1, "one tenure, the lease's own");
+    let info = waiter.send(Get("job".into())).await.unwrap().unwrap();
+    assert_eq!(info.token, Some(lease.token()));
+    lease.release().await.unwrap();
+}
