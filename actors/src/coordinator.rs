@@ -102,3 +102,13 @@ impl Coordinator {
         &self.config
     }
 }
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The configuration's own Debug never shows the password.
+        f.debug_struct("Coordinator")
+            .field("owner", &self.config.owner())
+            .field("lock_table", &self.config.lock_table().to_string())
+            .finish_non_exhaustive()
+    }
+}

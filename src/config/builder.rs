@@ -162,11 +162,10 @@ impl ConfigBuilder {
         self
     }
 
-    /// The channel that announces released leases to waiters, and leases handed to them.
-    /// Default: the lock table's unqualified name. Give each lock table of a database a channel
-    /// of its own (tables of one name in two schemas share the default): on a shared channel
-    /// each table's releases wake the other's waiters for nothing (a handover names its table's
-    /// oid, so it is only ever taken by a manager of that table).
+    /// The channel that announces released leases to waiters. Default: the lock table's
+    /// unqualified name. Give each lock table of a database a channel of its own (tables of one
+    /// name in two schemas share the default): on a shared channel each table's releases wake
+    /// the other's waiters for nothing.
     pub fn lease_channel(mut self, channel: impl Into<String>) -> Self {
         self.lease_channel = Some(channel.into());
         self
@@ -226,8 +225,11 @@ impl ConfigBuilder {
         self
     }
 
-    /// The longest one wait for a pooled connection may last. Statements are bounded first by
-    /// their caller's deadline or the [statement timeout](Self::statement_timeout). Default: 30 s.
+    /// The longest one wait for a free pooled connection may last (the pool busy, or the server
+    /// unreachable); past it, [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable). It does
+    /// not bound a statement on a connection that hangs: the
+    /// [statement timeout](Self::statement_timeout) or the caller's deadline does. A call with a
+    /// deadline (`Acquire::timeout`) answers within it whatever these two are. Default: 30 s.
     pub fn pool_timeout(mut self, timeout: Duration) -> Self {
         self.pool_timeout = timeout;
         self

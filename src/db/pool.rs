@@ -37,6 +37,8 @@ pub struct Pool {
     source: Source,
     last_failure: LastFailure,
     pub(crate) statement_timeout: Duration,
+    /// The longest one wait for a connection lasts.
+    pool_timeout: Duration,
     /// For cancel requests on the pool's connections.
     tls: Tls,
 }
@@ -138,7 +140,7 @@ impl Pool {
         }
         let inner = bb8::Pool::builder()
             .max_size(config.pool_size)
-            // Bounded by the caller's deadline instead (see `checkout`).
+            // Bounded by the caller's deadline and the pool timeout instead (see `checkout`).
             .connection_timeout(config.pool_timeout)
             .test_on_check_out(false)
             .retry_connection(false)
@@ -148,6 +150,7 @@ impl Pool {
             source: Source::Own(inner),
             last_failure,
             statement_timeout: config.statement_timeout,
+            pool_timeout: config.pool_timeout,
             tls: config.tls.clone(),
         }
     }
@@ -174,6 +177,7 @@ impl Pool {
             source: Source::Application(Arc::new(pool)),
             last_failure: LastFailure::default(),
             statement_timeout: config.statement_timeout,
+            pool_timeout: config.pool_timeout,
             tls: config.tls.clone(),
         }
     }
@@ -183,17 +187,26 @@ impl Pool {
         self.statement_timeout
     }
 
-    /// A live connection from the pool, waiting at most until `deadline`. Connections found
-    /// closed (the server restarted, the backend was terminated) are discarded and replaced
-    /// without the caller seeing them. [`ErrorKind::Unavailable`] at the deadline, with the last
-    /// connect error as its source when a connect failed meanwhile.
+    /// A live connection from the pool, waiting at most until `deadline` and at most the pool
+    /// timeout. Connections found closed (the server restarted, the backend was terminated) are
+    /// discarded and replaced without the caller seeing them. [`ErrorKind::Unavailable`] at the
+    /// deadline, with the last connect error as its source when a connect failed meanwhile; a
+    /// connect that failed for good (TLS, authentication) at once, with its own kind.
     pub async fn checkout(&self, deadline: Instant) -> Result<Pooled<'_>> {
         let start = Instant::now();
+        let deadline = deadline.min(start + self.pool_timeout);
         let mut discarded = 0u32;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return Err(self.unavailable(start, discarded));
+            }
+            // A connect refused for a reason connecting again will not change (a certificate
+            // it cannot trust, a wrong password): said at once, with its own kind.
+            if let Some(cause) = (self.last_failure.since(start))
+                .filter(|cause| cause.kind() != ErrorKind::Unavailable)
+            {
+                return Err(Error::new(cause.kind(), cause.to_string()).with_source(cause));
             }
             let slice = deadline.min(now + CHECKOUT_SLICE);
             let conn = match &self.source {

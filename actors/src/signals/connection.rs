@@ -16,7 +16,7 @@ use super::ListenerActor;
 use super::messages::ConnState;
 
 impl ListenerActor {
-    pub(super) fn connect(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn open(&mut self, ctx: &mut Context<Self>) {
         let config = self.config.clone();
         let connect = async move { pgcoord::db::connect_as(&config, "listener").await };
         ctx.spawn(
@@ -138,6 +138,9 @@ impl ListenerActor {
                 self.count(|m| m.connected.set(0.0))
             }
             ConnState::MessageLost { .. } => {}
+        }
+        if !matches!(state, ConnState::MessageLost { .. }) {
+            self.conn_state = Some(state.clone());
         }
         // Rare and important ("Reconnected" means resync): never dropped for a full mailbox.
         self.conn_subscribers.retain(|s| {

@@ -65,6 +65,8 @@ pub struct ListenerActor {
     /// entry however it ends.
     pub(crate) pending: Pending,
     conn_subscribers: Vec<Recipient<ConnState>>,
+    /// The connection's state as last broadcast, told to each new subscriber at once.
+    pub(crate) conn_state: Option<ConnState>,
     failures: u32,
     /// Set by [`Shutdown`]: the supervisor restarts a stopped actor while anyone holds its
     /// address, so a shut-down listener stays idle instead of connecting again.
@@ -113,6 +115,7 @@ impl ListenerActor {
             confirm_waiters: HashMap::new(),
             pending: Pending::default(),
             conn_subscribers: Vec::new(),
+            conn_state: None,
             failures: 0,
             shut_down: false,
             stats: ListenerStats::default(),
@@ -138,9 +141,21 @@ impl ListenerActor {
             .clone()
     }
 
-    /// Starts the listener under a `Supervisor` in the current actix System.
+    /// Starts the listener under a `Supervisor` in the current actix System. Prefer
+    /// [`connect`](Self::connect), which reports a wrong DSN or a standby at once.
     pub fn start_supervised(self) -> Addr<ListenerActor> {
         Supervisor::start(move |_| self)
+    }
+
+    /// Checks the server first (reachable, writable, migrated: see
+    /// `pgcoord::db::check_server`), then starts a supervised listener for `config` in the
+    /// current actix System: the start that can fail.
+    pub async fn connect(
+        config: Config,
+        store: Option<Arc<dyn PayloadStore>>,
+    ) -> Result<Addr<ListenerActor>> {
+        pgcoord::db::check_server(&config).await?;
+        Ok(ListenerActor::new(config, store).start_supervised())
     }
 
     /// The channel this process's replies arrive on.
@@ -161,9 +176,9 @@ impl Actor for ListenerActor {
         }
         let delay = connection::backoff(self.failures, self.config.backoff());
         if delay.is_zero() {
-            self.connect(ctx);
+            self.open(ctx);
         } else {
-            ctx.run_later(delay, |act, ctx| act.connect(ctx));
+            ctx.run_later(delay, |act, ctx| act.open(ctx));
         }
         ctx.run_interval(self.config.ping_interval(), |act, ctx| act.ping(ctx));
     }
@@ -225,6 +240,14 @@ impl Handler<SubscribeConnState> for ListenerActor {
     type Result = ();
 
     fn handle(&mut self, SubscribeConnState(recipient): SubscribeConnState, _: &mut Context<Self>) {
+        // What it would have heard last: connected, or the failure it is recovering from.
+        if let Some(state) = &self.conn_state {
+            let now = match state {
+                ConnState::Reconnected => ConnState::Connected,
+                state => state.clone(),
+            };
+            recipient.do_send(now);
+        }
         self.conn_subscribers.push(recipient);
     }
 }

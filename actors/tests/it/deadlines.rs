@@ -99,7 +99,10 @@ async fn calls_answer_within_their_timeout_while_idle_pooled_connections_hang() 
     answers_in_time(&waiter, permit, &[ErrorKind::Unavailable], "a permit").await;
     // Nothing was left held meanwhile, and the clean-ups finish on fresh connections.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(held_by(&setup, &admin, "waiter").await, Vec::<String>::new());
+    assert_eq!(
+        held_by(&setup, &admin, "waiter").await,
+        Vec::<String>::new()
+    );
     held.release().await.unwrap();
 }
 

@@ -402,3 +402,43 @@ async fn a_subscribe_that_fails_registers_nothing() {
         "the reply channel and {good}: {listening:?}"
     );
 }
+
+/// A `SubscribeConnState` subscriber that subscribes after the listener connected is told the
+/// current state at once (`Connected`), instead of hearing nothing until the next change; one
+/// that subscribes after a reconnect is told `Connected` too (it missed nothing of its own).
+#[actix_rt::test]
+async fn a_late_conn_state_subscriber_learns_the_current_state_at_once() {
+    let (setup, admin) = setup().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("signals")
+        .application_name(&app)
+        .build()
+        .unwrap();
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let early = conn_states(&listener).await;
+    assert_eq!(
+        early.wait_for(1, Duration::from_secs(5)).await,
+        [ConnState::Connected]
+    );
+    let late = conn_states(&listener).await;
+    assert_eq!(
+        late.wait_for(1, Duration::from_secs(1)).await,
+        [ConnState::Connected]
+    );
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("{app} listener")],
+        )
+        .await
+        .unwrap();
+    let seen = early.wait_for(3, Duration::from_secs(10)).await;
+    assert_eq!(seen[2], ConnState::Reconnected, "{seen:?}");
+    let later = conn_states(&listener).await;
+    assert_eq!(
+        later.wait_for(1, Duration::from_secs(1)).await,
+        [ConnState::Connected]
+    );
+    assert_eq!(early.received().len(), 3, "nothing twice for the early one");
+}

@@ -218,9 +218,44 @@ async fn connect_checks_the_pools_server_and_the_sessions_server() {
             .session_pg_config(session);
         let err = Coordinator::connect(builder.build().unwrap())
             .await
-            .err()
-            .expect("one server is unreachable");
+            .expect_err("one server is unreachable");
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
         assert!(err.to_string().contains(&port.to_string()), "{err}");
     }
+}
+
+/// `pool_timeout` bounds a wait for a free pooled connection, also for a caller whose own
+/// timeout is longer: with the only connection taken, an acquire is `Unavailable` (saying the
+/// pool stayed busy) after the pool timeout, not after its own 10 s.
+#[actix_rt::test]
+async fn a_busy_pool_is_waited_for_no_longer_than_the_pool_timeout() {
+    let (setup, _admin) = Setup::new(LEASE, HEARTBEAT).await;
+    let config = setup
+        .builder("busy")
+        .pool_size(1)
+        .pool_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let pool = pgcoord::db::pool(&config);
+    let coordinator = Coordinator::start_with_pool(config, pool.clone());
+    let taken = pool
+        .checkout(Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let request = Acquire::new("job").timeout(Duration::from_secs(10));
+    let err = coordinator.locks.call(request).await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+    drop(taken);
+    let lease = coordinator.locks.call(Acquire::new("job")).await.unwrap();
+    lease.release().await.unwrap();
+    // A Coordinator is Debug (so `connect(..).unwrap_err()` compiles) and shows no secret.
+    let shown = format!("{coordinator:?}");
+    assert!(shown.contains("busy") && !shown.contains("password"), "{shown}");
 }

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use actix::Actor;
+
 use pgcoord::embedded::{TempPostgres, unique_name};
 use pgcoord::{Config, SslMode};
 use pgcoord_actors::*;
@@ -109,4 +111,42 @@ async fn leases_advisory_locks_and_signals_work_over_verified_tls() {
 
     guard.release().await.unwrap();
     lease.release().await.unwrap();
+}
+
+/// A runtime started without the check (`start`, not `connect`) against a server whose
+/// certificate is for another host: calls fail with `Tls` at once, saying why, instead of
+/// retrying as `Unavailable` until their timeout; the checking starts refuse with `Tls`.
+#[actix_rt::test]
+async fn a_certificate_it_cannot_trust_fails_calls_with_tls_at_once() {
+    super::init_tracing();
+    let server = TempPostgres::shared_tls().expect("a cluster with TLS");
+    let config = Config::builder()
+        .dsn(format!(
+            "host=db.example hostaddr=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
+            server.port(),
+            server.root_cert().unwrap().display()
+        ))
+        .lock_table(unique_name("locks"))
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config.clone()).start();
+    let started = std::time::Instant::now();
+    let request = Acquire::new("job").timeout(Duration::from_secs(10));
+    let err = manager.call(request).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = manager.call(List).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
+    let err = AdvisoryLocks::connect(config.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
+    let err = ListenerActor::connect(config.clone(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
+    let err = LockManager::connect(config).await.unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
 }
