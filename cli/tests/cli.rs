@@ -1,12 +1,11 @@
 //! The built `pgcoord` binary against a throwaway cluster: every command, its output and its
 //! exit code.
 
-use pgcoord::lease::AcquireRequest;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use pgcoord::embedded::{TempPostgres, test_pg_config, unique_name};
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord::{Config, LeaseTable};
 
 /// The DSN of the test database (`DATABASE_URL`, else the shared throwaway cluster).

@@ -1,9 +1,8 @@
 //! Lease statements on their own: tokens, renewal, release, reservation and the fencing guard.
 
-use pgcoord::lease::ReleaseRequest;
 use std::time::Duration;
 
-use pgcoord::lease::{AcquireRequest, Attempt};
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{ErrorKind, LeaseTable};
 
 use super::{LEASE, grant};

@@ -14,13 +14,12 @@ mod schema;
 mod standby;
 mod tls;
 
-use pgcoord::embedded::{test_pg_config, unique_name};
-use pgcoord::lease::AcquireRequest;
-use pgcoord::{Config, ConfigBuilder};
 use std::time::Duration;
 
 use pgcoord::LeaseTable;
-use pgcoord::lease::{Attempt, Grant};
+use pgcoord::embedded::{test_pg_config, unique_name};
+use pgcoord::lease::{AcquireRequest, Attempt, Grant};
+use pgcoord::{Config, ConfigBuilder};
 use tokio_postgres::Client;
 
 /// A builder pointed at the test database, with its own tables and lease channel.

@@ -1,9 +1,8 @@
 //! Releasing leases, alone and in batches, and what releases announce on the lease channel.
 
-use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use std::time::Duration;
 
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{ErrorKind, LeaseTable};
 
 use super::{LEASE, grant};

@@ -2,12 +2,11 @@
 //! takeover past expiry. Many held leases (the 10,000-lease claim, memory, the heartbeat) are in
 //! `held`.
 
-use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::statement::CachingClient;
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Acquire, GetStats, LockManager};

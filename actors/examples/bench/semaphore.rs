@@ -1,12 +1,11 @@
 //! Counting semaphores: a permit taken and given back through the runtime against the raw
 //! statements, and the throughput of 8 callers on 3 permits.
 
-use pgcoord::lease::ReleaseRequest;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::lease::{SlotAttempt, slot_names};
+use pgcoord::lease::{ReleaseRequest, SlotAttempt, slot_names};
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{AcquirePermit, LockManager};
 

@@ -381,3 +381,25 @@ async fn a_guard_from_an_earlier_tenure_does_not_release_a_later_one() {
     second.release().await.unwrap();
     assert_eq!(locks(&admin, k).await, (0, 0));
 }
+
+/// A guard's `lost()` ends without a loss when the lock is released, by `release` or by
+/// dropping the guard; stopping the actor is a loss (`Shutdown`).
+#[actix_rt::test]
+async fn a_release_is_no_loss_and_a_shutdown_is() {
+    let (setup, _admin) = setup().await;
+    let (a, _, k) = two_managers(&setup);
+    let guard = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let lost = guard.lost();
+    guard.release().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
+    assert_eq!(ended, Ok(None), "released");
+    let guard = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let lost = guard.lost();
+    drop(guard);
+    let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
+    assert_eq!(ended, Ok(None), "dropped");
+    let guard = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    a.send(Shutdown).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+    assert_eq!(ended, Ok(Some(LossReason::Shutdown)), "stopped");
+}

@@ -22,6 +22,8 @@ trait Harness {
     fn processes(&self) -> (Self::Process, Self::Process);
     /// Takes the lease `name` from its holder, as a takeover after an expiry would.
     async fn force_loss(&self, name: &str);
+    /// Ends the lease `name` as its holder stopping to renew would: expired, its row kept.
+    async fn expire(&self, name: &str);
     /// Makes the first process's listener reconnect.
     async fn reconnect(&self);
 }
@@ -64,6 +66,15 @@ impl Harness for Postgres {
         assert_eq!(deleted, 1, "{name} was held");
     }
 
+    async fn expire(&self, name: &str) {
+        let sql = format!(
+            "UPDATE {} SET expires_at = clock_timestamp() - interval '1 second' WHERE name = $1",
+            self.table
+        );
+        let expired = self.admin.execute(&sql, &[&name]).await.unwrap();
+        assert_eq!(expired, 1, "{name} was held");
+    }
+
     async fn reconnect(&self) {
         let killed = self
             .admin
@@ -103,6 +114,11 @@ impl Harness for Memory {
         assert!(self.a.force_loss(name), "{name} was held");
     }
 
+    async fn expire(&self, name: &str) {
+        // Nothing expires in memory: a takeover is what expiry leads to.
+        assert!(self.a.force_loss(name), "{name} was held");
+    }
+
     async fn reconnect(&self) {
         self.a.reconnect();
     }
@@ -134,7 +150,53 @@ on_both_backends!(
     a_reconnect_is_announced_and_subscriptions_survive_it,
     bad_input_is_refused,
     a_dropped_lease_is_released_and_a_cancelled_wait_leaves_nothing_behind,
+    a_lease_taken_over_after_expiry_has_the_new_holders_data,
+    a_release_is_no_loss,
 );
+
+async fn a_lease_taken_over_after_expiry_has_the_new_holders_data(h: impl Harness) {
+    let (a, b) = h.processes();
+    let name = unique_name("expired");
+    let dead = a
+        .acquire(Acquire::new(&name).data(b"dead's".to_vec()))
+        .await
+        .unwrap();
+    h.expire(&name).await;
+    let request = Acquire::new(&name)
+        .data(b"mine".to_vec())
+        .timeout(Duration::from_secs(5));
+    let next = b.acquire(request).await.unwrap();
+    assert_eq!(next.data(), Some(&b"mine"[..]), "the new holder's own data");
+    let info = a.get(&name).await.unwrap();
+    assert_eq!(info.data.as_deref(), Some(&b"mine"[..]));
+    assert_eq!(info.token, Some(next.token()));
+    let reason = tokio::time::timeout(Duration::from_secs(5), dead.lost())
+        .await
+        .expect("the old holder learns of it");
+    assert_eq!(reason, Some(LossReason::TakenOver));
+    next.release().await.unwrap();
+}
+
+async fn a_release_is_no_loss(h: impl Harness) {
+    let (a, _) = h.processes();
+    let name = unique_name("released");
+    let (losses, recipient) = Collector::<LockLost>::start_new();
+    a.subscribe_lock_lost(recipient).await.unwrap();
+    // Released with `release`, and by dropping the handle: `lost()` ends without a loss.
+    let lease = a.acquire(Acquire::new(&name)).await.unwrap();
+    let lost = lease.lost();
+    assert_eq!(lease.loss(), None);
+    lease.release().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
+    assert_eq!(ended, Ok(None), "a clean release is not a loss");
+    let lease = a.acquire(Acquire::new(&name)).await.unwrap();
+    let lost = lease.lost();
+    drop(lease);
+    let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
+    assert_eq!(ended, Ok(None), "a dropped handle's release is not a loss");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(losses.received().is_empty(), "{:?}", losses.received());
+}
 
 async fn one_holder_at_a_time_with_increasing_tokens(h: impl Harness) {
     let (a, b) = h.processes();

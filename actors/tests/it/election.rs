@@ -1,13 +1,12 @@
 //! Leader election: one leader at a time, resign hands over at once, observers told of every
 //! term in token order, of a dead leader at its expiry, and resynced after a reconnect.
 
-use pgcoord::lease::AcquireRequest;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgcoord::LeaseTable;
 use pgcoord::embedded::unique_name;
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord_actors::*;
 
 use super::{Collector, Setup};
@@ -248,4 +247,18 @@ async fn a_term_that_ended_cannot_proclaim_and_bad_names_are_refused() {
         .unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::NotAcquired);
     drop(term);
+}
+
+/// A term's `lost()` taken while it lasts ends without a loss when the leader resigns: a
+/// watcher written the natural way does not report a loss that never happened.
+#[actix_rt::test]
+async fn a_resignation_is_no_loss() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let coordinator = Coordinator::start(setup.builder("leader").build().unwrap());
+    let election = coordinator.election(unique_name("quiet")).unwrap();
+    let term = election.campaign("v1", None).await.unwrap();
+    let lost = term.lost();
+    term.resign().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
+    assert_eq!(ended, Ok(None));
 }

@@ -2,13 +2,12 @@
 //! deadline, loss reported exactly once, fairness under contention, batched heartbeats, and
 //! wake-ups through the one LISTEN connection.
 
-use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Actor;
 use pgcoord::ErrorKind;
-use pgcoord::lease::Attempt;
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord_actors::*;
 
 use super::{Collector, Setup};

@@ -257,5 +257,8 @@ async fn a_busy_pool_is_waited_for_no_longer_than_the_pool_timeout() {
     lease.release().await.unwrap();
     // A Coordinator is Debug (so `connect(..).unwrap_err()` compiles) and shows no secret.
     let shown = format!("{coordinator:?}");
-    assert!(shown.contains("busy") && !shown.contains("password"), "{shown}");
+    assert!(
+        shown.contains("busy") && !shown.contains("password"),
+        "{shown}"
+    );
 }
