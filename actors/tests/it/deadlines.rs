@@ -16,13 +16,18 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// What a timeout may be overrun by: the answer's way back through the actors.
 const SLACK: Duration = Duration::from_millis(100);
 
-/// Opens `n` pooled connections of `manager` (concurrent acquires and releases) and leaves
-/// them idle in its pool.
-async fn warm(manager: &Addr<LockManager>, n: usize) {
-    let acquires = (0..n).map(|i| manager.send(Acquire::new(format!("warm-{i}"))));
-    for lease in futures_util::future::join_all(acquires).await {
-        lease.unwrap().unwrap().release().await.unwrap();
+/// A manager for `config` whose pool has `n` connections open and idle (all checked out at
+/// once, then given back): the connections its next statements get.
+async fn warm(config: pgcoord::Config, n: usize) -> Addr<LockManager> {
+    let pool = pgcoord::db::pool(&config);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut open = Vec::new();
+    for _ in 0..n {
+        open.push(pool.checkout(deadline).await.unwrap());
     }
+    drop(open);
+    assert_eq!(pool.connections(), (n as u32, n as u32));
+    LockManager::with_pool(config, pool, None).start()
 }
 
 /// Sends `request` and checks it answers within [`TIMEOUT`] (plus slack), with one of `kinds`.
@@ -77,8 +82,7 @@ async fn calls_answer_within_their_timeout_while_idle_pooled_connections_hang() 
             .pool_size(4)
             .build()
             .unwrap();
-        let waiter = LockManager::new(config).start();
-        warm(&waiter, 4).await;
+        let waiter = warm(config, 4).await;
         proxy.cut();
         (proxy, waiter)
     };
@@ -97,6 +101,24 @@ async fn calls_answer_within_their_timeout_while_idle_pooled_connections_hang() 
     let (_proxy, waiter) = cut_off().await;
     let permit = AcquirePermit::new("permits", 2).timeout(TIMEOUT);
     answers_in_time(&waiter, permit, &[ErrorKind::Unavailable], "a permit").await;
+    // A waiter in line when its connections hang: its deadline passes during a nap, and it
+    // leaves the line after answering, not before.
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let config = (setup.builder("waiter"))
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .session_pg_config(&setup.pg)
+        .build()
+        .unwrap();
+    let waiter = warm(config, 4).await;
+    let started = Instant::now();
+    let wait = waiter.send(Acquire::new("held").timeout(TIMEOUT * 2));
+    let wait = actix_rt::spawn(wait);
+    tokio::time::sleep(Duration::from_millis(300)).await; // refused, in line, napping
+    proxy.cut();
+    let err = wait.await.unwrap().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired, "{err}");
+    let took = started.elapsed();
+    assert!(took < TIMEOUT * 2 + SLACK, "answered after {took:?}");
     // Nothing was left held meanwhile, and the clean-ups finish on fresh connections.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -125,8 +147,7 @@ async fn an_attempt_frozen_on_the_server_is_answered_in_time_and_cleaned_up_afte
         .pool_size(2)
         .build()
         .unwrap();
-    let waiter = LockManager::new(config).start();
-    warm(&waiter, 2).await;
+    let waiter = warm(config, 2).await;
     let frozen: Vec<u32> = backend_pids(&admin, &app).await.unwrap();
     assert!(!frozen.is_empty());
     for &pid in &frozen {
