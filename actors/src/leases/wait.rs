@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::dev::OneshotSender;
-use pgcoord::db::{Backoff, Bounded, Until};
+use pgcoord::db::{Backoff, Bounded, Until, until};
 use pgcoord::lease::Grant;
 use pgcoord::{Error, Pool, Result};
 use tokio::sync::OwnedMutexGuard;
@@ -165,91 +165,77 @@ impl<A: Attempts> Wait<A> {
 
 impl Line {
     /// Attempts until granted, refused for good, past the deadline, or the caller left. With
-    /// the outcome, when a grant of an attempt of unknown outcome that could not be checked in
-    /// time expires on its own.
+    /// the outcome, until when a grant nobody received (of an attempt whose answer was lost, not
+    /// checked in time) may stay held: the clean-up's to free.
     async fn run<A: Attempts>(
         &mut self,
         finish: &Finish<A>,
         reply: &mut Option<Reply>,
     ) -> (Outcome, Option<Instant>) {
-        let mut orphans_until = None;
-        let outcome = self.attempt(finish, reply, &mut orphans_until).await;
-        (outcome, orphans_until)
-    }
-
-    async fn attempt<A: Attempts>(
-        &mut self,
-        finish: &Finish<A>,
-        reply: &mut Option<Reply>,
-        orphans_until: &mut Option<Instant>,
-    ) -> Outcome {
         let (attempts, pool, wake) = (&finish.attempts, &finish.pool, &finish.queue.wake);
         let name = attempts.name();
-        loop {
+        let mut orphans_until = None;
+        let outcome = loop {
             if self.passed(Instant::now()) {
-                return Outcome::Failed(Error::not_acquired(name, self.holder()));
+                break Outcome::Failed(Error::not_acquired(name, self.holder()));
             }
             let ask = self.ask();
             let sent = Instant::now();
             // Abandoning a batch is safe: a grant nobody takes is released by the batcher.
             let batched = tokio::select! {
                 batched = attempts.batched(ask, self.deadline()) => batched,
-                _ = caller_gone(reply) => return Outcome::Cancelled,
+                _ = caller_gone(reply) => break Outcome::Cancelled,
             };
             let answer = match batched {
                 Some(answer) => answer,
                 None => {
-                    // Nothing is sent while waiting for a connection: safe to abandon. A busy
-                    // pool is waited for until the caller's deadline.
+                    // Nothing is sent while waiting for a connection: safe to abandon.
                     let bound = bound(self.deadline(), pool.statement_timeout());
                     let conn = tokio::select! {
                         conn = pool.checkout(self.deadline().unwrap_or(bound)) => conn,
-                        _ = caller_gone(reply) => return Outcome::Cancelled,
+                        _ = caller_gone(reply) => break Outcome::Cancelled,
                     };
                     match conn {
                         // A statement in flight is never abandoned: it ends by its bound.
-                        Ok(conn) => {
-                            let statements = pgcoord::db::until(&*conn, bound);
-                            attempts.attempt(ask, &statements).await
-                        }
+                        Ok(conn) => attempts.attempt(ask, &until(&*conn, bound)).await,
                         Err(e) => Answer::Failed(e),
                     }
                 }
             };
-            let nap = match self.after(answer, Instant::now()) {
-                Next::Granted(won) => return Outcome::Granted(won),
-                Next::NotAcquired(holder) => {
-                    return Outcome::Failed(Error::not_acquired(name, holder));
+            let next = match self.after(answer, Instant::now()) {
+                Next::CheckOrphans(error) => {
+                    let until = self
+                        .deadline()
+                        .unwrap_or_else(|| bound(None, pool.statement_timeout()));
+                    let cleaned = release_orphans(attempts, pool, until).await;
+                    if !cleaned {
+                        orphans_until = Some(sent + finish.expires_after);
+                    }
+                    self.after_check(cleaned, error, Instant::now())
                 }
-                Next::Fail(error) => return Outcome::Failed(error),
+                next => next,
+            };
+            let nap = match next {
+                Next::Granted(won) => break Outcome::Granted(won),
+                Next::NotAcquired(holder) => {
+                    break Outcome::Failed(Error::not_acquired(name, holder));
+                }
+                Next::Fail(error) => break Outcome::Failed(error),
                 Next::Again => continue,
                 Next::Nap(nap) => nap,
-                Next::CheckOrphans(error) => {
-                    let cleaned = release_orphans(attempts, pool, self.deadline()).await;
-                    if !cleaned {
-                        // Finished after the answer, while the turn is still held.
-                        *orphans_until = Some(sent + finish.expires_after);
-                    }
-                    match self.after_check::<Won>(cleaned, error, Instant::now()) {
-                        Next::Again => {
-                            debug!(%name, "an attempt's answer was lost; nothing was left behind: asking again");
-                            continue;
-                        }
-                        Next::Fail(error) => return Outcome::Failed(error),
-                        _ => unreachable!("after_check asks again or fails"),
-                    }
-                }
+                Next::CheckOrphans(_) => unreachable!("checked above"),
             };
             debug!(%name, ?nap, holder = ?self.holder(), "waiting");
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(nap) => {}
-                _ = caller_gone(reply) => return Outcome::Cancelled,
+                _ = caller_gone(reply) => break Outcome::Cancelled,
                 _ = deadline_passes(self.deadline()) => {
-                    return Outcome::Failed(Error::not_acquired(name, self.holder()));
+                    break Outcome::Failed(Error::not_acquired(name, self.holder()));
                 }
             }
-        }
+        };
+        (outcome, orphans_until)
     }
 }
 
@@ -268,16 +254,15 @@ pub(crate) async fn deadline_passes(deadline: Option<Instant>) {
 }
 
 /// Frees what an attempt of unknown outcome may have granted, asked again after a backoff
-/// until `deadline` (once without one): a connection that stopped answering is found only when
-/// its statement's bound passes, and a network that black-holed one pooled connection usually
-/// black-holed the idle others too. True when it is known that nothing is left.
-async fn release_orphans<A: Attempts>(
-    attempts: &A,
-    pool: &Pool,
-    deadline: Option<Instant>,
-) -> bool {
+/// until `until`: a connection that stopped answering is found only when its statement's bound
+/// passes, and a network that black-holed one pooled connection usually black-holed the idle
+/// others too. True when it is known that nothing is left.
+async fn release_orphans<A: Attempts>(attempts: &A, pool: &Pool, until: Instant) -> bool {
     for attempt in 0.. {
-        match attempts.release_orphans(&pool.idempotent(deadline)).await {
+        match attempts
+            .release_orphans(&pool.idempotent(Some(until)))
+            .await
+        {
             Ok(true) => return true,
             Ok(false) => {}
             Err(e) => {
@@ -285,7 +270,7 @@ async fn release_orphans<A: Attempts>(
             }
         }
         let pause = Backoff::DEFAULT.delay(attempt);
-        if deadline.is_none_or(|d| Instant::now() + pause >= d) {
+        if Instant::now() + pause >= until {
             return false;
         }
         tokio::time::sleep(pause).await;
@@ -312,25 +297,10 @@ impl<A: Attempts> Finish<A> {
 
     async fn finish(self) {
         let name = self.attempts.name();
-        if let Some(until) = self.orphans_until {
-            let mut tries = 0;
-            loop {
-                let now = Instant::now();
-                if now >= until {
-                    warn!(%name, "an attempt's outcome is unknown and its grant could not be checked; if it was granted, it has expired");
-                    break;
-                }
-                let statements = self.pool.idempotent(Some(until));
-                match self.attempts.release_orphans(&statements).await {
-                    Ok(true) => break,
-                    Ok(false) => {}
-                    Err(e) => {
-                        debug!(%name, error = %e, "checking an attempt of unknown outcome failed; asking again")
-                    }
-                }
-                tokio::time::sleep(Backoff::DEFAULT.delay(tries)).await;
-                tries += 1;
-            }
+        if let Some(until) = self.orphans_until
+            && !release_orphans(&self.attempts, &self.pool, until).await
+        {
+            warn!(%name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
         }
         if self.leave_line {
             // Safe to run twice: it removes only our own place.
