@@ -5,7 +5,7 @@
 //! ```text
 //! holder --dsn DSN --table LOCKS --history PREFIX --name LEASE --process ID
 //!        [--managers N] [--rounds N] [--hold-ms N] [--lease-ms N] [--heartbeat-ms N]
-//!        [--hold [--write-every-ms N]]
+//!        [--statement-timeout-ms N] [--hold [--write-every-ms N]]
 //! ```
 //!
 //! Rounds (the default): each of `--managers` managers (default 1) acquires the lease, runs one
@@ -32,6 +32,7 @@ struct Args {
     hold: Duration,
     lease: Duration,
     heartbeat: Duration,
+    statement_timeout: Option<Duration>,
     hold_mode: bool,
     write_every: Duration,
 }
@@ -57,6 +58,8 @@ fn args() -> Args {
         hold: Duration::from_millis(number("--hold-ms", 0)),
         lease: Duration::from_millis(number("--lease-ms", 2000)),
         heartbeat: Duration::from_millis(number("--heartbeat-ms", 400)),
+        statement_timeout: get("--statement-timeout-ms")
+            .map(|v| Duration::from_millis(v.parse().expect("--statement-timeout-ms"))),
         hold_mode: argv.iter().any(|a| a == "--hold"),
         write_every: Duration::from_millis(number("--write-every-ms", 100)),
     }
@@ -71,15 +74,17 @@ fn say(line: String) {
 }
 
 fn config(args: &Args, owner: &str) -> Config {
-    Config::builder()
+    let mut builder = Config::builder()
         .dsn(&args.dsn)
         .lock_table(&args.table)
         .owner(owner)
         .application_name(format!("holder {owner}"))
         .lease(args.lease)
-        .heartbeat(args.heartbeat)
-        .build()
-        .expect("valid configuration")
+        .heartbeat(args.heartbeat);
+    if let Some(timeout) = args.statement_timeout {
+        builder = builder.statement_timeout(timeout);
+    }
+    builder.build().expect("valid configuration")
 }
 
 /// A random duration up to `max`, from std's randomly keyed hasher.
@@ -94,9 +99,10 @@ fn up_to(max: Duration) -> Duration {
 }
 
 /// The holder's own connection for its fenced transactions, opened again after it failed (a
-/// restart, a terminated session), as an application would.
-async fn reconnect(config: &Config, client: &mut tokio_postgres::Client) {
-    if !client.is_closed() {
+/// restart, a terminated session) or stopped answering (a black-holed network), as an
+/// application would.
+async fn reconnect(config: &Config, client: &mut tokio_postgres::Client, stuck: bool) {
+    if !stuck && !client.is_closed() {
         return;
     }
     for _ in 0..600 {
@@ -109,6 +115,10 @@ async fn reconnect(config: &Config, client: &mut tokio_postgres::Client) {
     say("ERROR cannot reconnect".into());
 }
 
+/// How long a critical section may take before its connection is taken for dead: its writes
+/// are then not acknowledged (they may or may not have committed; the checker sees both).
+const SECTION_BOUND: Duration = Duration::from_secs(3);
+
 async fn rounds(args: &Args, history: &History, index: usize) -> usize {
     let owner = format!("{}-{index}", args.process);
     let config = config(args, &owner);
@@ -117,8 +127,10 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
         .expect("connect");
     let manager = LockManager::new(config.clone()).start();
     let mut sections = 0;
+    let mut stuck = false;
     for _ in 0..args.rounds {
-        reconnect(&config, &mut client).await;
+        reconnect(&config, &mut client, stuck).await;
+        stuck = false;
         let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
         let lease = match manager.send(acquire).await.expect("manager running") {
             Ok(lease) => lease,
@@ -127,16 +139,18 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
                 continue;
             }
         };
-        match history
-            .section(&mut client, &lease, &owner, up_to(args.hold))
-            .await
-        {
-            Ok(ack) => {
+        let section = history.section(&mut client, &lease, &owner, up_to(args.hold));
+        match tokio::time::timeout(SECTION_BOUND, section).await {
+            Ok(Ok(ack)) => {
                 sections += 1;
                 say(format!("ACK {} {}", ack.token, ack.write));
             }
-            Err(e) if e.is_lock_lost() => say(format!("REJECTED {}", lease.token())),
-            Err(e) => say(format!("ERROR section: {e}")),
+            Ok(Err(e)) if e.is_lock_lost() => say(format!("REJECTED {}", lease.token())),
+            Ok(Err(e)) => say(format!("ERROR section: {e}")),
+            Err(_) => {
+                stuck = true;
+                say("ERROR section: no answer in time".into());
+            }
         }
         let _ = lease.release().await;
     }
@@ -162,12 +176,12 @@ async fn hold(args: &Args, history: &History) {
     loop {
         tokio::select! {
             reason = &mut lost => {
-                say(format!("LOST {} {reason:?}", lease.token()));
+                say(format!("LOST {} {}", lease.token(), loss(reason)));
                 return;
             }
             _ = tokio::time::sleep(args.write_every) => {}
         }
-        reconnect(&config, &mut client).await;
+        reconnect(&config, &mut client, false).await;
         match history
             .section(&mut client, &lease, &owner, Duration::ZERO)
             .await
@@ -177,12 +191,17 @@ async fn hold(args: &Args, history: &History) {
                 say(format!("REJECTED {}", lease.token()));
                 // The manager reports the loss itself at its next renewal or deadline.
                 let reason = lost.await;
-                say(format!("LOST {} {reason:?}", lease.token()));
+                say(format!("LOST {} {}", lease.token(), loss(reason)));
                 return;
             }
             Err(e) => say(format!("ERROR section: {e}")),
         }
     }
+}
+
+/// How a tenure ended, for the `LOST` line: the loss's reason, or `Released`.
+fn loss(reason: Option<pgcoord_actors::LossReason>) -> String {
+    reason.map_or("Released".into(), |r| format!("{r:?}"))
 }
 
 #[actix::main]

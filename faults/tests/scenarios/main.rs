@@ -51,6 +51,19 @@ impl Workload {
         Workload::on(Some(Arc::new(server)), dsn).await
     }
 
+    /// On a throwaway cluster of its own with durable commits (`synchronous_commit=on`), which
+    /// the scenario may crash: an acknowledged write must survive an immediate shutdown.
+    pub async fn own_durable_server() -> Workload {
+        let server = tokio::task::spawn_blocking(|| {
+            TempPostgres::start_with(&[("synchronous_commit", "on")])
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let dsn = server.dsn();
+        Workload::on(Some(Arc::new(server)), dsn).await
+    }
+
     /// On the test database (`DATABASE_URL` or the shared cluster), for scenarios that do not
     /// touch the server.
     pub async fn shared_server() -> Workload {
@@ -99,9 +112,14 @@ impl Workload {
 
     /// Starts a holder process on lease `name` with `extra` arguments.
     pub fn holder(&self, process: &str, name: &str, extra: &[&str]) -> HolderProcess {
+        self.holder_on(&self.dsn, process, name, extra)
+    }
+
+    /// Starts a holder process that reaches the server through `dsn` (a proxy's, say).
+    pub fn holder_on(&self, dsn: &str, process: &str, name: &str, extra: &[&str]) -> HolderProcess {
         let mut args: Vec<String> = [
             "--dsn",
-            &self.dsn,
+            dsn,
             "--table",
             &self.table,
             "--history",

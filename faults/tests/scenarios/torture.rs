@@ -1,13 +1,15 @@
 //! The torture run: the fenced lock-set workload across several holder processes while faults
 //! are injected at random — holder processes paused past their lease, their sessions
-//! terminated, the server restarted — then the checker's verdict and the counts.
+//! terminated, the server restarted or crashed (durable commits), every connection black-holed
+//! with new ones refused, or reset — then the checker's verdict and the counts.
 //!
-//! CI runs the short version (about 2,000 critical sections). The full run:
+//! CI runs the short version (about 1,000 critical sections). The full run:
 //! `TORTURE_SECTIONS=100000 cargo test --release -p pgcoord-faults --test scenarios torture_full -- --ignored --nocapture`
 //! (docs/RELIABILITY.md records its figures).
 
 use std::time::{Duration, Instant};
 
+use pgcoord::embedded::Proxy;
 use pgcoord_faults::process::HolderProcess;
 
 use super::Workload;
@@ -33,16 +35,27 @@ struct Counts {
     paused: u32,
     terminated: u32,
     restarts: u32,
+    crashes: u32,
+    cut_off: u32,
+    resets: u32,
 }
 
 async fn torture(sections: usize) {
-    let workload = Workload::own_server().await;
+    let workload = Workload::own_durable_server().await;
     let server = workload.server.clone().unwrap();
+    // The holders reach the server through a proxy that can black-hole, refuse and reset them;
+    // the checker reads directly.
+    let proxy = Proxy::start(&server.pg_config()).await.unwrap();
+    let via_proxy = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        proxy.port()
+    );
     let rounds = (sections / (PROCESSES * MANAGERS)).max(1);
     let started = Instant::now();
     let mut holders: Vec<HolderProcess> = (0..PROCESSES)
         .map(|p| {
-            workload.holder(
+            workload.holder_on(
+                &via_proxy,
                 &format!("p{p}"),
                 "hot",
                 &[
@@ -56,6 +69,11 @@ async fn torture(sections: usize) {
                     "1000",
                     "--heartbeat-ms",
                     "200",
+                    // A statement on a black-holed connection is given up after a lease: the
+                    // proxy's black hole acknowledges what it swallows, so the kernel's
+                    // tcp_user_timeout never fires as it would on a real partition.
+                    "--statement-timeout-ms",
+                    "1000",
                 ],
             )
         })
@@ -79,7 +97,7 @@ async fn torture(sections: usize) {
             "torture took too long"
         );
         tokio::time::sleep(Duration::from_millis(300 + dice.roll(1200))).await;
-        match dice.roll(10) {
+        match dice.roll(11) {
             // The process holding the lease now, stopped for one to two leases: its lease is
             // taken over while it believes it holds it, and its fence must keep it out.
             0..=4 => {
@@ -110,7 +128,7 @@ async fn torture(sections: usize) {
                 counts.paused += 1;
             }
             // Every session of one holder process terminated by the server.
-            5..=8 => {
+            5..=6 => {
                 let pattern = format!("holder p{}-%", dice.roll(PROCESSES as u64));
                 workload
                     .client()
@@ -125,13 +143,37 @@ async fn torture(sections: usize) {
                 counts.terminated += 1;
             }
             // The server restarted (fast shutdown: committed work is kept).
-            _ => {
+            7 => {
                 let s = server.clone();
                 tokio::task::spawn_blocking(move || s.restart())
                     .await
                     .unwrap()
                     .unwrap();
                 counts.restarts += 1;
+            }
+            // The server crashed (immediate shutdown) and started again: with durable commits,
+            // every acknowledged write survives.
+            8 => {
+                let s = server.clone();
+                tokio::task::spawn_blocking(move || s.restart_immediate())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                counts.crashes += 1;
+            }
+            // The network: every connection black-holed and new ones refused for one to two
+            // leases, then healed (the black-holed ones never recover); or every connection
+            // reset.
+            _ if dice.roll(2) == 0 => {
+                proxy.cut();
+                proxy.refuse(true);
+                tokio::time::sleep(Duration::from_millis(1000 + dice.roll(1000))).await;
+                proxy.refuse(false);
+                counts.cut_off += 1;
+            }
+            _ => {
+                proxy.reset();
+                counts.resets += 1;
             }
         }
     }
@@ -145,11 +187,14 @@ async fn torture(sections: usize) {
     }
     let verdict = workload.verdict(&acks).await;
     eprintln!(
-        "torture: {verdict}; faults: {counts:?}; {rejected} sections rejected by the fence, {errors} failed on the connection; {:?}",
+        "torture: {verdict}; faults: {counts:?}; {} acknowledged; {rejected} sections rejected by the fence, {errors} failed on the connection; {:?}",
+        acks.len(),
         started.elapsed()
     );
     assert!(verdict.is_safe(), "{verdict}");
-    assert_eq!(verdict.sections as usize, acks.len());
+    // A section whose commit's answer was lost (the network, a crash) is in the history
+    // without an acknowledgement: checked for overlaps all the same.
+    assert!(verdict.sections as usize >= acks.len(), "{verdict}");
     assert!(
         acks.len() * 10 >= sections * 8,
         "most sections ran: {}",
@@ -159,7 +204,7 @@ async fn torture(sections: usize) {
 
 #[actix_rt::test]
 async fn torture_short() {
-    torture(2_000).await;
+    torture(1_000).await;
 }
 
 #[actix_rt::test]
