@@ -34,9 +34,9 @@ impl LockKey {
 #[non_exhaustive]
 pub enum LossReason {
     /// The server says the lease is no longer this tenure's: its row is gone or carries
-    /// another token or owner (it expired and was taken over, or was deleted; or the tenure was
-    /// never this process's, taken on a forged announcement), or it had already expired
-    /// on the server when a renewal reached it (a renewal never revives an expired lease).
+    /// another token or owner (it expired and was taken over, or was deleted by hand), or it
+    /// had already expired on the server when a renewal reached it (a renewal never revives an
+    /// expired lease).
     TakenOver,
     /// No renewal was confirmed before the holder's own deadline (the database may be
     /// unreachable); the server may give the lease away from now on.

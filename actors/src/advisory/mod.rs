@@ -274,6 +274,10 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
                     }
                     if result.is_ok() {
                         act.stats.released += 1;
+                    }
+                    // Released, or its session failed (which released it on the server): the
+                    // holder asked for it either way. Lost only when it was not held.
+                    if !result.as_ref().is_err_and(|e| e.is_lock_lost()) {
                         let _ = tenure.send(Tenure::Released);
                     }
                     if let Err(e) = &result

@@ -10,20 +10,25 @@ use actix::prelude::*;
 use pgcoord::db::{Bounded, Until};
 use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord::{Error, ErrorKind, Holder, Result};
-use tracing::{debug, info_span};
+use tracing::info_span;
 
 use super::LockManager;
 use super::context::{Counters, WaitContext};
 use super::lease::Lease;
 use super::line::{Answer, Ask};
 use super::messages::Acquire;
-use super::wait::{Attempts, Outcome, Reply, Wait, Won, bound};
+use super::settle::spawn_wait;
+use super::wait::{Attempts, Wait, Won};
 
 /// The error for a lease this manager holds already: leases never stack.
 pub(crate) fn already_held(name: &str) -> Error {
+    let permit = match super::permit::semaphore_of(name) {
+        Some(semaphore) => format!(" (or a permit of semaphore {semaphore:?}, whose slot it is)"),
+        None => String::new(),
+    };
     Error::new(
         ErrorKind::AlreadyHeld,
-        format!("lease {name:?} is already held by this manager"),
+        format!("lease {name:?} is already held by this manager{permit}"),
     )
 }
 
@@ -50,20 +55,20 @@ impl Attempts for LeaseAttempts {
         self.context.held.contains(name).then(|| already_held(name))
     }
 
-    async fn batched(&self, ask: Ask, deadline: Option<Instant>) -> Option<Answer<Won>> {
+    async fn batched(&self, ask: Ask) -> Option<Answer<Won>> {
         if ask != Ask::First {
             return None;
         }
-        let bound = bound(deadline, self.context.pool.statement_timeout());
         let batcher = &self.context.batcher;
-        let (sent, attempt) = batcher.first_attempt(&self.request, bound).await?;
+        let (sent, attempt) = batcher.first_attempt(&self.request).await?;
         Some(match attempt {
             Ok(Attempt::Granted(grant)) => Answer::Granted(Won {
                 grant,
                 sent,
                 slot: None,
             }),
-            // Not granted in the batch: ask again, in line.
+            // Refused in a batch (held, or another waiter first, or its row busy): asked again
+            // alone and in line, which tells which.
             Ok(_) => Answer::Held(None),
             Err(e) if e.is_unavailable() => Answer::Unknown(e),
             Err(e) => Answer::Failed(e),
@@ -141,7 +146,7 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
                 let keep = wait.attempts.request.keep_on_release;
                 let name = wait.attempts.request.name.clone();
                 let span = info_span!("acquire", lease = %name);
-                spawn_wait(ctx, span, name, keep, wait, reply);
+                spawn_wait(ctx.address(), span, name, keep, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }
@@ -167,38 +172,4 @@ impl Handler<Acquire> for LockManager {
         };
         AcquireResponse(Ok(context.wait(attempts, &key, timeout, once)))
     }
-}
-
-/// Runs `wait` on the manager's context, watching its caller: the outcome is counted, a grant
-/// recorded as `name` and handed over (or released at once when its caller has gone), and only
-/// then is the name's turn given back, with the wait's clean-up.
-pub(crate) fn spawn_wait<A: Attempts>(
-    ctx: &mut Context<LockManager>,
-    span: tracing::Span,
-    name: String,
-    keep_on_release: bool,
-    wait: Wait<A>,
-    reply: Option<Reply>,
-) {
-    let arrived = Instant::now();
-    let wait = async move {
-        let mut reply = reply;
-        let (outcome, finish) = wait.run(&mut reply).await;
-        (outcome, finish, reply)
-    };
-    let wait = tracing::Instrument::instrument(wait, span);
-    ctx.spawn(actix::fut::wrap_future::<_, LockManager>(wait).map(
-        move |(outcome, finish, reply), act, ctx| {
-            act.count_acquire(&outcome, arrived);
-            match outcome {
-                Outcome::Granted(won) => {
-                    let name = won.slot.clone().unwrap_or(name);
-                    act.granted(name, keep_on_release, won, reply, ctx);
-                }
-                Outcome::Failed(error) => crate::reply::refuse(reply, error),
-                Outcome::Cancelled => debug!(lease = %name, "wait cancelled by its caller"),
-            }
-            finish.spawn();
-        },
-    ));
 }

@@ -3,12 +3,15 @@
 
 use std::time::Instant;
 
-use actix::prelude::*;
-use pgcoord::Result;
-use pgcoord::lease::{AcquireRequest, Grant};
+use std::sync::Arc;
 
-use super::context::Counters;
+use actix::prelude::*;
+use pgcoord::lease::{AcquireRequest, Grant};
+use pgcoord::{Error, ErrorKind, Result};
+
+use super::context::{Counters, WaitContext};
 use super::messages::Claim;
+use super::settle::Unrecorded;
 use super::{Lease, LockManager};
 use crate::batch::MAX_BATCH;
 
@@ -16,40 +19,75 @@ impl Handler<Claim> for LockManager {
     type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
 
     fn handle(&mut self, Claim { mut names }: Claim, _: &mut Context<Self>) -> Self::Result {
-        // Names held here are not asked again (leases never stack), nor names a wait here is
-        // under way for: its turn excludes any other grant of the name to this manager.
-        let queues = self.context().queues.clone();
-        names.retain(|n| !self.holdings.contains(n) && !queues.busy(n));
+        // Names held here are not asked again (leases never stack).
+        names.retain(|n| !self.holdings.contains(n));
         names.sort();
         names.dedup();
+        // The turn of each name, without waiting: a name a wait, release or check of this
+        // manager is busy with is left alone.
         let context = self.context();
-        let claim = async move {
-            let mut granted: Vec<(String, Grant, Instant)> = Vec::new();
-            let owner = context.statements();
-            for chunk in names.chunks(MAX_BATCH) {
-                let requests: Vec<AcquireRequest<'_>> =
-                    chunk.iter().map(|name| AcquireRequest::new(name)).collect();
-                let statements = context.pool.statements(None);
-                let sent = Instant::now();
-                let grants = pgcoord::db::retry(|| {
-                    Counters::add(&context.counters.acquire_statements);
-                    owner.try_acquire_many(&statements, &requests, context.lease)
-                })
-                .await?;
-                granted.extend(grants.into_iter().map(|(name, grant)| (name, grant, sent)));
+        let mut turns = Vec::with_capacity(names.len());
+        names.retain(|name| {
+            let queue = context.queues.join(name);
+            match queue.turn.clone().try_lock_owned() {
+                Ok(turn) => {
+                    turns.push((queue, turn));
+                    true
+                }
+                Err(_) => {
+                    context.queues.leave(queue);
+                    false
+                }
             }
-            Ok(granted)
+        });
+        // On a task of its own, so its statements finish whatever the manager does; grants it
+        // cannot hand over (the manager stopped) are released when dropped.
+        let claim = tokio::spawn(claim(context, names));
+        let claim = async move {
+            claim.await.unwrap_or_else(|e| {
+                Err(Error::new(
+                    ErrorKind::Other,
+                    format!("claim task failed: {e}"),
+                ))
+            })
         };
-        Box::pin(
-            claim
-                .into_actor(self)
-                .map(|result: Result<Vec<_>>, act, ctx| {
-                    let granted = result?;
-                    Ok(granted
-                        .into_iter()
-                        .map(|(name, grant, sent)| act.lease_for(name, false, grant, sent, ctx))
-                        .collect())
-                }),
-        )
+        Box::pin(claim.into_actor(self).map(move |result, act, ctx| {
+            let leases = result.map(|granted| {
+                (granted.into_iter())
+                    .map(|(grant, won, sent)| act.lease_for(grant.record(), false, won, sent, ctx))
+                    .collect()
+            });
+            let queues = &act.context().queues;
+            for (queue, turn) in turns {
+                drop(turn);
+                queues.leave(queue);
+            }
+            leases
+        }))
     }
+}
+
+/// Takes each of `names` that is free, a thousand per statement.
+async fn claim(
+    context: Arc<WaitContext>,
+    names: Vec<String>,
+) -> Result<Vec<(Unrecorded, Grant, Instant)>> {
+    let mut granted = Vec::new();
+    let owner = context.statements();
+    for chunk in names.chunks(MAX_BATCH) {
+        let requests: Vec<AcquireRequest<'_>> =
+            chunk.iter().map(|name| AcquireRequest::new(name)).collect();
+        let statements = context.pool.statements(None);
+        let sent = Instant::now();
+        let grants = pgcoord::db::retry(|| {
+            Counters::add(&context.counters.acquire_statements);
+            owner.try_acquire_many(&statements, &requests, context.lease)
+        })
+        .await?;
+        for (name, grant) in grants {
+            let unrecorded = Unrecorded::new(&context, name, grant.token, false);
+            granted.push((unrecorded, grant, sent));
+        }
+    }
+    Ok(granted)
 }

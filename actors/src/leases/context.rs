@@ -61,7 +61,7 @@ impl WaitContext {
     /// A wait for `key` with `attempts`, until `timeout` (forever without one); a single
     /// attempt with `once`.
     pub(crate) fn wait<A: Attempts>(
-        &self,
+        self: &Arc<Self>,
         attempts: A,
         key: &str,
         timeout: Option<Duration>,
@@ -70,11 +70,9 @@ impl WaitContext {
         let deadline = timeout.map(|t| Instant::now() + t);
         Wait {
             attempts,
-            queues: self.queues.clone(),
+            context: self.clone(),
             queue: self.queues.join(key),
-            pool: self.pool.clone(),
             line: Line::new(deadline, self.poll, once),
-            expires_after: self.lease + self.lease / 10,
         }
     }
 }

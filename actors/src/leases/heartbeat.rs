@@ -174,11 +174,17 @@ impl LockManager {
 
     /// Tells the holder of a lease no longer held, and every subscriber, that it was lost.
     pub(crate) fn announce_loss(&mut self, name: &str, held: Held, reason: LossReason) {
-        Counters::add(&self.counters.lost);
-        self.count_held();
-        warn!(lease = name, token = held.token, ?reason, "lease lost");
         let token = held.token;
         held.end(Tenure::Lost(reason));
+        self.report_loss(name, token, reason);
+    }
+
+    /// Counts the loss of `name`'s tenure `token` and tells every subscriber, once; its
+    /// waiters here may try now.
+    pub(crate) fn report_loss(&mut self, name: &str, token: i64, reason: LossReason) {
+        Counters::add(&self.counters.lost);
+        self.count_held();
+        warn!(lease = name, token, ?reason, "lease lost");
         self.subscribers.broadcast(LockLost {
             key: LockKey::Lease(name.to_owned()),
             token: Some(token),

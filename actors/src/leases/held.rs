@@ -68,13 +68,15 @@ impl Holdings {
         self.names.clone()
     }
 
-    pub(crate) fn insert(&mut self, name: Arc<str>, held: Held) {
+    /// Records `name` as held; returns what was held under that name, which the turns of
+    /// names rule out (see `queues`).
+    pub(crate) fn insert(&mut self, name: Arc<str>, held: Held) -> Option<Held> {
         self.names
             .0
             .lock()
             .expect("held names")
             .insert(name.clone());
-        self.leases.insert(name, held);
+        self.leases.insert(name, held)
     }
 
     /// Forgets `name` when it is held with `token`, returning what was held.

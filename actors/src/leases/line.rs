@@ -172,11 +172,13 @@ impl Line {
     }
 
     /// What comes after the check of an unknown attempt's orphans: asked again when nothing is
-    /// left behind and the deadline allows, else the attempt's error.
+    /// left behind and the deadline (if any) allows, else the attempt's error. A database that
+    /// cannot be reached fails the next attempt's connection at once, `Unavailable`.
     pub(crate) fn after_check<G>(&mut self, cleaned: bool, error: Error, now: Instant) -> Next<G> {
-        match self.deadline {
-            Some(deadline) if cleaned && now < deadline => Next::Again,
-            _ => Next::Fail(error),
+        if cleaned && !self.passed(now) {
+            Next::Again
+        } else {
+            Next::Fail(error)
         }
     }
 
@@ -323,11 +325,14 @@ mod tests {
         // Not cleaned: the attempt's error, whatever the time left.
         let next = line.after_check::<()>(false, unavailable(), now);
         assert!(matches!(next, Next::Fail(e) if e.is_unavailable()));
-        // Cleaned, but the deadline passed, or there is none to ask again within.
+        // Cleaned, but the deadline passed.
         let next = line.after_check::<()>(true, unavailable(), deadline);
         assert!(matches!(next, Next::Fail(_)));
+        // A wait without a deadline asks again once nothing is left behind.
         let mut forever = Line::new(None, POLL, false);
         let next = forever.after_check::<()>(true, unavailable(), now);
+        assert!(matches!(next, Next::Again));
+        let next = forever.after_check::<()>(false, unavailable(), now);
         assert!(matches!(next, Next::Fail(_)));
         // A failure known to have granted nothing needs no check.
         let next = line.after::<()>(Answer::Failed(unavailable()), now);

@@ -41,6 +41,7 @@ mod messages;
 mod permit;
 mod queues;
 mod release;
+mod settle;
 mod wait;
 mod with_lock;
 
@@ -214,7 +215,10 @@ impl LockManager {
         let deadline = sent + self.config.lease() - self.margin();
         let (held, tenure) = Held::new(grant.token, keep_on_release, deadline);
         Counters::add(&self.counters.granted);
-        self.holdings.insert(Arc::from(name.as_str()), held);
+        if let Some(replaced) = self.holdings.insert(Arc::from(name.as_str()), held) {
+            // Never, by the turns of names; said if it were, never silent.
+            self.announce_loss(&name, replaced, LossReason::TakenOver);
+        }
         self.count_held();
         Lease {
             name,

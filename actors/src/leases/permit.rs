@@ -8,7 +8,7 @@
 //! `Acquire` (`wait`) with other statements. Across processes there is no line: whoever asks
 //! first after a release gets the slot.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use actix::dev::{MessageResponse, OneshotSender};
@@ -16,15 +16,16 @@ use actix::prelude::*;
 use pgcoord::db::{Bounded, Until};
 use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Holder, Result};
+use tokio::sync::OwnedMutexGuard;
 use tracing::info_span;
 
 use super::LockManager;
-use super::acquire::spawn_wait;
 use super::context::{Counters, WaitContext};
 use super::lease::Lease;
 use super::line::{Answer, Ask};
 use super::messages::AcquirePermit;
-use super::queues::Queues;
+use super::queues::{NameQueue, Queues};
+use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};
 
 /// The local queue of semaphore `name`: a key no lease can have (lease names hold no NUL).
@@ -52,16 +53,44 @@ pub(crate) struct PermitAttempts {
     /// The semaphore's name.
     name: String,
     slots: Vec<String>,
+    /// The slots the last attempt asked for, with their turns: kept until its answer is known
+    /// and anything it may have granted is checked.
+    asked: Mutex<Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>>,
 }
 
 impl PermitAttempts {
-    /// The slots this manager does not hold: the others are not free for it.
-    fn free(&self) -> Vec<String> {
-        let held = &self.context.held;
-        (self.slots.iter())
-            .filter(|s| !held.contains(s))
-            .cloned()
+    /// Takes the turns of the slots an attempt may ask for (the slots this manager does not
+    /// hold and whose turn is free: a slot-named lease a wait, release or claim here is busy
+    /// with is left alone), giving back those of the last attempt; returns their names.
+    fn take_free(&self) -> Vec<String> {
+        let mut asked = self.asked.lock().expect("asked");
+        self.give_back(&mut asked);
+        let (held, queues) = (&self.context.held, &self.context.queues);
+        for slot in self.slots.iter().filter(|s| !held.contains(s)) {
+            let queue = queues.join(slot);
+            match queue.turn.clone().try_lock_owned() {
+                Ok(turn) => asked.push((queue, turn)),
+                Err(_) => queues.leave(queue),
+            }
+        }
+        asked
+            .iter()
+            .map(|(queue, _)| queue.key().to_owned())
             .collect()
+    }
+
+    fn give_back(&self, asked: &mut Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>) {
+        for (queue, turn) in asked.drain(..) {
+            drop(turn);
+            self.context.queues.leave(queue);
+        }
+    }
+}
+
+impl Drop for PermitAttempts {
+    fn drop(&mut self) {
+        let mut asked = std::mem::take(&mut *self.asked.lock().expect("asked"));
+        self.give_back(&mut asked);
     }
 }
 
@@ -70,39 +99,46 @@ impl Attempts for PermitAttempts {
         None
     }
 
-    async fn batched(&self, _: Ask, _: Option<Instant>) -> Option<Answer<Won>> {
+    async fn batched(&self, _: Ask) -> Option<Answer<Won>> {
         None
     }
 
     async fn attempt(&self, _: Ask, statements: &Until<'_>) -> Answer<Won> {
         let context = &self.context;
-        let (owner, free) = (context.statements(), self.free());
+        let (owner, free) = (context.statements(), self.take_free());
         let sent = Instant::now();
         let attempt = pgcoord::db::retry(|| {
             Counters::add(&context.counters.acquire_statements);
             owner.try_acquire_any(statements, &free, context.lease)
         })
         .await;
-        match attempt {
-            Ok(SlotAttempt::Granted { slot, grant }) => Answer::Granted(Won {
-                grant,
-                sent,
-                slot: Some(slot),
-            }),
+        let answer = match attempt {
+            // The slots' turns stay until the grant is recorded (or the unknown attempt is
+            // checked): they go with the wait.
+            Ok(SlotAttempt::Granted { slot, grant }) => {
+                let slot = Some(slot);
+                return Answer::Granted(Won { grant, sent, slot });
+            }
+            Err(e) if e.is_unavailable() => return Answer::Unknown(e),
             Ok(SlotAttempt::Full) => Answer::Full,
             Ok(SlotAttempt::Busy) => Answer::Busy,
-            Err(e) if e.is_unavailable() => Answer::Unknown(e),
             Err(e) => Answer::Failed(e),
-        }
+        };
+        // Nothing granted: the slots' turns are not needed until the next attempt.
+        let mut asked = self.asked.lock().expect("asked");
+        self.give_back(&mut asked);
+        answer
     }
 
     async fn release_orphans(&self, statements: &Bounded<'_>) -> Result<bool> {
-        // This wait holds the semaphore's turn, so no slot this manager does not hold can be
-        // granted to it legitimately meanwhile.
-        let free = self.free();
-        let free: Vec<&str> = free.iter().map(String::as_str).collect();
+        // The slots the unknown attempt asked for, whose turns it still holds: none of them can
+        // be granted to this manager otherwise meanwhile.
+        let asked: Vec<String> = (self.asked.lock().expect("asked").iter())
+            .map(|(queue, _)| queue.key().to_owned())
+            .collect();
+        let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
         (self.context.statements())
-            .release_orphans(statements, &free, false)
+            .release_orphans(statements, &asked, false)
             .await
     }
 
@@ -129,7 +165,7 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
             Ok(wait) => {
                 let name = wait.attempts.name.clone();
                 let span = info_span!("acquire_permit", semaphore = %name);
-                spawn_wait(ctx, span, name, false, wait, reply);
+                spawn_wait(ctx.address(), span, name, false, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }
@@ -150,6 +186,7 @@ impl Handler<AcquirePermit> for LockManager {
             context: context.clone(),
             name: request.name,
             slots,
+            asked: Mutex::default(),
         };
         PermitResponse(Ok(context.wait(attempts, &key, request.timeout, false)))
     }

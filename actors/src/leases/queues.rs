@@ -1,5 +1,12 @@
 //! The local waiters of each name: a FIFO turn, and the wake-up of the waiter whose turn it is.
 //!
+//! The turns of names are also what makes a manager's statements on one name take turns:
+//! every statement that may grant or end a tenure of a name here — a wait's attempts and its
+//! check of an attempt of unknown outcome, a release, a claim, a permit's attempt (for each slot
+//! it may be granted) — runs while holding that name's turn. So a check that frees whatever
+//! this owner holds of a name can never free a tenure of it the manager holds, is granted or
+//! is releasing.
+//!
 //! Only the waiter whose turn it is talks to the database; the others wait in the FIFO of a
 //! `tokio::sync::Mutex`, so a process sends one attempt per wake-up however many of its tasks
 //! wait. Releases are announced with NOTIFY on the lease channel; the manager hears them through
@@ -18,6 +25,13 @@ pub(crate) struct NameQueue {
     pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
     /// Signalled when the lease may have become free.
     pub(crate) wake: Notify,
+}
+
+impl NameQueue {
+    /// The name (or semaphore's queue key) this queue is for.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
 }
 
 /// Every name with local waiters.
@@ -47,11 +61,6 @@ impl Queues {
         if Arc::strong_count(&queue) == 2 {
             names.remove(&queue.key);
         }
-    }
-
-    /// Whether a wait for `key` is under way here (or its clean-up).
-    pub(crate) fn busy(&self, key: &str) -> bool {
-        self.names.lock().expect("queues").contains_key(key)
     }
 
     /// Wakes the waiter whose turn it is for `key`, if any.

@@ -25,33 +25,48 @@ impl Handler<Release> for LockManager {
             return Box::pin(actix::fut::ready(Err(error)));
         };
         self.count_held();
-        let releaser = self.releaser();
+        let (releaser, context) = (self.releaser(), self.context());
         let shared_name: Arc<str> = Arc::from(name.as_str());
-        // On its own task, so a manager stopping does not abandon a release it has already
-        // taken out of its holdings. Bounded by the statement timeout; retried on another
-        // connection only when its own was found dead before it was sent (a release that may
-        // have run is not repeated: a second run would report the lease lost).
-        let keep = held.keep_on_release;
-        let release = tokio::spawn(async move { releaser.release(shared_name, token, keep).await });
-        let release = async move {
-            release.await.unwrap_or_else(|e| {
-                Err(Error::new(
-                    ErrorKind::Other,
-                    format!("release task failed: {e}"),
-                ))
-            })
-        };
-        Box::pin(release.into_actor(self).map(move |result, act, _| {
+        // The name's turn, taken now when free, before any other wait of the name can.
+        let queue = context.queues.join(&name);
+        let turn = queue.turn.clone().try_lock_owned().ok();
+        // On a task of its own, so the manager stopping abandons no release, and holding the
+        // name's turn: no wait, claim or check of the name runs here while it does. Bounded by
+        // the statement timeout; retried on another connection only when its own was found
+        // dead before it was sent (a release that may have run is not repeated: a second run
+        // would report the lease lost). Batched with others when a burst is under way.
+        let release = tokio::spawn(async move {
+            let turn = match turn {
+                Some(turn) => turn,
+                None => queue.turn.clone().lock_owned().await,
+            };
+            let keep = held.keep_on_release;
+            let result = releaser.release(shared_name.clone(), token, keep).await;
+            // Gone on the server before we released it: that is a loss, reported once.
+            let lost = matches!(&result, Err(e) if e.is_lock_lost());
             match &result {
-                // Gone on the server before we released it: that is a loss, reported once.
-                Err(e) if e.is_lock_lost() => act.announce_loss(&name, held, LossReason::TakenOver),
+                Err(_) if lost => held.end(Tenure::Lost(LossReason::TakenOver)),
                 Err(e) => {
-                    warn!(lease = %name, error = %e, "release failed; the lease expires on its own");
+                    warn!(lease = %shared_name, error = %e, "release failed; the lease expires on its own");
                     held.end(Tenure::Released);
                 }
                 Ok(()) => held.end(Tenure::Released),
             }
-            wake_released(&act.context().queues, &name);
+            drop(turn);
+            context.queues.leave(queue);
+            wake_released(&context.queues, &shared_name);
+            (result, lost)
+        });
+        let release = async move {
+            release.await.unwrap_or_else(|e| {
+                let error = Error::new(ErrorKind::Other, format!("release task failed: {e}"));
+                (Err(error), false)
+            })
+        };
+        Box::pin(release.into_actor(self).map(move |(result, lost), act, _| {
+            if lost {
+                act.report_loss(&name, token, LossReason::TakenOver);
+            }
             result
         }))
     }

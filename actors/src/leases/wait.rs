@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use actix::dev::OneshotSender;
 use pgcoord::db::{Backoff, Bounded, Until, until};
 use pgcoord::lease::Grant;
-use pgcoord::{Error, Pool, Result};
+use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, warn};
 
+use super::context::WaitContext;
 use super::lease::Lease;
 use super::line::{Ask, Line, Next};
-use super::queues::{NameQueue, Queues};
+use super::queues::NameQueue;
 use crate::reply::caller_gone;
 
 pub(crate) use super::line::Answer;
@@ -49,13 +50,8 @@ pub(crate) trait Attempts: Send + Sync + 'static {
     /// Refuses the wait once it has its turn (a lease held meanwhile by a caller ahead).
     fn refuse(&self) -> Option<Error>;
 
-    /// The attempt `ask` sent with others under way in one statement, within `deadline`;
-    /// `None`: send it alone.
-    fn batched(
-        &self,
-        ask: Ask,
-        deadline: Option<Instant>,
-    ) -> impl Future<Output = Option<Answer<Won>>> + Send;
+    /// The attempt `ask` sent with others under way in one statement; `None`: send it alone.
+    fn batched(&self, ask: Ask) -> impl Future<Output = Option<Answer<Won>>> + Send;
 
     /// The attempt `ask`, alone, on `statements`.
     fn attempt(&self, ask: Ask, statements: &Until<'_>)
@@ -84,24 +80,18 @@ pub(crate) trait Attempts: Send + Sync + 'static {
 /// One wait: its statements, its place among local waiters, and its line.
 pub(crate) struct Wait<A> {
     pub(crate) attempts: A,
-    pub(crate) queues: Arc<Queues>,
+    pub(crate) context: Arc<WaitContext>,
     pub(crate) queue: Arc<NameQueue>,
-    pub(crate) pool: Pool,
     pub(crate) line: Line,
-    /// How long after its sending a grant is sure to have expired on the server: the lease
-    /// plus a margin for the clocks' rates.
-    pub(crate) expires_after: Duration,
 }
 
 /// What is left to do after a wait's answer, holding its turn.
 pub(crate) struct Finish<A> {
     attempts: A,
-    queues: Arc<Queues>,
+    context: Arc<WaitContext>,
     queue: Arc<NameQueue>,
-    pool: Pool,
     turn: Option<OwnedMutexGuard<()>>,
     leave_line: bool,
-    expires_after: Duration,
     /// When the grant of an unknown attempt whose check did not finish expires on its own.
     orphans_until: Option<Instant>,
 }
@@ -115,10 +105,8 @@ impl<A: Attempts> Wait<A> {
             turn: None,
             leave_line: false,
             orphans_until: None,
-            expires_after: self.expires_after,
-            queues: self.queues,
+            context: self.context,
             queue: self.queue,
-            pool: self.pool,
             attempts: self.attempts,
         };
         let outcome = match turn {
@@ -137,6 +125,11 @@ impl<A: Attempts> Wait<A> {
         };
         finish.leave_line = self.line.in_line() && !matches!(outcome, Outcome::Granted(_));
         (outcome, finish)
+    }
+
+    /// What every wait of the manager shares.
+    pub(crate) fn context(&self) -> Arc<WaitContext> {
+        self.context.clone()
     }
 
     /// The name's turn among local waiters, first come first served. Without waiting when the
@@ -172,7 +165,11 @@ impl Line {
         finish: &Finish<A>,
         reply: &mut Option<Reply>,
     ) -> (Outcome, Option<Instant>) {
-        let (attempts, pool, wake) = (&finish.attempts, &finish.pool, &finish.queue.wake);
+        let (attempts, wake) = (&finish.attempts, &finish.queue.wake);
+        let pool = &finish.context.pool;
+        // When a grant is sure to have expired on the server, counted from its attempt's
+        // sending: the lease, plus a margin for the clocks' rates.
+        let expires_after = finish.context.lease + finish.context.lease / 10;
         let name = attempts.name();
         let mut orphans_until = None;
         let outcome = loop {
@@ -181,10 +178,22 @@ impl Line {
             }
             let ask = self.ask();
             let sent = Instant::now();
-            // Abandoning a batch is safe: a grant nobody takes is released by the batcher.
+            // A batch bounded by the statement timeout is left at the caller's deadline or
+            // departure: what it may have granted is freed after the answer (and by the
+            // batcher, which releases a grant whose wait has gone).
             let batched = tokio::select! {
-                batched = attempts.batched(ask, self.deadline()) => batched,
-                _ = caller_gone(reply) => break Outcome::Cancelled,
+                batched = attempts.batched(ask) => batched,
+                _ = caller_gone(reply) => {
+                    orphans_until = Some(sent + expires_after);
+                    break Outcome::Cancelled;
+                }
+                _ = deadline_passes(self.deadline()) => {
+                    orphans_until = Some(sent + expires_after);
+                    break Outcome::Failed(Error::new(
+                        ErrorKind::Unavailable,
+                        "the database did not answer the acquire in time",
+                    ));
+                }
             };
             let answer = match batched {
                 Some(answer) => answer,
@@ -209,7 +218,7 @@ impl Line {
                         .unwrap_or_else(|| bound(None, pool.statement_timeout()));
                     let cleaned = release_orphans(attempts, pool, until).await;
                     if !cleaned {
-                        orphans_until = Some(sent + finish.expires_after);
+                        orphans_until = Some(sent + expires_after);
                     }
                     self.after_check(cleaned, error, Instant::now())
                 }
@@ -289,7 +298,7 @@ impl<A: Attempts> Finish<A> {
     pub(crate) fn spawn(self) {
         if self.is_empty() {
             drop(self.turn);
-            self.queues.leave(self.queue);
+            self.context.queues.leave(self.queue);
             return;
         }
         tokio::spawn(self.finish());
@@ -297,19 +306,20 @@ impl<A: Attempts> Finish<A> {
 
     async fn finish(self) {
         let name = self.attempts.name();
+        let pool = &self.context.pool;
         if let Some(until) = self.orphans_until
-            && !release_orphans(&self.attempts, &self.pool, until).await
+            && !release_orphans(&self.attempts, pool, until).await
         {
             warn!(%name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
         }
         if self.leave_line {
             // Safe to run twice: it removes only our own place.
-            let statements = self.pool.idempotent(None);
+            let statements = pool.idempotent(None);
             if let Err(e) = self.attempts.leave_line(&statements).await {
                 debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
             }
         }
         drop(self.turn);
-        self.queues.leave(self.queue);
+        self.context.queues.leave(self.queue);
     }
 }

@@ -185,3 +185,77 @@ async fn an_attempt_frozen_on_the_server_is_answered_in_time_and_cleaned_up_afte
     assert_eq!(info.token, Some(lease.token()));
     lease.release().await.unwrap();
 }
+
+/// A release holds its name's turn while its statement runs: an acquire of the same name sent
+/// to the same manager right after it sends no attempt until the release is done (so no check
+/// of an attempt of unknown outcome could free the tenure being released), and is granted then.
+#[actix_rt::test]
+async fn an_acquire_after_a_release_of_the_same_name_waits_for_it() {
+    let (setup, mut admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let manager = setup.manager("holder");
+    let lease = manager.send(Acquire::new("job")).await.unwrap().unwrap();
+    // A fencing guard in an open transaction holds the release on the row.
+    let tx = admin.transaction().await.unwrap();
+    lease.fence(&tx).await.unwrap();
+    let token = lease.token();
+    let release = actix_rt::spawn(lease.release());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = manager
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .acquire_statements;
+    let again = actix_rt::spawn(manager.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = manager
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .acquire_statements;
+    assert_eq!(after, before, "no attempt while the release is under way");
+    assert!(!release.is_finished() && !again.is_finished());
+    tx.commit().await.unwrap();
+    release.await.unwrap().unwrap();
+    let next = again.await.unwrap().unwrap().unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+}
+
+/// A manager stopped while an attempt of its is on the server: the attempt still gets its
+/// answer (the wait runs on a task of its own), and the grant, which no manager can record any
+/// more, is released at once instead of staying held for a lease.
+#[actix_rt::test]
+async fn a_grant_whose_manager_stopped_is_released() {
+    let (server, setup, admin) = own_cluster().await;
+    let app = unique_name("app");
+    let config = setup
+        .builder("stopping")
+        .application_name(&app)
+        .lease(Duration::from_secs(20))
+        .heartbeat(Duration::from_secs(2))
+        .pool_size(1)
+        .build()
+        .unwrap();
+    let manager = warm(config, 1).await;
+    let pooled = backend_pids(&admin, &app).await.unwrap();
+    assert_eq!(pooled.len(), 1);
+    freeze_while_idle(&server, &admin, pooled[0]).await;
+    let wait = actix_rt::spawn(manager.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+    tokio::time::sleep(Duration::from_millis(300)).await; // the attempt is on the frozen backend
+    manager.send(Shutdown).await.unwrap();
+    server.thaw_backend(pooled[0]).unwrap();
+    assert!(wait.await.unwrap().is_err(), "nobody to hand the lease to");
+    let held = format!(
+        "SELECT count(*) FROM {} WHERE owner = 'stopping' AND expires_at > clock_timestamp()",
+        setup.quoted_table()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let rows: i64 = admin.query_one(&held, &[]).await.unwrap().get(0);
+        if rows == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the grant is still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

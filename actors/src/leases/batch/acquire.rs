@@ -3,10 +3,13 @@
 //! Only the first attempt of an `Acquire` is batched. A name a batch of several did not grant
 //! (held, another waiter first in line, its row locked) is answered as refused, and its wait
 //! asks again in line, alone, which tells it Busy or Held; a batch of one is handed back to be
-//! sent alone. Every batch is bounded by the earliest bound among its waits. When its outcome is
-//! unknown (a timeout or a connection failure after sending), each wait gets the error and
-//! frees any grant it may have got, as after a single attempt. A grant whose wait has gone (its
-//! caller gave up, its manager stopped) is released here, so no lease is left that nobody
+//! sent alone. A batch is bounded by the statement timeout, not by its waits' deadlines: a wait
+//! whose deadline comes first leaves it (and frees, after its answer, what it may have been
+//! granted), and one caller's short deadline does not cut the others' statement short. When its
+//! outcome is unknown (a timeout or a connection failure after sending), each wait gets the
+//! error and frees any grant it may have got, as after a single attempt. A wait that left
+//! before its batch was taken is not sent; a grant whose wait has gone (its caller gave up, its
+//! deadline passed, its manager stopped) is released here, so no lease is left that nobody
 //! holds.
 
 use std::sync::Arc;
@@ -33,7 +36,6 @@ pub(crate) struct AcquireItem {
     replace_data: bool,
     /// Whether a grant nobody takes is released keeping its row, as its holder would have.
     keep: bool,
-    bound: Instant,
     reply: oneshot::Sender<FirstAttempt>,
 }
 
@@ -50,9 +52,9 @@ pub(crate) struct AcquireRunner {
 }
 
 impl AcquireBatcher {
-    /// The first attempt at `name`, in a batch with others under way, bounded by `bound`.
-    /// `None`: ask alone.
-    pub(crate) async fn first_attempt(&self, request: &Acquire, bound: Instant) -> FirstAttempt {
+    /// The first attempt of `request`, in a batch with others under way, bounded by the
+    /// statement timeout. `None`: ask alone.
+    pub(crate) async fn first_attempt(&self, request: &Acquire) -> FirstAttempt {
         let _under_way = self.enter();
         let (reply, answer) = oneshot::channel();
         let item = AcquireItem {
@@ -60,7 +62,6 @@ impl AcquireBatcher {
             data: request.data.clone(),
             replace_data: request.replace_data,
             keep: request.keep_on_release,
-            bound,
             reply,
         };
         self.submit(item).ok()?;
@@ -70,6 +71,11 @@ impl AcquireBatcher {
 
 impl RunBatch<AcquireItem> for AcquireRunner {
     async fn run(&self, batch: Vec<AcquireItem>) {
+        // Waits that left meanwhile are not asked for.
+        let batch: Vec<AcquireItem> = batch.into_iter().filter(|i| !i.reply.is_closed()).collect();
+        if batch.is_empty() {
+            return;
+        }
         // Alone, the single statement tells Busy and Held apart.
         let Some(batch) = to_share(
             batch,
@@ -80,7 +86,6 @@ impl RunBatch<AcquireItem> for AcquireRunner {
         ) else {
             return;
         };
-        let bound = batch.iter().map(|i| i.bound).min().expect("not empty");
         let requests: Vec<AcquireRequest<'_>> = batch
             .iter()
             .map(|i| AcquireRequest {
@@ -89,7 +94,7 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                 replace_data: i.replace_data,
             })
             .collect();
-        let statements = self.pool.statements(Some(bound));
+        let statements = self.pool.statements(None);
         let owner = self.table.owner(&self.owner).expect("a configured owner");
         let sent = Instant::now();
         let granted = pgcoord::db::retry(|| {
@@ -137,6 +142,8 @@ impl AcquireRunner {
             };
             match owner.release(&statements, &request).await {
                 Ok(()) => debug!(lease = %name, "grant nobody waited for released"),
+                // The wait's own clean-up released it first.
+                Err(e) if e.is_lock_lost() => {}
                 Err(e) => {
                     warn!(lease = %name, error = %e, "cannot release a grant nobody waited for; it expires on its own")
                 }

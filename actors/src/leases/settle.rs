@@ -1,0 +1,149 @@
+//! How a wait's outcome reaches the manager: the wait runs on a task of its own (so its
+//! statements finish whatever the manager does), then its outcome is sent to the manager,
+//! which records a grant and answers the caller. A grant travels as an [`Unrecorded`], which
+//! releases it when dropped unrecorded: a grant whose manager stopped is never left held.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use pgcoord::lease::ReleaseRequest;
+use tracing::{debug, warn};
+
+use super::LockManager;
+use super::context::WaitContext;
+use super::wait::{Attempts, Outcome, Reply, Wait};
+
+/// A grant the manager has not recorded yet: released when dropped so.
+pub(crate) struct Unrecorded {
+    name: String,
+    token: i64,
+    keep: bool,
+    context: Arc<WaitContext>,
+    armed: bool,
+}
+
+impl Unrecorded {
+    pub(crate) fn new(context: &Arc<WaitContext>, name: String, token: i64, keep: bool) -> Self {
+        Unrecorded {
+            name,
+            token,
+            keep,
+            context: context.clone(),
+            armed: true,
+        }
+    }
+
+    /// The grant's name, recorded by the caller: no longer released on drop.
+    pub(crate) fn record(mut self) -> String {
+        self.armed = false;
+        std::mem::take(&mut self.name)
+    }
+}
+
+impl Drop for Unrecorded {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!(lease = %self.name, "a grant nobody recorded expires on its own (no runtime)");
+            return;
+        };
+        let (context, name) = (self.context.clone(), std::mem::take(&mut self.name));
+        let (token, keep) = (self.token, self.keep);
+        runtime.spawn(async move {
+            let statements = context.pool.statements(None);
+            let request = ReleaseRequest { name: &name, token, keep };
+            match context.statements().release(&statements, &request).await {
+                Ok(()) => debug!(lease = %name, "released a grant nobody recorded"),
+                Err(e) => {
+                    warn!(lease = %name, error = %e, "cannot release a grant nobody recorded; it expires on its own")
+                }
+            }
+        });
+    }
+}
+
+/// A wait's end, for the manager to record and answer.
+pub(crate) struct Settled {
+    outcome: Outcome,
+    grant: Option<Unrecorded>,
+    keep_on_release: bool,
+    reply: Option<Reply>,
+    arrived: Instant,
+}
+
+impl Message for Settled {
+    type Result = ();
+}
+
+impl Handler<Settled> for LockManager {
+    type Result = ();
+
+    fn handle(&mut self, settled: Settled, ctx: &mut Context<Self>) {
+        let Settled {
+            outcome,
+            grant,
+            keep_on_release,
+            reply,
+            arrived,
+        } = settled;
+        self.count_acquire(&outcome, arrived);
+        match (outcome, grant) {
+            (Outcome::Granted(won), Some(grant)) => {
+                let name = grant.record();
+                self.granted(name, keep_on_release, won, reply, ctx);
+            }
+            (Outcome::Failed(error), _) => crate::reply::refuse(reply, error),
+            (Outcome::Cancelled | Outcome::Granted(_), _) => {}
+        }
+    }
+}
+
+/// Runs `wait` for the lease (or permit) `name` on a task of its own, watching its caller;
+/// its outcome goes to `manager`, which counts it and records a grant (released at once when
+/// its caller has gone, or when the manager has stopped). Only then is the name's turn given
+/// back, with the wait's clean-up.
+pub(crate) fn spawn_wait<A: Attempts>(
+    manager: Addr<LockManager>,
+    span: tracing::Span,
+    name: String,
+    keep_on_release: bool,
+    wait: Wait<A>,
+    reply: Option<Reply>,
+) {
+    let arrived = Instant::now();
+    let context = wait.context();
+    let task = async move {
+        let mut reply = reply;
+        let (outcome, finish) = wait.run(&mut reply).await;
+        let grant = match &outcome {
+            Outcome::Granted(won) => {
+                let name = won.slot.clone().unwrap_or_else(|| name.clone());
+                Some(Unrecorded::new(
+                    &context,
+                    name,
+                    won.grant.token,
+                    keep_on_release,
+                ))
+            }
+            Outcome::Cancelled => {
+                debug!(lease = %name, "wait cancelled by its caller");
+                None
+            }
+            Outcome::Failed(_) => None,
+        };
+        let settled = Settled {
+            outcome,
+            grant,
+            keep_on_release,
+            reply,
+            arrived,
+        };
+        // Recorded, or (the manager stopped) dropped with the message, which releases it.
+        let _ = manager.send(settled).await;
+        finish.spawn();
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
+}
