@@ -9,11 +9,12 @@ use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::db::{Bounded, Until};
 use pgcoord::lease::{AcquireRequest, Attempt};
-use pgcoord::{Error, ErrorKind, Holder, Result};
+use pgcoord::{Error, ErrorKind, Result};
 use tracing::info_span;
 
 use super::LockManager;
-use super::context::{Counters, WaitContext};
+use super::context::WaitContext;
+use super::counters::Counters;
 use super::lease::Lease;
 use super::line::{Answer, Ask};
 use super::messages::Acquire;
@@ -124,12 +125,6 @@ impl Attempts for LeaseAttempts {
             .await
     }
 
-    async fn holder(&self, deadline: Option<Instant>) -> Option<Holder> {
-        let statements = self.context.pool.idempotent(deadline);
-        let holder = self.context.table.holder(&statements, &self.request.name);
-        holder.await.ok().flatten()
-    }
-
     fn name(&self) -> &str {
         &self.request.name
     }
@@ -170,6 +165,6 @@ impl Handler<Acquire> for LockManager {
             context: context.clone(),
             request,
         };
-        AcquireResponse(Ok(context.wait(attempts, &key, timeout, once)))
+        AcquireResponse(Ok(Wait::new(&context, attempts, &key, timeout, once)))
     }
 }

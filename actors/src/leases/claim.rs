@@ -9,7 +9,8 @@ use actix::prelude::*;
 use pgcoord::lease::{AcquireRequest, Grant};
 use pgcoord::{Error, ErrorKind, Result};
 
-use super::context::{Counters, WaitContext};
+use super::context::WaitContext;
+use super::counters::Counters;
 use super::messages::Claim;
 use super::settle::Unrecorded;
 use super::{Lease, LockManager};

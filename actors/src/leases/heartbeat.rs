@@ -16,11 +16,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::Error;
-use pgcoord::lease::ReleaseRequest;
 use tracing::{debug, warn};
 
 use super::LockManager;
-use super::context::Counters;
+use super::counters::Counters;
 use super::held::Held;
 use super::permit::wake_released;
 use crate::losses::{LockKey, LockLost, LossReason, Tenure};
@@ -150,18 +149,8 @@ impl LockManager {
             let keep = held.keep_on_release;
             self.announce_loss(&name, held, LossReason::DeadlinePassed);
             // A renewal may still land after we gave up: free the row so it does not linger.
-            let (pool, table, owner) = (self.pool.clone(), self.table.clone(), self.owner.clone());
-            tokio::spawn(async move {
-                let owner = table.owner(&owner).expect("a configured owner");
-                let request = ReleaseRequest {
-                    name: &name,
-                    token,
-                    keep,
-                };
-                if let Err(e) = owner.release(&pool.statements(None), &request).await {
-                    debug!(lease = %name, error = %e, "release after a passed deadline failed");
-                }
-            });
+            let releaser = &self.context().releaser;
+            releaser.release_in_background(name, token, keep, "after its deadline passed");
         }
     }
 

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 
 use actix::Addr;
+use actix::prelude::*;
 use pgcoord::statement::Statements;
 use pgcoord::{Error, ErrorKind, LeaseTable, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::LockManager;
-use super::messages::Release;
 use crate::losses::{LossReason, Tenure};
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
@@ -154,4 +154,15 @@ impl std::fmt::Debug for Lease {
             .field("lost", &self.loss())
             .finish()
     }
+}
+
+/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
+/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<()>")]
+pub struct Release {
+    /// The lease's name.
+    pub name: String,
+    /// The fencing token of the tenure to end.
+    pub token: i64,
 }

@@ -20,6 +20,7 @@ use pgcoord::{LeaseInfo, Result};
 use serde::Serialize;
 
 use super::lease::Lease;
+pub use super::lease::Release;
 
 /// Acquire a lease. Waits until it is free unless [`fail_if_locked`](Acquire::fail_if_locked);
 /// a [`timeout`](Acquire::timeout) bounds the wait. Dropping the request (or letting actix's
@@ -130,17 +131,6 @@ impl AcquirePermit {
 
 impl Message for AcquirePermit {
     type Result = Result<Lease>;
-}
-
-/// Release a lease by name and token. [`Lease::release`] sends it; a dropped [`Lease`] sends it
-/// too. [`pgcoord::ErrorKind::LockLost`] when the lease was already lost or released.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<()>")]
-pub struct Release {
-    /// The lease's name.
-    pub name: String,
-    /// The fencing token of the tenure to end.
-    pub token: i64,
 }
 
 /// Take each of `names` that is free now (not held, no other waiter first in line, its row

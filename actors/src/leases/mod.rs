@@ -22,7 +22,8 @@ use crate::losses::Tenure;
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
 use crate::signals::{ListenerActor, SubscribeConnState, SubscribeRaw};
 use crate::stats::GetStats;
-use context::{Counters, WaitContext};
+use context::WaitContext;
+use counters::Counters;
 use heartbeat::Heartbeat;
 use held::{Held, Holdings};
 use wait::{Reply, Won};
@@ -32,6 +33,7 @@ mod announced;
 mod batch;
 mod claim;
 mod context;
+mod counters;
 mod heartbeat;
 mod held;
 mod lease;
@@ -73,8 +75,6 @@ pub struct LockManager {
     subscribers: LossSubscribers,
     /// What every wait shares; made when the actor starts (its batcher needs the runtime).
     context: Option<Arc<WaitContext>>,
-    /// Sends releases, concurrent ones as one statement; started with the actor.
-    releaser: Option<batch::release::Releaser>,
     counters: Arc<Counters>,
     /// The `ListenerActor` that hears lease releases: the process's, or this manager's own.
     listener: Option<Addr<ListenerActor>>,
@@ -97,22 +97,11 @@ impl LockManager {
             heartbeat: Heartbeat::default(),
             subscribers: LossSubscribers::new(config.owner()),
             context: None,
-            releaser: None,
             counters: Arc::default(),
             listener: None,
             own_listener: true,
             metrics: None,
             config,
-        }
-    }
-
-    /// A manager that hears lease releases through the process's `ListenerActor` instead of a
-    /// LISTEN connection of its own, keeping one LISTEN connection per process.
-    pub fn with_listener(config: Config, listener: Addr<ListenerActor>) -> LockManager {
-        LockManager {
-            listener: Some(listener),
-            own_listener: false,
-            ..LockManager::new(config)
         }
     }
 
@@ -151,10 +140,6 @@ impl LockManager {
     /// What every wait shares: the pool, the table and the owner among it.
     pub(crate) fn context(&self) -> Arc<WaitContext> {
         self.context.clone().expect("made when the actor started")
-    }
-
-    fn releaser(&self) -> batch::release::Releaser {
-        self.releaser.clone().expect("made when the actor started")
     }
 
     fn count_held(&self) {
@@ -242,6 +227,12 @@ impl Actor for LockManager {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
         self.metrics = Some(crate::metrics::LeaseMetrics::new(self.config.owner()));
+        let releaser = batch::release::Releaser::start(
+            self.pool.clone(),
+            self.table.clone(),
+            self.owner.clone(),
+            self.counters.clone(),
+        );
         let batcher = crate::batch::Batcher::start(
             Arc::new(batch::acquire::AcquireRunner {
                 pool: self.pool.clone(),
@@ -249,6 +240,7 @@ impl Actor for LockManager {
                 owner: self.owner.clone(),
                 lease: self.config.lease(),
                 counters: self.counters.clone(),
+                releaser: releaser.clone(),
             }),
             crate::batch::LEASES_BATCH_FROM,
         );
@@ -261,14 +253,9 @@ impl Actor for LockManager {
             queues: Arc::default(),
             held: self.holdings.names(),
             batcher,
+            releaser,
             counters: self.counters.clone(),
         }));
-        self.releaser = Some(batch::release::Releaser::start(
-            self.pool.clone(),
-            self.table.clone(),
-            self.owner.clone(),
-            self.counters.clone(),
-        ));
         self.listen(ctx);
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
@@ -288,9 +275,8 @@ impl Actor for LockManager {
             listener.do_send(Shutdown);
         }
         self.heartbeat = Heartbeat::default();
-        // Release what is still held. The runtime may be shutting down with the System, in
-        // which case the leases simply expire on the server.
-        let runtime = tokio::runtime::Handle::try_current();
+        // Release what is still held, one task per lease so that thousands of them go out
+        // batched. The runtime may be shutting down with the System: then the leases expire.
         for (name, held) in self.holdings.drain() {
             let (token, keep) = (held.token, held.keep_on_release);
             held.end(Tenure::Lost(LossReason::Shutdown));
@@ -299,16 +285,9 @@ impl Actor for LockManager {
                 token: Some(token),
                 reason: LossReason::Shutdown,
             });
-            let (Ok(runtime), Some(releaser)) = (&runtime, self.releaser.clone()) else {
-                warn!(lease = %name, "lock manager stopped outside a runtime; the lease expires on its own");
-                continue;
-            };
-            // One task per lease, so that thousands of them go out batched.
-            runtime.spawn(async move {
-                if let Err(e) = releaser.release(name.clone(), token, keep).await {
-                    warn!(lease = %name, error = %e, "release at shutdown failed; the lease expires on its own");
-                }
-            });
+            if let Some(context) = &self.context {
+                (context.releaser).release_in_background(name, token, keep, "at shutdown");
+            }
         }
         self.count_held();
     }

@@ -15,12 +15,13 @@ use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::db::{Bounded, Until};
 use pgcoord::lease::{SlotAttempt, slot_names};
-use pgcoord::{Error, Holder, Result};
+use pgcoord::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
 use tracing::info_span;
 
 use super::LockManager;
-use super::context::{Counters, WaitContext};
+use super::context::WaitContext;
+use super::counters::Counters;
 use super::lease::Lease;
 use super::line::{Answer, Ask};
 use super::messages::AcquirePermit;
@@ -146,10 +147,6 @@ impl Attempts for PermitAttempts {
         Ok(())
     }
 
-    async fn holder(&self, _: Option<Instant>) -> Option<Holder> {
-        None
-    }
-
     fn name(&self) -> &str {
         &self.name
     }
@@ -188,6 +185,12 @@ impl Handler<AcquirePermit> for LockManager {
             slots,
             asked: Mutex::default(),
         };
-        PermitResponse(Ok(context.wait(attempts, &key, request.timeout, false)))
+        PermitResponse(Ok(Wait::new(
+            &context,
+            attempts,
+            &key,
+            request.timeout,
+            false,
+        )))
     }
 }

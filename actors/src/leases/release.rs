@@ -25,7 +25,8 @@ impl Handler<Release> for LockManager {
             return Box::pin(actix::fut::ready(Err(error)));
         };
         self.count_held();
-        let (releaser, context) = (self.releaser(), self.context());
+        let context = self.context();
+        let releaser = context.releaser.clone();
         let shared_name: Arc<str> = Arc::from(name.as_str());
         // The name's turn, taken now when free, before any other wait of the name can.
         let queue = context.queues.join(&name);

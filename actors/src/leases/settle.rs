@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use pgcoord::lease::ReleaseRequest;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::LockManager;
 use super::context::WaitContext;
@@ -43,25 +42,11 @@ impl Unrecorded {
 
 impl Drop for Unrecorded {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            let name = Arc::from(std::mem::take(&mut self.name));
+            let releaser = &self.context.releaser;
+            releaser.release_in_background(name, self.token, self.keep, "a grant nobody recorded");
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            warn!(lease = %self.name, "a grant nobody recorded expires on its own (no runtime)");
-            return;
-        };
-        let (context, name) = (self.context.clone(), std::mem::take(&mut self.name));
-        let (token, keep) = (self.token, self.keep);
-        runtime.spawn(async move {
-            let statements = context.pool.statements(None);
-            let request = ReleaseRequest { name: &name, token, keep };
-            match context.statements().release(&statements, &request).await {
-                Ok(()) => debug!(lease = %name, "released a grant nobody recorded"),
-                Err(e) => {
-                    warn!(lease = %name, error = %e, "cannot release a grant nobody recorded; it expires on its own")
-                }
-            }
-        });
     }
 }
 

@@ -67,12 +67,6 @@ pub(crate) trait Attempts: Send + Sync + 'static {
     /// Takes the caller out of the line, after a wait in line that ended without a grant.
     fn leave_line(&self, statements: &Bounded<'_>) -> impl Future<Output = Result<()>> + Send;
 
-    /// Who holds what was asked for, as far as one read within `deadline` tells.
-    fn holder(
-        &self,
-        deadline: Option<Instant>,
-    ) -> impl Future<Output = Option<pgcoord::Holder>> + Send;
-
     /// What the wait is for, for errors and logs.
     fn name(&self) -> &str;
 }
@@ -80,9 +74,9 @@ pub(crate) trait Attempts: Send + Sync + 'static {
 /// One wait: its statements, its place among local waiters, and its line.
 pub(crate) struct Wait<A> {
     pub(crate) attempts: A,
-    pub(crate) context: Arc<WaitContext>,
-    pub(crate) queue: Arc<NameQueue>,
-    pub(crate) line: Line,
+    context: Arc<WaitContext>,
+    queue: Arc<NameQueue>,
+    line: Line,
 }
 
 /// What is left to do after a wait's answer, holding its turn.
@@ -97,6 +91,24 @@ pub(crate) struct Finish<A> {
 }
 
 impl<A: Attempts> Wait<A> {
+    /// A wait for `key` with `attempts`, until `timeout` (forever without one); a single
+    /// attempt with `once`. It joins `key`'s local queue now, in message order.
+    pub(crate) fn new(
+        context: &Arc<WaitContext>,
+        attempts: A,
+        key: &str,
+        timeout: Option<Duration>,
+        once: bool,
+    ) -> Wait<A> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        Wait {
+            attempts,
+            context: context.clone(),
+            queue: context.queues.join(key),
+            line: Line::new(deadline, context.poll, once),
+        }
+    }
+
     /// Waits for the turn, then for the grant. The answer comes within the deadline; what is
     /// left to do comes back as a [`Finish`].
     pub(crate) async fn run(mut self, reply: &mut Option<Reply>) -> (Outcome, Finish<A>) {
@@ -140,9 +152,11 @@ impl<A: Attempts> Wait<A> {
             return match turn.try_lock_owned() {
                 Ok(turn) => Ok(turn),
                 Err(_) => {
-                    let holder = self.attempts.holder(self.line.deadline()).await;
-                    let error = Error::not_acquired(self.attempts.name(), holder);
-                    Err(Outcome::Failed(error))
+                    // Who holds it, as far as one read within the deadline tells.
+                    let (context, name) = (&self.context, self.attempts.name());
+                    let statements = context.pool.idempotent(self.line.deadline());
+                    let holder = context.table.holder(&statements, name).await.ok().flatten();
+                    Err(Outcome::Failed(Error::not_acquired(name, holder)))
                 }
             };
         }

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::super::context::Counters;
+use super::super::counters::Counters;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 use crate::leases::Acquire;
 
@@ -49,6 +49,8 @@ pub(crate) struct AcquireRunner {
     pub(crate) owner: Arc<str>,
     pub(crate) lease: Duration,
     pub(crate) counters: Arc<Counters>,
+    /// Releases a grant whose wait has gone.
+    pub(crate) releaser: super::release::Releaser,
 }
 
 impl AcquireBatcher {
@@ -113,7 +115,9 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                     let token = grant.token;
                     let answer = Some((sent, Ok(Attempt::Granted(grant))));
                     if item.reply.send(answer).is_err() {
-                        self.release_unclaimed(item.name, token, item.keep);
+                        let name = Arc::from(item.name.as_str());
+                        let what = "a grant whose wait has gone";
+                        (self.releaser).release_in_background(name, token, item.keep, what);
                     }
                 }
             }
@@ -125,29 +129,5 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                 }
             }
         }
-    }
-}
-
-impl AcquireRunner {
-    /// Releases a grant whose job is gone.
-    fn release_unclaimed(&self, name: String, token: i64, keep: bool) {
-        let (pool, table, owner) = (self.pool.clone(), self.table.clone(), self.owner.clone());
-        tokio::spawn(async move {
-            let statements = pool.statements(None);
-            let owner = table.owner(&owner).expect("a configured owner");
-            let request = ReleaseRequest {
-                name: &name,
-                token,
-                keep,
-            };
-            match owner.release(&statements, &request).await {
-                Ok(()) => debug!(lease = %name, "grant nobody waited for released"),
-                // The wait's own clean-up released it first.
-                Err(e) if e.is_lock_lost() => {}
-                Err(e) => {
-                    warn!(lease = %name, error = %e, "cannot release a grant nobody waited for; it expires on its own")
-                }
-            }
-        });
     }
 }

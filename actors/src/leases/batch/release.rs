@@ -12,9 +12,9 @@ use std::sync::Arc;
 use pgcoord::lease::ReleaseRequest;
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
-use tracing::debug;
+use tracing::{debug, warn};
 
-use super::super::context::Counters;
+use super::super::counters::Counters;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
@@ -81,6 +81,34 @@ impl Releaser {
             }
         }
         self.runner.release_alone(&name, token, keep).await
+    }
+}
+
+impl Releaser {
+    /// Releases `name` on a task of its own, for a tenure nobody holds any more (a grant nobody
+    /// recorded, a lease past its deadline, a manager stopping): `what` says which in the log
+    /// when it fails; gone already is no failure.
+    pub(crate) fn release_in_background(
+        &self,
+        name: Arc<str>,
+        token: i64,
+        keep: bool,
+        what: &'static str,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!(lease = %name, what, "no runtime to release it on; it expires on its own");
+            return;
+        };
+        let releaser = self.clone();
+        runtime.spawn(async move {
+            match releaser.release(name.clone(), token, keep).await {
+                Ok(()) => debug!(lease = %name, what, "released"),
+                Err(e) if e.is_lock_lost() => debug!(lease = %name, what, "released already"),
+                Err(e) => {
+                    warn!(lease = %name, what, error = %e, "cannot release it; it expires on its own")
+                }
+            }
+        });
     }
 }
 
