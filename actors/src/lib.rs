@@ -30,10 +30,15 @@
 //!   a statement (acquires, releases, notifications).
 #![deny(missing_docs)]
 
-// The README's examples are compiled as doctests (`cargo test --doc`), so they cannot rot.
+// The README's and the operations guide's examples are doctests (`cargo test --doc`): they
+// cannot rot, and the README's quick start runs against a throwaway cluster.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/OPERATIONS.md")]
+struct OperationsExamples;
 
 pub mod advisory;
 pub mod backend;

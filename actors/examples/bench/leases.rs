@@ -201,6 +201,13 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             floor_rate,
             "pairs/s",
         );
+        if clients == 1 {
+            report.target(
+                "1 client: at most 1.2× the raw pair's time (pairs/s of the floor ÷ pgcoord's)",
+                format!("{:.3}×", floor_rate / rate),
+                floor_rate <= 1.2 * rate,
+            );
+        }
         if clients == 8 {
             report.target(
                 "8 clients: at least 2× the unbatched raw floor's rate, on the throwaway cluster \
@@ -333,6 +340,11 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     report.note(
         "fairness: acquisitions per contender, min ÷ mean",
         format!("{:.2} ({counts:?})", min / mean),
+    );
+    report.target(
+        "fairness: the fewest acquisitions of a contender at least 0.9× the mean",
+        format!("{:.2}", min / mean),
+        min / mean >= 0.9,
     );
 
     // Takeover: a holder that never renews; how long past its expiry a waiter gets the lease.

@@ -100,6 +100,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
 ) {
     let arrived = Instant::now();
     let context = wait.context();
+
     let task = async move {
         let mut reply = reply;
         let (outcome, finish) = wait.run(&mut reply).await;

@@ -192,37 +192,16 @@ impl Line {
             }
             let ask = self.ask();
             let sent = Instant::now();
-            // A batch bounded by the statement timeout is left at the caller's deadline or
-            // departure: what it may have granted is freed after the answer (and by the
-            // batcher, which releases a grant whose wait has gone).
-            let batched = tokio::select! {
-                batched = attempts.batched(ask) => batched,
-                _ = caller_gone(reply) => {
-                    orphans_until = Some(sent + expires_after);
-                    break Outcome::Cancelled;
-                }
-                _ = deadline_passes(self.deadline()) => {
-                    orphans_until = Some(sent + expires_after);
-                    break Outcome::Failed(Error::new(
-                        ErrorKind::Unavailable,
-                        "the database did not answer the acquire in time",
-                    ));
-                }
-            };
-            let answer = match batched {
-                Some(answer) => answer,
-                None => {
-                    // Nothing is sent while waiting for a connection: safe to abandon.
-                    let bound = bound(self.deadline(), pool.statement_timeout());
-                    let conn = tokio::select! {
-                        conn = pool.checkout(self.deadline().unwrap_or(bound)) => conn,
-                        _ = caller_gone(reply) => break Outcome::Cancelled,
-                    };
-                    match conn {
-                        // A statement in flight is never abandoned: it ends by its bound.
-                        Ok(conn) => attempts.attempt(ask, &until(&*conn, bound)).await,
-                        Err(e) => Answer::Failed(e),
+            let answer = match attempt(attempts, pool, ask, self.deadline(), reply).await {
+                Attempted::Answer(answer) => answer,
+                Attempted::Left {
+                    outcome,
+                    maybe_sent,
+                } => {
+                    if maybe_sent {
+                        orphans_until = Some(sent + expires_after);
                     }
+                    break outcome;
                 }
             };
             let next = match self.after(answer, Instant::now()) {
@@ -249,16 +228,89 @@ impl Line {
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
             debug!(%name, ?nap, holder = ?self.holder(), "waiting");
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(nap) => {}
-                _ = caller_gone(reply) => break Outcome::Cancelled,
-                _ = deadline_passes(self.deadline()) => {
+            match sleep(wake, nap, reply, self.deadline()).await {
+                Woken::Up => {}
+                Woken::CallerGone => break Outcome::Cancelled,
+                Woken::DeadlinePassed => {
                     break Outcome::Failed(Error::not_acquired(name, self.holder()));
                 }
             }
         };
         (outcome, orphans_until)
+    }
+}
+
+/// What one attempt came to.
+enum Attempted {
+    Answer(Answer<Won>),
+    /// The wait was left before the answer: the caller went away, or the deadline passed.
+    Left {
+        outcome: Outcome,
+        /// Whether a batch may have sent it: what it granted is then freed after the answer.
+        maybe_sent: bool,
+    },
+}
+
+/// One attempt, batched with others under way or alone.
+async fn attempt<A: Attempts>(
+    attempts: &A,
+    pool: &Pool,
+    ask: Ask,
+    deadline: Option<Instant>,
+    reply: &mut Option<Reply>,
+) -> Attempted {
+    // A batch, bounded by the statement timeout, is left at the caller's deadline or departure
+    // (the batcher also releases a grant whose wait has gone).
+    let batched = tokio::select! {
+        batched = attempts.batched(ask) => batched,
+        _ = caller_gone(reply) => {
+            let outcome = Outcome::Cancelled;
+            return Attempted::Left { outcome, maybe_sent: true };
+        }
+        _ = deadline_passes(deadline) => {
+            let error = Error::new(ErrorKind::Unavailable, "the database did not answer in time");
+            let outcome = Outcome::Failed(error);
+            return Attempted::Left { outcome, maybe_sent: true };
+        }
+    };
+    if let Some(answer) = batched {
+        return Attempted::Answer(answer);
+    }
+    // Nothing is sent while waiting for a connection: safe to abandon.
+    let bound = bound(deadline, pool.statement_timeout());
+    let conn = tokio::select! {
+        conn = pool.checkout(deadline.unwrap_or(bound)) => conn,
+        _ = caller_gone(reply) => {
+            return Attempted::Left { outcome: Outcome::Cancelled, maybe_sent: false };
+        }
+    };
+    Attempted::Answer(match conn {
+        // A statement in flight is never abandoned: it ends by its bound.
+        Ok(conn) => attempts.attempt(ask, &until(&*conn, bound)).await,
+        Err(e) => Answer::Failed(e),
+    })
+}
+
+/// How a nap ended.
+enum Woken {
+    /// A wake-up, or the nap's end: ask again.
+    Up,
+    CallerGone,
+    DeadlinePassed,
+}
+
+/// Naps for `nap` at most, woken early by `wake`, the caller leaving or the deadline.
+async fn sleep(
+    wake: &tokio::sync::Notify,
+    nap: Duration,
+    reply: &mut Option<Reply>,
+    deadline: Option<Instant>,
+) -> Woken {
+    tokio::select! {
+        _ = wake.notified() => Woken::Up,
+        _ = tokio::time::sleep(nap) => Woken::Up,
+        _ = caller_gone(reply) => Woken::CallerGone,
+        _ = deadline_passes(deadline) => Woken::DeadlinePassed,
     }
 }
 
