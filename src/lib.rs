@@ -5,6 +5,28 @@
 //! `Send` futures usable from any tokio runtime. It has no timers and holds nothing; the actix
 //! runtime that holds leases and decides when to renew them is the `pgcoord-actors` crate.
 //!
+//! One lease, by its statements (the runtime sends these for you, and renews in between):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+//! use pgcoord::{Config, LeaseTable};
+//!
+//! # async fn once(config: &Config, client: &mut tokio_postgres::Client) -> pgcoord::Result<()> {
+//! let table = LeaseTable::new(config);
+//! let me = table.owner("worker-7")?; // every grant, renewal, release and fence is this owner's
+//! let request = AcquireRequest::new("nightly");
+//! if let Attempt::Granted(grant) = me.try_acquire(&*client, &request, Duration::from_secs(20)).await? {
+//!     let tx = client.transaction().await?;
+//!     me.fence(&tx, "nightly", grant.token).await?; // exclusive until this transaction ends
+//!     // ... the writes the lease guards ...
+//!     tx.commit().await?;
+//!     let release = ReleaseRequest { name: "nightly", token: grant.token, keep: false };
+//!     me.release(&*client, &release).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! Layout:
 //! - [`config`] — [`Config`], built and validated once.
 //! - `backoff` — [`db::Backoff`], the one jittered backoff (configurable), and its randomness.

@@ -1,6 +1,25 @@
 //! pgcoord-actors: the actix runtime of pgcoord. The core crate says what is true in the
 //! database; the actors here decide when to ask, and own everything with a lifetime.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use pgcoord_actors::{Acquire, Call, Coordinator};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Inside an actix System (`#[actix::main]`).
+//! let config = pgcoord::Config::builder().dsn("host=db user=app dbname=app").build()?;
+//! let coordinator = Coordinator::connect(config).await?; // checks the server first
+//! let lease = coordinator.locks.call(Acquire::new("nightly").timeout(Duration::from_secs(5))).await?;
+//! let lost = lease.lost(); // Some(reason) if it is lost before it is released
+//! // ... fence the work's writes with `lease.fence(&tx)` ...
+//! lease.release().await?;
+//! assert_eq!(lost.await, None);
+//! # Ok(()) }
+//! ```
+//!
+//! The protocols and their safety argument are in `docs/DESIGN.md`; deployment in
+//! `docs/OPERATIONS.md`.
+//!
 //! Layout — one actor per concept, each in its folder, owning its state privately:
 //! - [`leases`] — [`LockManager`]: held leases, the heartbeat (one renew statement per tick, on
 //!   a connection of its own), monotonic deadlines, waiters; [`Lease`], the handle of a held

@@ -103,7 +103,6 @@ pub struct LeaseTable {
     acquire_many: String,
     acquire_any: String,
     count_held: String,
-    enqueue: String,
     leave_line: String,
     owned: String,
     holder: String,
@@ -130,7 +129,7 @@ impl LeaseTable {
     /// fence made through it matches that owner.
     pub fn owner<'t>(&'t self, owner: &'t str) -> Result<LeaseOwner<'t>> {
         check_name(owner)?;
-        Ok(LeaseOwner::new(self, owner))
+        Ok(LeaseOwner { table: self, owner })
     }
 
     /// The current holder of `name`, if any.

@@ -9,7 +9,7 @@ use tracing::instrument;
 
 use super::{AcquireRequest, Attempt, Grant, LeaseTable, ReleaseRequest, check_name};
 use super::{holder_from, millis};
-use crate::error::{Error, ErrorKind, Holder, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{Param, Statements};
 
 /// The lease statements of one owner, made by [`LeaseTable::owner`]. Every statement that
@@ -21,11 +21,7 @@ pub struct LeaseOwner<'t> {
     pub(crate) owner: &'t str,
 }
 
-impl<'t> LeaseOwner<'t> {
-    pub(super) fn new(table: &'t LeaseTable, owner: &'t str) -> LeaseOwner<'t> {
-        LeaseOwner { table, owner }
-    }
-
+impl LeaseOwner<'_> {
     /// The owner identity these statements match.
     pub fn owner(&self) -> &str {
         self.owner
@@ -111,25 +107,6 @@ impl<'t> LeaseOwner<'t> {
         }
     }
 
-    /// Puts the owner in line for `name` (keeping its place when it has one) for `wait_for`
-    /// without an attempt, and returns the current holder.
-    pub async fn enqueue(
-        &self,
-        client: &(impl Statements + ?Sized),
-        name: &str,
-        wait_for: Duration,
-    ) -> Result<Option<Holder>> {
-        check_name(name)?;
-        let ms = millis(wait_for)?;
-        let params: &[Param<'_>] = &[
-            (&name, Type::TEXT),
-            (&self.owner, Type::TEXT),
-            (&ms, Type::INT8),
-        ];
-        let rows = client.run(&self.table.enqueue, params).await?;
-        holder_from(rows.first())
-    }
-
     /// Takes the owner out of the line for `name`, when it is in it. When it was first and the
     /// lease is free, the next waiter is announced. Safe to repeat.
     pub async fn leave_line(&self, client: &(impl Statements + ?Sized), name: &str) -> Result<()> {
@@ -193,11 +170,10 @@ impl<'t> LeaseOwner<'t> {
     }
 
     /// Releases every lease among `names` the owner holds, whatever its token (kept free with
-    /// `keep`, as its release would have): for an attempt whose outcome is unknown (its
-    /// connection failed, or it timed out after it was sent), so that a grant nobody received
-    /// does not stay held until it expires. True when none is left held; false when one was
-    /// locked by another transaction (ask again). Call it only where the owner holds none of
-    /// `names` legitimately.
+    /// `keep`, as its release would have), after an attempt whose answer was lost: a grant nobody
+    /// received does not stay held until it expires. True when none is left held; false when
+    /// one was locked by another transaction (ask again). Call it only where the owner holds
+    /// none of `names` legitimately (the runtime: under the names' turns).
     pub async fn release_orphans(
         &self,
         client: &(impl Statements + ?Sized),

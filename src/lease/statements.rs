@@ -151,12 +151,6 @@ impl LeaseTable {
                 "SELECT count(*) FROM {t} WHERE name = ANY($1::text[]) AND owner IS NOT NULL
                    AND expires_at > clock_timestamp()"
             ),
-            // $1 name, $2 owner, $3 ms. A place in line with no attempt; reports the holder.
-            enqueue: format!(
-                "WITH {line_up}
-                 SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1",
-                line_up = line_up(&q, "$3", "true"),
-            ),
             // $1 name, $2 owner, $3 channel. A waiter leaving the line: when it was first and
             // the lease is free, the next in line is announced, or it would sleep until its
             // next poll.

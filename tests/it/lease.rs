@@ -258,12 +258,7 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     )
     .await;
     let r = grant(&table, &client, "reserved", "other", LEASE).await;
-    table
-        .owner("waiter")
-        .unwrap()
-        .enqueue(&client, "reserved", LEASE)
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "reserved", "waiter", LEASE).await;
     table
         .owner("other")
         .unwrap()

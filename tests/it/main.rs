@@ -70,3 +70,24 @@ pub async fn grant(
         Attempt::Busy => panic!("{name}'s row is locked"),
     }
 }
+
+/// Puts `waiter` in line for `name`, which someone else holds, for `wait_for`: a refused
+/// attempt in line. Returns the holder.
+pub async fn in_line(
+    table: &LeaseTable,
+    client: &(impl pgcoord::statement::Statements + ?Sized),
+    name: &str,
+    waiter: &str,
+    wait_for: Duration,
+) -> Option<pgcoord::Holder> {
+    let owner = table.owner(waiter).unwrap();
+    let request = AcquireRequest::new(name);
+    match owner
+        .try_acquire_or_queue(client, &request, LEASE, wait_for)
+        .await
+        .unwrap()
+    {
+        Attempt::Held(holder) => holder,
+        other => panic!("{waiter} was not refused {name:?}: {other:?}"),
+    }
+}

@@ -83,20 +83,10 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
     for keep in [false, true] {
         let name = format!("job-{keep}");
         let g = grant(&table, &client, &name, "releaser", LEASE).await;
-        let holder = table
-            .owner("waiter")
-            .unwrap()
-            .enqueue(&client, &name, LEASE)
-            .await
-            .unwrap();
+        let holder = super::in_line(&table, &client, &name, "waiter", LEASE).await;
         assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
         // A second waiter is in line behind the first.
-        table
-            .owner("late")
-            .unwrap()
-            .enqueue(&client, &name, LEASE)
-            .await
-            .unwrap();
+        super::in_line(&table, &client, &name, "late", LEASE).await;
         table
             .owner("releaser")
             .unwrap()
@@ -147,22 +137,12 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
     let table = LeaseTable::new(&config);
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     for waiter in ["first", "second", "third"] {
-        table
-            .owner(waiter)
-            .unwrap()
-            .enqueue(&client, "job", LEASE)
-            .await
-            .unwrap();
+        super::in_line(&table, &client, "job", waiter, LEASE).await;
         // Each arrives after the previous one.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // The holder refreshing its place does not move it; a waiter refreshing keeps its own.
-    table
-        .owner("first")
-        .unwrap()
-        .enqueue(&client, "job", LEASE)
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "job", "first", LEASE).await;
     table
         .owner("holder")
         .unwrap()
@@ -246,12 +226,7 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
     let table = LeaseTable::new(&config);
     let (_listening, mut announced) = announcements(&config).await;
     let g = grant(&table, &client, "job", "holder", LEASE).await;
-    table
-        .owner("waiter")
-        .unwrap()
-        .enqueue(&client, "job", LEASE)
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "job", "waiter", LEASE).await;
     table
         .owner("holder")
         .unwrap()
@@ -281,12 +256,7 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
     assert_eq!(next(&mut announced).await, "3:job");
     // A lapsed reservation is not named: anyone may take the lock.
     let g = grant(&table, &client, "job", "holder", LEASE).await;
-    table
-        .owner("waiter")
-        .unwrap()
-        .enqueue(&client, "job", Duration::from_millis(1))
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "job", "waiter", Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     table
         .owner("holder")
@@ -313,12 +283,7 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     let plain = grant(&table, &client, "plain", "me", LEASE).await;
     let kept = grant(&table, &client, "kept", "me", LEASE).await;
     let reserved = grant(&table, &client, "reserved", "me", LEASE).await;
-    table
-        .owner("waiter")
-        .unwrap()
-        .enqueue(&client, "reserved", LEASE)
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "reserved", "waiter", LEASE).await;
     let lost = grant(&table, &client, "lost", "me", LEASE).await;
     let locked = grant(&table, &client, "locked", "me", LEASE).await;
     // "lost" was taken over (another token now); "locked" is a row another transaction holds.
@@ -525,13 +490,17 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
 async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
-    // A waiter that will never come back (its process died without leaving the line).
-    table
-        .owner("ghost")
-        .unwrap()
-        .enqueue(&client, "job", Duration::from_millis(300))
-        .await
-        .unwrap();
+    // A waiter that will never come back (its process died without leaving the line), in
+    // line behind a holder that has released since.
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    super::in_line(&table, &client, "job", "ghost", Duration::from_millis(300)).await;
+    let release = ReleaseRequest {
+        name: "job",
+        token: g.token,
+        keep: false,
+    };
+    let holder = table.owner("holder").unwrap();
+    holder.release(&client, &release).await.unwrap();
     let attempt = table
         .owner("me")
         .unwrap()
@@ -542,12 +511,7 @@ async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() 
     tokio::time::sleep(Duration::from_millis(350)).await;
     grant(&table, &client, "job", "me", LEASE).await;
     // The lapsed place is pruned when someone queues next.
-    table
-        .owner("next")
-        .unwrap()
-        .enqueue(&client, "job", LEASE)
-        .await
-        .unwrap();
+    super::in_line(&table, &client, "job", "next", LEASE).await;
     let left: i64 = client
         .query_one(
             &format!(

@@ -1,14 +1,10 @@
 //! The life of held leases in `LockManager`: the heartbeat (one renew statement for all of
 //! them), the monotonic deadlines, and loss reports.
 //!
-//! Renewals run on the heartbeat's own connection, so nothing that uses the pool — acquires
-//! waiting on a contended name, an application's inspections, a pool exhausted by anything —
-//! can delay them. Each renewal is bounded by the time left before the earliest deadline (and
-//! the statement timeout): a renewal that hangs (a frozen backend, a black-holed connection) is
-//! cancelled on the server, its connection is dropped, and the next renewal, on a new
-//! connection, follows promptly instead of at the next tick. A lease is reported lost only when
-//! its deadline passes without a confirmed renewal, or when a renewal finds it gone on the
-//! server.
+//! Renewals run on a connection of their own: nothing that uses the pool can delay them. One
+//! that hangs is cut off at the earliest deadline (or a quarter lease) and retried at once on a
+//! new connection. A lease is reported lost only when its deadline passes unrenewed, or when a
+//! renewal finds it gone on the server.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -45,10 +41,8 @@ impl LockManager {
         if self.heartbeat.renewing {
             return;
         }
-        // A renewal confirmed after the earliest deadline cannot save that lease, and waiting
-        // longer would delay the retry that may save the others. One that has not answered
-        // within a quarter of the lease is stuck; a retry on a new connection still has most of
-        // the lease left.
+        // A renewal confirmed after the earliest deadline saves nothing, and one unanswered after
+        // a quarter lease is stuck: a retry on a new connection still has most of the lease.
         let now = Instant::now();
         let attempt = self.config.statement_timeout().min(self.config.lease() / 4);
         let bound = earliest.min(now + attempt);

@@ -218,25 +218,16 @@ mod tests {
     }
 
     #[test]
-    fn the_first_attempt_asks_plainly_and_a_refusal_gets_in_line_at_once() {
+    fn the_first_attempt_asks_plainly_a_refusal_gets_in_line_and_a_grant_ends_it() {
         let now = Instant::now();
         let mut line = Line::new(None, POLL, false);
         assert_eq!(line.ask(), Ask::First);
         assert!(!line.in_line(), "a plain attempt puts nobody in line");
-        let next = line.after::<()>(Answer::Held(Some(holder(POLL))), now);
+        let next = line.after::<u8>(Answer::Held(Some(holder(POLL))), now);
         assert!(matches!(next, Next::Again), "{next:?}");
-        assert_eq!(line.ask(), Ask::InLine);
+        assert_eq!((line.ask(), line.ask()), (Ask::InLine, Ask::InLine));
         assert!(line.in_line());
-        assert_eq!(line.ask(), Ask::InLine, "and stays in line");
-    }
-
-    #[test]
-    fn a_grant_ends_the_wait_whatever_came_before() {
-        let now = Instant::now();
-        let mut line = Line::new(None, POLL, false);
-        line.ask();
         let _ = line.after::<u8>(Answer::Busy, now);
-        line.ask();
         assert!(matches!(
             line.after(Answer::Granted(3u8), now),
             Next::Granted(3)
@@ -244,11 +235,10 @@ mod tests {
     }
 
     #[test]
-    fn in_line_a_waiter_naps_until_the_holders_expiry_or_the_poll() {
+    fn in_line_a_waiter_naps_until_the_holders_expiry_the_poll_or_the_deadline() {
         let now = Instant::now();
         let mut line = Line::new(None, POLL, false);
-        line.ask();
-        line.ask();
+        let _ = (line.ask(), line.ask());
         let soon = Duration::from_millis(30);
         let next = line.after(Answer::Held(Some(holder(soon))), now);
         assert_eq!(nap(next), soon + Duration::from_millis(1));
@@ -258,39 +248,26 @@ mod tests {
         // Free, but another waiter is first: its grant or its lapse comes by the poll.
         assert_eq!(nap(line.after(Answer::Held(None), now)), POLL);
         assert_eq!(nap(line.after(Answer::Full, now)), POLL);
+        let mut line = Line::new(Some(now + soon), POLL, false);
+        let _ = (line.ask(), line.ask());
+        assert_eq!(nap(line.after(Answer::Held(Some(holder(POLL))), now)), soon);
+        assert!(!line.passed(now) && line.passed(now + soon));
     }
 
     #[test]
     fn busy_rows_are_asked_again_quickly_in_line_then_less_and_less_often() {
         let now = Instant::now();
         let mut line = Line::new(None, POLL, false);
-        line.ask();
-        line.ask();
+        let _ = (line.ask(), line.ask());
         let quick: Vec<Duration> = (0..QUICK_RETRIES)
             .map(|_| nap(line.after(Answer::Busy, now)))
             .collect();
         assert_eq!(quick[0], Duration::from_micros(250));
         assert!(quick.windows(2).all(|w| w[0] < w[1]), "{quick:?}");
-        let slow = nap(line.after(Answer::Busy, now));
-        assert!(slow <= POLL);
+        assert!(nap(line.after(Answer::Busy, now)) <= POLL);
         // An answer other than busy starts the count again.
         let _ = line.after::<()>(Answer::Held(Some(holder(POLL))), now);
-        assert_eq!(
-            nap(line.after(Answer::Busy, now)),
-            Duration::from_micros(250)
-        );
-    }
-
-    #[test]
-    fn no_nap_outlasts_the_deadline() {
-        let now = Instant::now();
-        let mut line = Line::new(Some(now + Duration::from_millis(20)), POLL, false);
-        line.ask();
-        line.ask();
-        let next = line.after(Answer::Held(Some(holder(POLL))), now);
-        assert_eq!(nap(next), Duration::from_millis(20));
-        assert!(!line.passed(now));
-        assert!(line.passed(now + Duration::from_millis(20)));
+        assert_eq!(nap(line.after(Answer::Busy, now)), quick[0]);
     }
 
     #[test]
@@ -301,11 +278,8 @@ mod tests {
         assert!(!line.in_line(), "once never gets in line");
         let next = line.after::<()>(Answer::Held(Some(holder(POLL))), now);
         assert!(matches!(next, Next::NotAcquired(Some(h)) if h.token == 7));
-        assert!(matches!(
-            line.after::<()>(Answer::Busy, now),
-            Next::NotAcquired(None)
-        ));
-        assert_eq!(line.ask(), Ask::Once);
+        let next = line.after::<()>(Answer::Busy, now);
+        assert!(matches!(next, Next::NotAcquired(None)));
     }
 
     #[test]
@@ -322,18 +296,15 @@ mod tests {
             line.after_check::<()>(true, error, now),
             Next::Again
         ));
-        // Not cleaned: the attempt's error, whatever the time left.
+        // Not cleaned: the attempt's error, whatever the time left; cleaned, too late: too.
         let next = line.after_check::<()>(false, unavailable(), now);
         assert!(matches!(next, Next::Fail(e) if e.is_unavailable()));
-        // Cleaned, but the deadline passed.
         let next = line.after_check::<()>(true, unavailable(), deadline);
         assert!(matches!(next, Next::Fail(_)));
         // A wait without a deadline asks again once nothing is left behind.
         let mut forever = Line::new(None, POLL, false);
         let next = forever.after_check::<()>(true, unavailable(), now);
         assert!(matches!(next, Next::Again));
-        let next = forever.after_check::<()>(false, unavailable(), now);
-        assert!(matches!(next, Next::Fail(_)));
         // A failure known to have granted nothing needs no check.
         let next = line.after::<()>(Answer::Failed(unavailable()), now);
         assert!(matches!(next, Next::Fail(_)));

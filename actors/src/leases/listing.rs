@@ -12,7 +12,6 @@ impl Handler<Get> for LockManager {
 
     fn handle(&mut self, Get(name): Get, _: &mut Context<Self>) -> Self::Result {
         let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
         Box::pin(async move { table.get(&pool.idempotent(None), &name).await })
     }
 }
@@ -22,7 +21,6 @@ impl Handler<List> for LockManager {
 
     fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
         let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
         Box::pin(async move { table.list(&pool.idempotent(None)).await })
     }
 }
@@ -32,7 +30,6 @@ impl Handler<ListPrefix> for LockManager {
 
     fn handle(&mut self, ListPrefix(prefix): ListPrefix, _: &mut Context<Self>) -> Self::Result {
         let (pool, table) = (self.pool.clone(), self.table.clone());
-        // A read: safe to retry on another connection whatever happened to the first.
         Box::pin(async move { table.list_prefix(&pool.idempotent(None), &prefix).await })
     }
 }

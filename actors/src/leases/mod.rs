@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::{Config, LeaseTable, Pool, Result};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::losses::Tenure;
 use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
@@ -26,7 +26,6 @@ use context::WaitContext;
 use counters::Counters;
 use heartbeat::Heartbeat;
 use held::{Held, Holdings};
-use wait::{Reply, Won};
 
 mod acquire;
 mod announced;
@@ -162,30 +161,6 @@ impl LockManager {
     /// absorb clock-rate differences and the sweep's granularity.
     fn margin(&self) -> Duration {
         (self.config.lease() / 10).max(Duration::from_millis(1))
-    }
-
-    /// Records a granted lease and hands its handle to the caller; a caller that went away
-    /// gets nothing, and the handle's drop releases the lease at once.
-    fn granted(
-        &mut self,
-        name: String,
-        keep_on_release: bool,
-        won: Won,
-        reply: Option<Reply>,
-        ctx: &mut Context<Self>,
-    ) {
-        let lease = self.lease_for(name, keep_on_release, won.grant, won.sent, ctx);
-        match reply {
-            Some(reply) => {
-                if let Err(Ok(lease)) = reply.send(Ok(lease)) {
-                    debug!(lease = lease.name(), "caller gave up; releasing");
-                }
-            }
-            None => debug!(
-                lease = lease.name(),
-                "nobody to hand the lease to; releasing"
-            ),
-        }
     }
 
     /// Records a granted lease, its deadline counted from `sent`, and returns its handle.

@@ -1,12 +1,7 @@
-//! [`AcquirePermit`]: one of `permits` permits of a counting semaphore, as a lease on one of its
-//! slots (`pgcoord::lease::slot_names`), so every permit has its own fencing token, renewal and
-//! loss detection, and is released like any lease.
-//!
-//! Local callers queue FIFO for the semaphore; the one whose turn it is asks for any free slot,
-//! and waits when all are held — woken by the release of any slot (announced on the lease
-//! channel), at the poll, at its deadline or when its caller gives up. It is the wait of an
-//! `Acquire` (`wait`) with other statements. Across processes there is no line: whoever asks
-//! first after a release gets the slot.
+//! [`AcquirePermit`]: a permit of a counting semaphore, a lease on one of its slots
+//! (`pgcoord::lease::slot_names`), with its own token, renewal and loss. Local callers queue
+//! FIFO; the one whose turn it is asks for any free slot, in the wait an `Acquire` has, and is
+//! woken by the release of any slot. Across processes, whoever asks first after a release.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

@@ -1,7 +1,7 @@
-//! How a wait's outcome reaches the manager: the wait runs on a task of its own (so its
-//! statements finish whatever the manager does), then its outcome is sent to the manager,
-//! which records a grant and answers the caller. A grant travels as an [`Unrecorded`], which
-//! releases it when dropped unrecorded: a grant whose manager stopped is never left held.
+//! How a wait's outcome reaches the manager. The wait runs on a task of its own, so its
+//! statements finish whatever the manager does. Its outcome is then sent to the manager, which
+//! records a grant and answers the caller. A grant travels as an [`Unrecorded`], released when
+//! dropped unrecorded: a grant whose manager stopped is never left held.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,8 +77,12 @@ impl Handler<Settled> for LockManager {
         self.count_acquire(&outcome, arrived);
         match (outcome, grant) {
             (Outcome::Granted(won), Some(grant)) => {
-                let name = grant.record();
-                self.granted(name, keep_on_release, won, reply, ctx);
+                let lease =
+                    self.lease_for(grant.record(), keep_on_release, won.grant, won.sent, ctx);
+                // A caller that went away gets nothing: the handle's drop releases the lease.
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(lease));
+                }
             }
             (Outcome::Failed(error), _) => crate::reply::refuse(reply, error),
             (Outcome::Cancelled | Outcome::Granted(_), _) => {}
@@ -102,8 +106,9 @@ pub(crate) fn spawn_wait<A: Attempts>(
     let context = wait.context();
 
     let task = async move {
-        let mut reply = reply;
-        let (outcome, finish) = wait.run(&mut reply).await;
+        let (mut wait, mut reply) = (wait, reply);
+        let outcome = wait.run(&mut reply).await;
+        let granted = matches!(outcome, Outcome::Granted(_));
         let grant = match &outcome {
             Outcome::Granted(won) => {
                 let name = won.slot.clone().unwrap_or_else(|| name.clone());
@@ -129,7 +134,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
         };
         // Recorded, or (the manager stopped) dropped with the message, which releases it.
         let _ = manager.send(settled).await;
-        finish.spawn();
+        wait.finish(granted);
     };
     tokio::spawn(tracing::Instrument::instrument(task, span));
 }

@@ -1,11 +1,9 @@
-//! The one I/O loop of every wait — an `Acquire`'s and an `AcquirePermit`'s: its turn among
-//! local waiters, its attempts, naps, deadline and cancellation, and the clean-up that outlives
-//! its answer. What the answers mean is `line`'s; the statements are the caller's [`Attempts`].
+//! The one I/O loop of every wait, an `Acquire`'s and an `AcquirePermit`'s: its turn, attempts,
+//! naps, deadline, cancellation, and the clean-up after its answer. What the answers mean is
+//! `line`'s; the statements are [`Attempts`]'.
 //!
-//! The caller's deadline is hard: waiting for a connection, every statement and the check of an
-//! attempt of unknown outcome end by it. What is left then (freeing a grant nobody received,
-//! leaving the line) goes on in the background after the answer, still holding the name's turn,
-//! so no local waiter can be granted the name while it runs.
+//! The caller's deadline is hard: every await ends by it. What is left then (freeing a grant
+//! nobody received, leaving the line) goes on after the answer, still holding the name's turn.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -71,22 +69,16 @@ pub(crate) trait Attempts: Send + Sync + 'static {
     fn name(&self) -> &str;
 }
 
-/// One wait: its statements, its place among local waiters, and its line.
+/// One wait: its statements, its place among local waiters, its line, and what is left to do
+/// after its answer.
 pub(crate) struct Wait<A> {
     pub(crate) attempts: A,
     context: Arc<WaitContext>,
     queue: Arc<NameQueue>,
     line: Line,
-}
-
-/// What is left to do after a wait's answer, holding its turn.
-pub(crate) struct Finish<A> {
-    attempts: A,
-    context: Arc<WaitContext>,
-    queue: Arc<NameQueue>,
+    /// The name's turn once had, kept until the clean-up is done.
     turn: Option<OwnedMutexGuard<()>>,
-    leave_line: bool,
-    /// When the grant of an unknown attempt whose check did not finish expires on its own.
+    /// Until when a grant nobody received may be held: the clean-up frees it.
     orphans_until: Option<Instant>,
 }
 
@@ -106,37 +98,9 @@ impl<A: Attempts> Wait<A> {
             context: context.clone(),
             queue: context.queues.join(key),
             line: Line::new(deadline, context.poll, once),
-        }
-    }
-
-    /// Waits for the turn, then for the grant. The answer comes within the deadline; what is
-    /// left to do comes back as a [`Finish`].
-    pub(crate) async fn run(mut self, reply: &mut Option<Reply>) -> (Outcome, Finish<A>) {
-        let turn = self.turn(reply).await;
-        let mut finish = Finish {
             turn: None,
-            leave_line: false,
             orphans_until: None,
-            context: self.context,
-            queue: self.queue,
-            attempts: self.attempts,
-        };
-        let outcome = match turn {
-            Ok(turn) => {
-                finish.turn = Some(turn);
-                match finish.attempts.refuse() {
-                    Some(error) => Outcome::Failed(error),
-                    None => {
-                        let (outcome, orphans_until) = self.line.run(&finish, reply).await;
-                        finish.orphans_until = orphans_until;
-                        outcome
-                    }
-                }
-            }
-            Err(outcome) => outcome,
-        };
-        finish.leave_line = self.line.in_line() && !matches!(outcome, Outcome::Granted(_));
-        (outcome, finish)
+        }
     }
 
     /// What every wait of the manager shares.
@@ -144,21 +108,31 @@ impl<A: Attempts> Wait<A> {
         self.context.clone()
     }
 
+    /// Waits for the turn, then for the grant; the answer comes within the deadline.
+    pub(crate) async fn run(&mut self, reply: &mut Option<Reply>) -> Outcome {
+        match self.take_turn(reply).await {
+            Ok(turn) => self.turn = Some(turn),
+            Err(outcome) => return outcome,
+        }
+        match self.attempts.refuse() {
+            Some(error) => Outcome::Failed(error),
+            None => self.attempt_until_done(reply).await,
+        }
+    }
+
     /// The name's turn among local waiters, first come first served. Without waiting when the
     /// wait is one attempt: local callers waiting for the name means it is not free.
-    async fn turn(&self, reply: &mut Option<Reply>) -> Result<OwnedMutexGuard<()>, Outcome> {
+    async fn take_turn(&self, reply: &mut Option<Reply>) -> Result<OwnedMutexGuard<()>, Outcome> {
         let turn = self.queue.turn.clone();
         if self.line.once() {
-            return match turn.try_lock_owned() {
-                Ok(turn) => Ok(turn),
-                Err(_) => {
-                    // Who holds it, as far as one read within the deadline tells.
-                    let (context, name) = (&self.context, self.attempts.name());
-                    let statements = context.pool.idempotent(self.line.deadline());
-                    let holder = context.table.holder(&statements, name).await.ok().flatten();
-                    Err(Outcome::Failed(Error::not_acquired(name, holder)))
-                }
+            let Ok(turn) = turn.try_lock_owned() else {
+                // Who holds it, as far as one read within the deadline tells.
+                let (context, name) = (&self.context, self.attempts.name());
+                let statements = context.pool.idempotent(self.line.deadline());
+                let holder = context.table.holder(&statements, name).await.ok().flatten();
+                return Err(Outcome::Failed(Error::not_acquired(name, holder)));
             };
+            return Ok(turn);
         }
         tokio::select! {
             turn = turn.lock_owned() => Ok(turn),
@@ -168,75 +142,89 @@ impl<A: Attempts> Wait<A> {
             }
         }
     }
-}
 
-impl Line {
-    /// Attempts until granted, refused for good, past the deadline, or the caller left. With
-    /// the outcome, until when a grant nobody received (of an attempt whose answer was lost, not
-    /// checked in time) may stay held: the clean-up's to free.
-    async fn run<A: Attempts>(
-        &mut self,
-        finish: &Finish<A>,
-        reply: &mut Option<Reply>,
-    ) -> (Outcome, Option<Instant>) {
-        let (attempts, wake) = (&finish.attempts, &finish.queue.wake);
-        let pool = &finish.context.pool;
+    /// Attempts until granted, refused for good, past the deadline, or the caller left.
+    async fn attempt_until_done(&mut self, reply: &mut Option<Reply>) -> Outcome {
+        let (attempts, line, wake) = (&self.attempts, &mut self.line, &self.queue.wake);
+        let pool = &self.context.pool;
         // When a grant is sure to have expired on the server, counted from its attempt's
         // sending: the lease, plus a margin for the clocks' rates.
-        let expires_after = finish.context.lease + finish.context.lease / 10;
+        let expires_after = self.context.lease + self.context.lease / 10;
         let name = attempts.name();
-        let mut orphans_until = None;
-        let outcome = loop {
-            if self.passed(Instant::now()) {
-                break Outcome::Failed(Error::not_acquired(name, self.holder()));
+        loop {
+            if line.passed(Instant::now()) {
+                return Outcome::Failed(Error::not_acquired(name, line.holder()));
             }
-            let ask = self.ask();
+            let ask = line.ask();
             let sent = Instant::now();
-            let answer = match attempt(attempts, pool, ask, self.deadline(), reply).await {
+            let answer = match attempt(attempts, pool, ask, line.deadline(), reply).await {
                 Attempted::Answer(answer) => answer,
                 Attempted::Left {
                     outcome,
                     maybe_sent,
                 } => {
                     if maybe_sent {
-                        orphans_until = Some(sent + expires_after);
+                        self.orphans_until = Some(sent + expires_after);
                     }
-                    break outcome;
+                    return outcome;
                 }
             };
-            let next = match self.after(answer, Instant::now()) {
+            let next = match line.after(answer, Instant::now()) {
                 Next::CheckOrphans(error) => {
-                    let until = self
-                        .deadline()
-                        .unwrap_or_else(|| bound(None, pool.statement_timeout()));
+                    let until =
+                        (line.deadline()).unwrap_or_else(|| bound(None, pool.statement_timeout()));
                     let cleaned = release_orphans(attempts, pool, until).await;
                     if !cleaned {
-                        orphans_until = Some(sent + expires_after);
+                        self.orphans_until = Some(sent + expires_after);
                     }
-                    self.after_check(cleaned, error, Instant::now())
+                    line.after_check(cleaned, error, Instant::now())
                 }
                 next => next,
             };
             let nap = match next {
-                Next::Granted(won) => break Outcome::Granted(won),
+                Next::Granted(won) => return Outcome::Granted(won),
                 Next::NotAcquired(holder) => {
-                    break Outcome::Failed(Error::not_acquired(name, holder));
+                    return Outcome::Failed(Error::not_acquired(name, holder));
                 }
-                Next::Fail(error) => break Outcome::Failed(error),
+                Next::Fail(error) => return Outcome::Failed(error),
                 Next::Again => continue,
                 Next::Nap(nap) => nap,
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
-            debug!(%name, ?nap, holder = ?self.holder(), "waiting");
-            match sleep(wake, nap, reply, self.deadline()).await {
+            debug!(%name, ?nap, holder = ?line.holder(), "waiting");
+            match sleep(wake, nap, reply, line.deadline()).await {
                 Woken::Up => {}
-                Woken::CallerGone => break Outcome::Cancelled,
+                Woken::CallerGone => return Outcome::Cancelled,
                 Woken::DeadlinePassed => {
-                    break Outcome::Failed(Error::not_acquired(name, self.holder()));
+                    return Outcome::Failed(Error::not_acquired(name, line.holder()));
                 }
             }
-        };
-        (outcome, orphans_until)
+        }
+    }
+
+    /// Does what is left after the answer `granted` or not, then gives the turn back: at once
+    /// when nothing is, else on a task of its own, so the manager stopping does not abandon it.
+    pub(crate) fn finish(self, granted: bool) {
+        let leave_line = self.line.in_line() && !granted;
+        if !leave_line && self.orphans_until.is_none() {
+            drop(self.turn);
+            self.context.queues.leave(self.queue);
+            return;
+        }
+        tokio::spawn(async move {
+            let (name, pool) = (self.attempts.name(), &self.context.pool);
+            if let Some(until) = self.orphans_until
+                && !release_orphans(&self.attempts, pool, until).await
+            {
+                warn!(%name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
+            }
+            // Safe to run twice: it removes only our own place.
+            if leave_line && let Err(e) = self.attempts.leave_line(&pool.idempotent(None)).await {
+                debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
+            }
+            drop(self.turn);
+            self.context.queues.leave(self.queue);
+        });
     }
 }
 
@@ -351,41 +339,4 @@ async fn release_orphans<A: Attempts>(attempts: &A, pool: &Pool, until: Instant)
         tokio::time::sleep(pause).await;
     }
     unreachable!("the loop returns")
-}
-
-impl<A: Attempts> Finish<A> {
-    /// Whether anything is left to do besides giving the turn back.
-    fn is_empty(&self) -> bool {
-        !self.leave_line && self.orphans_until.is_none()
-    }
-
-    /// Does what is left, then gives the turn back: at once when nothing is, else on a task of
-    /// its own, so the manager stopping does not abandon it.
-    pub(crate) fn spawn(self) {
-        if self.is_empty() {
-            drop(self.turn);
-            self.context.queues.leave(self.queue);
-            return;
-        }
-        tokio::spawn(self.finish());
-    }
-
-    async fn finish(self) {
-        let name = self.attempts.name();
-        let pool = &self.context.pool;
-        if let Some(until) = self.orphans_until
-            && !release_orphans(&self.attempts, pool, until).await
-        {
-            warn!(%name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
-        }
-        if self.leave_line {
-            // Safe to run twice: it removes only our own place.
-            let statements = pool.idempotent(None);
-            if let Err(e) = self.attempts.leave_line(&statements).await {
-                debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
-            }
-        }
-        drop(self.turn);
-        self.context.queues.leave(self.queue);
-    }
 }

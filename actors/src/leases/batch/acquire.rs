@@ -1,16 +1,11 @@
 //! Batched first acquire attempts (`LeaseTable::try_acquire_many`).
 //!
 //! Only the first attempt of an `Acquire` is batched. A name a batch of several did not grant
-//! (held, another waiter first in line, its row locked) is answered as refused, and its wait
-//! asks again in line, alone, which tells it Busy or Held; a batch of one is handed back to be
-//! sent alone. A batch is bounded by the statement timeout, not by its waits' deadlines: a wait
-//! whose deadline comes first leaves it (and frees, after its answer, what it may have been
-//! granted), and one caller's short deadline does not cut the others' statement short. When its
-//! outcome is unknown (a timeout or a connection failure after sending), each wait gets the
-//! error and frees any grant it may have got, as after a single attempt. A wait that left
-//! before its batch was taken is not sent; a grant whose wait has gone (its caller gave up, its
-//! deadline passed, its manager stopped) is released here, so no lease is left that nobody
-//! holds.
+//! is answered as refused, and its wait asks again alone, in line; a batch of one is handed
+//! back to be sent alone. A batch is bounded by the statement timeout, not by its waits'
+//! deadlines: a wait whose deadline comes first leaves it. An unknown outcome goes to every
+//! wait, which frees what it may have been granted. A wait that left is not sent, and a grant
+//! whose wait has gone is released here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,11 +1,9 @@
 //! Releases, batched when a burst is under way (`LeaseTable::release_many`): a worker pool
 //! letting go of its keys, a manager stopping with thousands of leases.
 //!
-//! A release the batch did not do (its lease was lost, or its row was locked by a renewal or a
-//! fencing guard, which a batch does not wait for) is done alone, which tells its caller
-//! `LockLost` or waits for the row, exactly as before. When a batch's outcome is unknown (its
-//! connection failed after sending) every caller gets the error, as a single release would: a
-//! release that may have run is not repeated, since a second run would report the lease lost.
+//! A release the batch did not do (lost, or its row locked by a renewal or a fencing guard) is
+//! done alone, which tells its caller `LockLost` or waits for the row. An unknown outcome goes to
+//! every caller: a release that may have run is not repeated (a second would say `LockLost`).
 
 use std::sync::Arc;
 
