@@ -191,36 +191,12 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let conn = pool.checkout(deadline).await.unwrap();
     let g = grant(&table, &*conn, "a", "me", LEASE).await;
-    table
-        .owner("me")
-        .unwrap()
-        .release(
-            &*conn,
-            &ReleaseRequest {
-                name: "a",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &*conn, "a", "me", g.token, false).await;
     let after_first: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_first, 2, "acquire and release prepared");
     for _ in 0..5 {
         let g = grant(&table, &*conn, "a", "me", LEASE).await;
-        table
-            .owner("me")
-            .unwrap()
-            .release(
-                &*conn,
-                &ReleaseRequest {
-                    name: "a",
-                    token: g.token,
-                    keep: false,
-                },
-            )
-            .await
-            .unwrap();
+        super::release(&table, &*conn, "a", "me", g.token, false).await;
     }
     let after_more: i64 = conn.client().query_one(prepared, &[]).await.unwrap().get(0);
     assert_eq!(after_more, after_first, "not prepared again");
@@ -259,33 +235,9 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     .await;
     let r = grant(&table, &client, "reserved", "other", LEASE).await;
     super::in_line(&table, &client, "reserved", "waiter", LEASE).await;
-    table
-        .owner("other")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "reserved",
-                token: r.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "reserved", "other", r.token, false).await;
     let k = grant(&table, &client, "kept", "other", LEASE).await;
-    table
-        .owner("other")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "kept",
-                token: k.token,
-                keep: true,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "kept", "other", k.token, true).await;
     client
         .execute(
             &format!(
@@ -456,19 +408,7 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
         .await
         .unwrap();
     assert_eq!(renewed, vec![g.token]);
-    table
-        .owner("holder")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "holder", g.token, false).await;
 }
 
 /// A lease taken over after its holder's expiry is the new holder's, data included: the dead

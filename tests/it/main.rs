@@ -91,3 +91,21 @@ pub async fn in_line(
         other => panic!("{waiter} was not refused {name:?}: {other:?}"),
     }
 }
+
+/// Releases `owner`'s tenure `token` of `name`, which must succeed.
+pub async fn release(
+    table: &LeaseTable,
+    client: &(impl pgcoord::statement::Statements + ?Sized),
+    name: &str,
+    owner: &str,
+    token: i64,
+    keep: bool,
+) {
+    let request = pgcoord::lease::ReleaseRequest { name, token, keep };
+    table
+        .owner(owner)
+        .unwrap()
+        .release(client, &request)
+        .await
+        .unwrap();
+}

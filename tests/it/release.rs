@@ -29,19 +29,7 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
     assert!(table.get(&client, "job").await.unwrap().is_held());
     // The release announces the name on the lease channel (see `Released`).
     let (_listening, mut announced) = announcements(&config).await;
-    table
-        .owner("me")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "me", g.token, false).await;
     assert_eq!(next(&mut announced).await, "3:job");
 }
 
@@ -143,19 +131,7 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
     }
     // The holder refreshing its place does not move it; a waiter refreshing keeps its own.
     super::in_line(&table, &client, "job", "first", LEASE).await;
-    table
-        .owner("holder")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "holder", g.token, false).await;
     // The row is gone, yet nobody but the first in line can take it: not the releaser, not a
     // newcomer, not the second.
     for other in ["holder", "newcomer", "second"] {
@@ -171,19 +147,7 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
         );
     }
     let g = grant(&table, &client, "job", "first", LEASE).await;
-    table
-        .owner("first")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "first", g.token, false).await;
     // The second leaves the line: the third is first now.
     table
         .owner("second")
@@ -199,19 +163,7 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
         .unwrap();
     assert!(matches!(attempt, Attempt::Held(_)), "the third is in line");
     let g = grant(&table, &client, "job", "third", LEASE).await;
-    table
-        .owner("third")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "third", g.token, false).await;
     // Nobody waits any more: anyone may take it, and no row was left behind.
     assert_eq!(
         table.get(&client, "job").await.unwrap_err().kind(),
@@ -227,19 +179,7 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
     let (_listening, mut announced) = announcements(&config).await;
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     super::in_line(&table, &client, "job", "waiter", LEASE).await;
-    table
-        .owner("holder")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "holder", g.token, false).await;
     let payload = next(&mut announced).await;
     let released = pgcoord::lease::Released::parse(&payload).unwrap();
     assert_eq!(
@@ -258,19 +198,7 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     super::in_line(&table, &client, "job", "waiter", Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    table
-        .owner("holder")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: true,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "holder", g.token, true).await;
     assert_eq!(next(&mut announced).await, "3:job");
 }
 
@@ -364,19 +292,7 @@ async fn a_batch_release_does_what_single_releases_would_and_skips_locked_rows()
     assert_eq!(payloads, ["4:kept", "5:plain", "8:reservedwaiter"]);
     // The skipped row, released alone once the guard ends; the lost one tells its caller.
     tx.rollback().await.unwrap();
-    table
-        .owner("me")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "locked",
-                token: locked.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "locked", "me", locked.token, false).await;
     let err = table
         .owner("me")
         .unwrap()
@@ -427,19 +343,7 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         }
         other => panic!("{other:?}"),
     }
-    table
-        .owner("holder")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: g.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "holder", g.token, false).await;
     // Free now, and the waiter is first in line: the releaser asking again is refused, and
     // lines up behind it; a newcomer's plain attempt is refused too.
     assert!(matches!(wait("holder").await, Attempt::Held(None)));
@@ -457,19 +361,7 @@ async fn a_waiting_attempt_that_loses_puts_its_owner_in_line_in_the_same_stateme
         panic!("the first in line is granted")
     };
     assert!(heir.token > g.token);
-    table
-        .owner("waiter")
-        .unwrap()
-        .release(
-            &client,
-            &ReleaseRequest {
-                name: "job",
-                token: heir.token,
-                keep: false,
-            },
-        )
-        .await
-        .unwrap();
+    super::release(&table, &client, "job", "waiter", heir.token, false).await;
     // Next in line: the releaser, whose refused attempt put it there.
     assert!(matches!(
         table
