@@ -117,6 +117,9 @@ impl Proxy {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
+                    // As the PostgreSQL client and server do: without it, Nagle's algorithm and
+                    // delayed acknowledgements hold small messages back for tens of ms per hop.
+                    let _ = (client.set_nodelay(true), server.set_nodelay(true));
                     let (client, server) = (Arc::new(client), Arc::new(server));
                     tokio::spawn(forward(
                         client.clone(),

@@ -117,7 +117,10 @@ async fn reconnect(config: &Config, client: &mut tokio_postgres::Client, stuck: 
 
 /// How long a critical section may take before its connection is taken for dead: its writes
 /// are then not acknowledged (they may or may not have committed; the checker sees both).
-const SECTION_BOUND: Duration = Duration::from_secs(3);
+const SECTION_BOUND: Duration = Duration::from_secs(1);
+
+/// How long the holder's own connection may take to answer a ping before each round.
+const PING_BOUND: Duration = Duration::from_millis(300);
 
 async fn rounds(args: &Args, history: &History, index: usize) -> usize {
     let owner = format!("{}-{index}", args.process);
@@ -129,6 +132,9 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
     let mut sections = 0;
     let mut stuck = false;
     for _ in 0..args.rounds {
+        // A connection black-holed since its last section is found before the lease is
+        // taken, not inside the section while the lease waits.
+        stuck |= pgcoord::db::ping(&client, PING_BOUND).await.is_err();
         reconnect(&config, &mut client, stuck).await;
         stuck = false;
         let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));

@@ -52,10 +52,16 @@ impl Workload {
     }
 
     /// On a throwaway cluster of its own with durable commits (`synchronous_commit=on`), which
-    /// the scenario may crash: an acknowledged write must survive an immediate shutdown.
+    /// the scenario may crash: an acknowledged write must survive an immediate shutdown. A
+    /// session idle in a transaction is ended after 5 s, as OPERATIONS.md advises: a holder
+    /// whose connection was black-holed mid-section would otherwise keep its fence's row lock
+    /// (and so the lease) until the next restart.
     pub async fn own_durable_server() -> Workload {
         let server = tokio::task::spawn_blocking(|| {
-            TempPostgres::start_with(&[("synchronous_commit", "on")])
+            TempPostgres::start_with(&[
+                ("synchronous_commit", "on"),
+                ("idle_in_transaction_session_timeout", "5s"),
+            ])
         })
         .await
         .unwrap()

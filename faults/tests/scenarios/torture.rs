@@ -4,7 +4,7 @@
 //! with new ones refused, or reset — then the checker's verdict and the counts.
 //!
 //! CI runs the short version (about 1,000 critical sections). The full run:
-//! `TORTURE_SECTIONS=100000 cargo test --release -p pgcoord-faults --test scenarios torture_full -- --ignored --nocapture`
+//! `TORTURE_SECTIONS=100000 TORTURE_FAULT_MS=1000-4000 cargo test --release -p pgcoord-faults --test scenarios torture_full -- --ignored --nocapture`
 //! (docs/RELIABILITY.md records its figures).
 
 use std::time::{Duration, Instant};
@@ -40,7 +40,20 @@ struct Counts {
     resets: u32,
 }
 
+/// The pause between faults, in ms, from `TORTURE_FAULT_MS=min-max` (default 300-1500).
+fn spacing() -> (u64, u64) {
+    let parsed = std::env::var("TORTURE_FAULT_MS").ok().and_then(|v| {
+        let (min, max) = v.split_once('-')?;
+        Some((min.parse().ok()?, max.parse().ok()?))
+    });
+    match parsed {
+        Some((min, max)) if max > min => (min, max),
+        _ => (300, 1500),
+    }
+}
+
 async fn torture(sections: usize) {
+    let spacing = spacing();
     let workload = Workload::own_durable_server().await;
     let server = workload.server.clone().unwrap();
     // The holders reach the server through a proxy that can black-hole, refuse and reset them;
@@ -83,7 +96,7 @@ async fn torture(sections: usize) {
         .unwrap()
         .as_nanos() as u64
         | 1;
-    eprintln!("torture: {sections} sections, seed {seed}");
+    eprintln!("torture: {sections} sections, seed {seed}, a fault every {spacing:?} ms");
     let mut dice = Dice(seed);
     let mut counts = Counts::default();
     let done = |holders: &mut Vec<HolderProcess>| {
@@ -93,10 +106,13 @@ async fn torture(sections: usize) {
     };
     while !done(&mut holders) {
         assert!(
-            started.elapsed() < Duration::from_secs(3600),
+            started.elapsed() < Duration::from_secs(6 * 3600),
             "torture took too long"
         );
-        tokio::time::sleep(Duration::from_millis(300 + dice.roll(1200))).await;
+        tokio::time::sleep(Duration::from_millis(
+            spacing.0 + dice.roll(spacing.1 - spacing.0),
+        ))
+        .await;
         match dice.roll(11) {
             // The process holding the lease now, stopped for one to two leases: its lease is
             // taken over while it believes it holds it, and its fence must keep it out.
