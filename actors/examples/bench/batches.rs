@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::lease::{AcquireRequest, ReleaseRequest};
 use pgcoord::statement::{CachingClient, Statements};
 use pgcoord::{Config, LeaseTable};
 
 use crate::cpu::process_cpu;
-use crate::leases::{Res, floor_clients};
+use crate::leases::{Res, floor_clients, raw_pair};
 use crate::report::Report;
 
 /// Pairs per measurement: enough for a few hundred of the kernel's CPU ticks (10 ms on most).
@@ -28,25 +28,7 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
     let lease = cfg.lease();
     let single = server_cpu_per_pair(pid, async {
         for i in 0..PAIRS {
-            let name = format!("single-{i}");
-            let Attempt::Granted(g) = table
-                .owner("raw")?
-                .try_acquire(&*client, &AcquireRequest::new(&name), lease)
-                .await?
-            else {
-                panic!("free")
-            };
-            table
-                .owner("raw")?
-                .release(
-                    &*client,
-                    &ReleaseRequest {
-                        name: &name,
-                        token: g.token,
-                        keep: false,
-                    },
-                )
-                .await?;
+            raw_pair(&table, &client, &format!("single-{i}"), lease).await?;
         }
         Ok(())
     })

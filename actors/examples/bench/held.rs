@@ -11,6 +11,9 @@ use crate::Sizes;
 use crate::leases::{Res, config};
 use crate::report::{Report, ms};
 
+/// Bytes in a MiB.
+const MIB: f64 = (1 << 20) as f64;
+
 fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -76,13 +79,16 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         ),
         format!("{}", commits_after - commits_before),
     );
-    let per_10k = (resident_bytes().saturating_sub(before)) as f64 * 10_000.0 / sizes.held as f64;
+    // Resident memory grown since `before`, in MiB per 10,000 held leases.
+    let mib_per_10k =
+        || resident_bytes().saturating_sub(before) as f64 * 10_000.0 / sizes.held as f64 / MIB;
+    let per_10k = mib_per_10k();
     report.note(
         &format!(
             "resident memory growth per 10,000 leases claimed at once and held (measured with {}; the claim's transient allocations included, as the allocator keeps them)",
             sizes.held
         ),
-        format!("{:.1} MiB", per_10k / (1 << 20) as f64),
+        format!("{per_10k:.1} MiB"),
     );
     // What the held leases take, apart from what the burst of 10,000 waits at once left in
     // the allocator's free lists: the free memory given back to the system first.
@@ -92,18 +98,18 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     unsafe {
         libc::malloc_trim(0);
     }
-    let in_use = (resident_bytes().saturating_sub(before)) as f64 * 10_000.0 / sizes.held as f64;
+    let in_use = mib_per_10k();
     report.note(
         &format!(
             "memory in use per 10,000 held leases (measured with {}; after the claim, the allocator's free memory returned)",
             sizes.held
         ),
-        format!("{:.1} MiB", in_use / (1 << 20) as f64),
+        format!("{in_use:.1} MiB"),
     );
     report.target(
         "memory in use per 10,000 held leases: at most 15 MiB",
-        format!("{:.1} MiB", in_use / (1 << 20) as f64),
-        in_use <= 15.0 * (1 << 20) as f64,
+        format!("{in_use:.1} MiB"),
+        in_use <= 15.0,
     );
     let stats = holder.send(GetStats::new()).await?;
     tokio::time::sleep(Duration::from_millis(1600)).await;

@@ -37,6 +37,30 @@ pub(crate) fn config(
         .unwrap()
 }
 
+/// One raw acquire and release of `name`, which must be free: the floor's unit of work.
+pub(crate) async fn raw_pair(
+    table: &LeaseTable,
+    client: &CachingClient,
+    name: &str,
+    lease: Duration,
+) -> Res {
+    let owner = table.owner("raw")?;
+    let Attempt::Granted(g) = owner
+        .try_acquire(client, &AcquireRequest::new(name), lease)
+        .await?
+    else {
+        return Err(format!("the raw floor's lease {name} is not free").into());
+    };
+    let keep = false;
+    let release = ReleaseRequest {
+        name,
+        token: g.token,
+        keep,
+    };
+    owner.release(client, &release).await?;
+    Ok(())
+}
+
 /// Connections for the raw floor, opened and warmed (statements prepared) before any clock
 /// starts: a floor is the best the raw statements can do.
 pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<CachingClient>>> {
@@ -46,24 +70,7 @@ pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<C
         let (client, connection) = pgcoord::db::connect(cfg).await?;
         tokio::spawn(connection);
         let client = CachingClient::new(client, cfg.session_tls().clone());
-        let name = format!("warm-{c}");
-        if let Attempt::Granted(g) = table
-            .owner("raw")?
-            .try_acquire(&client, &AcquireRequest::new(&name), cfg.lease())
-            .await?
-        {
-            table
-                .owner("raw")?
-                .release(
-                    &client,
-                    &ReleaseRequest {
-                        name: &name,
-                        token: g.token,
-                        keep: false,
-                    },
-                )
-                .await?;
-        }
+        raw_pair(&table, &client, &format!("warm-{c}"), cfg.lease()).await?;
         opened.push(Arc::new(client));
     }
     Ok(opened)
@@ -87,28 +94,7 @@ pub(crate) async fn floor(
             for i in 0..per_client {
                 let t = Instant::now();
                 let name = format!("raw-{c}-{i}");
-                let Attempt::Granted(g) = table
-                    .owner("raw")
-                    .unwrap()
-                    .try_acquire(&*client, &AcquireRequest::new(&name), lease)
-                    .await
-                    .unwrap()
-                else {
-                    panic!("free")
-                };
-                table
-                    .owner("raw")
-                    .unwrap()
-                    .release(
-                        &*client,
-                        &ReleaseRequest {
-                            name: &name,
-                            token: g.token,
-                            keep: false,
-                        },
-                    )
-                    .await
-                    .unwrap();
+                raw_pair(&table, &client, &name, lease).await.unwrap();
                 samples.push(t.elapsed());
             }
             samples

@@ -248,8 +248,10 @@ async fn attempt<A: Attempts>(
     reply: &mut Option<Reply>,
 ) -> Attempted {
     // A batch, bounded by the statement timeout, is left at the caller's deadline or departure
-    // (the batcher also releases a grant whose wait has gone).
+    // (the batcher also releases a grant whose wait has gone). Biased: an attempt that is not
+    // batched answers None at once, so leaving here means a batch may have sent it.
     let batched = tokio::select! {
+        biased;
         batched = attempts.batched(ask) => batched,
         _ = caller_gone(reply) => {
             let outcome = Outcome::Cancelled;

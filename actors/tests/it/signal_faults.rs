@@ -13,6 +13,22 @@ use pgcoord_actors::*;
 use super::signals::{FAST, listener, listener_on, setup, subscribe};
 use super::{Collector, Slow};
 
+/// A started listener whose sessions carry an application name of their own, and that name.
+fn named_listener(setup: &super::Setup) -> (Addr<ListenerActor>, String) {
+    let app = unique_name("app");
+    let builder = setup.builder("signals").application_name(&app);
+    let listener = ListenerActor::new(builder.build().unwrap(), None).start_supervised();
+    (listener, app)
+}
+
+/// Terminates the listener session of the application `app`; how many were.
+async fn kill_listener(admin: &tokio_postgres::Client, app: &str) -> usize {
+    let name = format!("{app} listener");
+    pgcoord::embedded::terminate_backends(admin, &name)
+        .await
+        .unwrap()
+}
+
 async fn conn_states(listener: &Addr<ListenerActor>) -> Collector<ConnState> {
     let (collector, recipient) = Collector::start_new();
     listener.send(SubscribeConnState(recipient)).await.unwrap();
@@ -48,15 +64,7 @@ async fn a_terminated_listener_reconnects_relistens_and_delivers_again() {
         .unwrap();
     assert!(before.contains(&a) && before.contains(&b));
 
-    let killed: i64 = admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-            &[&format!("{app} listener")],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(killed, 1);
+    assert_eq!(kill_listener(&admin, &app).await, 1);
     let seen = states.wait_for(3, Duration::from_secs(10)).await;
     assert!(
         matches!(seen[1], ConnState::Disconnected { .. }),
@@ -213,13 +221,7 @@ fn slow_echo(channel: &str) -> Serve {
 #[actix_rt::test]
 async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     let (setup, admin) = setup().await;
-    let app = unique_name("app");
-    let config = setup
-        .builder("signals")
-        .application_name(&app)
-        .build()
-        .unwrap();
-    let listener = ListenerActor::new(config, None).start_supervised();
+    let (listener, app) = named_listener(&setup);
     let states = conn_states(&listener).await;
     let (echo, quiet) = (unique_name("echo"), unique_name("quiet"));
     listener.send(slow_echo(&echo)).await.unwrap().unwrap();
@@ -232,10 +234,7 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     let waiting = tokio::spawn(listener.send(WaitNext(quiet.clone())));
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let killed = pgcoord::embedded::terminate_backends(&admin, &format!("{app} listener"))
-        .await
-        .unwrap();
-    assert_eq!(killed, 1);
+    assert_eq!(kill_listener(&admin, &app).await, 1);
     // Subscribing while the connection is down is accepted and served by the next one.
     let (late, recipient) = Collector::<Signal>::start_new();
     let subscribed = listener.send(Subscribe {
@@ -409,13 +408,7 @@ async fn a_subscribe_that_fails_registers_nothing() {
 #[actix_rt::test]
 async fn a_late_conn_state_subscriber_learns_the_current_state_at_once() {
     let (setup, admin) = setup().await;
-    let app = unique_name("app");
-    let config = setup
-        .builder("signals")
-        .application_name(&app)
-        .build()
-        .unwrap();
-    let listener = ListenerActor::new(config, None).start_supervised();
+    let (listener, app) = named_listener(&setup);
     let early = conn_states(&listener).await;
     assert_eq!(
         early.wait_for(1, Duration::from_secs(5)).await,
@@ -426,13 +419,7 @@ async fn a_late_conn_state_subscriber_learns_the_current_state_at_once() {
         late.wait_for(1, Duration::from_secs(1)).await,
         [ConnState::Connected]
     );
-    admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-            &[&format!("{app} listener")],
-        )
-        .await
-        .unwrap();
+    kill_listener(&admin, &app).await;
     let seen = early.wait_for(3, Duration::from_secs(10)).await;
     assert_eq!(seen[2], ConnState::Reconnected, "{seen:?}");
     let later = conn_states(&listener).await;
