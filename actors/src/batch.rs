@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use pgcoord::Error;
 use tokio::sync::{Semaphore, mpsc};
 
-/// The most items in one statement.
+/// The most items in one statement (fewer for acquires: `pgcoord::lease::MAX_NAMES_PER_STATEMENT`).
 pub(crate) const MAX_BATCH: usize = 1000;
 
 /// How many items must be under way at once before they are batched, for leases: one, so every
@@ -77,10 +77,15 @@ impl Drop for UnderWay {
 
 impl<I: Send + 'static> Batcher<I> {
     /// Starts the batching task on the current tokio runtime; below `batch_from` items under
-    /// way, items go alone ([`LEASES_BATCH_FROM`], [`NOTIFY_BATCH_FROM`]).
-    pub(crate) fn start(runner: Arc<impl RunBatch<I>>, batch_from: usize) -> Batcher<I> {
+    /// way, items go alone ([`LEASES_BATCH_FROM`], [`NOTIFY_BATCH_FROM`]); at most `max` items
+    /// (at most [`MAX_BATCH`]) go in one batch.
+    pub(crate) fn start(
+        runner: Arc<impl RunBatch<I>>,
+        batch_from: usize,
+        max: usize,
+    ) -> Batcher<I> {
         let (queue, items) = mpsc::unbounded_channel();
-        tokio::spawn(collect(items, runner));
+        tokio::spawn(collect(items, runner, max.clamp(1, MAX_BATCH)));
         Batcher {
             queue,
             under_way: Arc::default(),
@@ -108,6 +113,7 @@ impl<I: Send + 'static> Batcher<I> {
 async fn collect<I: Send + 'static, R: RunBatch<I>>(
     mut items: mpsc::UnboundedReceiver<I>,
     runner: Arc<R>,
+    max: usize,
 ) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
@@ -121,7 +127,7 @@ async fn collect<I: Send + 'static, R: RunBatch<I>>(
         // now: one pass of the scheduler lets them queue before the batch is taken.
         tokio::task::yield_now().await;
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < max {
             match items.try_recv() {
                 Ok(item) => batch.push(item),
                 Err(_) => break,

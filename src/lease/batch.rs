@@ -8,7 +8,7 @@ use tokio_postgres::types::Type;
 use tracing::instrument;
 
 use super::{Grant, LeaseOwner, check_name, millis};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::statement::Statements;
 
 /// One acquire attempt, alone or in a batch: the name, the data to store, and whether it
@@ -51,12 +51,20 @@ impl<'a> AcquireRequest<'a> {
     }
 }
 
+/// The most names one batch statement may ask for. Each takes its turn, a transaction advisory
+/// lock held until the statement commits, in the server's shared lock table, which holds about
+/// `max_locks_per_transaction` (64 by default) locks per connection: 32 leave room for the
+/// statement's other locks, so batches cannot fill the table whatever runs at once.
+pub const MAX_NAMES_PER_STATEMENT: usize = 32;
+
 impl LeaseOwner<'_> {
-    /// One attempt at each of `requests` (distinct names), in one statement, with
-    /// the conditions of [`try_acquire`](Self::try_acquire). Returns the grants by name; a name
-    /// missing from the map was not granted — held by someone, another waiter first in line, or
-    /// its row locked by another transaction (not waited for) — and its caller asks again alone
-    /// to learn which.
+    /// One attempt at each of `requests` (distinct names, at most
+    /// [`MAX_NAMES_PER_STATEMENT`]), in one statement, with the conditions of
+    /// [`try_acquire`](Self::try_acquire). Returns the grants by name; a name missing from the
+    /// map was not granted — held by someone, another waiter first in line, its row locked by
+    /// another transaction or its turn taken by another grant statement (neither waited for) —
+    /// and its caller asks again alone to learn which. [`ErrorKind::InvalidConfig`] for more
+    /// names, before any SQL.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
     pub async fn try_acquire_many(
         &self,
@@ -64,6 +72,15 @@ impl LeaseOwner<'_> {
         requests: &[AcquireRequest<'_>],
         lease: Duration,
     ) -> Result<HashMap<String, Grant>> {
+        if requests.len() > MAX_NAMES_PER_STATEMENT {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a batch acquire asks for at most {MAX_NAMES_PER_STATEMENT} names, not {}",
+                    requests.len()
+                ),
+            ));
+        }
         let mut names = Vec::with_capacity(requests.len());
         let mut data = Vec::with_capacity(requests.len());
         let mut replace = Vec::with_capacity(requests.len());

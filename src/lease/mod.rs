@@ -15,8 +15,9 @@
 //! Invariants the statements keep:
 //! - a grant happens only where the row is free or expired on the server's clock, and only to
 //!   the waiter first in line when someone waits;
-//! - every grant draws a new fencing token from the table's `NO CYCLE` sequence; it stays the
-//!   same for the whole tenure;
+//! - every grant draws a new fencing token from the table's `NO CYCLE` sequence, during its turn
+//!   at the name (grants of one name never overlap in time), so a later tenure's token is
+//!   greater; it stays the same for the whole tenure;
 //! - renew, release and the fence touch a row only where name, token **and** owner match;
 //!   renew never inserts, never steals, and never revives an expired lease;
 //! - a takeover never keeps the previous holder's data; only a kept row's data is kept.
@@ -36,7 +37,7 @@ mod semaphore;
 mod sql;
 mod statements;
 
-pub use batch::AcquireRequest;
+pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
 pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
@@ -58,7 +59,8 @@ pub enum Attempt {
     /// Someone else holds it; `None` when it is free but another waiter is first in line.
     Held(Option<Holder>),
     /// Another transaction has the lock's row locked — a holder's fencing guard, a concurrent
-    /// attempt, a DBA's open transaction — so the attempt did not wait for it. Try again later.
+    /// attempt, a DBA's open transaction — or another grant statement of the name is running,
+    /// so the attempt did not wait for it. Try again later.
     Busy,
 }
 

@@ -39,12 +39,15 @@ impl LeaseOwner<'_> {
         let Some(rows) = self.attempt(client, request, lease, None).await? else {
             return Ok(Attempt::Busy);
         };
-        Ok(match rows.first() {
-            Some(row) => Attempt::Granted(Grant {
-                token: row.try_get(0)?,
+        let Some(row) = rows.first() else {
+            return Ok(Attempt::Held(None));
+        };
+        Ok(match row.try_get::<_, Option<i64>>(0)? {
+            Some(token) => Attempt::Granted(Grant {
+                token,
                 data: row.try_get(1)?,
             }),
-            None => Attempt::Held(None),
+            None => Attempt::Busy,
         })
     }
 
@@ -66,6 +69,9 @@ impl LeaseOwner<'_> {
             return Ok(Attempt::Busy);
         };
         let row = rows.first();
+        if row.map(|r| r.try_get::<_, bool>(5)).transpose()? == Some(true) {
+            return Ok(Attempt::Busy);
+        }
         let granted = row.map(|r| r.try_get::<_, Option<i64>>(3)).transpose()?;
         if let Some(token) = granted.flatten() {
             let data = row.map(|r| r.try_get(4)).transpose()?.flatten();
@@ -75,7 +81,8 @@ impl LeaseOwner<'_> {
     }
 
     /// Runs one attempt's statement: `acquire`, or with `wait_for` (ms) `acquire_or_queue`.
-    /// `None` when the lock's row is locked by another transaction (not waited for).
+    /// `None` when the lock's row is locked by another transaction (not waited for); the rows
+    /// say when another grant statement of the name had its turn.
     async fn attempt(
         &self,
         client: &(impl Statements + ?Sized),

@@ -2,6 +2,7 @@
 //! `DATABASE_URL` when it is set.
 
 mod actix_web;
+mod batch;
 mod batch_plans;
 mod config;
 mod embedded;
@@ -13,6 +14,7 @@ mod release;
 mod schema;
 mod standby;
 mod tls;
+mod tokens;
 
 use std::time::Duration;
 

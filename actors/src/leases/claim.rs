@@ -6,7 +6,7 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use pgcoord::lease::{AcquireRequest, Grant};
+use pgcoord::lease::{AcquireRequest, Grant, MAX_NAMES_PER_STATEMENT};
 use pgcoord::{Error, ErrorKind, Result};
 
 use super::context::WaitContext;
@@ -14,7 +14,6 @@ use super::counters::Counters;
 use super::messages::Claim;
 use super::settle::Unrecorded;
 use super::{Lease, LockManager};
-use crate::batch::MAX_BATCH;
 
 impl Handler<Claim> for LockManager {
     type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
@@ -68,14 +67,15 @@ impl Handler<Claim> for LockManager {
     }
 }
 
-/// Takes each of `names` that is free, a thousand per statement.
+/// Takes each of `names` that is free, [`MAX_NAMES_PER_STATEMENT`] per statement; what one
+/// statement granted is held by `Unrecorded` before the next is sent.
 async fn claim(
     context: Arc<WaitContext>,
     names: Vec<String>,
 ) -> Result<Vec<(Unrecorded, Grant, Instant)>> {
     let mut granted = Vec::new();
     let owner = context.statements();
-    for chunk in names.chunks(MAX_BATCH) {
+    for chunk in names.chunks(MAX_NAMES_PER_STATEMENT) {
         let requests: Vec<AcquireRequest<'_>> =
             chunk.iter().map(|name| AcquireRequest::new(name)).collect();
         let statements = context.pool.statements(None);

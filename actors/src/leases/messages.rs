@@ -134,7 +134,8 @@ impl Message for AcquirePermit {
 }
 
 /// Take each of `names` that is free now (not held, no other waiter first in line, its row
-/// not locked, no wait for it under way here), in one statement per thousand names; the others
+/// not locked, no wait for it under way here), in one statement per
+/// [`MAX_NAMES_PER_STATEMENT`](pgcoord::lease::MAX_NAMES_PER_STATEMENT) names; the others
 /// are left alone, not waited for. Answers the leases granted. A caller that goes away has them
 /// released.
 #[derive(Debug, Clone, Message)]

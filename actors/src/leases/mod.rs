@@ -218,6 +218,7 @@ impl Actor for LockManager {
                 releaser: releaser.clone(),
             }),
             crate::batch::LEASES_BATCH_FROM,
+            pgcoord::lease::MAX_NAMES_PER_STATEMENT,
         );
         self.context = Some(Arc::new(WaitContext {
             pool: self.pool.clone(),

@@ -47,7 +47,11 @@ impl Notifier {
             statements_sent,
         });
         Notifier {
-            batcher: Batcher::start(runner.clone(), crate::batch::NOTIFY_BATCH_FROM),
+            batcher: Batcher::start(
+                runner.clone(),
+                crate::batch::NOTIFY_BATCH_FROM,
+                crate::batch::MAX_BATCH,
+            ),
             runner,
         }
     }

@@ -54,7 +54,11 @@ impl Releaser {
             counters,
         });
         Releaser {
-            batcher: Batcher::start(runner.clone(), crate::batch::LEASES_BATCH_FROM),
+            batcher: Batcher::start(
+                runner.clone(),
+                crate::batch::LEASES_BATCH_FROM,
+                crate::batch::MAX_BATCH,
+            ),
             runner,
         }
     }
