@@ -33,7 +33,7 @@ pub(crate) async fn run(cfg: &Config, report: &mut Report) -> Res {
         Ok(())
     })
     .await?;
-    for k in [1, 2, 4, 8, 64] {
+    for k in [1, 2, 4, 8, pgcoord::lease::MAX_NAMES_PER_STATEMENT] {
         let batched = server_cpu_per_pair(pid, batches(&table, &client, k, lease)).await?;
         report.time(
             &format!(
