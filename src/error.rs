@@ -59,6 +59,10 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// A remote handler returned an error in a round trip.
     Remote,
+    /// A durable topic's retention deleted events after the cursor a read resumed from: they
+    /// are gone, and the message names the oldest cursor to resume from
+    /// ([`TopicTable::trimmed`](crate::topic::TopicTable::trimmed)). Never a silent jump.
+    Compacted,
     /// Anything else; the source says what.
     Other,
 }

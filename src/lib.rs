@@ -45,6 +45,8 @@
 //! - [`election`] — leaders as lease holders: the proclamation stored and announced at once.
 //! - [`signal`] — the notification envelope, its text encoding and measurement, NOTIFY.
 //! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
+//! - [`topic`] — durable topics: append inside the caller's transaction, read in order without
+//!   gaps, consumers' cursors acked with their effects, retention.
 //! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
 #![deny(missing_docs)]
 
@@ -63,6 +65,7 @@ pub mod schema;
 pub mod signal;
 pub mod statement;
 pub mod tls;
+pub mod topic;
 
 /// The versions of bb8, bb8-postgres and tokio-postgres pgcoord is built with, for building a
 /// pool to share with it ([`Pool::from_bb8`]) without a version mismatch.
@@ -77,3 +80,4 @@ pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};
 pub use lease::{LeaseInfo, LeaseTable};
 pub use tls::{SslMode, Tls};
+pub use topic::TopicTable;

@@ -33,6 +33,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0005_lock_queue_nonce.sql",
         include_str!("../migrations/0005_lock_queue_nonce.sql"),
     ),
+    (
+        "0006_topics.sql",
+        include_str!("../migrations/0006_topics.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -43,10 +47,15 @@ const MIGRATION_LOCK_KEY: i64 = 0x7067_636f_6f72_6401;
 /// NOT EXISTS` for each configured schema.
 pub fn sql(config: &Config) -> String {
     let mut out = String::new();
-    let mut schemas: Vec<_> = [config.lock_table.schema(), config.payload_table.schema()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let mut schemas: Vec<_> = [
+        config.lock_table.schema(),
+        config.payload_table.schema(),
+        config.topic_table.schema(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    schemas.sort_by_key(|s| s.quoted());
     schemas.dedup();
     for schema in schemas {
         out.push_str(&format!(
@@ -127,6 +136,9 @@ fn render(text: &str, config: &Config) -> String {
         ("pgcoord_locks_rvn", config.lock_sequence.quoted()),
         ("pgcoord_locks_wq", config.lock_queue.quoted()),
         ("pgcoord_payloads", config.payload_table.quoted()),
+        ("pgcoord_topics", config.topic_table.quoted()),
+        ("pgcoord_topics_cursors", config.topic_cursors().quoted()),
+        ("pgcoord_topics_trimmed", config.topic_trimmed().quoted()),
     ];
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -191,10 +203,13 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
     let script = format!(
-        "DROP TABLE IF EXISTS {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
+        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
         config.lock_table.quoted(),
         config.lock_queue.quoted(),
         config.payload_table.quoted(),
+        config.topic_table.quoted(),
+        config.topic_cursors().quoted(),
+        config.topic_trimmed().quoted(),
         config.lock_sequence.quoted()
     );
     client.batch_execute(&script).await?;

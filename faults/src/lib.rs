@@ -6,6 +6,8 @@
 //!   writes a guarded resource row through `Lease::fence` and records its interval, token and
 //!   write number; [`history::History::check`] reports overlapping accepted intervals, tokens
 //!   that go back in commit order, and acknowledged writes that are missing.
+//! - [`topic_history`] — the durable-topic workload's record (appends and how they ended,
+//!   deliveries in order) and its checker: out of order, lost, phantom, late.
 //! - [`process`] — [`process::HolderProcess`]: a real holder process (the `holder` binary in
 //!   `src/bin/holder.rs`) that a test can pause (SIGSTOP), resume and kill, and whose reports
 //!   (held, acknowledged writes, rejections, losses) it reads line by line.
@@ -18,3 +20,4 @@
 
 pub mod history;
 pub mod process;
+pub mod topic_history;

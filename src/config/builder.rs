@@ -19,6 +19,7 @@ pub struct ConfigBuilder {
     lease_channel: Option<String>,
     election_channel: Option<String>,
     payload_table: String,
+    topic_table: String,
     lease: Duration,
     heartbeat: Duration,
     ping_interval: Duration,
@@ -51,6 +52,7 @@ impl Default for ConfigBuilder {
             lease_channel: None,
             election_channel: None,
             payload_table: "pgcoord_payloads".into(),
+            topic_table: "pgcoord_topics".into(),
             lease: Duration::from_secs(20),
             heartbeat: Duration::from_secs(5),
             ping_interval: Duration::from_secs(15),
@@ -181,6 +183,14 @@ impl ConfigBuilder {
     /// The payload-store table, `name` or `schema.name`. Default: `pgcoord_payloads`.
     pub fn payload_table(mut self, table: impl Into<String>) -> Self {
         self.payload_table = table.into();
+        self
+    }
+
+    /// The durable topics' table, `name` or `schema.name` (see [`crate::topic`]); its cursors
+    /// and retention marks are in the tables named with `_cursors` and `_trimmed` appended.
+    /// Default: `pgcoord_topics`.
+    pub fn topic_table(mut self, table: impl Into<String>) -> Self {
+        self.topic_table = table.into();
         self
     }
 
@@ -355,6 +365,8 @@ impl ConfigBuilder {
         };
         let payload_table =
             QualifiedName::parse(&self.payload_table, 0)?.in_schema(schema.as_ref());
+        let topic_table = QualifiedName::parse(&self.topic_table, super::TOPIC_SUFFIX_BYTES)?
+            .in_schema(schema.as_ref());
 
         if self.lease < Duration::from_millis(1) {
             return Err(Error::new(
@@ -414,6 +426,7 @@ impl ConfigBuilder {
             session_tls,
             prepared_statements: self.prepared_statements,
             payload_table,
+            topic_table,
             lease: self.lease,
             heartbeat: self.heartbeat,
             ping_interval: self.ping_interval,

@@ -23,6 +23,10 @@ pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
 /// [`SEQUENCE_SUFFIX`], for which the lock table's name leaves room).
 pub(crate) const QUEUE_SUFFIX: &str = "_wq";
 
+/// Room the topic table's name leaves for the suffixes of its companions (`_cursors`,
+/// `_trimmed`).
+pub(crate) const TOPIC_SUFFIX_BYTES: usize = 8;
+
 /// A validated configuration. Build one with [`Config::builder`]; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -42,6 +46,7 @@ pub struct Config {
     pub(crate) session_tls: Tls,
     pub(crate) prepared_statements: bool,
     pub(crate) payload_table: QualifiedName,
+    pub(crate) topic_table: QualifiedName,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
     pub(crate) ping_interval: Duration,
@@ -119,6 +124,22 @@ impl Config {
     /// The payload-store table.
     pub fn payload_table(&self) -> &QualifiedName {
         &self.payload_table
+    }
+    /// The durable topics' table.
+    pub fn topic_table(&self) -> &QualifiedName {
+        &self.topic_table
+    }
+    /// The topics' consumer cursors: the topic table's name with `_cursors` appended.
+    pub fn topic_cursors(&self) -> QualifiedName {
+        self.topic_table
+            .suffixed("_cursors")
+            .expect("room left by the builder")
+    }
+    /// The topics' retention marks: the topic table's name with `_trimmed` appended.
+    pub fn topic_trimmed(&self) -> QualifiedName {
+        self.topic_table
+            .suffixed("_trimmed")
+            .expect("room left by the builder")
     }
     /// How long a lease lasts on the server's clock after each grant or renewal.
     pub fn lease(&self) -> Duration {

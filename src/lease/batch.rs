@@ -51,7 +51,7 @@ impl<'a> AcquireRequest<'a> {
     }
 }
 
-/// The most names one batch statement may ask for. Each takes its turn, a transaction advisory
+/// The most names one batch statement may ask for. Each takes its grant lock, a transaction advisory
 /// lock held until the statement commits, in the server's shared lock table, which holds about
 /// `max_locks_per_transaction` (64 by default) locks per connection: 32 leave room for the
 /// statement's other locks, so batches cannot fill the table whatever runs at once.
@@ -62,7 +62,7 @@ impl LeaseOwner<'_> {
     /// [`MAX_NAMES_PER_STATEMENT`]), in one statement, with the conditions of
     /// [`try_acquire`](Self::try_acquire). Returns the grants by name; a name missing from the
     /// map was not granted — held by someone, another waiter first in line, its row locked by
-    /// another transaction or its turn taken by another grant statement (neither waited for) —
+    /// another transaction or its grant lock held by another grant statement (neither waited for) —
     /// and its caller asks again alone to learn which. [`ErrorKind::InvalidConfig`] for more
     /// names, before any SQL.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]

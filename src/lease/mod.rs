@@ -15,8 +15,8 @@
 //! Invariants the statements keep:
 //! - a grant happens only where the row is free or expired on the server's clock, and only to
 //!   the waiter first in line when someone waits;
-//! - every grant draws a new fencing token from the table's `NO CYCLE` sequence, during its turn
-//!   at the name (grants of one name never overlap in time), so a later tenure's token is
+//! - every grant draws a new fencing token from the table's `NO CYCLE` sequence, while it holds
+//!   the name's grant lock (grants of one name never overlap in time), so a later tenure's token is
 //!   greater; it stays the same for the whole tenure;
 //! - renew, release and the fence touch a row only where name, token **and** owner match;
 //!   renew never inserts, never steals, and never revives an expired lease;
@@ -186,7 +186,7 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn millis(d: Duration) -> Result<i64> {
+pub(crate) fn millis(d: Duration) -> Result<i64> {
     let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     if ms < 1 {
         return Err(Error::new(

@@ -82,7 +82,7 @@ impl LeaseOwner<'_> {
 
     /// Runs one attempt's statement: `acquire`, or with `wait_for` (ms) `acquire_or_queue`.
     /// `None` when the lock's row is locked by another transaction (not waited for); the rows
-    /// say when another grant statement of the name had its turn.
+    /// say when another grant statement of the name held its grant lock.
     async fn attempt(
         &self,
         client: &(impl Statements + ?Sized),

@@ -1,5 +1,5 @@
 //! SQL fragments the lease statements are made of (see `statements`): the token's timeline
-//! base, a grant's turn, the data a grant keeps, the waiters' line, announcements, and the batch statements'
+//! base, the grant lock, the data a grant keeps, the waiters' line, announcements, and the batch statements'
 //! arrays.
 
 /// What a grant's token adds to the sequence's value: the server's WAL timeline, less one, times
@@ -10,7 +10,7 @@
 pub(super) const TIMELINE_BASE: &str =
     "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1) << 40)";
 
-/// The grant's turn at lease `name` (an SQL expression), for the table of sequence `sequence`
+/// The grant lock of lease `name` (an SQL expression), for the table of sequence `sequence`
 /// (a parameter naming it): a transaction advisory lock on the name's 64-bit hash, seeded with
 /// the sequence's oid, taken without waiting. A grant statement takes it before it draws its
 /// token and holds it until it commits, so two grants of one name never overlap in time and
@@ -18,11 +18,11 @@ pub(super) const TIMELINE_BASE: &str =
 ///
 /// Why the row lock is not enough: PostgreSQL evaluates an `INSERT`'s values, the token among
 /// them, before it looks for a conflicting row, and keeps them through the waits and retries of
-/// `ON CONFLICT`. Without the turn, a statement stalled there (a lock wait, the scheduler) could
+/// `ON CONFLICT`. Without the grant lock, a statement stalled there (a lock wait, the scheduler) could
 /// insert its token after a later grant's tenure had come and gone: a token lower than the
 /// previous tenure's (seen in the contention scenario; tested by the `tokens` tests). Two names
-/// whose hashes collide only take turns.
-pub(super) fn turn(name: &str, sequence: &str) -> String {
+/// whose hashes collide only share a grant lock.
+pub(super) fn grant_lock(name: &str, sequence: &str) -> String {
     format!("pg_try_advisory_xact_lock(hashtextextended({name}, {sequence}::regclass::oid::int8))")
 }
 

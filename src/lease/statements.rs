@@ -17,8 +17,8 @@ impl LeaseTable {
         // one attempt (`locked`, `granted`, `served`), shared by `acquire` and
         // `acquire_or_queue`.
         //
-        // `turn` comes before the token is drawn: the rows of `turn` and `row_lock` are read
-        // before the INSERT's values are computed (see `sql::turn`).
+        // The grant lock comes before the token is drawn: the rows of `grant_lock` and
+        // `row_lock` are read before the INSERT's values are computed (see `sql::grant_lock`).
         //
         // `ON CONFLICT DO UPDATE` locks the existing row before it evaluates its `WHERE`, so on
         // its own it would wait for any transaction holding that row: a holder's fencing guard
@@ -29,13 +29,13 @@ impl LeaseTable {
         // of the same name is one short statement to wait for.
         let grant_one = format!(
             "locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
-             turn AS MATERIALIZED (SELECT {turn} AS ours),
+             grant_lock AS MATERIALIZED (SELECT {grant_lock} AS taken),
              granted AS (
                  INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                  SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
                         now() + $4 * interval '1 millisecond'
-                 FROM (SELECT count(*) FROM locked) AS row_lock, turn
-                 WHERE turn.ours AND {may_go}
+                 FROM (SELECT count(*) FROM locked) AS row_lock, grant_lock
+                 WHERE grant_lock.taken AND {may_go}
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = {data},
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
@@ -45,7 +45,7 @@ impl LeaseTable {
              ), served AS (
                  DELETE FROM {q} AS w USING granted WHERE w.name = granted.name AND w.waiter = $2
              )",
-            turn = turn("$1", "$6"),
+            grant_lock = grant_lock("$1", "$6"),
             may_go = may_go(&q, "$1", "$2"),
             data = data_on_grant("$5"),
         );
@@ -72,32 +72,32 @@ impl LeaseTable {
         };
         LeaseTable {
             // The grant (token, data), or a row of NULLs when another grant statement of the
-            // name had its turn (`Attempt::Busy`), or no row.
+            // name held its grant lock (`Attempt::Busy`), or no row.
             acquire: format!(
                 "WITH {grant_one}
                  SELECT token, data FROM granted
                  UNION ALL
-                 SELECT NULL::bigint, NULL::bytea FROM turn WHERE NOT turn.ours"
+                 SELECT NULL::bigint, NULL::bytea FROM grant_lock WHERE NOT grant_lock.taken"
             ),
             // + $7 wait ms. `acquire`, and when it grants nothing, a place in line for $7 in the
             // same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
-            // the grant (token, data), and whether another grant statement had its turn; a
+            // the grant (token, data), and whether another grant statement held the grant lock; a
             // grant has no holder columns, a refusal no grant.
             acquire_or_queue: format!(
                 "WITH {grant_one}, {line_up}
                  SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data, false FROM granted
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea, false
-                 FROM {t} AS l, turn
-                 WHERE l.name = $1 AND turn.ours AND NOT EXISTS (SELECT 1 FROM granted)
+                 FROM {t} AS l, grant_lock
+                 WHERE l.name = $1 AND grant_lock.taken AND NOT EXISTS (SELECT 1 FROM granted)
                  UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, NULL, true FROM turn WHERE NOT turn.ours",
+                 SELECT NULL, NULL, NULL, NULL, NULL, true FROM grant_lock WHERE NOT grant_lock.taken",
                 line_up = line_up(&q, "$7", "NOT EXISTS (SELECT 1 FROM granted)"),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire`, with its conditions, except that a row another
             // transaction holds is skipped (`SKIP LOCKED`, found by difference in `busy`): its
-            // caller asks again alone; so is a name whose turn another grant statement has.
+            // caller asks again alone; so is a name whose grant lock another grant statement holds.
             // New names are inserted in name order, so two batches inserting the same new
             // names cannot deadlock.
             acquire_many: format!(
@@ -107,13 +107,13 @@ impl LeaseTable {
                  ), busy AS (
                      SELECT l.name FROM args, {t} AS l WHERE {BY_NAME}
                      EXCEPT SELECT name FROM locked
-                 ), turns AS MATERIALIZED (
-                     SELECT r.name FROM req AS r WHERE {turn}
+                 ), grant_locks AS MATERIALIZED (
+                     SELECT r.name FROM req AS r WHERE {grant_lock}
                  ), granted AS (
                      INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                      SELECT r.name, $4, {TIMELINE_BASE} + nextval($6::regclass), r.data, now(),
                             now() + $5 * interval '1 millisecond'
-                     FROM req AS r JOIN turns ON turns.name = r.name
+                     FROM req AS r JOIN grant_locks ON grant_locks.name = r.name
                      WHERE r.name NOT IN (SELECT name FROM busy) AND {may_go}
                      ORDER BY r.name
                      ON CONFLICT (name) DO UPDATE SET
@@ -131,7 +131,7 @@ impl LeaseTable {
                     ("data", "bytea", "data"),
                     ("replace_data", "bool", "replace_data"),
                 ]),
-                turn = turn("r.name", "$6"),
+                grant_lock = grant_lock("r.name", "$6"),
                 may_go = may_go(&q, "r.name", "$4"),
                 data = data_on_grant(
                     "(SELECT x.replace_data FROM req AS x WHERE x.name = EXCLUDED.name)"
@@ -141,7 +141,7 @@ impl LeaseTable {
             // semaphore: an existing free row is locked with `SKIP LOCKED LIMIT 1` (concurrent
             // callers take different rows, nobody waits), else a slot without a row is inserted;
             // slots are tried in random order to spread concurrent callers. No row back means
-            // none was free for us now (or another grant statement had the slot's turn).
+            // none was free for us now (or another grant statement held the slot's grant lock).
             acquire_any: format!(
                 "WITH free AS (
                      SELECT l.name FROM {t} AS l
@@ -159,14 +159,14 @@ impl LeaseTable {
                  INSERT INTO {t} AS l (name, owner, token, acquired_at, expires_at)
                  SELECT pick.name, $2, {TIMELINE_BASE} + nextval($4::regclass), now(),
                         now() + $3 * interval '1 millisecond'
-                 FROM pick WHERE pick.name IS NOT NULL AND {turn}
+                 FROM pick WHERE pick.name IS NOT NULL AND {grant_lock}
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = NULL,
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
                      kept = false
                  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
                  RETURNING l.name, l.token",
-                turn = turn("pick.name", "$4"),
+                grant_lock = grant_lock("pick.name", "$4"),
             ),
             // $1 slot names. How many slots are held now (unexpired).
             count_held: format!(

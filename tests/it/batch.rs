@@ -131,7 +131,7 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
         table.get(&client, "ok").await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    // So is a batch of more names than one statement may take turns at.
+    // So is a batch of more names than one statement may take grant locks for.
     let names: Vec<String> = (0..=MAX_NAMES_PER_STATEMENT)
         .map(|i| format!("m{i}"))
         .collect();

@@ -15,6 +15,7 @@ mod schema;
 mod standby;
 mod tls;
 mod tokens;
+mod topic;
 
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ pub fn builder() -> ConfigBuilder {
         .pg_config(&pg)
         .lock_table(&table)
         .payload_table(unique_name("payloads"))
+        .topic_table(unique_name("topics"))
 }
 
 /// A dedicated client for `config`, driven on its own task.

@@ -45,6 +45,7 @@ fn default_rendering_is_exactly_the_files() {
         "0003_lock_queue.sql",
         "0004_lock_queue_handover.sql",
         "0005_lock_queue_nonce.sql",
+        "0006_topics.sql",
     ]
     .iter()
     .map(|f| {
@@ -81,7 +82,14 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
             "pgcoord_locks_wq",
             "pgcoord_locks_wq_pkey",
             "pgcoord_payloads",
-            "pgcoord_payloads_pkey"
+            "pgcoord_payloads_pkey",
+            "pgcoord_topics",
+            "pgcoord_topics_cursors",
+            "pgcoord_topics_cursors_pkey",
+            "pgcoord_topics_pkey",
+            "pgcoord_topics_position_seq",
+            "pgcoord_topics_trimmed",
+            "pgcoord_topics_trimmed_pkey"
         ]
     );
 }
@@ -112,6 +120,7 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
         .schema(&schema_name)
         .lock_table("Leases")
         .payload_table("blobs")
+        .topic_table("events")
         .build()
         .unwrap();
     let client = super::connect(&config).await;
@@ -131,7 +140,14 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             "Leases_wq",
             "Leases_wq_pkey",
             "blobs",
-            "blobs_pkey"
+            "blobs_pkey",
+            "events",
+            "events_cursors",
+            "events_cursors_pkey",
+            "events_pkey",
+            "events_position_seq",
+            "events_trimmed",
+            "events_trimmed_pkey"
         ]
     );
 
@@ -151,10 +167,10 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             .kind(),
         ErrorKind::AlreadyExists
     );
-    assert_eq!(objects(&client, &schema_name).await.len(), 6);
+    assert_eq!(objects(&client, &schema_name).await.len(), 13);
     // ...while try_create_tables fills in what is missing.
     schema::try_create_tables(&client, &config).await.unwrap();
-    assert_eq!(objects(&client, &schema_name).await.len(), 8);
+    assert_eq!(objects(&client, &schema_name).await.len(), 15);
 
     schema::drop_tables(&client, &config).await.unwrap();
     assert!(objects(&client, &schema_name).await.is_empty());

@@ -13,8 +13,33 @@
 //! fencing tokens, fair waiting, loss reported once, delivery to every subscriber, request and
 //! reply with errors and timeouts — and lets a test force what PostgreSQL would do to it: a lost
 //! lease ([`memory::MemoryCoordinator::force_loss`]) and a listener reconnect
-//! ([`memory::MemoryCoordinator::reconnect`]). The suite in `actors/tests/backends.rs` runs the
-//! same tests against both.
+//! ([`memory::MemoryCoordinator::reconnect`]). The suite in `actors/tests/it/backends.rs` runs
+//! the same tests against both.
+//!
+//! A job written against [`Locking`], and its unit test on the in-memory backend:
+//!
+//! ```rust
+//! use std::sync::Arc;
+//! use pgcoord_actors::backend::{Locking, memory::MemoryBackend};
+//! use pgcoord_actors::{Acquire, LossReason};
+//!
+//! async fn nightly(locks: Arc<dyn Locking>) -> pgcoord::Result<&'static str> {
+//!     let lease = locks.acquire(Acquire::new("nightly").fail_if_locked()).await?;
+//!     tokio::select! {
+//!         _ = tokio::time::sleep(std::time::Duration::from_secs(3600)) => Ok("done"),
+//!         Some(LossReason::TakenOver) = lease.lost() => Ok("stopped"),
+//!     }
+//! }
+//! # actix_rt::System::new().block_on(async {
+//! let backend = MemoryBackend::new();
+//! let (ours, theirs) = (backend.coordinator("ours"), backend.coordinator("theirs"));
+//! let job = actix_rt::spawn(nightly(Arc::new(ours.clone())));
+//! tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+//! assert!(nightly(Arc::new(theirs)).await.unwrap_err().is_not_acquired());
+//! assert!(ours.force_loss("nightly")); // as if the lease expired and was taken over
+//! assert_eq!(job.await.unwrap()?, "stopped");
+//! # Ok::<_, pgcoord::Error>(()) }).unwrap();
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;

@@ -77,6 +77,7 @@ impl Setup {
             .pg_config(&self.pg)
             .lock_table(&self.table)
             .payload_table(format!("{}_p", self.table))
+            .topic_table(format!("{}_t", self.table))
             .owner(owner)
             .lease(self.lease)
             .heartbeat(self.heartbeat)

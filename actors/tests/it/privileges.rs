@@ -17,13 +17,18 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         format!("\"{}_p\"", setup.table),
         format!("\"{}_rvn\"", setup.table),
     );
+    let topics = format!(
+        "\"{0}_t\", \"{0}_t_cursors\", \"{0}_t_trimmed\"",
+        setup.table
+    );
     // The README's grants, word for word (besides the names).
     admin
         .batch_execute(&format!(
             "CREATE ROLE {role} LOGIN;
              GRANT CONNECT ON DATABASE postgres TO {role};
              GRANT USAGE ON SCHEMA public TO {role};
-             GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {queue}, {payloads} TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {queue}, {payloads},
+                 {topics} TO {role};
              GRANT USAGE ON SEQUENCE {sequence} TO {role};"
         ))
         .await
@@ -92,6 +97,28 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     term.resign().await.unwrap();
     let permit = one.locks.call(AcquirePermit::new("sem", 2)).await.unwrap();
     permit.release().await.unwrap();
+
+    // A durable topic: append in the role's transaction, read, a consumer acked, trimmed, and
+    // the server's oldest transaction looked up.
+    let topics = pgcoord::TopicTable::new(&config("topics"));
+    let tx = own.transaction().await.unwrap();
+    topics.append(&tx, "orders", b"o").await.unwrap();
+    tx.commit().await.unwrap();
+    let start = pgcoord::topic::Start::Oldest;
+    let from = topics
+        .open_consumer(&own, "orders", "c", start)
+        .await
+        .unwrap();
+    let read = topics.read(&own, "orders", from, 10).await.unwrap();
+    if let Some(event) = read.events.last() {
+        topics.ack(&own, "orders", "c", event.cursor).await.unwrap();
+    }
+    let all = pgcoord::topic::Retention {
+        max_events: Some(0),
+        ..Default::default()
+    };
+    topics.trim(&own, "orders", all, 10).await.unwrap();
+    topics.held_back(&own).await.unwrap();
 
     // One grant fewer (the sequence's): a typed error that names what is missing.
     admin

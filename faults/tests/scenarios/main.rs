@@ -7,6 +7,7 @@ mod contention;
 mod failover;
 mod pauses;
 mod restarts;
+mod topics;
 mod torture;
 
 use std::sync::Arc;

@@ -1,0 +1,212 @@
+//! The log: appending inside the caller's transaction, reading in order without gaps, and what
+//! holds readers back.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_postgres::types::Type;
+use tracing::instrument;
+
+use super::{Cursor, Event, TopicTable, XID, check, xid_param};
+use crate::error::{Error, ErrorKind, Result};
+use crate::statement::{Param, Statements};
+
+/// What one [`TopicTable::read`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The events after the cursor, in order; at most the limit.
+    pub events: Vec<Event>,
+    /// The horizon the read saw: the oldest transaction still running. Events of transactions
+    /// from it on may still commit, and are left for a later read.
+    pub horizon: i64,
+}
+
+/// The oldest transaction still running with a transaction id: until it ends, no reader reads
+/// past the events appended since it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBack {
+    /// Its backend's process id (`pg_terminate_backend` ends it).
+    pub pid: i32,
+    /// The database it runs in (the horizon is the whole cluster's).
+    pub database: Option<String>,
+    /// How long the transaction has been running.
+    pub age: Duration,
+}
+
+/// $1 topic, $2 body, $3 channel. The event, and a doorbell rung at commit.
+pub(super) fn append_sql(t: &str) -> String {
+    format!(
+        "WITH appended AS (
+             INSERT INTO {t} (topic, body) VALUES ($1, $2) RETURNING xid, position
+         )
+         SELECT xid{XID}, position, pg_notify($3, $1)::text FROM appended"
+    )
+}
+
+/// $1 topic, $2 and $3 the cursor, $4 limit. Rows: 'e' events; 'h' the horizon; 'c' the
+/// retention mark when it is past the cursor (then no events: the cursor missed some).
+///
+/// Gap-free: an event is read only when its transaction is older than the read's snapshot's
+/// xmin, the oldest transaction still running. Every such transaction has ended, so the events
+/// below the horizon are all there, and none can be added below it later: a reader that moves
+/// its cursor through them skips nothing. Trimming and the mark are one transaction, so a read
+/// sees both or neither.
+pub(super) fn read_sql(t: &str, m: &str) -> String {
+    let (x, p) = (xid_param(2), "$3");
+    format!(
+        "WITH horizon AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+         mark AS (
+             SELECT xid, position FROM {m} WHERE topic = $1 AND (xid, position) > ({x}, {p})
+         )
+         (SELECT 'e'::text, e.xid{XID}, e.position, e.appended_at, e.body
+          FROM {t} AS e
+          WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
+            AND e.xid < (SELECT xmin FROM horizon) AND NOT EXISTS (SELECT 1 FROM mark)
+          ORDER BY e.xid, e.position
+          LIMIT $4)
+         UNION ALL
+         SELECT 'h', xmin{XID}, NULL, NULL, NULL FROM horizon
+         UNION ALL
+         SELECT 'c', xid{XID}, position, NULL, NULL FROM mark"
+    )
+}
+
+/// The oldest running transaction that has a transaction id, cluster-wide.
+pub(super) const HELD_BACK: &str = "SELECT pid, datname::text,
+        greatest(0, extract(epoch FROM clock_timestamp() - xact_start) * 1000)::int8
+    FROM pg_stat_activity
+    WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+    ORDER BY age(backend_xid) DESC LIMIT 1";
+
+/// The largest body [`TopicTable::append`] takes: what a `bytea` holds, less room for the row.
+pub const MAX_BODY_BYTES: usize = 1 << 29;
+
+impl TopicTable {
+    /// Appends `body` to `topic`, in the caller's transaction when `client` is one: the event
+    /// exists if and only if that transaction commits. Its cursor (the transaction's id and the
+    /// event's position) is returned. The commit rings the topic's doorbell (a NOTIFY on
+    /// [`channel`](Self::channel)); readers read the table, never the notification. A
+    /// transaction that notifies takes a database-wide lock at commit, so committing appenders
+    /// queue there one by one.
+    #[instrument(skip_all, fields(topic, bytes = body.len()), level = "debug")]
+    pub async fn append(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: &str,
+        body: &[u8],
+    ) -> Result<Cursor> {
+        check("topic", topic)?;
+        if body.len() > MAX_BODY_BYTES {
+            return Err(Error::new(
+                ErrorKind::PayloadTooLarge,
+                format!(
+                    "an event's body is at most {MAX_BODY_BYTES} bytes, not {}",
+                    body.len()
+                ),
+            ));
+        }
+        let params: &[Param<'_>] = &[
+            (&topic, Type::TEXT),
+            (&body, Type::BYTEA),
+            (&self.channel, Type::TEXT),
+        ];
+        let rows = client.run(&self.append, params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::Other, "the append returned no row".to_owned()))?;
+        Ok(Cursor {
+            xid: row.try_get(0)?,
+            position: row.try_get(1)?,
+        })
+    }
+
+    /// [`append`](Self::append) of `value` encoded as MessagePack with named fields; read it
+    /// back with [`Event::value`].
+    pub async fn append_value<T: Serialize + ?Sized>(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: &str,
+        value: &T,
+    ) -> Result<Cursor> {
+        let body = crate::signal::to_payload(value)?;
+        self.append(client, topic, &body).await
+    }
+
+    /// Up to `limit` events of `topic` after `after`, in order, of transactions that have all
+    /// ended; reading on from the last one's cursor skips nothing.
+    /// [`ErrorKind::Compacted`] when retention deleted events after `after` (the message names
+    /// the oldest cursor left to resume from); [`ErrorKind::InvalidConfig`] for a zero limit.
+    #[instrument(skip_all, fields(topic, after = %after), level = "debug")]
+    pub async fn read(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: &str,
+        after: Cursor,
+        limit: u32,
+    ) -> Result<Batch> {
+        check("topic", topic)?;
+        if limit == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "a read asks for at least one event",
+            ));
+        }
+        let limit = i64::from(limit);
+        let params: &[Param<'_>] = &[
+            (&topic, Type::TEXT),
+            (&after.xid, Type::INT8),
+            (&after.position, Type::INT8),
+            (&limit, Type::INT8),
+        ];
+        let rows = client.run(&self.read, params).await?;
+        let mut batch = Batch {
+            events: Vec::with_capacity(rows.len()),
+            horizon: 0,
+        };
+        for row in &rows {
+            let cursor = || -> Result<Cursor> {
+                Ok(Cursor {
+                    xid: row.try_get(1)?,
+                    position: row.try_get(2)?,
+                })
+            };
+            match row.try_get::<_, &str>(0)? {
+                "e" => batch.events.push(Event {
+                    cursor: cursor()?,
+                    appended_at: row.try_get(3)?,
+                    body: row.try_get(4)?,
+                }),
+                "h" => batch.horizon = row.try_get(1)?,
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Compacted,
+                        format!(
+                            "topic {topic:?} was trimmed through {} (retention), past cursor \
+                             {after}: events after the cursor are gone; resume from {} or later",
+                            cursor()?,
+                            cursor()?
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The oldest running transaction with a transaction id, anywhere on the server, when
+    /// there is one: until it ends, readers of every topic read no event appended after it
+    /// began. A transaction left open (a stuck migration, an idle session in a transaction)
+    /// stops every consumer; `idle_in_transaction_session_timeout` bounds the idle kind.
+    pub async fn held_back(&self, client: &(impl Statements + ?Sized)) -> Result<Option<HeldBack>> {
+        let rows = client.run(&self.held_back, &[]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let ms: i64 = row.try_get(2)?;
+        Ok(Some(HeldBack {
+            pid: row.try_get(0)?,
+            database: row.try_get(1)?,
+            age: Duration::from_millis(ms.max(0) as u64),
+        }))
+    }
+}

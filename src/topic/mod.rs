@@ -1,0 +1,156 @@
+//! Durable topics: an append-only log per topic in one table, read in one order with no gaps,
+//! and named consumers whose cursors are rows of their own.
+//!
+//! - [`TopicTable`] — the statements of the configured tables, rendered once.
+//! - `log` — [`append`](TopicTable::append) inside the caller's transaction (the event exists
+//!   if and only if that transaction commits), [`read`](TopicTable::read) in order,
+//!   [`held_back`](TopicTable::held_back): what holds readers back.
+//! - `consumer` — a consumer's cursor: [`open`](TopicTable::open_consumer) from a [`Start`],
+//!   [`ack`](TopicTable::ack) forward only (in the consumer's own transaction, next to its
+//!   effects and its lease's fence), [`reset`](TopicTable::reset_consumer), lag.
+//! - `retention` — [`trim`](TopicTable::trim) by age and count in bounded batches; a cursor
+//!   behind what was trimmed is [`ErrorKind::Compacted`](crate::ErrorKind::Compacted).
+//!
+//! The order is [`Cursor`]'s: the appending transaction's id, then the number its event drew. A
+//! read returns only events of transactions older than every transaction still running, so an
+//! event that commits late can never land before what a reader has read: nothing is skipped.
+//! Of two events, one appended after the other committed comes later. A transaction that stays
+//! open holds every reader back until it ends; [`held_back`](TopicTable::held_back) names it.
+//! The argument is in docs/DESIGN.md, "Durable topics".
+
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+
+use crate::config::{Config, validate_name};
+use crate::error::Result;
+
+mod consumer;
+mod log;
+mod retention;
+
+pub use consumer::ConsumerInfo;
+pub use log::{Batch, HeldBack};
+
+/// A place in a topic's order: the appending transaction's id and the event's position. A
+/// cursor stands *after* the event it names; [`Cursor::START`] is before every event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Cursor {
+    /// The appending transaction's id (`xid8`).
+    pub xid: i64,
+    /// The event's number, drawn when it was appended.
+    pub position: i64,
+}
+
+impl Cursor {
+    /// Before every event.
+    pub const START: Cursor = Cursor {
+        xid: 0,
+        position: 0,
+    };
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.xid, self.position)
+    }
+}
+
+/// One event read from a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Where the event is in its topic's order; ack it to move past it.
+    pub cursor: Cursor,
+    /// When it was appended, on the server's clock (not when it committed).
+    pub appended_at: SystemTime,
+    /// Its bytes, as appended.
+    pub body: Vec<u8>,
+}
+
+impl Event {
+    /// The body decoded from MessagePack (as [`TopicTable::append_value`] encodes).
+    pub fn value<T: DeserializeOwned>(&self) -> Result<T> {
+        crate::signal::from_payload(&self.body)
+    }
+}
+
+/// Where a new consumer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Start {
+    /// From the oldest event retention kept.
+    Oldest,
+    /// After every event whose transaction had ended when the consumer was opened: it gets what
+    /// commits from then on (and what was still being appended then).
+    Now,
+    /// After this cursor.
+    After(Cursor),
+    /// From the first event, in the topic's order, appended at or after this time.
+    Time(SystemTime),
+}
+
+/// How much of a topic [`TopicTable::trim`] keeps: events older than `max_age`, and events
+/// beyond the newest `max_events`, are deleted. `None` keeps everything on that count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    /// The oldest an event may be, by the time it was appended.
+    pub max_age: Option<Duration>,
+    /// How many of the newest events to keep.
+    pub max_events: Option<u64>,
+}
+
+/// The statements of the durable topics' tables of one configuration.
+#[derive(Debug, Clone)]
+pub struct TopicTable {
+    append: String,
+    read: String,
+    held_back: String,
+    open: String,
+    cursor: String,
+    ack: String,
+    reset: String,
+    consumers: String,
+    trim: String,
+    trimmed: String,
+    channel: String,
+}
+
+impl TopicTable {
+    /// Renders the statements for `config`'s topic tables.
+    pub fn new(config: &Config) -> TopicTable {
+        let t = config.topic_table.quoted();
+        let c = config.topic_cursors().quoted();
+        let m = config.topic_trimmed().quoted();
+        TopicTable {
+            append: log::append_sql(&t),
+            read: log::read_sql(&t, &m),
+            held_back: log::HELD_BACK.to_owned(),
+            open: consumer::open_sql(&t, &c, &m),
+            cursor: consumer::cursor_sql(&c),
+            ack: consumer::ack_sql(&c),
+            reset: consumer::reset_sql(&c),
+            consumers: consumer::consumers_sql(&t, &c),
+            trim: retention::trim_sql(&t, &m),
+            trimmed: retention::trimmed_sql(&m),
+            channel: config.topic_table.name().as_str().to_owned(),
+        }
+    }
+
+    /// The channel on which appends ring (the topic table's unqualified name): the payload is
+    /// the topic's name. A doorbell: readers read the table, never the notification.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+}
+
+/// A topic or consumer name: 1 to 255 bytes, no NUL.
+fn check(what: &str, name: &str) -> Result<()> {
+    validate_name(what, name.to_owned()).map(drop)
+}
+
+/// `xid8` travels as text: tokio-postgres has no type for it.
+const XID: &str = "::text::int8";
+/// A parameter `$n` (an `int8`) as `xid8`.
+fn xid_param(n: usize) -> String {
+    format!("${n}::int8::text::xid8")
+}
