@@ -25,6 +25,8 @@ pub struct Coordinator {
     pub payload_expiry: Addr<PayloadExpiry>,
     /// What the actors were started with.
     config: Config,
+    /// The pool they share.
+    pool: Pool,
 }
 
 impl Coordinator {
@@ -83,12 +85,32 @@ impl Coordinator {
                 .start_supervised();
         Coordinator {
             // One LISTEN connection per process: lease wake-ups come through the listener.
-            locks: LockManager::with_pool(config.clone(), pool, Some(signals.clone())).start(),
+            locks: LockManager::with_pool(config.clone(), pool.clone(), Some(signals.clone()))
+                .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
             payload_expiry: PayloadExpiry::new(table, expire_every).start(),
             signals,
             config,
+            pool,
         }
+    }
+
+    /// Starts a [`TopicConsumer`](crate::TopicConsumer) of durable topic events in this
+    /// process, on the actors' pool: it delivers while it holds the consumer's lease, and waits
+    /// for it otherwise. Typed errors for a bad name, window or poll, before anything starts.
+    /// It runs until it is sent [`StopConsuming`](crate::StopConsuming) or the System stops
+    /// (dropping the address does not stop it: the listener holds it for the doorbell).
+    pub fn consume(&self, consume: crate::Consume) -> pgcoord::Result<Addr<crate::TopicConsumer>> {
+        consume.check()?;
+        Ok(crate::TopicConsumer::new(
+            consume,
+            self.config.owner(),
+            pgcoord::TopicTable::new(&self.config),
+            self.pool.clone(),
+            self.locks.clone(),
+            self.signals.clone(),
+        )
+        .start())
     }
 
     /// The election `name` run by this process's actors (see [`Election`]).

@@ -34,6 +34,10 @@
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
 //! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
 //!   by leases, each worker given its key's fencing token.
+//! - [`topics`] — [`TopicConsumer`]: a durable topic's named consumer, one active instance
+//!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
+//!   handler's transaction applies each event once. Appending is the core's
+//!   (`pgcoord::topic::TopicTable::append`, in the caller's transaction).
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
 //!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
@@ -73,6 +77,7 @@ mod reply;
 mod session;
 pub mod signals;
 mod stats;
+pub mod topics;
 pub mod workers;
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
@@ -92,4 +97,8 @@ pub use signals::{
     WaitNext,
 };
 pub use stats::GetStats;
+pub use topics::{
+    Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
+    StopConsuming, TopicConsumer,
+};
 pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};

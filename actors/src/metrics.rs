@@ -39,8 +39,17 @@ pub const NOTIFICATIONS: &str = "pgcoord_notifications_total";
 /// Gauge: requests waiting for their reply.
 pub const PENDING_REQUESTS: &str = "pgcoord_pending_requests";
 
+/// Counter: events a topic consumer handed to its handler, by `topic`, `consumer` and `result`
+/// (`handled`, `failed`: handed over again).
+pub const TOPIC_DELIVERIES: &str = "pgcoord_topic_deliveries_total";
+/// Counter: acks that moved a topic consumer's cursor, by `topic` and `consumer`.
+pub const TOPIC_ACKS: &str = "pgcoord_topic_acks_total";
+/// Histogram, seconds: from an event's append to its handover to the handler (the consumer's
+/// lag in time), by `topic` and `consumer`.
+pub const TOPIC_LAG: &str = "pgcoord_topic_lag_seconds";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 15] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -53,6 +62,9 @@ pub const ALL: [&str; 12] = [
     LISTENER_CONNECTIONS,
     NOTIFICATIONS,
     PENDING_REQUESTS,
+    TOPIC_DELIVERIES,
+    TOPIC_ACKS,
+    TOPIC_LAG,
 ];
 
 /// A `LockManager`'s handles.
@@ -147,4 +159,33 @@ pub(crate) fn loss(owner: &str, kind: &'static str, reason: &'static str) {
 /// An `AdvisoryLocks`' handle.
 pub(crate) fn advisory_held(owner: &str) -> Gauge {
     gauge!(ADVISORY_HELD, "owner" => owner.to_owned())
+}
+
+/// A `TopicConsumer`'s handles.
+pub(crate) struct TopicMetrics {
+    pub(crate) handled: Counter,
+    pub(crate) failed: Counter,
+    pub(crate) acks: Counter,
+    pub(crate) lag: Histogram,
+}
+
+impl TopicMetrics {
+    pub(crate) fn new(owner: &str, topic: &str, consumer: &str) -> TopicMetrics {
+        let labels = [
+            ("owner", owner.to_owned()),
+            ("topic", topic.to_owned()),
+            ("consumer", consumer.to_owned()),
+        ];
+        let deliveries = |result: &'static str| {
+            let mut labels = labels.to_vec();
+            labels.push(("result", result.to_owned()));
+            counter!(TOPIC_DELIVERIES, &labels)
+        };
+        TopicMetrics {
+            handled: deliveries("handled"),
+            failed: deliveries("failed"),
+            acks: counter!(TOPIC_ACKS, &labels),
+            lag: histogram!(TOPIC_LAG, &labels),
+        }
+    }
 }

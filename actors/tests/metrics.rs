@@ -104,6 +104,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
             .pg_config(&test_pg_config().unwrap())
             .lock_table(&table)
             .payload_table(format!("{table}_p"))
+            .topic_table(format!("{table}_t"))
             .owner(owner)
             .lease(Duration::from_secs(10))
             .heartbeat(Duration::from_secs(2))
@@ -167,6 +168,23 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     );
     let delivered = "owner=me,result=delivered";
     assert!(now.counter("pgcoord_notifications_total", delivered) >= 1);
+
+    // A topic consumer: one event handled and acked, its lag recorded.
+    let topics = pgcoord::TopicTable::new(&config("admin"));
+    topics.append(&admin, "t", b"e").await.unwrap();
+    let consumer = me
+        .consume(Consume::new("t", "c", |_| async { Ok(()) }).poll(Duration::from_millis(20)))
+        .unwrap();
+    let labels = "consumer=c,owner=me,topic=t";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen.counter("pgcoord_topic_acks_total", labels) < 1 {
+        assert!(std::time::Instant::now() < deadline, "never acked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let handled = "consumer=c,owner=me,result=handled,topic=t";
+    assert_eq!(seen.counter("pgcoord_topic_deliveries_total", handled), 1);
+    assert_eq!(seen.samples("pgcoord_topic_lag_seconds", labels), 1);
+    consumer.send(StopConsuming).await.unwrap();
 
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -1,0 +1,267 @@
+//! [`TopicConsumer`]: a durable topic's named consumer, run by one process of the fleet at a
+//! time, delivering every event at least once, in order.
+//!
+//! The consumer `c` of topic `t` is the lease `"t/consumers/c"`: the process holding it delivers,
+//! every other one waits in line for it and takes over, from the stored cursor, when it is
+//! released or lost. While it holds the lease, the consumer reads up to a window of events after
+//! its cursor, hands them to the handler one at a time (each call on a task of its own: a panic
+//! is an error), and acks the last one it handled (forward only). A handler that returns `Err`
+//! gets the same event again after a backoff, read again from the stored cursor; one that acks
+//! in its own transaction ([`Delivery::ack`], fenced by the lease's token) applies each event
+//! exactly once. When it has read everything, it waits for the topic's doorbell
+//! (the NOTIFY of an append's commit, through the process's listener), the listener's
+//! `Reconnected`, or its poll: a doorbell only wakes it, and a missed one costs a poll.
+//! A cursor behind retention stops it with [`pgcoord::ErrorKind::Compacted`].
+//!
+//! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
+//! stops with the actor, releasing the lease. The actor hears the doorbell and answers
+//! [`GetConsumerStats`] and [`StopConsuming`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::topic::{Start, TopicTable};
+use pgcoord::{Error, ErrorKind, Pool, Result};
+use tokio::sync::Notify;
+
+use crate::leases::LockManager;
+use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
+
+mod run;
+
+pub use run::Delivery;
+
+/// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event
+/// again after a backoff.
+pub type ConsumeResult = std::result::Result<(), String>;
+
+/// A consumer's handler: one event at a time, in order.
+pub type ConsumeHandler =
+    Arc<dyn Fn(Delivery) -> Pin<Box<dyn Future<Output = ConsumeResult> + Send>> + Send + Sync>;
+
+/// What to consume, and how: built with [`Consume::new`], started with
+/// [`Coordinator::consume`](crate::Coordinator::consume).
+pub struct Consume {
+    pub(crate) topic: String,
+    pub(crate) consumer: String,
+    pub(crate) start: Start,
+    pub(crate) window: u32,
+    pub(crate) poll: Duration,
+    pub(crate) handler: ConsumeHandler,
+}
+
+impl std::fmt::Debug for Consume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consume")
+            .field("topic", &self.topic)
+            .field("consumer", &self.consumer)
+            .field("start", &self.start)
+            .field("window", &self.window)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consume {
+    /// Consumer `consumer` of `topic`, handing each event to `handler`. Starts, the first
+    /// time this consumer is opened, from the oldest event kept; 100 events per read; polls
+    /// every second when no doorbell rings.
+    pub fn new<F, Fut>(topic: impl Into<String>, consumer: impl Into<String>, handler: F) -> Consume
+    where
+        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ConsumeResult> + Send + 'static,
+    {
+        Consume {
+            topic: topic.into(),
+            consumer: consumer.into(),
+            start: Start::Oldest,
+            window: 100,
+            poll: Duration::from_secs(1),
+            handler: Arc::new(move |delivery| Box::pin(handler(delivery))),
+        }
+    }
+
+    /// Where the consumer starts when it is opened for the first time (a stored cursor wins).
+    pub fn start(self, start: Start) -> Consume {
+        Consume { start, ..self }
+    }
+
+    /// How many events one read takes, at most (1 to 10,000): the most held in memory.
+    pub fn window(self, window: u32) -> Consume {
+        Consume { window, ..self }
+    }
+
+    /// How often to look for events when no doorbell rings (at least 10 ms).
+    pub fn poll(self, poll: Duration) -> Consume {
+        Consume { poll, ..self }
+    }
+
+    /// The consumer's lease: `"{topic}/consumers/{consumer}"`.
+    pub fn lease_name(&self) -> String {
+        format!("{}/consumers/{}", self.topic, self.consumer)
+    }
+
+    /// Every setting checked: typed errors before anything starts.
+    pub(crate) fn check(&self) -> Result<()> {
+        for (what, name) in [("topic", &self.topic), ("consumer", &self.consumer)] {
+            pgcoord::config::validate_name(what, name.clone())?;
+        }
+        pgcoord::config::validate_name("consumer lease", self.lease_name())?;
+        if !(1..=10_000).contains(&self.window) {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a consumer's window is 1 to 10000 events, not {}",
+                    self.window
+                ),
+            ));
+        }
+        if self.poll < Duration::from_millis(10) {
+            return Err(Error::new(
+                ErrorKind::DurationTooSmall,
+                format!("a consumer's poll {:?} is shorter than 10 ms", self.poll),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a consumer has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct ConsumerStats {
+    /// Events handed to the handler, redeliveries included.
+    pub delivered: u64,
+    /// Handler calls that returned `Err` (each event is handed over again).
+    pub handler_errors: u64,
+    /// Acks that moved the cursor.
+    pub acks: u64,
+    /// Tenures: times this process took the consumer's lease.
+    pub tenures: u64,
+    /// Whether this process holds the consumer's lease now.
+    pub active: bool,
+    /// Why the consumer stopped for good, when it did (a cursor behind retention).
+    pub failed: Option<String>,
+}
+
+/// Asks a [`TopicConsumer`] for its [`ConsumerStats`].
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ConsumerStats")]
+pub struct GetConsumerStats;
+
+/// Stops a [`TopicConsumer`]: the event being handled is finished, its lease released.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct StopConsuming;
+
+/// How long a stopping consumer's handler may take to finish its event.
+const STOP_WITHIN: Duration = Duration::from_secs(30);
+
+/// A durable topic's consumer in this process; see the module docs. Start it with
+/// [`Coordinator::consume`](crate::Coordinator::consume).
+pub struct TopicConsumer {
+    run: Arc<run::Run>,
+    signals: Addr<ListenerActor>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TopicConsumer {
+    pub(crate) fn new(
+        consume: Consume,
+        owner: &str,
+        table: TopicTable,
+        pool: Pool,
+        locks: Addr<LockManager>,
+        signals: Addr<ListenerActor>,
+    ) -> TopicConsumer {
+        let metrics = crate::metrics::TopicMetrics::new(owner, &consume.topic, &consume.consumer);
+        TopicConsumer {
+            run: Arc::new(run::Run {
+                metrics,
+                lease_name: consume.lease_name(),
+                consume,
+                table,
+                pool,
+                locks,
+                doorbell: Notify::new(),
+                stats: Mutex::default(),
+                stopping: Notify::new(),
+                stop_requested: AtomicBool::new(false),
+            }),
+            signals,
+            task: None,
+        }
+    }
+}
+
+impl Actor for TopicConsumer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        self.signals.do_send(SubscribeRaw {
+            channel: self.run.table.channel().to_owned(),
+            recipient: me.clone().recipient(),
+        });
+        self.signals
+            .do_send(SubscribeConnState(me.recipient::<ConnState>()));
+        self.task = Some(tokio::spawn(run::run(self.run.clone())));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // The task finishes the event in hand, acks and releases the lease as it ends; a
+        // handler that takes longer than 30 s is cut off (its event comes again).
+        if let Some(task) = self.task.take() {
+            self.run.stop_requested.store(true, Ordering::Relaxed);
+            self.run.stopping.notify_one();
+            let abort = task.abort_handle();
+            tokio::spawn(async move {
+                if tokio::time::timeout(STOP_WITHIN, task).await.is_err() {
+                    tracing::warn!("a topic consumer's handler did not finish within 30 s");
+                    abort.abort();
+                }
+            });
+        }
+    }
+}
+
+impl Handler<RawNotification> for TopicConsumer {
+    type Result = ();
+
+    fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
+        // The payload is the topic's name; any other only costs a read.
+        if notification.payload == self.run.consume.topic {
+            self.run.doorbell.notify_one();
+        }
+    }
+}
+
+impl Handler<ConnState> for TopicConsumer {
+    type Result = ();
+
+    fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
+        // Doorbells may have been missed while the listener was away.
+        if matches!(state, ConnState::Reconnected) {
+            self.run.doorbell.notify_one();
+        }
+    }
+}
+
+impl Handler<GetConsumerStats> for TopicConsumer {
+    type Result = ConsumerStats;
+
+    fn handle(&mut self, _: GetConsumerStats, _: &mut Context<Self>) -> ConsumerStats {
+        self.run.stats.lock().expect("stats lock").clone()
+    }
+}
+
+impl Handler<StopConsuming> for TopicConsumer {
+    type Result = ();
+
+    fn handle(&mut self, _: StopConsuming, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,328 @@
+//! The consumer's loop: take the lease, open the cursor, read, hand over, ack; wait for the
+//! doorbell; start over when the lease is lost. And [`Delivery`], what a handler is handed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::statement::Statements;
+use pgcoord::topic::{Cursor, Event, TopicTable};
+use pgcoord::{ErrorKind, Pool, Result};
+use tokio::sync::Notify;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::{Consume, ConsumerStats};
+use crate::Call;
+use crate::leases::{Acquire, Lease, LockManager};
+
+/// What the loop shares with its actor.
+pub(super) struct Run {
+    pub(super) consume: Consume,
+    pub(super) lease_name: String,
+    pub(super) table: TopicTable,
+    pub(super) pool: Pool,
+    pub(super) locks: Addr<LockManager>,
+    pub(super) doorbell: Notify,
+    pub(super) stats: Mutex<ConsumerStats>,
+    pub(super) metrics: crate::metrics::TopicMetrics,
+    pub(super) stopping: Notify,
+    /// Set with `stopping`: checked between events.
+    pub(super) stop_requested: AtomicBool,
+}
+
+/// One event handed to a consumer's handler, and the lease it is handled under.
+pub struct Delivery {
+    event: Event,
+    topic: Arc<str>,
+    consumer: Arc<str>,
+    table: TopicTable,
+    lease: Arc<Lease>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("topic", &self.topic)
+            .field("consumer", &self.consumer)
+            .field("cursor", &self.event.cursor)
+            .field("token", &self.lease.token())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    /// The event.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// The event's body decoded from MessagePack.
+    pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        self.event.value()
+    }
+
+    /// The fencing token of the consumer's lease, for fencing writes elsewhere.
+    pub fn token(&self) -> i64 {
+        self.lease.token()
+    }
+
+    /// Acks the event inside `tx`, the transaction of the handler's effects, so effects and
+    /// cursor commit together or not at all: each event's effects are applied once. Fenced by
+    /// the consumer's lease: [`ErrorKind::LockLost`] once another instance took over, and
+    /// [`ErrorKind::AlreadyAcknowledged`] when the cursor is already past the event. On either,
+    /// the transaction must not commit (`?` drops it, which rolls it back).
+    pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
+        self.lease.fence(tx).await?;
+        let cursor = self.event.cursor;
+        if self
+            .table
+            .ack(tx, &self.topic, &self.consumer, cursor)
+            .await?
+        {
+            return Ok(());
+        }
+        Err(pgcoord::Error::new(
+            ErrorKind::AlreadyAcknowledged,
+            format!(
+                "event {cursor} of topic {:?} was acknowledged already",
+                self.topic
+            ),
+        ))
+    }
+}
+
+/// How the loop ended a tenure.
+enum Ended {
+    /// The lease was lost: wait for it again.
+    Lost,
+    /// The actor is stopping.
+    Stopping,
+    /// For good: the cursor is behind retention.
+    Failed(pgcoord::Error),
+}
+
+/// Runs the consumer until its actor stops or it fails for good.
+pub(super) async fn run(run: Arc<Run>) {
+    let span =
+        info_span!("topic_consumer", topic = %run.consume.topic, consumer = %run.consume.consumer);
+    async move {
+        loop {
+            // Waits in line for the lease as long as it takes: a second instance waits here.
+            let acquire = run.locks.call(Acquire::new(run.lease_name.clone()));
+            let lease = tokio::select! {
+                lease = acquire => lease,
+                () = run.stopping.notified() => return,
+            };
+            let lease = match lease {
+                Ok(lease) => Arc::new(lease),
+                // Another consumer of the name in this process holds it: wait for it quietly.
+                Err(e) if e.kind() == ErrorKind::AlreadyHeld => {
+                    debug!("the consumer's lease is held by this process; waiting");
+                    if pause(&run, run.consume.poll).await {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot take the consumer's lease; trying again");
+                    if pause(&run, run.consume.poll).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            stats(&run, |s| {
+                s.tenures += 1;
+                s.active = true;
+            });
+            let ended = tenure(&run, &lease).await;
+            stats(&run, |s| s.active = false);
+            match ended {
+                Ended::Lost => continue,
+                Ended::Stopping => return,
+                Ended::Failed(e) => {
+                    warn!(error = %e, "the consumer stops");
+                    stats(&run, |s| s.failed = Some(e.to_string()));
+                    return;
+                }
+            }
+            // The lease (its last clone) is dropped here: released unless lost.
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// One tenure: deliver from the stored cursor while the lease is held.
+async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
+    let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
+    let statements = run.pool.idempotent(None);
+    let (mut failures, mut errors) = (0u32, 0u32);
+    let mut cursor = loop {
+        match run
+            .table
+            .open_consumer(&statements, topic, consumer, run.consume.start)
+            .await
+        {
+            Ok(cursor) => break cursor,
+            Err(e) => {
+                failures += 1;
+                warn_every(failures, &e, "cannot open the consumer's cursor");
+                if pause(run, backoff(failures, run.consume.poll)).await {
+                    return Ended::Stopping;
+                }
+            }
+        }
+        if lease.loss().is_some() {
+            return Ended::Lost;
+        }
+    };
+    let lost = lease.lost();
+    tokio::pin!(lost);
+    let (topic_arc, consumer_arc): (Arc<str>, Arc<str>) =
+        (topic.as_str().into(), consumer.as_str().into());
+    loop {
+        let read = run
+            .table
+            .read(&statements, topic, cursor, run.consume.window);
+        let batch = tokio::select! {
+            batch = read => batch,
+            _ = &mut lost => return Ended::Lost,
+            () = run.stopping.notified() => return Ended::Stopping,
+        };
+        let batch = match batch {
+            Ok(batch) => {
+                failures = 0;
+                batch
+            }
+            Err(e) if e.kind() == ErrorKind::Compacted => return Ended::Failed(e),
+            Err(e) => {
+                failures += 1;
+                warn_every(failures, &e, "cannot read the topic");
+                if pause(run, backoff(failures, run.consume.poll)).await {
+                    return Ended::Stopping;
+                }
+                continue;
+            }
+        };
+        if batch.events.is_empty() {
+            tokio::select! {
+                () = run.doorbell.notified() => {}
+                () = tokio::time::sleep(run.consume.poll) => {}
+                _ = &mut lost => return Ended::Lost,
+                () = run.stopping.notified() => return Ended::Stopping,
+            }
+            continue;
+        }
+        // Handled (Ok) through `handled`; acked through `acked` (after each read's events).
+        let acked = cursor;
+        let mut handled = cursor;
+        let mut failed = false;
+        for event in batch.events {
+            if lease.loss().is_some() {
+                ack(run, &statements, acked, handled).await;
+                return Ended::Lost;
+            }
+            if run.stop_requested.load(Ordering::Relaxed) {
+                ack(run, &statements, acked, handled).await;
+                return Ended::Stopping;
+            }
+            let delivery = Delivery {
+                event,
+                topic: topic_arc.clone(),
+                consumer: consumer_arc.clone(),
+                table: run.table.clone(),
+                lease: lease.clone(),
+            };
+            let at = delivery.event.cursor;
+            stats(run, |s| s.delivered += 1);
+            if let Ok(lag) = delivery.event.appended_at.elapsed() {
+                run.metrics.lag.record(lag.as_secs_f64());
+            }
+            match handle(run, delivery).await {
+                Ok(()) => {
+                    run.metrics.handled.increment(1);
+                    handled = at;
+                    errors = 0;
+                }
+                Err(why) => {
+                    run.metrics.failed.increment(1);
+                    errors += 1;
+                    stats(run, |s| s.handler_errors += 1);
+                    if errors.is_power_of_two() {
+                        warn!(cursor = %at, error = %why, errors, "the handler failed; handing the event over again");
+                    }
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        ack(run, &statements, acked, handled).await;
+        cursor = handled;
+        if failed {
+            if pause(run, backoff(errors, run.consume.poll)).await {
+                return Ended::Stopping;
+            }
+            // Read on from what the database holds: a handler that acked in its own
+            // transaction and then failed has its event behind the cursor already.
+            if let Ok(stored) = run.table.cursor(&statements, topic, consumer).await {
+                cursor = cursor.max(stored);
+            }
+        }
+    }
+}
+
+/// Runs the handler on a task of its own: a panic is an error (the event comes again), not the
+/// end of the consumer.
+async fn handle(run: &Run, delivery: Delivery) -> super::ConsumeResult {
+    match tokio::spawn((run.consume.handler)(delivery)).await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => Err("the handler panicked".to_owned()),
+        Err(e) => Err(format!("the handler's task ended: {e}")),
+    }
+}
+
+/// Acks through `cursor` when it moved past `from`. A failed ack is only logged: the events
+/// since the stored cursor are delivered again (at least once), never skipped.
+async fn ack(run: &Run, statements: &impl Statements, from: Cursor, cursor: Cursor) {
+    if cursor <= from {
+        return;
+    }
+    let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
+    match run.table.ack(statements, topic, consumer, cursor).await {
+        Ok(true) => {
+            run.metrics.acks.increment(1);
+            stats(run, |s| s.acks += 1);
+        }
+        Ok(false) => {}
+        Err(e) => {
+            warn!(error = %e, %cursor, "cannot ack; the events since the last ack come again")
+        }
+    }
+}
+
+/// Sleeps `how_long` unless the consumer stops first (true then).
+async fn pause(run: &Run, how_long: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(how_long) => false,
+        () = run.stopping.notified() => true,
+    }
+}
+
+/// 50 ms doubling with each failure, at most the poll.
+fn backoff(failures: u32, poll: Duration) -> Duration {
+    let shift = failures.saturating_sub(1).min(16);
+    (Duration::from_millis(50) * (1u32 << shift)).min(poll.max(Duration::from_millis(50)))
+}
+
+/// A warning at the 1st, 2nd, 4th, 8th... failure in a row.
+fn warn_every(failures: u32, error: &pgcoord::Error, what: &str) {
+    if failures.is_power_of_two() {
+        warn!(error = %error, failures, "{what}; trying again");
+    }
+}
+
+fn stats(run: &Run, f: impl FnOnce(&mut ConsumerStats)) {
+    f(&mut run.stats.lock().expect("stats lock"));
+}

@@ -1,0 +1,289 @@
+//! Topic consumers against a real PostgreSQL: every event at least once and in order, one
+//! active instance per consumer name, a takeover from the stored cursor, redelivery after a
+//! handler error, effects applied once through an ack in the handler's transaction, and a
+//! cursor behind retention stopping the consumer with `Compacted`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgcoord::topic::{Cursor, Retention, TopicTable};
+use pgcoord_actors::*;
+use tokio_postgres::Client;
+
+use super::Setup;
+
+/// What a handler was handed: each event's body, in order.
+type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// A consumer of topic "t" named "c" whose handler records each body it is handed.
+fn recording(seen: &Seen) -> Consume {
+    let seen = seen.clone();
+    Consume::new("t", "c", move |delivery: Delivery| {
+        seen.lock().unwrap().push(delivery.event().body.clone());
+        async { Ok(()) }
+    })
+    .window(7)
+    .poll(Duration::from_millis(200))
+}
+
+async fn append(table: &TopicTable, client: &Client, range: std::ops::Range<u32>) {
+    for i in range {
+        table
+            .append(client, "t", i.to_string().as_bytes())
+            .await
+            .unwrap();
+    }
+}
+
+fn bodies(range: std::ops::Range<u32>) -> Vec<Vec<u8>> {
+    range.map(|i| i.to_string().into_bytes()).collect()
+}
+
+/// Waits until `seen` holds `n` bodies (the horizon is the cluster's, and other tests hold it
+/// back for moments).
+async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = seen.lock().unwrap().clone();
+        if now.len() >= n {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{} of {n} seen", now.len());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn stats(consumer: &actix::Addr<TopicConsumer>) -> ConsumerStats {
+    consumer.send(GetConsumerStats).await.unwrap()
+}
+
+#[actix_rt::test]
+async fn a_consumer_gets_every_event_once_in_order_and_acks_them() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    append(&table, &admin, 0..30).await;
+    let one = Coordinator::connect(config).await.unwrap();
+    let seen = Seen::default();
+    let consumer = one.consume(recording(&seen)).unwrap();
+    assert_eq!(until_seen(&seen, 30).await, bodies(0..30));
+    // More, after it has caught up: the doorbell (or the poll) brings them.
+    append(&table, &admin, 30..35).await;
+    assert_eq!(until_seen(&seen, 35).await, bodies(0..35));
+    let stats = stats(&consumer).await;
+    assert_eq!(
+        (stats.delivered, stats.handler_errors, stats.tenures),
+        (35, 0, 1)
+    );
+    assert!(stats.active && stats.acks >= 5, "{stats:?}");
+    // Acked through the last one (the ack follows each read's events).
+    let last = table
+        .read(&admin, "t", Cursor::START, 100)
+        .await
+        .unwrap()
+        .events;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while table.cursor(&admin, "t", "c").await.unwrap() != last[34].cursor {
+        assert!(
+            Instant::now() < deadline,
+            "not acked through the last event"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Bad settings are typed errors, before anything starts.
+    let err = one.consume(recording(&seen).window(0)).unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidConfig);
+    let err = one
+        .consume(recording(&seen).poll(Duration::ZERO))
+        .unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::DurationTooSmall);
+    let nameless = Consume::new("", "c", |_| async { Ok(()) });
+    assert_eq!(
+        one.consume(nameless).unwrap_err().kind(),
+        pgcoord::ErrorKind::InvalidName
+    );
+}
+
+#[actix_rt::test]
+async fn a_second_instance_waits_and_takes_over_from_the_cursor() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let table = TopicTable::new(&setup.builder("admin").build().unwrap());
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let two = Coordinator::connect(setup.builder("two").build().unwrap())
+        .await
+        .unwrap();
+    let (seen_one, seen_two) = (Seen::default(), Seen::default());
+    let first = one.consume(recording(&seen_one)).unwrap();
+    until_active(&first).await;
+    let second = two.consume(recording(&seen_two)).unwrap();
+    append(&table, &admin, 0..20).await;
+    assert_eq!(until_seen(&seen_one, 20).await, bodies(0..20));
+    assert!(seen_two.lock().unwrap().is_empty(), "one active instance");
+    assert!(!stats(&second).await.active);
+    // The first stops: its lease is released and the second, waiting in line, takes over.
+    first.send(StopConsuming).await.unwrap();
+    append(&table, &admin, 20..40).await;
+    assert_eq!(until_seen(&seen_two, 20).await, bodies(20..40));
+    assert_eq!(
+        seen_one.lock().unwrap().len(),
+        20,
+        "nothing after it stopped"
+    );
+    assert!(stats(&second).await.active);
+}
+
+async fn until_active(consumer: &actix::Addr<TopicConsumer>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stats(consumer).await.active {
+        assert!(Instant::now() < deadline, "never active");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_handler_error_hands_the_same_event_over_again() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    append(&table, &admin, 0..10).await;
+    let one = Coordinator::connect(config).await.unwrap();
+    let (handled, failed_once) = (Seen::default(), Arc::new(Mutex::new(false)));
+    let consume = {
+        let (handled, failed_once) = (handled.clone(), failed_once.clone());
+        Consume::new("t", "c", move |delivery: Delivery| {
+            let body = delivery.event().body.clone();
+            let fail = body == b"3" && !std::mem::replace(&mut *failed_once.lock().unwrap(), true);
+            if !fail {
+                handled.lock().unwrap().push(body);
+            }
+            async move {
+                if fail {
+                    Err("not yet".to_owned())
+                } else {
+                    Ok(())
+                }
+            }
+        })
+    };
+    let consumer = one.consume(consume).unwrap();
+    assert_eq!(
+        until_seen(&handled, 10).await,
+        bodies(0..10),
+        "in order, each once"
+    );
+    let stats = stats(&consumer).await;
+    assert_eq!((stats.handler_errors, stats.delivered), (1, 11));
+}
+
+/// The handler applies each event in its own transaction and acks it there: a handler that dies
+/// after its commit, and a consumer stopped midway and started again, apply every event exactly
+/// once.
+#[actix_rt::test]
+async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    let applied = format!("\"{}_applied\"", setup.table);
+    admin
+        .batch_execute(&format!("CREATE TABLE {applied} (body bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    append(&table, &admin, 0..40).await;
+    let one = Coordinator::connect(config.clone()).await.unwrap();
+    let client = Arc::new(tokio::sync::Mutex::new(
+        pgcoord::db::connect_spawned(&config).await.unwrap(),
+    ));
+    let (crashed, duplicates) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let consume = || {
+        let (client, applied) = (client.clone(), applied.clone());
+        let (crashed, duplicates) = (crashed.clone(), duplicates.clone());
+        Consume::new("t", "c", move |delivery: Delivery| {
+            let (client, applied) = (client.clone(), applied.clone());
+            let (crashed, duplicates) = (crashed.clone(), duplicates.clone());
+            async move {
+                let mut client = client.lock().await;
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                let sql = format!("INSERT INTO {applied} VALUES ($1)");
+                if let Err(e) = tx.execute(&sql, &[&delivery.event().body]).await {
+                    duplicates.fetch_add(1, Ordering::SeqCst);
+                    return Err(e.to_string());
+                }
+                delivery.ack(&tx).await.map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())?;
+                // The handler dies after its commit, once: its event must not come again.
+                if delivery.event().body == b"17" && !crashed.swap(true, Ordering::SeqCst) {
+                    panic!("crashed after the commit");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(())
+            }
+        })
+        .window(10)
+    };
+    let count = format!("SELECT count(*) FROM {applied}");
+    let first = one.consume(consume()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admin.query_one(&count, &[]).await.unwrap().get::<_, i64>(0) < 15 {
+        assert!(Instant::now() < deadline, "the first applied too few");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.send(StopConsuming).await.unwrap();
+    let _again = one.consume(consume()).unwrap();
+    while admin.query_one(&count, &[]).await.unwrap().get::<_, i64>(0) < 40 {
+        assert!(Instant::now() < deadline, "not all applied");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(crashed.load(Ordering::SeqCst));
+    assert_eq!(
+        duplicates.load(Ordering::SeqCst),
+        0,
+        "an event applied twice"
+    );
+}
+
+#[actix_rt::test]
+async fn a_cursor_behind_retention_stops_the_consumer_with_compacted() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    append(&table, &admin, 0..5).await;
+    table
+        .open_consumer(&admin, "t", "c", pgcoord::topic::Start::Oldest)
+        .await
+        .unwrap();
+    // Retention deletes what the consumer has not read (once it is below the horizon).
+    let everything = Retention {
+        max_events: Some(0),
+        ..Retention::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut trimmed = 0;
+    while trimmed < 5 {
+        assert!(Instant::now() < deadline, "never trimmed");
+        trimmed += table.trim(&admin, "t", everything, 10).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let one = Coordinator::connect(config).await.unwrap();
+    let seen = Seen::default();
+    let consumer = one.consume(recording(&seen)).unwrap();
+    loop {
+        let stats = stats(&consumer).await;
+        if let Some(failed) = stats.failed {
+            assert!(failed.contains("trimmed"), "{failed}");
+            assert!(!stats.active, "the lease is let go");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never failed: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing delivered past the gap"
+    );
+}
