@@ -181,7 +181,7 @@ fn left(remaining: Option<Duration>) -> String {
 }
 
 /// Data as text when it is short printable UTF-8, else its size and first bytes in hex.
-fn preview(data: Option<&[u8]>) -> String {
+pub(crate) fn preview(data: Option<&[u8]>) -> String {
     let Some(data) = data else {
         return "-".into();
     };

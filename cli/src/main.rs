@@ -2,7 +2,8 @@
 //! advisory locks, watches a channel and sends an event, and summarises pgcoord's sessions.
 //!
 //! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
-//! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify.
+//! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify,
+//! `topics.rs` the durable topics (list, consumers, tail, reset).
 //! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found.
 #![deny(missing_docs)]
 
@@ -13,13 +14,14 @@ use pgcoord::{Config, ErrorKind};
 
 mod inspect;
 mod signals;
+mod topics;
 
 /// pgcoord's operator command.
 #[derive(Parser)]
 #[command(name = "pgcoord", version, about)]
 struct Cli {
     /// The database, as a libpq-style DSN or a postgresql:// URL.
-    #[arg(long, env = "DATABASE_URL", global = true)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     dsn: Option<String>,
     /// The lock table, `name` or `schema.name`.
     #[arg(long, default_value = "pgcoord_locks", global = true)]
@@ -27,6 +29,9 @@ struct Cli {
     /// The payload table, `name` or `schema.name`.
     #[arg(long, default_value = "pgcoord_payloads", global = true)]
     payload_table: String,
+    /// The durable topics' table, `name` or `schema.name`.
+    #[arg(long, default_value = "pgcoord_topics", global = true)]
+    topic_table: String,
     /// Give up after this many seconds: the whole command, or for `listen` its start (connect
     /// and LISTEN). A server that accepts and then never answers must not hang an operator.
     #[arg(long, default_value_t = 30, global = true)]
@@ -65,6 +70,41 @@ enum Command {
     },
     /// pgcoord's sessions by role, its tables' sizes, expired payloads.
     Status,
+    /// Durable topics: every topic, or one topic's consumers, last events, a cursor reset.
+    Topics {
+        #[command(subcommand)]
+        action: Option<TopicAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicAction {
+    /// Each consumer of TOPIC: cursor, lag in events and in time, last ack.
+    Consumers {
+        /// The topic.
+        topic: String,
+    },
+    /// The last events of TOPIC that can be read, oldest first.
+    Tail {
+        /// The topic.
+        topic: String,
+        /// How many.
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+    },
+    /// Move CONSUMER's cursor: it gets every event after it (again, or skips to it).
+    Reset {
+        /// The topic.
+        topic: String,
+        /// The consumer.
+        consumer: String,
+        /// `oldest` (what retention kept), `now`, or a cursor `XID/POSITION`.
+        #[arg(long)]
+        to: String,
+        /// Required: a running consumer acks on from wherever it is.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -114,6 +154,7 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
         .dsn(dsn)
         .lock_table(cli.lock_table)
         .payload_table(cli.payload_table)
+        .topic_table(cli.topic_table)
         .application_name("pgcoord-cli")
         .owner("pgcoord-cli")
         .build()?;
@@ -148,9 +189,10 @@ async fn command(
         Command::Migrate => {
             pgcoord::schema::migrate(client, config).await?;
             println!(
-                "migrated: {} and {}",
+                "migrated: {}, {} and {}",
                 config.lock_table(),
-                config.payload_table()
+                config.payload_table(),
+                config.topic_table()
             );
             Ok(())
         }
@@ -166,5 +208,21 @@ async fn command(
         // Started (bounded) and run by `run`: it has no end of its own.
         Command::Listen { .. } => unreachable!("listen is not a one-shot command"),
         Command::Notify { channel, json } => signals::notify(config, client, &channel, &json).await,
+        Command::Topics { action: None } => topics::list(config, client).await,
+        Command::Topics {
+            action: Some(TopicAction::Consumers { topic }),
+        } => topics::consumers(config, client, &topic).await,
+        Command::Topics {
+            action: Some(TopicAction::Tail { topic, count }),
+        } => topics::tail(config, client, &topic, count).await,
+        Command::Topics {
+            action:
+                Some(TopicAction::Reset {
+                    topic,
+                    consumer,
+                    to,
+                    force,
+                }),
+        } => topics::reset(config, client, &topic, &consumer, &to, force).await,
     }
 }

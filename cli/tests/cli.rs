@@ -27,6 +27,8 @@ fn pgcoord(table: &str, args: &[&str]) -> Output {
             table,
             "--payload-table",
             &format!("{table}_p"),
+            "--topic-table",
+            &format!("{table}_t"),
         ])
         .args(args)
         .output()
@@ -42,6 +44,7 @@ fn config(table: &str, owner: &str) -> Config {
         .pg_config(&test_pg_config().unwrap())
         .lock_table(table)
         .payload_table(format!("{table}_p"))
+        .topic_table(format!("{table}_t"))
         .owner(owner)
         .build()
         .unwrap()
@@ -286,4 +289,96 @@ async fn the_command_connects_over_verified_tls_and_says_why_it_cannot() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not signed by a trusted root"), "{stderr}");
+}
+
+/// `topics`: the topics, a topic's consumers and their lag, its last events, and a cursor
+/// reset (refused without `--force`, typed errors for a bad cursor or an unknown consumer).
+#[tokio::test]
+async fn topics_lists_consumers_tails_and_resets_a_cursor() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "admin");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let topics = pgcoord::TopicTable::new(&config);
+    for body in ["first", "second", "third"] {
+        topics
+            .append(&client, "orders", body.as_bytes())
+            .await
+            .unwrap();
+    }
+    let start = pgcoord::topic::Start::Oldest;
+    topics
+        .open_consumer(&client, "orders", "billing", start)
+        .await
+        .unwrap();
+
+    let text = stdout(&pgcoord(&table, &["topics"]));
+    let line = text.lines().find(|l| l.starts_with("orders")).expect(&text);
+    assert!(line.contains(" 3 "), "{line}");
+    let out = pgcoord(&table, &["topics", "consumers", "orders"]);
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("billing"))
+        .expect(&text);
+    assert!(line.contains("0/0") && line.contains(" 3 "), "{line}");
+    // The tail waits for the horizon like any reader: other tests' transactions hold it back
+    // for moments.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = stdout(&pgcoord(
+            &table,
+            &["topics", "tail", "orders", "--count", "2"],
+        ));
+        if text.contains("2 event(s)") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        text.contains("\"second\"") && text.contains("\"third\""),
+        "{text}"
+    );
+    assert!(!text.contains("\"first\""), "{text}");
+
+    let reset = ["topics", "reset", "orders", "billing", "--to", "now"];
+    assert_eq!(
+        pgcoord(&table, &reset).status.code(),
+        Some(2),
+        "needs --force"
+    );
+    let mut forced = reset.to_vec();
+    forced.push("--force");
+    let out = pgcoord(&table, &forced);
+    assert!(out.status.success(), "{out:?}");
+    let moved = topics.cursor(&client, "orders", "billing").await.unwrap();
+    assert!(moved > pgcoord::topic::Cursor::START, "{moved}");
+    let back = [
+        "topics", "reset", "orders", "billing", "--to", "oldest", "--force",
+    ];
+    assert!(pgcoord(&table, &back).status.success());
+    let start_again = topics.cursor(&client, "orders", "billing").await.unwrap();
+    assert_eq!(start_again, pgcoord::topic::Cursor::START);
+    let bad = [
+        "topics", "reset", "orders", "billing", "--to", "7", "--force",
+    ];
+    assert_eq!(pgcoord(&table, &bad).status.code(), Some(2));
+    let nobody = [
+        "topics", "reset", "orders", "nobody", "--to", "oldest", "--force",
+    ];
+    assert_eq!(pgcoord(&table, &nobody).status.code(), Some(3));
+}
+
+/// `--help` names the variable the DSN may come from, never its value (it holds a password).
+#[test]
+fn help_never_prints_the_dsn() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .arg("--help")
+        .env("DATABASE_URL", "postgresql://app:s3cret-pw@db.internal/app")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("DATABASE_URL"), "{text}");
+    assert!(!text.contains("s3cret-pw"), "{text}");
 }

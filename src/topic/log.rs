@@ -1,7 +1,7 @@
 //! The log: appending inside the caller's transaction, reading in order without gaps, and what
 //! holds readers back.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio_postgres::types::Type;
@@ -31,6 +31,27 @@ pub struct HeldBack {
     pub database: Option<String>,
     /// How long the transaction has been running.
     pub age: Duration,
+}
+
+/// A topic as [`TopicTable::topics`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    /// The topic's name.
+    pub topic: String,
+    /// Its committed events (retention deletes the old ones).
+    pub events: i64,
+    /// When its oldest event kept was appended.
+    pub oldest: SystemTime,
+    /// When its newest event was appended.
+    pub newest: SystemTime,
+}
+
+/// Every topic with its events' count and age.
+pub(super) fn topics_sql(t: &str) -> String {
+    format!(
+        "SELECT topic, count(*), min(appended_at), max(appended_at) FROM {t}
+         GROUP BY topic ORDER BY topic"
+    )
 }
 
 /// $1 topic, $2 body, $3 channel. The event, and a doorbell rung at commit.
@@ -191,6 +212,21 @@ impl TopicTable {
             }
         }
         Ok(batch)
+    }
+
+    /// Every topic that has events, by name. Counts every event: for operators, not hot paths.
+    pub async fn topics(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<TopicInfo>> {
+        let rows = client.run(&self.topics, &[]).await?;
+        (rows.iter())
+            .map(|row| {
+                Ok(TopicInfo {
+                    topic: row.try_get(0)?,
+                    events: row.try_get(1)?,
+                    oldest: row.try_get(2)?,
+                    newest: row.try_get(3)?,
+                })
+            })
+            .collect()
     }
 
     /// The oldest running transaction with a transaction id, anywhere on the server, when

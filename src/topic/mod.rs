@@ -4,7 +4,7 @@
 //! - [`TopicTable`] — the statements of the configured tables, rendered once.
 //! - `log` — [`append`](TopicTable::append) inside the caller's transaction (the event exists
 //!   if and only if that transaction commits), [`read`](TopicTable::read) in order,
-//!   [`held_back`](TopicTable::held_back): what holds readers back.
+//!   [`held_back`](TopicTable::held_back): what holds readers back; [`topics`](TopicTable::topics).
 //! - `consumer` — a consumer's cursor: [`open`](TopicTable::open_consumer) from a [`Start`],
 //!   [`ack`](TopicTable::ack) forward only (in the consumer's own transaction, next to its
 //!   effects and its lease's fence), [`reset`](TopicTable::reset_consumer), lag.
@@ -30,7 +30,7 @@ mod log;
 mod retention;
 
 pub use consumer::ConsumerInfo;
-pub use log::{Batch, HeldBack};
+pub use log::{Batch, HeldBack, TopicInfo};
 
 /// A place in a topic's order: the appending transaction's id and the event's position. A
 /// cursor stands *after* the event it names; [`Cursor::START`] is before every event.
@@ -53,6 +53,26 @@ impl Cursor {
 impl std::fmt::Display for Cursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.xid, self.position)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = crate::Error;
+
+    /// `xid/position`, as [`Display`](std::fmt::Display) writes it.
+    fn from_str(text: &str) -> Result<Cursor> {
+        let parsed = text.split_once('/').and_then(|(xid, position)| {
+            Some(Cursor {
+                xid: xid.parse().ok().filter(|x: &i64| *x >= 0)?,
+                position: position.parse().ok().filter(|p: &i64| *p >= 0)?,
+            })
+        });
+        parsed.ok_or_else(|| {
+            crate::Error::new(
+                crate::ErrorKind::InvalidConfig,
+                format!("a cursor is XID/POSITION, two whole numbers, not {text:?}"),
+            )
+        })
     }
 }
 
@@ -105,6 +125,7 @@ pub struct TopicTable {
     append: String,
     read: String,
     held_back: String,
+    topics: String,
     open: String,
     cursor: String,
     ack: String,
@@ -125,6 +146,7 @@ impl TopicTable {
             append: log::append_sql(&t),
             read: log::read_sql(&t, &m),
             held_back: log::HELD_BACK.to_owned(),
+            topics: log::topics_sql(&t),
             open: consumer::open_sql(&t, &c, &m),
             cursor: consumer::cursor_sql(&c),
             ack: consumer::ack_sql(&c),
@@ -153,4 +175,29 @@ const XID: &str = "::text::int8";
 /// A parameter `$n` (an `int8`) as `xid8`.
 fn xid_param(n: usize) -> String {
     format!("${n}::int8::text::xid8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_order_by_transaction_then_position_and_read_back_as_written() {
+        let (a, b) = (
+            Cursor {
+                xid: 7,
+                position: 90,
+            },
+            Cursor {
+                xid: 8,
+                position: 1,
+            },
+        );
+        assert!(Cursor::START < a && a < b, "the transaction first");
+        assert_eq!(a.to_string().parse::<Cursor>().unwrap(), a);
+        for bad in ["", "7", "7/", "/1", "x/1", "7/-1", "-7/1", "7/1/2"] {
+            let err = bad.parse::<Cursor>().unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig, "{bad:?}");
+        }
+    }
 }
