@@ -19,6 +19,7 @@ mod placement;
 mod report;
 mod semaphore;
 mod signals;
+mod topics;
 mod unlogged;
 mod workers;
 
@@ -115,6 +116,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("signals") {
         signals::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("topics") {
+        topics::run(&pg, &sizes, &mut report).await?;
     }
     if run("faults") {
         faults::run(&pg, &sizes, &mut report).await?;

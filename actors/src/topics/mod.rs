@@ -4,7 +4,7 @@
 //! The consumer `c` of topic `t` is the lease `"t/consumers/c"`: the process holding it delivers,
 //! every other one waits in line for it and takes over, from the stored cursor, when it is
 //! released or lost. While it holds the lease, the consumer reads up to a window of events after
-//! its cursor, hands them to the handler one at a time (each call on a task of its own: a panic
+//! its cursor, hands them to the handler one at a time (a panic is caught: it
 //! is an error), and acks the last one it handled (forward only). A handler that returns `Err`
 //! gets the same event again after a backoff, read again from the stored cursor; one that acks
 //! in its own transaction ([`Delivery::ack`], fenced by the lease's token) applies each event
@@ -183,7 +183,7 @@ impl TopicConsumer {
                 metrics,
                 lease_name: consume.lease_name(),
                 consume,
-                table,
+                table: Arc::new(table),
                 pool,
                 locks,
                 doorbell: Notify::new(),

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::statement::Statements;
@@ -20,7 +20,7 @@ use crate::leases::{Acquire, Lease, LockManager};
 pub(super) struct Run {
     pub(super) consume: Consume,
     pub(super) lease_name: String,
-    pub(super) table: TopicTable,
+    pub(super) table: Arc<TopicTable>,
     pub(super) pool: Pool,
     pub(super) locks: Addr<LockManager>,
     pub(super) doorbell: Notify,
@@ -36,7 +36,7 @@ pub struct Delivery {
     event: Event,
     topic: Arc<str>,
     consumer: Arc<str>,
-    table: TopicTable,
+    table: Arc<TopicTable>,
     lease: Arc<Lease>,
 }
 
@@ -159,6 +159,7 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
     let statements = run.pool.idempotent(None);
     let (mut failures, mut errors) = (0u32, 0u32);
+    let mut last_look = Instant::now();
     let mut cursor = loop {
         match run
             .table
@@ -207,6 +208,10 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
             }
         };
         if batch.events.is_empty() {
+            if last_look.elapsed() >= HELD_BACK_LOOK {
+                last_look = Instant::now();
+                warn_if_held_back(run, &statements).await;
+            }
             tokio::select! {
                 () = run.doorbell.notified() => {}
                 () = tokio::time::sleep(run.consume.poll) => {}
@@ -273,13 +278,14 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     }
 }
 
-/// Runs the handler on a task of its own: a panic is an error (the event comes again), not the
-/// end of the consumer.
+/// Runs the handler, catching a panic: it is an error (the event comes again), not the end of
+/// the consumer.
 async fn handle(run: &Run, delivery: Delivery) -> super::ConsumeResult {
-    match tokio::spawn((run.consume.handler)(delivery)).await {
+    use futures_util::FutureExt;
+    let handled = std::panic::AssertUnwindSafe((run.consume.handler)(delivery));
+    match handled.catch_unwind().await {
         Ok(result) => result,
-        Err(e) if e.is_panic() => Err("the handler panicked".to_owned()),
-        Err(e) => Err(format!("the handler's task ended: {e}")),
+        Err(_) => Err("the handler panicked".to_owned()),
     }
 }
 
@@ -299,6 +305,24 @@ async fn ack(run: &Run, statements: &impl Statements, from: Cursor, cursor: Curs
         Err(e) => {
             warn!(error = %e, %cursor, "cannot ack; the events since the last ack come again")
         }
+    }
+}
+
+/// How often a caught-up consumer looks for a transaction holding every reader back.
+const HELD_BACK_LOOK: Duration = Duration::from_secs(60);
+
+/// Warns when a transaction has been open on the server for longer than a minute: readers read
+/// nothing appended since it began until it ends (docs/DESIGN.md, "Durable topics").
+async fn warn_if_held_back(run: &Run, statements: &impl Statements) {
+    if let Ok(Some(held)) = run.table.held_back(statements).await
+        && held.age >= HELD_BACK_LOOK
+    {
+        warn!(
+            pid = held.pid,
+            database = held.database.as_deref().unwrap_or("?"),
+            age_s = held.age.as_secs(),
+            "a transaction open this long holds every topic reader back until it ends"
+        );
     }
 }
 

@@ -1,0 +1,256 @@
+//! Durable topic workloads: appends (1 and 8 appenders) against a raw INSERT of the same row,
+//! append committed → handler called against a raw INSERT + NOTIFY → LISTEN + SELECT, and a
+//! consumer reading a backlog against a raw keyset-paged SELECT.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::poll_fn;
+use pgcoord::topic::{Cursor, TopicTable};
+use pgcoord::{Config, ErrorKind};
+use pgcoord_actors::{Consume, Coordinator, Delivery};
+use tokio_postgres::{AsyncMessage, Client};
+
+use crate::Sizes;
+use crate::report::{Report, Samples};
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// The raw floor's table: the topic table's columns, without pgcoord.
+const RAW: &str = "CREATE TABLE IF NOT EXISTS bench_raw_events (
+    topic varchar(255) NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    position bigint GENERATED ALWAYS AS IDENTITY, appended_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    body bytea NOT NULL, PRIMARY KEY (topic, xid, position));
+    TRUNCATE bench_raw_events";
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let config = Config::builder()
+        .pg_config(pg)
+        .owner("bench-topics")
+        .lock_table("bench_topic_locks")
+        .topic_table(pgcoord::embedded::unique_name("bench_topics"))
+        .pool_size(16)
+        .build()?;
+    let admin = pgcoord::db::connect_spawned(&config).await?;
+    pgcoord::schema::migrate(&admin, &config).await?;
+    admin.batch_execute(RAW).await?;
+    let table = Arc::new(TopicTable::new(&config));
+    let body = vec![7u8; 100];
+
+    // Appends, each its own transaction: pgcoord's (INSERT and the doorbell's NOTIFY) and raw.
+    for appenders in [1usize, 8] {
+        let n = sizes.pairs * 2;
+        let mut clients = Vec::new();
+        for _ in 0..appenders {
+            clients.push(Arc::new(pgcoord::db::connect_spawned(&config).await?));
+        }
+        let raw_insert = "INSERT INTO bench_raw_events (topic, body) VALUES ($1, $2)";
+        let (ours, floor) = (
+            appends(
+                &clients,
+                n,
+                |c, b| {
+                    let table = table.clone();
+                    async move {
+                        table
+                            .append(&*c, "bench", &b)
+                            .await
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    }
+                },
+                &body,
+            )
+            .await?,
+            appends(
+                &clients,
+                n,
+                |c, b| async move {
+                    c.execute(raw_insert, &[&"bench", &b])
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                },
+                &body,
+            )
+            .await?,
+        );
+        let ratio = report.rate(
+            &format!("topic append, {appenders} appender(s), a transaction each (floor: the same INSERT without the doorbell's NOTIFY)"),
+            ours,
+            floor,
+            "events/s",
+        );
+        if appenders == 8 {
+            report.target(
+                "topic appends, 8 appenders: batched appends at least 2× the raw INSERT floor (no batching runtime yet: appends are the caller's own statements)",
+                format!("{:.3}× the floor's rate", 1.0 / ratio),
+                1.0 / ratio >= 2.0,
+            );
+        }
+    }
+
+    // Append committed → handler called, one event at a time; floor: INSERT + NOTIFY, heard
+    // on a raw LISTEN connection, then the row SELECTed.
+    let coordinator = Coordinator::connect(config.clone()).await?;
+    let (heard, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let consume = Consume::new("latency", "bench", move |_: Delivery| {
+        let _ = heard.send(Instant::now());
+        async { Ok(()) }
+    })
+    .start(pgcoord::topic::Start::Now);
+    let consumer = coordinator.consume(consume)?;
+    let (floor_listener, floor_arrivals) = raw_listener(&config).await?;
+    let mut floor_arrivals = floor_arrivals;
+    let rounds = sizes.requests.min(500);
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    tokio::time::sleep(Duration::from_millis(300)).await; // the consumer is reading
+    for _ in 0..rounds {
+        let committed = Instant::now();
+        table.append(&admin, "latency", &body).await?;
+        let at = tokio::time::timeout(Duration::from_secs(10), arrivals.recv()).await?;
+        ours.push(at.ok_or("consumer gone")? - committed);
+        let sent = Instant::now();
+        admin
+            .batch_execute(
+                "BEGIN; INSERT INTO bench_raw_events (topic, body) VALUES ('latency', '\\x00');
+                 NOTIFY bench_raw_events, 'latency'; COMMIT",
+            )
+            .await?;
+        tokio::time::timeout(Duration::from_secs(10), floor_arrivals.recv()).await?;
+        floor_listener
+            .query(
+                "SELECT body FROM bench_raw_events WHERE topic = 'latency'
+                 ORDER BY xid DESC, position DESC LIMIT 1",
+                &[],
+            )
+            .await?;
+        floor.push(sent.elapsed());
+    }
+    let (ours, floor) = (Samples::new(ours), Samples::new(floor));
+    let p50 = report.time(
+        "topic append committed → handler called, p50 (floor: INSERT + NOTIFY → LISTEN + SELECT)",
+        ours.p(0.5),
+        floor.p(0.5),
+    );
+    report.time("topic append → handler, p99", ours.p(0.99), floor.p(0.99));
+    report.target(
+        "topic end to end p50: at most 1.5× INSERT + NOTIFY → LISTEN + SELECT",
+        format!("{p50:.3}×"),
+        p50 <= 1.5,
+    );
+    consumer.send(pgcoord_actors::StopConsuming).await?;
+
+    // Catch-up: a consumer reading a backlog, against a raw keyset-paged SELECT of it.
+    let backlog = sizes.fanout;
+    admin
+        .execute(
+            &format!(
+                "INSERT INTO {} (topic, body) SELECT 'backlog', $1 FROM generate_series(1, $2::int8)",
+                config.topic_table().quoted()
+            ),
+            &[&body, &(backlog as i64)],
+        )
+        .await?;
+    let floor = keyset(&admin, &config, backlog).await?;
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let consume = {
+        let count = count.clone();
+        Consume::new("backlog", "bench", move |_: Delivery| {
+            if count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == backlog {
+                let _ = done.send(());
+            }
+            async { Ok(()) }
+        })
+        .window(1_000)
+    };
+    let consumer = coordinator.consume(consume)?;
+    tokio::time::timeout(Duration::from_secs(600), finished.recv()).await?;
+    let ours = started.elapsed();
+    consumer.send(pgcoord_actors::StopConsuming).await?;
+    let (ours_rate, floor_rate) = (
+        backlog as f64 / ours.as_secs_f64(),
+        backlog as f64 / floor.as_secs_f64(),
+    );
+    let ratio = report.rate(
+        &format!("topic catch-up: a consumer reading a backlog of {backlog} events (floor: keyset-paged SELECT, 1,000 a page)"),
+        ours_rate,
+        floor_rate,
+        "events/s",
+    );
+    report.target(
+        "topic catch-up: at least 0.8× the keyset-paged SELECT's rate",
+        format!("{:.3}×", 1.0 / ratio),
+        1.0 / ratio >= 0.8,
+    );
+    Ok(())
+}
+
+/// `n` appends spread over `clients`, each a closed loop: the rate.
+async fn appends<F, Fut>(clients: &[Arc<Client>], n: usize, append: F, body: &[u8]) -> Res<f64>
+where
+    F: Fn(Arc<Client>, Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = Instant::now();
+    let per = n / clients.len();
+    let loops = clients.iter().map(|c| {
+        let futures: Vec<_> = (0..per).map(|_| append(c.clone(), body.to_vec())).collect();
+        async move {
+            for f in futures {
+                f.await?;
+            }
+            Ok::<(), String>(())
+        }
+    });
+    for result in futures_util::future::join_all(loops).await {
+        result?;
+    }
+    Ok((per * clients.len()) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A raw LISTEN connection on the floor's channel, and its arrivals.
+async fn raw_listener(
+    config: &Config,
+) -> Res<(Client, tokio::sync::mpsc::UnboundedReceiver<Instant>)> {
+    let (client, mut connection) = pgcoord::db::connect(config).await?;
+    let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(_) = message {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    client.batch_execute("LISTEN bench_raw_events").await?;
+    Ok((client, arrivals))
+}
+
+/// The floor of catch-up: reading the backlog in pages of 1,000 by keyset.
+async fn keyset(client: &Client, config: &Config, backlog: usize) -> Res<Duration> {
+    let sql = format!(
+        "SELECT xid::text::int8, position, appended_at, body FROM {}
+         WHERE topic = 'backlog' AND (xid, position) > ($1::int8::text::xid8, $2)
+         ORDER BY xid, position LIMIT 1000",
+        config.topic_table().quoted()
+    );
+    let statement = client.prepare(&sql).await?;
+    let started = Instant::now();
+    let (mut cursor, mut read) = (Cursor::START, 0);
+    while read < backlog {
+        let rows = client
+            .query(&statement, &[&cursor.xid, &cursor.position])
+            .await?;
+        let Some(last) = rows.last() else {
+            return Err(pgcoord::Error::new(ErrorKind::Other, "the backlog ended early").into());
+        };
+        cursor = Cursor {
+            xid: last.try_get(0)?,
+            position: last.try_get(1)?,
+        };
+        read += rows.len();
+    }
+    Ok(started.elapsed())
+}
