@@ -23,6 +23,8 @@ pub struct Coordinator {
     pub signals: Addr<ListenerActor>,
     /// Deletes expired rows of the payload table on a timer.
     pub payload_expiry: Addr<PayloadExpiry>,
+    /// Appends to durable topics, batched ([`Append`](crate::Append)).
+    pub topics: Addr<crate::TopicAppender>,
     /// What the actors were started with.
     config: Config,
     /// The pool they share.
@@ -89,6 +91,8 @@ impl Coordinator {
                 .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
             payload_expiry: PayloadExpiry::new(table, expire_every).start(),
+            topics: crate::TopicAppender::new(pgcoord::TopicTable::new(&config), pool.clone())
+                .start(),
             signals,
             config,
             pool,

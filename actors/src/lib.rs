@@ -36,8 +36,9 @@
 //!   by leases, each worker given its key's fencing token.
 //! - [`topics`] — [`TopicConsumer`]: a durable topic's named consumer, one active instance
 //!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
-//!   handler's transaction applies each event once. Appending is the core's
-//!   (`pgcoord::topic::TopicTable::append`, in the caller's transaction).
+//!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
+//!   commit). Appending in the caller's transaction is the core's
+//!   (`pgcoord::topic::TopicTable::append`).
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
 //! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
 //!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
@@ -98,7 +99,7 @@ pub use signals::{
 };
 pub use stats::GetStats;
 pub use topics::{
-    Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
-    StopConsuming, TopicConsumer,
+    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
+    StopConsuming, TopicAppender, TopicConsumer,
 };
 pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};

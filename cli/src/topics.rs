@@ -60,9 +60,9 @@ pub async fn tail(config: &Config, client: &Client, topic: &str, count: u32) -> 
     pgcoord::config::validate_name("topic", topic.to_owned())?;
     let sql = format!(
         "SELECT * FROM (
-             SELECT xid::text::int8, position, appended_at, body FROM {}
-             WHERE topic = $1 AND xid < pg_snapshot_xmin(pg_current_snapshot())
-             ORDER BY xid DESC, position DESC LIMIT $2) AS last
+             SELECT e.xid::text::int8, e.position, e.appended_at, e.body FROM {} AS e
+             WHERE e.topic = $1 AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+             ORDER BY e.xid DESC, e.position DESC LIMIT $2) AS last
          ORDER BY 1, 2",
         config.topic_table().quoted()
     );

@@ -64,6 +64,23 @@ pub(super) fn append_sql(t: &str) -> String {
     )
 }
 
+/// $1 topics, $2 bodies, $3 channel. Many events in one statement (one commit), in the order
+/// given: positions are drawn as the ordered rows are inserted. The doorbell rings once per
+/// topic (PostgreSQL folds equal notifications of one transaction).
+pub(super) fn append_many_sql(t: &str) -> String {
+    format!(
+        "WITH args AS MATERIALIZED (SELECT $1::text[] AS topics, $2::bytea[] AS bodies),
+         appended AS (
+             INSERT INTO {t} (topic, body)
+             SELECT r.topic, r.body
+             FROM args, unnest(args.topics, args.bodies) WITH ORDINALITY AS r(topic, body, n)
+             ORDER BY r.n
+             RETURNING topic, xid, position
+         )
+         SELECT xid{XID}, position, pg_notify($3, topic)::text FROM appended ORDER BY position"
+    )
+}
+
 /// $1 topic, $2 and $3 the cursor, $4 limit. Rows: 'e' events; 'h' the horizon; 'c' the
 /// retention mark when it is past the cursor (then no events: the cursor missed some).
 ///
@@ -102,6 +119,22 @@ pub(super) const HELD_BACK: &str = "SELECT pid, datname::text,
 /// The largest body [`TopicTable::append`] takes: what a `bytea` holds, less room for the row.
 pub const MAX_BODY_BYTES: usize = 1 << 29;
 
+/// The most events one [`TopicTable::append_many`] statement takes.
+pub const MAX_EVENTS_PER_STATEMENT: usize = 1_000;
+
+fn check_body(body: &[u8]) -> Result<()> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(Error::new(
+            ErrorKind::PayloadTooLarge,
+            format!(
+                "an event's body is at most {MAX_BODY_BYTES} bytes, not {}",
+                body.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl TopicTable {
     /// Appends `body` to `topic`, in the caller's transaction when `client` is one: the event
     /// exists if and only if that transaction commits. Its cursor (the transaction's id and the
@@ -117,15 +150,7 @@ impl TopicTable {
         body: &[u8],
     ) -> Result<Cursor> {
         check("topic", topic)?;
-        if body.len() > MAX_BODY_BYTES {
-            return Err(Error::new(
-                ErrorKind::PayloadTooLarge,
-                format!(
-                    "an event's body is at most {MAX_BODY_BYTES} bytes, not {}",
-                    body.len()
-                ),
-            ));
-        }
+        check_body(body)?;
         let params: &[Param<'_>] = &[
             (&topic, Type::TEXT),
             (&body, Type::BYTEA),
@@ -139,6 +164,57 @@ impl TopicTable {
             xid: row.try_get(0)?,
             position: row.try_get(1)?,
         })
+    }
+
+    /// Appends every `(topic, body)` of `events`, in that order, in one statement: one
+    /// transaction of their own (or the caller's, when `client` is one), one commit for all.
+    /// Their cursors, in the same order. Checked before any SQL: names, body sizes, at most
+    /// [`MAX_EVENTS_PER_STATEMENT`] events.
+    #[instrument(skip_all, fields(events = events.len()), level = "debug")]
+    pub async fn append_many(
+        &self,
+        client: &(impl Statements + ?Sized),
+        events: &[(&str, &[u8])],
+    ) -> Result<Vec<Cursor>> {
+        if events.len() > MAX_EVENTS_PER_STATEMENT {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a batch appends at most {MAX_EVENTS_PER_STATEMENT} events, not {}",
+                    events.len()
+                ),
+            ));
+        }
+        let (mut topics, mut bodies) = (Vec::new(), Vec::new());
+        for (topic, body) in events {
+            check("topic", topic)?;
+            check_body(body)?;
+            topics.push(*topic);
+            bodies.push(*body);
+        }
+        if topics.is_empty() {
+            return Ok(Vec::new());
+        }
+        let params: &[Param<'_>] = &[
+            (&topics, Type::TEXT_ARRAY),
+            (&bodies, Type::BYTEA_ARRAY),
+            (&self.channel, Type::TEXT),
+        ];
+        let rows = client.run(&self.append_many, params).await?;
+        if rows.len() != events.len() {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!("{} of {} events appended", rows.len(), events.len()),
+            ));
+        }
+        (rows.iter())
+            .map(|row| {
+                Ok(Cursor {
+                    xid: row.try_get(0)?,
+                    position: row.try_get(1)?,
+                })
+            })
+            .collect()
     }
 
     /// [`append`](Self::append) of `value` encoded as MessagePack with named fields; read it

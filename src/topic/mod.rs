@@ -3,7 +3,7 @@
 //!
 //! - [`TopicTable`] — the statements of the configured tables, rendered once.
 //! - `log` — [`append`](TopicTable::append) inside the caller's transaction (the event exists
-//!   if and only if that transaction commits), [`read`](TopicTable::read) in order,
+//!   if and only if that transaction commits), [`append_many`](TopicTable::append_many), [`read`](TopicTable::read) in order,
 //!   [`held_back`](TopicTable::held_back): what holds readers back; [`topics`](TopicTable::topics).
 //! - `consumer` — a consumer's cursor: [`open`](TopicTable::open_consumer) from a [`Start`],
 //!   [`ack`](TopicTable::ack) forward only (in the consumer's own transaction, next to its
@@ -30,7 +30,7 @@ mod log;
 mod retention;
 
 pub use consumer::ConsumerInfo;
-pub use log::{Batch, HeldBack, TopicInfo};
+pub use log::{Batch, HeldBack, MAX_BODY_BYTES, MAX_EVENTS_PER_STATEMENT, TopicInfo};
 
 /// A place in a topic's order: the appending transaction's id and the event's position. A
 /// cursor stands *after* the event it names; [`Cursor::START`] is before every event.
@@ -123,6 +123,7 @@ pub struct Retention {
 #[derive(Debug, Clone)]
 pub struct TopicTable {
     append: String,
+    append_many: String,
     read: String,
     held_back: String,
     topics: String,
@@ -144,6 +145,7 @@ impl TopicTable {
         let m = config.topic_trimmed().quoted();
         TopicTable {
             append: log::append_sql(&t),
+            append_many: log::append_many_sql(&t),
             read: log::read_sql(&t, &m),
             held_back: log::HELD_BACK.to_owned(),
             topics: log::topics_sql(&t),

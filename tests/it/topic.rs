@@ -383,3 +383,49 @@ async fn retention_trims_in_bounded_batches_and_a_cursor_behind_it_is_compacted(
     let err = table.trim(&client, "t", zero, 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DurationTooSmall);
 }
+
+#[tokio::test]
+async fn append_many_appends_in_order_in_one_transaction_or_nothing() {
+    let (_config, mut client, table) = setup().await;
+    let events: Vec<(&str, &[u8])> = vec![("t", b"1"), ("u", b"2"), ("t", b"3")];
+    let tx = client.transaction().await.unwrap();
+    table.append_many(&tx, &events).await.unwrap();
+    tx.rollback().await.unwrap();
+    let cursors = table.append_many(&client, &events).await.unwrap();
+    assert_eq!(cursors.len(), 3);
+    assert!(
+        cursors[0] < cursors[1] && cursors[1] < cursors[2],
+        "{cursors:?}"
+    );
+    assert!(
+        cursors.iter().all(|c| c.xid == cursors[0].xid),
+        "one transaction"
+    );
+    let t = next_n(&table, &client, "t", Cursor::START, 2).await;
+    assert_eq!((t[0].cursor, t[1].cursor), (cursors[0], cursors[2]));
+    assert_eq!(
+        (t[0].body.as_slice(), t[1].body.as_slice()),
+        (&b"1"[..], &b"3"[..])
+    );
+    nothing_after(&table, &client, "t", cursors[2]).await;
+    assert_eq!(
+        next_n(&table, &client, "u", Cursor::START, 1).await[0].body,
+        b"2"
+    );
+    // Bad input fails before any SQL, and nothing is appended.
+    let bad: Vec<(&str, &[u8])> = vec![("v", b"ok"), ("", b"no")];
+    let err = table.append_many(&client, &bad).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+    let too_many = vec![("v", &b"x"[..]); pgcoord::topic::MAX_EVENTS_PER_STATEMENT + 1];
+    let err = table.append_many(&client, &too_many).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    assert!(table.append_many(&client, &[]).await.unwrap().is_empty());
+    assert!(
+        table
+            .topics(&client)
+            .await
+            .unwrap()
+            .iter()
+            .all(|t| t.topic != "v")
+    );
+}

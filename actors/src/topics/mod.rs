@@ -13,6 +13,9 @@
 //! `Reconnected`, or its poll: a doorbell only wakes it, and a missed one costs a poll.
 //! A cursor behind retention stops it with [`pgcoord::ErrorKind::Compacted`].
 //!
+//! Appends that need no transaction of the caller's go through [`TopicAppender`]
+//! ([`Append`]), batched.
+//!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
 //! [`GetConsumerStats`] and [`StopConsuming`].
@@ -31,8 +34,10 @@ use tokio::sync::Notify;
 use crate::leases::LockManager;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
+mod append;
 mod run;
 
+pub use append::{Append, TopicAppender};
 pub use run::Delivery;
 
 /// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event

@@ -321,3 +321,52 @@ async fn a_consumer_catches_up_by_itself_after_its_listener_dies_and_the_server_
     firsts.retain(|b| at.insert(b.clone()));
     assert_eq!(firsts, bodies(0..30), "every event, in order");
 }
+
+/// Appends through the runtime: a burst shares statements (and transactions), each caller gets
+/// its own cursor, and a bad event fails only its caller.
+#[actix_rt::test]
+async fn appends_through_the_runtime_are_batched_and_each_caller_gets_its_own_cursor() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("one").build().unwrap();
+    let one = Coordinator::connect(config.clone()).await.unwrap();
+    let sends: Vec<_> = (0..300u32)
+        .map(|i| one.topics.send(Append::new("t", i.to_string())))
+        .collect();
+    let bad = one.topics.send(Append::new("", "x"));
+    let cursors: Vec<Cursor> = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let err = bad.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidName);
+    let transactions: std::collections::HashSet<i64> = cursors.iter().map(|c| c.xid).collect();
+    assert!(
+        transactions.len() < 100,
+        "{} transactions for 300 appends",
+        transactions.len()
+    );
+    // Every caller's body is at its own cursor.
+    let table = TopicTable::new(&config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut events = Vec::new();
+    while events.len() < 300 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 300 readable",
+            events.len()
+        );
+        let after = events
+            .last()
+            .map_or(Cursor::START, |e: &pgcoord::topic::Event| e.cursor);
+        let batch = table.read(&admin, "t", after, 1000).await.unwrap();
+        if batch.events.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        events.extend(batch.events);
+    }
+    for (i, cursor) in cursors.iter().enumerate() {
+        let event = events.iter().find(|e| e.cursor == *cursor).unwrap();
+        assert_eq!(event.body, i.to_string().into_bytes());
+    }
+}

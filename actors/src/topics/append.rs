@@ -1,0 +1,151 @@
+//! [`TopicAppender`]: appends through the runtime, in transactions of their own, batched: what
+//! the process appends at the same moment goes to the server as one statement and one commit
+//! (group commit, as for leases). A lone append goes at once as the single statement.
+//!
+//! Appending inside your own transaction (the outbox) is the core's
+//! [`TopicTable::append`](pgcoord::topic::TopicTable::append); this is for events that need no
+//! transaction of yours. An append whose answer was lost (the connection failed after sending)
+//! reports the error, and may have been made: asking again may append it twice.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use pgcoord::topic::{Cursor, MAX_EVENTS_PER_STATEMENT, TopicTable};
+use pgcoord::{Pool, Result};
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::batch::{Batcher, NOTIFY_BATCH_FROM, RunBatch, shared_error};
+
+/// Append `body` to `topic`; answers the event's cursor.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Cursor>")]
+pub struct Append {
+    topic: String,
+    body: Vec<u8>,
+}
+
+impl Append {
+    /// `body`, as it is, to `topic`.
+    pub fn new(topic: impl Into<String>, body: impl Into<Vec<u8>>) -> Append {
+        Append {
+            topic: topic.into(),
+            body: body.into(),
+        }
+    }
+
+    /// `value` encoded as MessagePack with named fields (read it with `Event::value`).
+    pub fn value<T: Serialize + ?Sized>(topic: impl Into<String>, value: &T) -> Result<Append> {
+        Ok(Append::new(topic, pgcoord::signal::to_payload(value)?))
+    }
+}
+
+/// One append waiting for its batch.
+struct AppendItem {
+    append: Append,
+    reply: oneshot::Sender<Result<Cursor>>,
+}
+
+/// What a batch needs to run.
+struct AppendRunner {
+    table: Arc<TopicTable>,
+    pool: Pool,
+}
+
+impl RunBatch<AppendItem> for AppendRunner {
+    async fn run(&self, batch: Vec<AppendItem>) {
+        // A caller that left before its batch was sent gets nothing appended.
+        let batch: Vec<AppendItem> = batch.into_iter().filter(|i| !i.reply.is_closed()).collect();
+        let events: Vec<(&str, &[u8])> = (batch.iter())
+            .map(|i| (i.append.topic.as_str(), i.append.body.as_slice()))
+            .collect();
+        let statements = self.pool.statements(None);
+        match self.table.append_many(&statements, &events).await {
+            Ok(cursors) => {
+                for (item, cursor) in batch.into_iter().zip(cursors) {
+                    let _ = item.reply.send(Ok(cursor));
+                }
+            }
+            Err(error) => {
+                let error = Arc::new(error);
+                for item in batch {
+                    let _ = item.reply.send(Err(shared_error(&error)));
+                }
+            }
+        }
+    }
+}
+
+/// Appends to durable topics in batches; [`Coordinator::topics`](crate::Coordinator::topics).
+pub struct TopicAppender {
+    runner: Arc<AppendRunner>,
+    batcher: Option<Batcher<AppendItem>>,
+}
+
+impl TopicAppender {
+    pub(crate) fn new(table: TopicTable, pool: Pool) -> TopicAppender {
+        TopicAppender {
+            runner: Arc::new(AppendRunner {
+                table: Arc::new(table),
+                pool,
+            }),
+            batcher: None,
+        }
+    }
+}
+
+impl Actor for TopicAppender {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Bursts of appends arrive faster than actix's default mailbox of 16.
+        ctx.set_mailbox_capacity(4096);
+        let max = MAX_EVENTS_PER_STATEMENT;
+        self.batcher = Some(Batcher::start(self.runner.clone(), NOTIFY_BATCH_FROM, max));
+    }
+}
+
+impl Handler<Append> for TopicAppender {
+    type Result = ResponseFuture<Result<Cursor>>;
+
+    fn handle(&mut self, append: Append, _: &mut Context<Self>) -> Self::Result {
+        let (runner, batcher) = (self.runner.clone(), self.batcher.clone());
+        Box::pin(async move {
+            // A bad event is its caller's error, before it can fail a batch of others.
+            pgcoord::config::validate_name("topic", append.topic.clone())?;
+            if append.body.len() > pgcoord::topic::MAX_BODY_BYTES {
+                return Err(pgcoord::Error::new(
+                    pgcoord::ErrorKind::PayloadTooLarge,
+                    format!(
+                        "an event's body is at most {} bytes",
+                        pgcoord::topic::MAX_BODY_BYTES
+                    ),
+                ));
+            }
+            let batcher = batcher.expect("started");
+            let (_under_way, alone) = batcher.enter();
+            if alone {
+                let statements = runner.pool.statements(None);
+                return runner
+                    .table
+                    .append(&statements, &append.topic, &append.body)
+                    .await;
+            }
+            let (reply, answer) = oneshot::channel();
+            if let Err(item) = batcher.submit(AppendItem { append, reply }) {
+                let statements = runner.pool.statements(None);
+                let append = item.append;
+                return runner
+                    .table
+                    .append(&statements, &append.topic, &append.body)
+                    .await;
+            }
+            answer.await.unwrap_or_else(|_| {
+                Err(pgcoord::Error::new(
+                    pgcoord::ErrorKind::Other,
+                    "the append batch ended without an answer",
+                ))
+            })
+        })
+    }
+}
