@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
-use super::{Cursor, Start, TopicTable, XID, check, xid_param};
+use super::{Cursor, Start, TopicTable, XID, check, cursor_at, xid_param};
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{Param, Statements};
 
@@ -147,10 +147,7 @@ impl TopicTable {
                 format!("consumer {consumer:?} was not opened"),
             )
         })?;
-        Ok(Cursor {
-            xid: row.try_get(0)?,
-            position: row.try_get(1)?,
-        })
+        cursor_at(row, 0)
     }
 
     /// The cursor of `consumer` of `topic`; [`ErrorKind::NotFound`] when it was never opened.
@@ -165,10 +162,7 @@ impl TopicTable {
         let params: &[Param<'_>] = &[(&topic, Type::TEXT), (&consumer, Type::TEXT)];
         let rows = client.run(&self.cursor, params).await?;
         let row = rows.first().ok_or_else(|| not_opened(topic, consumer))?;
-        Ok(Cursor {
-            xid: row.try_get(0)?,
-            position: row.try_get(1)?,
-        })
+        cursor_at(row, 0)
     }
 
     /// Moves the cursor of `consumer` of `topic` forward to `cursor`: the consumer has handled
@@ -237,10 +231,7 @@ impl TopicTable {
             .map(|row| {
                 Ok(ConsumerInfo {
                     consumer: row.try_get(0)?,
-                    cursor: Cursor {
-                        xid: row.try_get(1)?,
-                        position: row.try_get(2)?,
-                    },
+                    cursor: cursor_at(row, 1)?,
                     acked_at: row.try_get(3)?,
                     lag_events: row.try_get(4)?,
                     oldest_unacked: row.try_get(5)?,

@@ -7,7 +7,7 @@ use serde::Serialize;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
-use super::{Cursor, Event, TopicTable, XID, check, xid_param};
+use super::{Cursor, Event, TopicTable, XID, check, cursor_at, xid_param};
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{Param, Statements};
 
@@ -160,10 +160,7 @@ impl TopicTable {
         let row = rows
             .first()
             .ok_or_else(|| Error::new(ErrorKind::Other, "the append returned no row".to_owned()))?;
-        Ok(Cursor {
-            xid: row.try_get(0)?,
-            position: row.try_get(1)?,
-        })
+        cursor_at(row, 0)
     }
 
     /// Appends every `(topic, body)` of `events`, in that order, in one statement: one
@@ -207,14 +204,7 @@ impl TopicTable {
                 format!("{} of {} events appended", rows.len(), events.len()),
             ));
         }
-        (rows.iter())
-            .map(|row| {
-                Ok(Cursor {
-                    xid: row.try_get(0)?,
-                    position: row.try_get(1)?,
-                })
-            })
-            .collect()
+        (rows.iter()).map(|row| cursor_at(row, 0)).collect()
     }
 
     /// [`append`](Self::append) of `value` encoded as MessagePack with named fields; read it
@@ -261,27 +251,20 @@ impl TopicTable {
             horizon: 0,
         };
         for row in &rows {
-            let cursor = || -> Result<Cursor> {
-                Ok(Cursor {
-                    xid: row.try_get(1)?,
-                    position: row.try_get(2)?,
-                })
-            };
             match row.try_get::<_, &str>(0)? {
                 "e" => batch.events.push(Event {
-                    cursor: cursor()?,
+                    cursor: cursor_at(row, 1)?,
                     appended_at: row.try_get(3)?,
                     body: row.try_get(4)?,
                 }),
                 "h" => batch.horizon = row.try_get(1)?,
                 _ => {
+                    let mark = cursor_at(row, 1)?;
                     return Err(Error::new(
                         ErrorKind::Compacted,
                         format!(
-                            "topic {topic:?} was trimmed through {} (retention), past cursor \
-                             {after}: events after the cursor are gone; resume from {} or later",
-                            cursor()?,
-                            cursor()?
+                            "topic {topic:?} was trimmed through {mark} (retention), past cursor \
+                             {after}: events after the cursor are gone; resume from {mark} or later"
                         ),
                     ));
                 }

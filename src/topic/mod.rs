@@ -172,6 +172,14 @@ fn check(what: &str, name: &str) -> Result<()> {
     validate_name(what, name.to_owned()).map(drop)
 }
 
+/// The cursor in columns `first` (the xid, as `int8`) and `first + 1` of `row`.
+fn cursor_at(row: &tokio_postgres::Row, first: usize) -> Result<Cursor> {
+    Ok(Cursor {
+        xid: row.try_get(first)?,
+        position: row.try_get(first + 1)?,
+    })
+}
+
 /// `xid8` travels as text: tokio-postgres has no type for it.
 const XID: &str = "::text::int8";
 /// A parameter `$n` (an `int8`) as `xid8`.

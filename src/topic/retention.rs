@@ -9,7 +9,7 @@
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
-use super::{Cursor, Retention, TopicTable, XID, check};
+use super::{Cursor, Retention, TopicTable, XID, check, cursor_at};
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::{Param, Statements};
 
@@ -94,13 +94,6 @@ impl TopicTable {
     ) -> Result<Option<Cursor>> {
         check("topic", topic)?;
         let rows = client.run(&self.trimmed, &[(&topic, Type::TEXT)]).await?;
-        rows.first()
-            .map(|row| {
-                Ok(Cursor {
-                    xid: row.try_get(0)?,
-                    position: row.try_get(1)?,
-                })
-            })
-            .transpose()
+        rows.first().map(|row| cursor_at(row, 0)).transpose()
     }
 }
