@@ -99,6 +99,35 @@ impl Coordinator {
         }
     }
 
+    /// Starts a [`TopicRetention`](crate::TopicRetention) for `topic` in this process: every
+    /// `every` (at least 10 ms), the events `retention` no longer keeps are deleted in bounded
+    /// batches. Any number of processes may run one for a topic. Until
+    /// [`Shutdown`](crate::Shutdown) or the System stops. Typed errors for a bad name, an
+    /// interval under 10 ms, or a retention that keeps everything.
+    pub fn retain(
+        &self,
+        topic: impl Into<String>,
+        retention: pgcoord::topic::Retention,
+        every: std::time::Duration,
+    ) -> pgcoord::Result<Addr<crate::TopicRetention>> {
+        let topic = pgcoord::config::validate_name("topic", topic.into())?;
+        if every < std::time::Duration::from_millis(10) {
+            return Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::DurationTooSmall,
+                format!("a retention's interval {every:?} is shorter than 10 ms"),
+            ));
+        }
+        if retention.max_age.is_none() && retention.max_events.is_none() {
+            return Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::InvalidConfig,
+                "a retention that keeps everything trims nothing: set max_age or max_events",
+            ));
+        }
+        let table = pgcoord::TopicTable::new(&self.config);
+        let pool = self.pool.clone();
+        Ok(crate::TopicRetention::new(table, pool, topic, retention, every).start())
+    }
+
     /// Starts a [`TopicConsumer`](crate::TopicConsumer) of durable topic events in this
     /// process, on the actors' pool: it delivers while it holds the consumer's lease, and waits
     /// for it otherwise. Typed errors for a bad name, window or poll, before anything starts.

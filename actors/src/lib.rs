@@ -100,6 +100,6 @@ pub use signals::{
 pub use stats::GetStats;
 pub use topics::{
     Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
-    StopConsuming, TopicAppender, TopicConsumer,
+    StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};

@@ -14,7 +14,7 @@
 //! A cursor behind retention stops it with [`pgcoord::ErrorKind::Compacted`].
 //!
 //! Appends that need no transaction of the caller's go through [`TopicAppender`]
-//! ([`Append`]), batched.
+//! ([`Append`]), batched; [`TopicRetention`] trims a topic on a timer.
 //!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
@@ -35,9 +35,11 @@ use crate::leases::LockManager;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
+mod retention;
 mod run;
 
 pub use append::{Append, TopicAppender};
+pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
 pub use run::Delivery;
 
 /// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event
