@@ -293,7 +293,7 @@ impl TopicTable {
     /// began. A transaction left open (a stuck migration, an idle session in a transaction)
     /// stops every consumer; `idle_in_transaction_session_timeout` bounds the idle kind.
     pub async fn held_back(&self, client: &(impl Statements + ?Sized)) -> Result<Option<HeldBack>> {
-        let rows = client.run(&self.held_back, &[]).await?;
+        let rows = client.run(HELD_BACK, &[]).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };

@@ -16,6 +16,7 @@ mod standby;
 mod tls;
 mod tokens;
 mod topic;
+mod topic_retention;
 
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
 //! Durable topics against a real PostgreSQL: an event exists if and only if its transaction
 //! commits, a late commit is never skipped, consumers' cursors move forward only and with their
-//! effects, and a cursor behind retention is an error.
+//! effects, and many appends go in one statement.
 
 use std::time::{Duration, SystemTime};
 
-use pgcoord::topic::{Cursor, Event, Retention, Start, TopicTable};
+use pgcoord::topic::{Cursor, Event, Start, TopicTable};
 use pgcoord::{ErrorKind, LeaseTable};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
@@ -17,7 +17,7 @@ struct Order {
     item: String,
 }
 
-async fn setup() -> (pgcoord::Config, Client, TopicTable) {
+pub(super) async fn setup() -> (pgcoord::Config, Client, TopicTable) {
     let (config, client) = super::setup().await;
     let table = TopicTable::new(&config);
     (config, client, table)
@@ -26,7 +26,7 @@ async fn setup() -> (pgcoord::Config, Client, TopicTable) {
 /// The next `n` events of `topic` after `after`, in order, read two at a time. The horizon is
 /// the whole cluster's, and the other tests' transactions hold it back for moments: reads wait
 /// for them, within a bound.
-async fn next_n(
+pub(super) async fn next_n(
     table: &TopicTable,
     client: &Client,
     topic: &str,
@@ -53,7 +53,7 @@ async fn next_n(
 }
 
 /// The bodies of the next `n` events.
-async fn bodies(
+pub(super) async fn bodies(
     table: &TopicTable,
     client: &Client,
     topic: &str,
@@ -66,7 +66,7 @@ async fn bodies(
 }
 
 /// Nothing after `after` is read now.
-async fn nothing_after(table: &TopicTable, client: &Client, topic: &str, after: Cursor) {
+pub(super) async fn nothing_after(table: &TopicTable, client: &Client, topic: &str, after: Cursor) {
     let batch = table.read(client, topic, after, 10).await.unwrap();
     assert!(batch.events.is_empty(), "{:?}", batch.events);
 }
@@ -312,76 +312,6 @@ async fn an_ack_fenced_by_the_consumers_lease_applies_each_event_exactly_once() 
         .unwrap()
         .get(0);
     assert_eq!(applied, 2, "each event once");
-}
-
-#[tokio::test]
-async fn retention_trims_in_bounded_batches_and_a_cursor_behind_it_is_compacted() {
-    let (config, client, table) = setup().await;
-    for i in 0..10u8 {
-        table.append(&client, "t", &[i]).await.unwrap();
-    }
-    let events = next_n(&table, &client, "t", Cursor::START, 10).await;
-    let keep_four = Retention {
-        max_events: Some(4),
-        ..Retention::default()
-    };
-    assert_eq!(table.trim(&client, "t", keep_four, 3).await.unwrap(), 3);
-    assert_eq!(table.trim(&client, "t", keep_four, 3).await.unwrap(), 3);
-    assert_eq!(table.trim(&client, "t", keep_four, 3).await.unwrap(), 0);
-    assert_eq!(
-        table.trimmed(&client, "t").await.unwrap(),
-        Some(events[5].cursor)
-    );
-    let err = table
-        .read(&client, "t", Cursor::START, 10)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Compacted, "{err}");
-    assert!(
-        err.to_string().contains(&events[5].cursor.to_string()),
-        "{err}"
-    );
-    let err = table
-        .read(&client, "t", events[2].cursor, 10)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Compacted);
-    let left = bodies(&table, &client, "t", events[5].cursor, 4).await;
-    nothing_after(&table, &client, "t", events[9].cursor).await;
-    assert_eq!(left, [[6], [7], [8], [9]]);
-    assert_eq!(
-        table
-            .open_consumer(&client, "t", "new", Start::Oldest)
-            .await
-            .unwrap(),
-        events[5].cursor,
-        "the oldest kept"
-    );
-    // An event committed after a transaction that is still open is kept, whatever its age.
-    let mut open = super::connect(&config).await;
-    let open_tx = open.transaction().await.unwrap();
-    open_tx
-        .query_one("SELECT pg_current_xact_id()::text", &[])
-        .await
-        .unwrap();
-    table.append(&client, "t", b"young").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let by_age = Retention {
-        max_age: Some(Duration::from_millis(1)),
-        ..Retention::default()
-    };
-    assert_eq!(table.trim(&client, "t", by_age, 100).await.unwrap(), 4);
-    open_tx.commit().await.unwrap();
-    next_n(&table, &client, "t", events[9].cursor, 1).await;
-    assert_eq!(table.trim(&client, "t", by_age, 100).await.unwrap(), 1);
-    let err = table.trim(&client, "t", by_age, 0).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
-    let zero = Retention {
-        max_age: Some(Duration::ZERO),
-        ..Retention::default()
-    };
-    let err = table.trim(&client, "t", zero, 1).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::DurationTooSmall);
 }
 
 #[tokio::test]

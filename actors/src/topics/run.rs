@@ -107,6 +107,7 @@ pub(super) async fn run(run: Arc<Run>) {
     let span =
         info_span!("topic_consumer", topic = %run.consume.topic, consumer = %run.consume.consumer);
     async move {
+        let mut failures = 0u32;
         loop {
             // Waits in line for the lease as long as it takes: a second instance waits here.
             let acquire = run.locks.call(Acquire::new(run.lease_name.clone()));
@@ -116,22 +117,21 @@ pub(super) async fn run(run: Arc<Run>) {
             };
             let lease = match lease {
                 Ok(lease) => Arc::new(lease),
-                // Another consumer of the name in this process holds it: wait for it quietly.
-                Err(e) if e.kind() == ErrorKind::AlreadyHeld => {
-                    debug!("the consumer's lease is held by this process; waiting");
-                    if pause(&run, run.consume.poll).await {
-                        return;
-                    }
-                    continue;
-                }
                 Err(e) => {
-                    warn!(error = %e, "cannot take the consumer's lease; trying again");
+                    // Another consumer of the name in this process holds it: wait quietly.
+                    if e.kind() == ErrorKind::AlreadyHeld {
+                        debug!("the consumer's lease is held by this process; waiting");
+                    } else {
+                        failures += 1;
+                        warn_every(failures, &e, "cannot take the consumer's lease");
+                    }
                     if pause(&run, run.consume.poll).await {
                         return;
                     }
                     continue;
                 }
             };
+            failures = 0;
             stats(&run, |s| {
                 s.tenures += 1;
                 s.active = true;
@@ -334,10 +334,9 @@ async fn pause(run: &Run, how_long: Duration) -> bool {
     }
 }
 
-/// 50 ms doubling with each failure, at most the poll.
+/// The project's jittered backoff for the `failures`-th failure in a row, at most the poll.
 fn backoff(failures: u32, poll: Duration) -> Duration {
-    let shift = failures.saturating_sub(1).min(16);
-    (Duration::from_millis(50) * (1u32 << shift)).min(poll.max(Duration::from_millis(50)))
+    pgcoord::db::backoff(failures.saturating_sub(1)).min(poll)
 }
 
 /// A warning at the 1st, 2nd, 4th, 8th... failure in a row.

@@ -24,6 +24,7 @@ mod signal_faults;
 mod signals;
 mod startup;
 mod tls;
+mod topic_retention;
 mod topics;
 mod unlogged;
 mod workers;

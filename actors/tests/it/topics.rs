@@ -1,23 +1,23 @@
 //! Topic consumers against a real PostgreSQL: every event at least once and in order, one
 //! active instance per consumer name, a takeover from the stored cursor, redelivery after a
-//! handler error, effects applied once through an ack in the handler's transaction, and a
-//! cursor behind retention stopping the consumer with `Compacted`.
+//! handler error, effects applied once through an ack in the handler's transaction, a
+//! listener and a server that go away, and appends batched through the runtime.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pgcoord::topic::{Cursor, Retention, TopicTable};
+use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
 use super::Setup;
 
 /// What a handler was handed: each event's body, in order.
-type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
+pub(super) type Seen = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// A consumer of topic "t" named "c" whose handler records each body it is handed.
-fn recording(seen: &Seen) -> Consume {
+pub(super) fn recording(seen: &Seen) -> Consume {
     let seen = seen.clone();
     Consume::new("t", "c", move |delivery: Delivery| {
         seen.lock().unwrap().push(delivery.event().body.clone());
@@ -27,7 +27,7 @@ fn recording(seen: &Seen) -> Consume {
     .poll(Duration::from_millis(200))
 }
 
-async fn append(table: &TopicTable, client: &Client, range: std::ops::Range<u32>) {
+pub(super) async fn append(table: &TopicTable, client: &Client, range: std::ops::Range<u32>) {
     for i in range {
         table
             .append(client, "t", i.to_string().as_bytes())
@@ -36,13 +36,13 @@ async fn append(table: &TopicTable, client: &Client, range: std::ops::Range<u32>
     }
 }
 
-fn bodies(range: std::ops::Range<u32>) -> Vec<Vec<u8>> {
+pub(super) fn bodies(range: std::ops::Range<u32>) -> Vec<Vec<u8>> {
     range.map(|i| i.to_string().into_bytes()).collect()
 }
 
 /// Waits until `seen` holds `n` bodies (the horizon is the cluster's, and other tests hold it
 /// back for moments).
-async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
+pub(super) async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = seen.lock().unwrap().clone();
@@ -54,7 +54,7 @@ async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
     }
 }
 
-async fn stats(consumer: &actix::Addr<TopicConsumer>) -> ConsumerStats {
+pub(super) async fn stats(consumer: &actix::Addr<TopicConsumer>) -> ConsumerStats {
     consumer.send(GetConsumerStats).await.unwrap()
 }
 
@@ -247,47 +247,6 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
     );
 }
 
-#[actix_rt::test]
-async fn a_cursor_behind_retention_stops_the_consumer_with_compacted() {
-    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
-    let config = setup.builder("one").build().unwrap();
-    let table = TopicTable::new(&config);
-    append(&table, &admin, 0..5).await;
-    table
-        .open_consumer(&admin, "t", "c", pgcoord::topic::Start::Oldest)
-        .await
-        .unwrap();
-    // Retention deletes what the consumer has not read (once it is below the horizon).
-    let everything = Retention {
-        max_events: Some(0),
-        ..Retention::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut trimmed = 0;
-    while trimmed < 5 {
-        assert!(Instant::now() < deadline, "never trimmed");
-        trimmed += table.trim(&admin, "t", everything, 10).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let one = Coordinator::connect(config).await.unwrap();
-    let seen = Seen::default();
-    let consumer = one.consume(recording(&seen)).unwrap();
-    loop {
-        let stats = stats(&consumer).await;
-        if let Some(failed) = stats.failed {
-            assert!(failed.contains("trimmed"), "{failed}");
-            assert!(!stats.active, "the lease is let go");
-            break;
-        }
-        assert!(Instant::now() < deadline, "never failed: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        seen.lock().unwrap().is_empty(),
-        "nothing delivered past the gap"
-    );
-}
-
 /// The listener's session is terminated (its doorbells are lost until it is back), then the
 /// server restarts under the consumer: it catches up by itself, from its cursor, missing nothing.
 #[actix_rt::test]
@@ -369,49 +328,4 @@ async fn appends_through_the_runtime_are_batched_and_each_caller_gets_its_own_cu
         let event = events.iter().find(|e| e.cursor == *cursor).unwrap();
         assert_eq!(event.body, i.to_string().into_bytes());
     }
-}
-
-/// Retention on a timer keeps the newest events, and a consumer behind it learns `Compacted`.
-#[actix_rt::test]
-async fn a_topic_kept_to_its_retention_on_a_timer() {
-    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
-    let config = setup.builder("one").build().unwrap();
-    let table = TopicTable::new(&config);
-    append(&table, &admin, 0..10).await;
-    let one = Coordinator::connect(config).await.unwrap();
-    let keep_two = Retention {
-        max_events: Some(2),
-        ..Retention::default()
-    };
-    let retention = one
-        .retain("t", keep_two, Duration::from_millis(20))
-        .unwrap();
-    // Deleted once the events are below the horizon (other tests' transactions hold it back
-    // for moments).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let events = loop {
-        let kept = table.topics(&admin).await.unwrap();
-        if kept.iter().any(|t| t.topic == "t" && t.events == 2) {
-            break table.trimmed(&admin, "t").await.unwrap().unwrap();
-        }
-        assert!(Instant::now() < deadline, "not trimmed: {kept:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    let err = table
-        .read(&admin, "t", Cursor::START, 10)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), pgcoord::ErrorKind::Compacted);
-    let left = table.read(&admin, "t", events, 10).await.unwrap().events;
-    assert_eq!(left.len(), 2, "the newest two");
-    assert_eq!(retention.send(TrimNow).await.unwrap().unwrap(), 0);
-    // Bad settings are typed errors.
-    let everything = Retention::default();
-    let err = one
-        .retain("t", everything, Duration::from_secs(1))
-        .unwrap_err();
-    assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidConfig);
-    let err = one.retain("t", keep_two, Duration::ZERO).unwrap_err();
-    assert_eq!(err.kind(), pgcoord::ErrorKind::DurationTooSmall);
-    retention.send(Shutdown).await.unwrap();
 }
