@@ -82,30 +82,28 @@ pub(super) fn append_many_sql(t: &str) -> String {
 }
 
 /// $1 topic, $2 and $3 the cursor, $4 limit. Rows: 'e' events; 'h' the horizon; 'c' the
-/// retention mark when it is past the cursor (then no events: the cursor missed some).
+/// retention mark when it is past the cursor (the cursor missed events: the read is an error).
 ///
 /// Gap-free: an event is read only when its transaction is older than the read's snapshot's
 /// xmin, the oldest transaction still running. Every such transaction has ended, so the events
 /// below the horizon are all there, and none can be added below it later: a reader that moves
-/// its cursor through them skips nothing. Trimming and the mark are one transaction, so a read
-/// sees both or neither.
+/// its cursor through them skips nothing. `pg_current_snapshot()` is the statement's snapshot,
+/// the same in each branch. Trimming and the mark are one transaction, so a read sees both or
+/// neither.
 pub(super) fn read_sql(t: &str, m: &str) -> String {
     let (x, p) = (xid_param(2), "$3");
     format!(
-        "WITH horizon AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
-         mark AS (
-             SELECT xid, position FROM {m} WHERE topic = $1 AND (xid, position) > ({x}, {p})
-         )
-         (SELECT 'e'::text, e.xid{XID}, e.position, e.appended_at, e.body
+        "(SELECT 'e'::text, e.xid{XID}, e.position, e.appended_at, e.body
           FROM {t} AS e
           WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
-            AND e.xid < (SELECT xmin FROM horizon) AND NOT EXISTS (SELECT 1 FROM mark)
+            AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
           ORDER BY e.xid, e.position
           LIMIT $4)
          UNION ALL
-         SELECT 'h', xmin{XID}, NULL, NULL, NULL FROM horizon
+         SELECT 'h', pg_snapshot_xmin(pg_current_snapshot()){XID}, NULL, NULL, NULL
          UNION ALL
-         SELECT 'c', xid{XID}, position, NULL, NULL FROM mark"
+         SELECT 'c', xid{XID}, position, NULL, NULL
+         FROM {m} WHERE topic = $1 AND (xid, position) > ({x}, {p})"
     )
 }
 

@@ -14,7 +14,7 @@ use crate::report::{Report, ms};
 /// Bytes in a MiB.
 const MIB: f64 = (1 << 20) as f64;
 
-fn resident_bytes() -> u64 {
+pub fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())

@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
 //! `--quick` (tiny sizes, a smoke run), `--only leases|election|advisory|signals|faults` (election includes semaphores and worker pools), sizes one by one
-//! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`,
+//! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
 //! docs/BENCHMARKS.md is made this way). Uses `DATABASE_URL` when set, else a throwaway PostgreSQL.
@@ -34,6 +34,7 @@ pub struct Sizes {
     pub held: usize,
     pub requests: usize,
     pub fanout: usize,
+    pub backlog: usize,
     pub rounds: usize,
 }
 
@@ -59,6 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             held: 500,
             requests: 50,
             fanout: 2_000,
+            backlog: 2_000,
             rounds: 2,
         }
     } else {
@@ -68,10 +70,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             held: 10_000,
             requests: 1_000,
             fanout: 50_000,
+            backlog: 1_000_000,
             rounds: 5,
         }
     };
-    // Any size can be set on its own: --pairs, --seconds, --held, --requests, --fanout, --rounds.
+    // Any size can be set on its own: --pairs, --seconds, --held, --requests, --fanout, --backlog,
+    // --rounds.
     let size =
         |name: &str| arg(name).map(|v| v.parse::<usize>().map_err(|e| format!("{name} {v}: {e}")));
     if let Some(n) = size("--pairs").transpose()? {
@@ -88,6 +92,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(n) = size("--fanout").transpose()? {
         sizes.fanout = n.max(1);
+    }
+    if let Some(n) = size("--backlog").transpose()? {
+        sizes.backlog = n.max(1);
     }
     if let Some(n) = size("--rounds").transpose()? {
         sizes.rounds = n.max(1);

@@ -167,7 +167,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     consumer.send(pgcoord_actors::StopConsuming).await?;
 
     // Catch-up: a consumer reading a backlog, against a raw keyset-paged SELECT of it.
-    let backlog = sizes.fanout;
+    let backlog = sizes.backlog;
     admin
         .execute(
             &format!(
@@ -187,6 +187,21 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let floor = keyset(&admin, &config, backlog).await?;
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<()>();
     let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Resident memory while it reads: sampled every 50 ms, the peak kept.
+    let before = crate::held::resident_bytes();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                peak.fetch_max(
+                    crate::held::resident_bytes(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+        })
+    };
     let started = Instant::now();
     let consume = {
         let count = count.clone();
@@ -201,7 +216,15 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let consumer = coordinator.consume(consume)?;
     tokio::time::timeout(Duration::from_secs(600), finished.recv()).await?;
     let ours = started.elapsed();
+    sampler.abort();
     consumer.send(pgcoord_actors::StopConsuming).await?;
+    let grown = peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(before);
+    report.note(
+        &format!("topic catch-up: resident memory's peak growth while reading {backlog} events (window 1,000)"),
+        format!("{:.1} MiB", grown as f64 / (1 << 20) as f64),
+    );
     let (ours_rate, floor_rate) = (
         backlog as f64 / ours.as_secs_f64(),
         backlog as f64 / floor.as_secs_f64(),

@@ -5,7 +5,8 @@
 //! every other one waits in line for it and takes over, from the stored cursor, when it is
 //! released or lost. While it holds the lease, the consumer reads up to a window of events after
 //! its cursor, hands them to the handler one at a time (a panic is caught: it
-//! is an error), and acks the last one it handled (forward only). A handler that returns `Err`
+//! is an error), and acks the last one it handled (forward only); after a full window it reads
+//! the next one while the handler works. A handler that returns `Err`
 //! gets the same event again after a backoff, read again from the stored cursor; one that acks
 //! in its own transaction ([`Delivery::ack`], fenced by the lease's token) applies each event
 //! exactly once. When it has read everything, it waits for the topic's doorbell
@@ -35,12 +36,13 @@ use crate::leases::LockManager;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
+mod delivery;
 mod retention;
 mod run;
 
 pub use append::{Append, TopicAppender};
+pub use delivery::Delivery;
 pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
-pub use run::Delivery;
 
 /// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event
 /// again after a backoff.

@@ -1,5 +1,5 @@
 //! The consumer's loop: take the lease, open the cursor, read, hand over, ack; wait for the
-//! doorbell; start over when the lease is lost. And [`Delivery`], what a handler is handed.
+//! doorbell; start over when the lease is lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::statement::Statements;
-use pgcoord::topic::{Cursor, Event, TopicTable};
+use pgcoord::topic::{Batch, Cursor, Event, TopicTable};
 use pgcoord::{ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{Consume, ConsumerStats};
+use super::{Consume, ConsumerStats, Delivery};
 use crate::Call;
 use crate::leases::{Acquire, Lease, LockManager};
 
@@ -29,67 +29,6 @@ pub(super) struct Run {
     pub(super) stopping: Notify,
     /// Set with `stopping`: checked between events.
     pub(super) stop_requested: AtomicBool,
-}
-
-/// One event handed to a consumer's handler, and the lease it is handled under.
-pub struct Delivery {
-    event: Event,
-    topic: Arc<str>,
-    consumer: Arc<str>,
-    table: Arc<TopicTable>,
-    lease: Arc<Lease>,
-}
-
-impl std::fmt::Debug for Delivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Delivery")
-            .field("topic", &self.topic)
-            .field("consumer", &self.consumer)
-            .field("cursor", &self.event.cursor)
-            .field("token", &self.lease.token())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Delivery {
-    /// The event.
-    pub fn event(&self) -> &Event {
-        &self.event
-    }
-
-    /// The event's body decoded from MessagePack.
-    pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        self.event.value()
-    }
-
-    /// The fencing token of the consumer's lease, for fencing writes elsewhere.
-    pub fn token(&self) -> i64 {
-        self.lease.token()
-    }
-
-    /// Acks the event inside `tx`, the transaction of the handler's effects, so effects and
-    /// cursor commit together or not at all: each event's effects are applied once. Fenced by
-    /// the consumer's lease: [`ErrorKind::LockLost`] once another instance took over, and
-    /// [`ErrorKind::AlreadyAcknowledged`] when the cursor is already past the event. On either,
-    /// the transaction must not commit (`?` drops it, which rolls it back).
-    pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
-        self.lease.fence(tx).await?;
-        let cursor = self.event.cursor;
-        if self
-            .table
-            .ack(tx, &self.topic, &self.consumer, cursor)
-            .await?
-        {
-            return Ok(());
-        }
-        Err(pgcoord::Error::new(
-            ErrorKind::AlreadyAcknowledged,
-            format!(
-                "event {cursor} of topic {:?} was acknowledged already",
-                self.topic
-            ),
-        ))
-    }
 }
 
 /// How the loop ended a tenure.
@@ -158,8 +97,7 @@ pub(super) async fn run(run: Arc<Run>) {
 async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
     let statements = run.pool.idempotent(None);
-    let (mut failures, mut errors) = (0u32, 0u32);
-    let mut last_look = Instant::now();
+    let mut failures = 0u32;
     let mut cursor = loop {
         match run
             .table
@@ -179,18 +117,43 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
             return Ended::Lost;
         }
     };
+    // `cursor`: handled through; `acked`: stored through (as far as this tenure knows). What
+    // was handled is acked however the tenure ends, so a stopped consumer's successor starts
+    // after it.
+    let mut acked = cursor;
+    let ended = read_on(run, lease, &statements, &mut cursor, &mut acked).await;
+    ack(run, &statements, acked, cursor).await;
+    ended
+}
+
+/// Reads and hands over pages from `cursor` on until the lease is lost, the consumer stops or
+/// fails for good.
+async fn read_on(
+    run: &Run,
+    lease: &Arc<Lease>,
+    statements: &impl Statements,
+    cursor: &mut Cursor,
+    acked: &mut Cursor,
+) -> Ended {
+    let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
+    let (mut failures, mut errors) = (0u32, 0u32);
+    let mut last_look = Instant::now();
     let lost = lease.lost();
     tokio::pin!(lost);
-    let (topic_arc, consumer_arc): (Arc<str>, Arc<str>) =
-        (topic.as_str().into(), consumer.as_str().into());
+    let mut prefetched: Option<Result<Batch>> = None;
     loop {
-        let read = run
-            .table
-            .read(&statements, topic, cursor, run.consume.window);
-        let batch = tokio::select! {
-            batch = read => batch,
-            _ = &mut lost => return Ended::Lost,
-            () = run.stopping.notified() => return Ended::Stopping,
+        let batch = match prefetched.take() {
+            Some(batch) => batch,
+            None => {
+                let read = run
+                    .table
+                    .read(statements, topic, *cursor, run.consume.window);
+                tokio::select! {
+                    batch = read => batch,
+                    _ = &mut lost => return Ended::Lost,
+                    () = run.stopping.notified() => return Ended::Stopping,
+                }
+            }
         };
         let batch = match batch {
             Ok(batch) => {
@@ -208,9 +171,11 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
             }
         };
         if batch.events.is_empty() {
+            ack(run, statements, *acked, *cursor).await;
+            *acked = *cursor;
             if last_look.elapsed() >= HELD_BACK_LOOK {
                 last_look = Instant::now();
-                warn_if_held_back(run, &statements).await;
+                warn_if_held_back(run, statements).await;
             }
             tokio::select! {
                 () = run.doorbell.notified() => {}
@@ -220,62 +185,129 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
             }
             continue;
         }
-        // Handled (Ok) through `handled`; acked through `acked` (after each read's events).
-        let acked = cursor;
-        let mut handled = cursor;
-        let mut failed = false;
-        for event in batch.events {
-            if lease.loss().is_some() {
-                ack(run, &statements, acked, handled).await;
-                return Ended::Lost;
+        // A full page means more may follow: the next page is read while this one is handled,
+        // and the last page's ack is written meanwhile (two more statements in flight, at most
+        // two windows in memory). A page that ends early discards the next one unused.
+        let read_on = batch.events.len() == run.consume.window as usize;
+        let last = batch.events.last().map_or(*cursor, |e| e.cursor);
+        let next = async {
+            if read_on {
+                Some(
+                    run.table
+                        .read(statements, topic, last, run.consume.window)
+                        .await,
+                )
+            } else {
+                None
             }
-            if run.stop_requested.load(Ordering::Relaxed) {
-                ack(run, &statements, acked, handled).await;
-                return Ended::Stopping;
-            }
-            let delivery = Delivery {
-                event,
-                topic: topic_arc.clone(),
-                consumer: consumer_arc.clone(),
-                table: run.table.clone(),
-                lease: lease.clone(),
-            };
-            let at = delivery.event.cursor;
-            stats(run, |s| s.delivered += 1);
-            if let Ok(lag) = delivery.event.appended_at.elapsed() {
-                run.metrics.lag.record(lag.as_secs_f64());
-            }
-            match handle(run, delivery).await {
-                Ok(()) => {
-                    run.metrics.handled.increment(1);
-                    handled = at;
-                    errors = 0;
+        };
+        // The statements first, so they are on their way before the handler runs.
+        let (next, (), page) = tokio::join!(
+            biased;
+            next,
+            ack(run, statements, *acked, *cursor),
+            deliver(run, lease, batch.events, *cursor, &mut errors),
+        );
+        *acked = (*cursor).max(*acked);
+        *cursor = page.handled;
+        match page.end {
+            PageEnd::Done => prefetched = next,
+            PageEnd::Lost => return Ended::Lost,
+            PageEnd::Stopping => return Ended::Stopping,
+            PageEnd::Failed => {
+                if pause(run, backoff(errors, run.consume.poll)).await {
+                    return Ended::Stopping;
                 }
-                Err(why) => {
-                    run.metrics.failed.increment(1);
-                    errors += 1;
-                    stats(run, |s| s.handler_errors += 1);
-                    if errors.is_power_of_two() {
-                        warn!(cursor = %at, error = %why, errors, "the handler failed; handing the event over again");
-                    }
-                    failed = true;
-                    break;
+                // Read on from what the database holds: a handler that acked in its own
+                // transaction and then failed has its event behind the cursor already.
+                if let Ok(stored) = run.table.cursor(statements, topic, consumer).await {
+                    *cursor = (*cursor).max(stored);
                 }
-            }
-        }
-        ack(run, &statements, acked, handled).await;
-        cursor = handled;
-        if failed {
-            if pause(run, backoff(errors, run.consume.poll)).await {
-                return Ended::Stopping;
-            }
-            // Read on from what the database holds: a handler that acked in its own
-            // transaction and then failed has its event behind the cursor already.
-            if let Ok(stored) = run.table.cursor(&statements, topic, consumer).await {
-                cursor = cursor.max(stored);
             }
         }
     }
+}
+
+/// How handing over a page ended.
+enum PageEnd {
+    /// Every event was handled.
+    Done,
+    /// The handler failed: the event after `handled` comes again.
+    Failed,
+    /// The lease was lost before an event.
+    Lost,
+    /// The actor is stopping.
+    Stopping,
+}
+
+/// What handing over a page did.
+struct Page {
+    /// The last event handled, or the cursor before the page.
+    handled: Cursor,
+    end: PageEnd,
+}
+
+/// Hands `events` to the handler one at a time, in order, until one fails, the lease is lost
+/// or the consumer stops.
+async fn deliver(
+    run: &Run,
+    lease: &Arc<Lease>,
+    events: Vec<Event>,
+    from: Cursor,
+    errors: &mut u32,
+) -> Page {
+    let (topic, consumer): (Arc<str>, Arc<str>) = (
+        run.consume.topic.as_str().into(),
+        run.consume.consumer.as_str().into(),
+    );
+    let mut page = Page {
+        handled: from,
+        end: PageEnd::Done,
+    };
+    for event in events {
+        // A handler that never waits would hold this thread for the whole page: the read
+        // ahead, the ack and the runtime's other actors (the heartbeat) get a turn now and
+        // then.
+        tokio::task::consume_budget().await;
+        if lease.loss().is_some() {
+            page.end = PageEnd::Lost;
+            return page;
+        }
+        if run.stop_requested.load(Ordering::Relaxed) {
+            page.end = PageEnd::Stopping;
+            return page;
+        }
+        let at = event.cursor;
+        if let Ok(lag) = event.appended_at.elapsed() {
+            run.metrics.lag.record(lag.as_secs_f64());
+        }
+        let delivery = Delivery {
+            event,
+            topic: topic.clone(),
+            consumer: consumer.clone(),
+            table: run.table.clone(),
+            lease: lease.clone(),
+        };
+        stats(run, |s| s.delivered += 1);
+        match handle(run, delivery).await {
+            Ok(()) => {
+                run.metrics.handled.increment(1);
+                page.handled = at;
+                *errors = 0;
+            }
+            Err(why) => {
+                run.metrics.failed.increment(1);
+                *errors += 1;
+                stats(run, |s| s.handler_errors += 1);
+                if errors.is_power_of_two() {
+                    warn!(cursor = %at, error = %why, errors = *errors, "the handler failed; handing the event over again");
+                }
+                page.end = PageEnd::Failed;
+                return page;
+            }
+        }
+    }
+    page
 }
 
 /// Runs the handler, catching a panic: it is an error (the event comes again), not the end of

@@ -155,7 +155,7 @@ async fn a_handler_error_hands_the_same_event_over_again() {
         let (handled, failed_once) = (handled.clone(), failed_once.clone());
         Consume::new("t", "c", move |delivery: Delivery| {
             let body = delivery.event().body.clone();
-            let fail = body == b"3" && !std::mem::replace(&mut *failed_once.lock().unwrap(), true);
+            let fail = body == b"5" && !std::mem::replace(&mut *failed_once.lock().unwrap(), true);
             if !fail {
                 handled.lock().unwrap().push(body);
             }
@@ -167,6 +167,8 @@ async fn a_handler_error_hands_the_same_event_over_again() {
                 }
             }
         })
+        // Pages of 4: the failure is in the second, while the third is being read ahead.
+        .window(4)
     };
     let consumer = one.consume(consume).unwrap();
     assert_eq!(
