@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::history::Ack;
 
-/// A running holder process; killed when dropped.
+/// A running holder process (or any of this crate's programs: `consumer` too); killed when dropped.
 pub struct HolderProcess {
     child: Child,
     lines: mpsc::UnboundedReceiver<String>,

@@ -1,4 +1,4 @@
-//! Primary failover (scenarios 16 and 17): the primary is killed and its streaming standby
+//! Primary failover (scenarios 16, 17 and 23): the primary is killed and its streaming standby
 //! promoted while holders work; clients reach the new primary by themselves through a multi-host
 //! connection string with `target_session_attrs=read-write`.
 //!
@@ -21,7 +21,10 @@ use actix::prelude::*;
 use pgcoord::embedded::{Replication, TempPostgres};
 use pgcoord_actors::{Acquire, LockManager};
 
+use pgcoord_faults::topic_history::{Outcome, check};
+
 use super::Workload;
+use super::topics::{Consumers, Mode, appender};
 
 /// A primary and its standby, and a workload whose DSN names both (read-write wins).
 async fn pair(replication: Replication) -> (Arc<TempPostgres>, Arc<TempPostgres>, Workload) {
@@ -191,4 +194,40 @@ async fn a_failover_to_an_asynchronous_standby_can_lose_an_acknowledged_grant_ye
     let verdict = workload.verdict(&[ack]).await;
     eprintln!("{verdict}; the holder reported {reason:?}");
     assert_eq!(verdict.missing, [ack]);
+}
+
+#[actix_rt::test]
+async fn a_failover_to_a_synchronous_standby_loses_no_topic_event_and_applies_each_once() {
+    let (primary, standby, workload) = pair(Replication::Synchronous).await;
+    let consumers = Consumers::new(&workload, Mode::Fenced).await;
+    let processes = vec![consumers.spawn("a").await, consumers.spawn("b").await];
+    let appender = appender(consumers.config.clone(), 400, Duration::from_millis(10));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumers.count(&workload.admin).await < 100 {
+        assert!(Instant::now() < deadline, "no progress before the failover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failed_over = fail_over(&primary, &standby).await;
+    let appends = appender.await.unwrap();
+    // Read on the promoted standby: every acknowledged append applied, once, in order.
+    let client = workload.client().await;
+    let applied = consumers
+        .until_applied(&client, &appends, Duration::from_secs(120))
+        .await;
+    drop(processes);
+    let verdict = check(&appends, &applied);
+    let unknown = (appends.iter())
+        .filter(|a| a.outcome == Outcome::Unknown)
+        .count();
+    eprintln!(
+        "{} appends ({unknown} unknown): {verdict}; {:?} after the failover",
+        appends.len(),
+        failed_over.elapsed()
+    );
+    assert!(verdict.is_safe(), "{verdict}");
+    let in_recovery: bool = (client.query_one("SELECT pg_is_in_recovery()", &[]).await)
+        .unwrap()
+        .get(0);
+    assert!(!in_recovery, "the verdict was read on the promoted standby");
+    assert!(appends.len() > 300, "appends went on after the failover");
 }

@@ -1,12 +1,14 @@
-//! Durable topics under concurrent appenders whose transactions commit out of order — one held
-//! open for seconds, some rolled back — while a reader follows the topic: the checker finds
-//! nothing out of order, lost, phantom or late.
+//! Durable topics (scenarios 21 and 22): concurrent appenders whose transactions commit out of
+//! order — one held open for seconds, some rolled back — while a reader follows the topic; and
+//! consumer processes SIGKILLed between their effects and their acks. The checker finds nothing
+//! out of order, lost, phantom or late; fenced consumers apply each event exactly once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::topic::{Cursor, TopicTable};
+use pgcoord_faults::process::HolderProcess;
 use pgcoord_faults::topic_history::{Append, Outcome, check};
 use tokio::sync::Mutex;
 
@@ -122,4 +124,257 @@ async fn appenders_committing_out_of_order_lose_nothing_and_keep_real_time_order
     );
     assert!(verdict.is_safe(), "{verdict}");
     assert_eq!(delivered.len(), committed, "every committed event, once");
+}
+
+/// How the consumer processes apply events (`src/bin/consumer.rs`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Effect and ack in one transaction: each event exactly once.
+    Fenced,
+    /// Effect, then the runtime's ack: each event at least once.
+    Plain,
+}
+
+/// A topic table, a table its consumer processes apply events to, and how to start them.
+pub(super) struct Consumers {
+    pub(super) config: pgcoord::Config,
+    dsn: String,
+    lock_table: String,
+    applied: String,
+    mode: Mode,
+}
+
+impl Consumers {
+    /// The tables, on `workload`'s server.
+    pub(super) async fn new(workload: &super::Workload, mode: Mode) -> Consumers {
+        let config = pgcoord::Config::builder()
+            .dsn(&workload.dsn)
+            .lock_table(&workload.table)
+            .topic_table(unique_name("topics"))
+            .build()
+            .unwrap();
+        let applied = unique_name("applied");
+        pgcoord::schema::migrate(&workload.admin, &config)
+            .await
+            .unwrap();
+        (workload.admin)
+            .batch_execute(&format!(
+                "CREATE TABLE {applied} (n bigserial PRIMARY KEY, xid int8 NOT NULL,
+                 position int8 NOT NULL, owner text NOT NULL, token int8 NOT NULL)"
+            ))
+            .await
+            .unwrap();
+        Consumers {
+            config,
+            dsn: workload.dsn.clone(),
+            lock_table: workload.table.clone(),
+            applied,
+            mode,
+        }
+    }
+
+    /// A consumer process named `owner`, consuming once it said `READY`.
+    pub(super) async fn spawn(&self, owner: &str) -> (String, HolderProcess) {
+        let args: Vec<String> = [
+            "--dsn",
+            &self.dsn,
+            "--lock-table",
+            &self.lock_table,
+            "--topic-table",
+            self.config.topic_table().name().as_str(),
+            "--applied",
+            &self.applied,
+            "--owner",
+            owner,
+            "--mode",
+            if self.mode == Mode::Fenced {
+                "fenced"
+            } else {
+                "plain"
+            },
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut process = HolderProcess::spawn(env!("CARGO_BIN_EXE_consumer"), &args);
+        process.expect("READY", Duration::from_secs(30)).await;
+        (owner.to_owned(), process)
+    }
+
+    /// The applications so far, in the order they were made.
+    pub(super) async fn applied(&self, client: &tokio_postgres::Client) -> Vec<Cursor> {
+        let sql = format!("SELECT xid, position FROM {} ORDER BY n", self.applied);
+        (client.query(&sql, &[]).await.unwrap().iter())
+            .map(|r| Cursor {
+                xid: r.get(0),
+                position: r.get(1),
+            })
+            .collect()
+    }
+
+    /// Waits (within `bound`) until every committed append has been applied; the
+    /// applications.
+    pub(super) async fn until_applied(
+        &self,
+        client: &tokio_postgres::Client,
+        appends: &[Append],
+        bound: Duration,
+    ) -> Vec<Cursor> {
+        let committed: std::collections::HashSet<Cursor> = (appends.iter())
+            .filter(|a| matches!(a.outcome, Outcome::Committed(_)))
+            .map(|a| a.cursor)
+            .collect();
+        let deadline = Instant::now() + bound;
+        loop {
+            let applied = self.applied(client).await;
+            let done = committed.iter().filter(|c| applied.contains(c)).count();
+            if done == committed.len() {
+                return applied;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{done} of {} committed events applied",
+                committed.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// How many applications there are now.
+    pub(super) async fn count(&self, client: &tokio_postgres::Client) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.applied);
+        client.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+}
+
+/// Appends `n` events to topic `t`, one transaction each, `every` apart, on a connection opened
+/// again after a failure (a failover): an append whose answer was lost is `Unknown`.
+pub(super) fn appender(
+    config: pgcoord::Config,
+    n: u32,
+    every: Duration,
+) -> tokio::task::JoinHandle<Vec<Append>> {
+    tokio::spawn(async move {
+        let table = TopicTable::new(&config);
+        let mut client = pgcoord::db::connect_spawned(&config).await.ok();
+        let mut appends = Vec::new();
+        let started = Instant::now();
+        for i in 0..n {
+            while client.as_ref().is_none_or(|c| c.is_closed()) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "no connection"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                client = pgcoord::db::connect_spawned(&config).await.ok();
+            }
+            let began = Instant::now();
+            let c = client.as_ref().unwrap();
+            // The cursor is known before the commit: the append is its own statement in an
+            // explicit transaction, whose COMMIT may go unanswered (then `Unknown`).
+            let appended = async {
+                c.batch_execute("BEGIN").await.ok()?;
+                let Ok(cursor) = table.append(c, "t", &i.to_be_bytes()).await else {
+                    let _ = c.batch_execute("ROLLBACK").await;
+                    return None;
+                };
+                Some(match c.batch_execute("COMMIT").await {
+                    Ok(()) => (cursor, Outcome::Committed(Instant::now())),
+                    Err(_) => (cursor, Outcome::Unknown),
+                })
+            };
+            match appended.await {
+                Some((cursor, outcome)) => appends.push(Append {
+                    cursor,
+                    began,
+                    outcome,
+                }),
+                // Not appended: on a connection that failed, most likely.
+                None => client = None,
+            }
+            tokio::time::sleep(every).await;
+        }
+        appends
+    })
+}
+
+/// Two consumer processes of one consumer name, the active one SIGKILLed four times while an
+/// appender appends (a new process started each time): the applications, in the order they
+/// were made, with the appends.
+async fn killed_consumers(mode: Mode) -> (Vec<Append>, Vec<Cursor>) {
+    let workload = super::Workload::shared_server().await;
+    let consumers = Consumers::new(&workload, mode).await;
+    let mut processes = vec![consumers.spawn("a0").await, consumers.spawn("b0").await];
+    let appender = appender(consumers.config.clone(), 600, Duration::from_millis(8));
+    let holder = format!(
+        "SELECT owner FROM {} WHERE name = 't/consumers/c' AND expires_at > now()",
+        consumers.config.lock_table().quoted()
+    );
+    let started = Instant::now();
+    let mut last: i64 = 0;
+    for kill in 0..4 {
+        // Progress since the last kill, then the active process dies wherever it is.
+        loop {
+            assert!(started.elapsed() < Duration::from_secs(120), "no progress");
+            let n = consumers.count(&workload.admin).await;
+            if n >= last + 40 {
+                last = n;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let active: Option<String> =
+            (workload.admin.query_opt(&holder, &[]).await.unwrap()).and_then(|row| row.get(0));
+        let Some(i) = processes
+            .iter()
+            .position(|(o, _)| Some(o) == active.as_ref())
+        else {
+            panic!("no process holds the consumer's lease: {active:?}");
+        };
+        let (owner, mut process) = processes.swap_remove(i);
+        process.kill();
+        eprintln!("killed {owner} after {last} applications");
+        let next = format!("{}{}", &owner[..1], kill + 1);
+        processes.push(consumers.spawn(&next).await);
+    }
+    let appends = appender.await.unwrap();
+    let applied = consumers
+        .until_applied(&workload.admin, &appends, Duration::from_secs(120))
+        .await;
+    (appends, applied)
+}
+
+#[actix_rt::test]
+async fn a_consumer_killed_between_effect_and_fenced_ack_applies_each_event_exactly_once() {
+    let (appends, applied) = killed_consumers(Mode::Fenced).await;
+    let verdict = check(&appends, &applied);
+    eprintln!("{} appends, 4 consumers killed: {verdict}", appends.len());
+    assert!(verdict.is_safe(), "{verdict}");
+    assert_eq!(applied.len(), appends.len(), "each event applied once");
+}
+
+#[actix_rt::test]
+async fn a_consumer_killed_between_effect_and_ack_redelivers_from_its_cursor() {
+    let (appends, applied) = killed_consumers(Mode::Plain).await;
+    // Redeliveries are allowed (at least once): each restarts at or before the first event not
+    // yet applied (nothing skipped) and repeats at most a window (16) of events.
+    let mut first = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut repeated = 0;
+    for cursor in &applied {
+        if seen.insert(*cursor) {
+            first.push(*cursor);
+        } else {
+            repeated += 1;
+        }
+    }
+    let restarts = applied.windows(2).filter(|w| w[1] <= w[0]).count();
+    let verdict = check(&appends, &first);
+    eprintln!(
+        "{} appends, 4 consumers killed: {verdict}; {repeated} redelivered in {restarts} restarts",
+        appends.len()
+    );
+    assert!(verdict.is_safe(), "{verdict}");
+    assert!(restarts <= 4, "a redelivery only after a kill");
+    assert!(repeated <= 4 * 16, "at most a window again per kill");
 }
