@@ -1,7 +1,5 @@
 //! [`Coordinator`]: starts the three actors in the current actix System.
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 use pgcoord::payload::PayloadTable;
 use pgcoord::{Config, Pool};
@@ -9,7 +7,7 @@ use pgcoord::{Config, Pool};
 use crate::advisory::AdvisoryLocks;
 use crate::election::Election;
 use crate::leases::LockManager;
-use crate::payloads::PayloadExpiry;
+use crate::payloads::PayloadStoreActor;
 use crate::signals::ListenerActor;
 
 /// The addresses of a process's pgcoord actors, which share one connection pool.
@@ -21,8 +19,9 @@ pub struct Coordinator {
     pub advisory: Addr<AdvisoryLocks>,
     /// Publish/subscribe and request/reply (supervised).
     pub signals: Addr<ListenerActor>,
-    /// Deletes expired rows of the payload table on a timer.
-    pub payload_expiry: Addr<PayloadExpiry>,
+    /// The payload store: large payloads put and fetched (fetches bounded to half the pool),
+    /// expired rows deleted on a timer.
+    pub payloads: Addr<PayloadStoreActor>,
     /// Appends to durable topics, batched ([`Append`](crate::Append)).
     pub topics: Addr<crate::TopicAppender>,
     /// What the actors were started with.
@@ -43,7 +42,8 @@ impl Coordinator {
 
     /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
     /// that hears lease releases through it (so the process has one LISTEN connection), an
-    /// `AdvisoryLocks` and a `PayloadExpiry`, all over one pool of at most
+    /// `AdvisoryLocks`, a `PayloadStoreActor` (through which the listener puts and fetches large
+    /// payloads) and a `TopicAppender`, all over one pool of at most
     /// `config.pool_size()` connections (plus the LISTEN connection, the heartbeat's, and one per
     /// held advisory lock). Must run inside an actix System; the tables must exist
     /// (`pgcoord::schema::migrate`). Nothing is checked: with the database down, everything
@@ -81,16 +81,19 @@ impl Coordinator {
     /// ```
     pub fn start_with_pool(config: Config, pool: Pool) -> Coordinator {
         let table = PayloadTable::new(&config, pool.clone());
-        let expire_every = (config.payload_ttl() / 10).max(std::time::Duration::from_secs(1));
-        let signals =
-            ListenerActor::with_pool(config.clone(), pool.clone(), Some(Arc::new(table.clone())))
-                .start_supervised();
+        let payloads = PayloadStoreActor::for_table(table, &config).start();
+        let signals = ListenerActor::with_pool(
+            config.clone(),
+            pool.clone(),
+            Some(PayloadStoreActor::store(payloads.clone())),
+        )
+        .start_supervised();
         Coordinator {
             // One LISTEN connection per process: lease wake-ups come through the listener.
             locks: LockManager::with_pool(config.clone(), pool.clone(), Some(signals.clone()))
                 .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
-            payload_expiry: PayloadExpiry::new(table, expire_every).start(),
+            payloads,
             topics: crate::TopicAppender::new(pgcoord::TopicTable::new(&config), pool.clone())
                 .start(),
             signals,

@@ -28,8 +28,8 @@
 //!   [`AdvisoryGuard`], released when dropped.
 //! - [`signals`] — [`ListenerActor`]: the process's one LISTEN connection, supervised and
 //!   reconnecting, with [`ConnState`] broadcasts; publish/subscribe, serving, request/reply.
-//! - [`payloads`] — [`PayloadExpiry`]: deletes expired stored payloads on a timer (the listener
-//!   puts and fetches them itself, without a mailbox in between).
+//! - [`payloads`] — [`PayloadStoreActor`]: owns the store of payloads too large for a
+//!   notification — puts, fetches (bounded at once), expiry.
 //! - [`election`] — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
 //! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
@@ -90,7 +90,7 @@ pub use leases::{
     ManagerStats, PermitResponse, Release, RenewNow, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
-pub use payloads::{DeleteExpired, PayloadExpiry};
+pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
     RawNotification, RequestHandler, RequestResponse, RoundTrip, Serve, Signal, StopServing,

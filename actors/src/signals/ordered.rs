@@ -5,7 +5,8 @@
 //! Each channel keeps a backlog while a fetch is under way: later messages, inline ones
 //! included, queue behind it and are handed out as soon as every earlier one is settled
 //! (delivered, or announced as `ConnState::MessageLost` when it cannot be fetched). Fetches are
-//! bounded by the statement timeout, so a backlog cannot grow stuck. The fetch reports back by
+//! bounded by the statement timeout, so a backlog cannot grow stuck; how many run at once is
+//! the store's to bound (the `PayloadStoreActor`: half the pool). The fetch reports back by
 //! message, not as a future of the actor: a supervised restart drops an actor's futures, and a
 //! message received before a reconnect must still be delivered after it.
 

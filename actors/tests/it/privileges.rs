@@ -83,7 +83,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         .await
         .unwrap();
     assert_eq!(received.wait_for(2, Duration::from_secs(5)).await.len(), 2);
-    one.payload_expiry.call(DeleteExpired).await.unwrap();
+    one.payloads.call(DeleteExpired).await.unwrap();
 
     // Advisory locks, an election, a semaphore.
     let guard = one.advisory.call(AdvisoryLock::new(5)).await.unwrap();

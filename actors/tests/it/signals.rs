@@ -46,8 +46,9 @@ pub(super) fn listener_on(
     inline_limit: usize,
 ) -> Addr<ListenerActor> {
     let config = config(setup, pg, inline_limit);
-    let store = store(&config);
-    ListenerActor::new(config, Some(store)).start_supervised()
+    // Through the store's actor, as a Coordinator wires it.
+    let store = PayloadStoreActor::for_table((*store(&config)).clone(), &config).start();
+    ListenerActor::new(config, Some(PayloadStoreActor::store(store))).start_supervised()
 }
 
 pub(super) fn listener(setup: &Setup) -> Addr<ListenerActor> {
@@ -330,7 +331,9 @@ async fn a_missing_store_row_is_a_typed_error() {
         table.get("not-a-key").await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    let actor = PayloadExpiry::new((*table).clone(), Duration::from_secs(3600)).start();
+    let actor = PayloadStoreActor::new(table.clone(), 1)
+        .expiring((*table).clone(), Duration::from_secs(3600))
+        .start();
     // Expired rows are deleted by delete_expired.
     let short = setup
         .builder("x")
@@ -414,4 +417,70 @@ async fn stored_and_inline_messages_arrive_in_publish_order() {
         .map(|(i, &n)| (i as u8, n))
         .collect();
     assert_eq!(order, expected);
+}
+
+/// A payload store that counts the fetches running at once, and makes each take 20 ms.
+struct Counting {
+    inner: Arc<PayloadTable>,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl pgcoord::payload::PayloadStore for Counting {
+    fn put(&self, payload: Vec<u8>) -> pgcoord::statement::BoxFuture<'_, pgcoord::Result<String>> {
+        self.inner.put(payload)
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> pgcoord::statement::BoxFuture<'a, pgcoord::Result<Vec<u8>>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            let now = self.now.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let got = self.inner.get(key).await;
+            self.now.fetch_sub(1, SeqCst);
+            got
+        })
+    }
+}
+
+/// A burst of stored messages is fetched through the store's actor at most its bound at a time
+/// (here 2), in order, all delivered.
+#[actix_rt::test]
+async fn a_burst_of_stored_messages_is_fetched_a_bounded_number_at_a_time() {
+    let (setup, _) = setup().await;
+    let publisher = listener(&setup);
+    let config = setup
+        .builder("signals")
+        .ping_interval(FAST)
+        .ping_timeout(FAST)
+        .build()
+        .unwrap();
+    let counting = Arc::new(Counting {
+        inner: store(&config),
+        now: Default::default(),
+        most: Default::default(),
+    });
+    let payloads = PayloadStoreActor::new(counting.clone(), 2).start();
+    let listener =
+        ListenerActor::new(config, Some(PayloadStoreActor::store(payloads))).start_supervised();
+    let channel = unique_name("burst");
+    let events = subscribe(&listener, &channel).await;
+    for i in 0..30u8 {
+        let mut payload = vec![0u8; 6000];
+        payload[0] = i;
+        publisher
+            .send(Publish::new(&channel, payload))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let got = events.wait_for(30, Duration::from_secs(20)).await;
+    let order: Vec<u8> = got.iter().map(|s| s.payload[0]).collect();
+    assert_eq!(order, (0..30).collect::<Vec<u8>>());
+    let most = counting.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(most, 2, "fetches at once");
 }

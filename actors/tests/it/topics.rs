@@ -182,7 +182,7 @@ async fn a_handler_error_hands_the_same_event_over_again() {
 
 /// The handler applies each event in its own transaction and acks it there: a handler that dies
 /// after its commit, and a consumer stopped midway and started again, apply every event exactly
-/// once.
+/// once; a second ack of an event is refused with `AlreadyAcknowledged`.
 #[actix_rt::test]
 async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
     let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
@@ -198,16 +198,18 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
     let client = Arc::new(tokio::sync::Mutex::new(
         pgcoord::db::connect_spawned(&config).await.unwrap(),
     ));
-    let (crashed, duplicates) = (
+    let (crashed, duplicates, refused) = (
         Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
     let consume = || {
         let (client, applied) = (client.clone(), applied.clone());
-        let (crashed, duplicates) = (crashed.clone(), duplicates.clone());
+        let (crashed, duplicates, refused) = (crashed.clone(), duplicates.clone(), refused.clone());
         Consume::new("t", "c", move |delivery: Delivery| {
             let (client, applied) = (client.clone(), applied.clone());
-            let (crashed, duplicates) = (crashed.clone(), duplicates.clone());
+            let (crashed, duplicates, refused) =
+                (crashed.clone(), duplicates.clone(), refused.clone());
             async move {
                 let mut client = client.lock().await;
                 let tx = client.transaction().await.map_err(|e| e.to_string())?;
@@ -218,6 +220,15 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
                 }
                 delivery.ack(&tx).await.map_err(|e| e.to_string())?;
                 tx.commit().await.map_err(|e| e.to_string())?;
+                // A second ack of the event is refused, typed.
+                let again = client.transaction().await.map_err(|e| e.to_string())?;
+                match delivery.ack(&again).await {
+                    Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyAcknowledged => {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                    other => return Err(format!("a second ack: {other:?}")),
+                }
+                drop(again);
                 // The handler dies after its commit, once: its event must not come again.
                 if delivery.event().body == b"17" && !crashed.swap(true, Ordering::SeqCst) {
                     panic!("crashed after the commit");
@@ -242,6 +253,11 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(crashed.load(Ordering::SeqCst));
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        40,
+        "each second ack refused"
+    );
     assert_eq!(
         duplicates.load(Ordering::SeqCst),
         0,
