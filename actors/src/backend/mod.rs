@@ -1,17 +1,19 @@
-//! Swappable backends: [`Locking`] and [`Signalling`], the interface an application's actors can
+//! Swappable backends: [`Locking`], [`Signalling`] and [`Topics`], the interface an application's actors can
 //! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
 //! in-memory backend ([`memory`], feature `memory`) and production on PostgreSQL
 //! ([`Coordinator`]).
 //!
-//! Both traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
+//! The traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
 //! their requests the same messages the actors take ([`Acquire`], [`Publish`], [`Serve`],
-//! [`Ask`]), so code written against them reads like code written against the actors.
+//! [`Ask`], [`Append`], [`Consume`]), so code written against them reads like code written against the actors.
 //!
 //! The in-memory backend is **no substitute for testing against PostgreSQL**: it has no
 //! connections to fail, no clock to disagree, no heartbeats, and no other processes. It keeps the
 //! semantics an application's logic depends on — one holder per lease, strictly increasing
 //! fencing tokens, fair waiting, loss reported once, delivery to every subscriber, request and
-//! reply with errors and timeouts — and lets a test force what PostgreSQL would do to it: a lost
+//! reply with errors and timeouts; for durable topics, one active consumer per name, delivery
+//! at least once and in order, the same event again after a handler's `Err` or panic, a fenced
+//! `Delivery::ack` (no retention, no horizon: every append is at once final) — and lets a test force what PostgreSQL would do to it: a lost
 //! lease ([`memory::MemoryCoordinator::force_loss`]) and a listener reconnect
 //! ([`memory::MemoryCoordinator::reconnect`]). The suite in `actors/tests/it/backends.rs` runs
 //! the same tests against both.
@@ -54,6 +56,10 @@ use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
 };
+use crate::topics::{
+    Append, Consume, ConsumerStats, GetConsumerStats, StopConsuming, TopicConsumer,
+};
+use pgcoord::topic::Cursor;
 
 #[cfg(feature = "memory")]
 pub mod memory;
@@ -90,6 +96,71 @@ pub trait Signalling: Send + Sync {
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>>;
 }
 
+/// Durable topics: what a [`TopicAppender`](crate::TopicAppender) and
+/// [`TopicConsumer`](crate::TopicConsumer)s do, as a backend.
+pub trait Topics: Send + Sync {
+    /// Appends an event ([`Append`]); its cursor.
+    fn append(&self, append: Append) -> BoxFuture<Result<Cursor>>;
+    /// Starts consuming as [`Consume`] says, until [`Consuming::stop`]. Typed errors for bad
+    /// settings, before anything starts.
+    fn consume(&self, consume: Consume) -> Result<Consuming>;
+}
+
+/// A consumer started through [`Topics::consume`], on either backend.
+#[derive(Clone)]
+pub struct Consuming {
+    inner: ConsumingInner,
+}
+
+#[derive(Clone)]
+enum ConsumingInner {
+    Postgres(Addr<TopicConsumer>),
+    #[cfg(feature = "memory")]
+    Memory(std::sync::Arc<memory::topics::Running>),
+}
+
+impl std::fmt::Debug for Consuming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = match &self.inner {
+            ConsumingInner::Postgres(_) => "postgres",
+            #[cfg(feature = "memory")]
+            ConsumingInner::Memory(_) => "memory",
+        };
+        f.debug_struct("Consuming")
+            .field("backend", &backend)
+            .finish()
+    }
+}
+
+impl Consuming {
+    /// What the consumer has done so far.
+    pub async fn stats(&self) -> Result<ConsumerStats> {
+        match &self.inner {
+            ConsumingInner::Postgres(consumer) => {
+                consumer.send(GetConsumerStats).await.map_err(|e| {
+                    pgcoord::Error::new(
+                        pgcoord::ErrorKind::Unavailable,
+                        format!("the consumer stopped: {e}"),
+                    )
+                })
+            }
+            #[cfg(feature = "memory")]
+            ConsumingInner::Memory(running) => Ok(running.stats()),
+        }
+    }
+
+    /// Stops the consumer: the event in hand is finished and acked, the lease released.
+    pub async fn stop(&self) {
+        match &self.inner {
+            ConsumingInner::Postgres(consumer) => {
+                let _ = consumer.send(StopConsuming).await;
+            }
+            #[cfg(feature = "memory")]
+            ConsumingInner::Memory(running) => running.stop(),
+        }
+    }
+}
+
 /// An actor's answer that is not a `Result`, with the mailbox's error folded in.
 fn sent<A, M>(addr: &Addr<A>, message: M) -> BoxFuture<Result<()>>
 where
@@ -119,6 +190,18 @@ impl Locking for Coordinator {
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
         sent(&self.locks, SubscribeLockLost(recipient))
+    }
+}
+
+impl Topics for Coordinator {
+    fn append(&self, append: Append) -> BoxFuture<Result<Cursor>> {
+        Box::pin(self.topics.call(append))
+    }
+
+    fn consume(&self, consume: Consume) -> Result<Consuming> {
+        Coordinator::consume(self, consume).map(|consumer| Consuming {
+            inner: ConsumingInner::Postgres(consumer),
+        })
     }
 }
 

@@ -21,8 +21,8 @@ use crate::batch::{Batcher, NOTIFY_BATCH_FROM, RunBatch, shared_error};
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Cursor>")]
 pub struct Append {
-    topic: String,
-    body: Vec<u8>,
+    pub(crate) topic: String,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Append {
@@ -37,6 +37,21 @@ impl Append {
     /// `value` encoded as MessagePack with named fields (read it with `Event::value`).
     pub fn value<T: Serialize + ?Sized>(topic: impl Into<String>, value: &T) -> Result<Append> {
         Ok(Append::new(topic, pgcoord::signal::to_payload(value)?))
+    }
+
+    /// The topic's name and the body's size checked: typed errors.
+    pub(crate) fn check(&self) -> Result<()> {
+        pgcoord::config::validate_name("topic", self.topic.clone())?;
+        if self.body.len() > pgcoord::topic::MAX_BODY_BYTES {
+            return Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::PayloadTooLarge,
+                format!(
+                    "an event's body is at most {} bytes",
+                    pgcoord::topic::MAX_BODY_BYTES
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -112,16 +127,7 @@ impl Handler<Append> for TopicAppender {
         let (runner, batcher) = (self.runner.clone(), self.batcher.clone());
         Box::pin(async move {
             // A bad event is its caller's error, before it can fail a batch of others.
-            pgcoord::config::validate_name("topic", append.topic.clone())?;
-            if append.body.len() > pgcoord::topic::MAX_BODY_BYTES {
-                return Err(pgcoord::Error::new(
-                    pgcoord::ErrorKind::PayloadTooLarge,
-                    format!(
-                        "an event's body is at most {} bytes",
-                        pgcoord::topic::MAX_BODY_BYTES
-                    ),
-                ));
-            }
+            append.check()?;
             let batcher = batcher.expect("started");
             let (_under_way, alone) = batcher.enter();
             if alone {

@@ -11,12 +11,26 @@ use crate::leases::Lease;
 
 /// One event handed to a consumer's handler, and the lease it is handled under.
 pub struct Delivery {
-    pub(super) event: Event,
-    pub(super) topic: Arc<str>,
-    pub(super) consumer: Arc<str>,
-    pub(super) table: Arc<TopicTable>,
-    pub(super) lease: Arc<Lease>,
+    pub(crate) event: Event,
+    pub(crate) topic: Arc<str>,
+    pub(crate) consumer: Arc<str>,
+    pub(crate) acker: Acker,
+    pub(crate) lease: Arc<Lease>,
 }
+
+/// Where [`Delivery::ack`] moves the consumer's cursor.
+#[derive(Clone)]
+pub(crate) enum Acker {
+    /// The topic table, in the caller's transaction.
+    Table(Arc<TopicTable>),
+    /// The in-memory backend: (topic, consumer, cursor) → whether the cursor moved.
+    #[cfg(feature = "memory")]
+    Memory(MemoryAck),
+}
+
+/// The in-memory backend's ack: (topic, consumer, cursor) → whether the cursor moved.
+#[cfg(feature = "memory")]
+pub(crate) type MemoryAck = Arc<dyn Fn(&str, &str, pgcoord::topic::Cursor) -> bool + Send + Sync>;
 
 impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,11 +67,12 @@ impl Delivery {
     pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
         self.lease.fence(tx).await?;
         let cursor = self.event.cursor;
-        if self
-            .table
-            .ack(tx, &self.topic, &self.consumer, cursor)
-            .await?
-        {
+        let moved = match &self.acker {
+            Acker::Table(table) => table.ack(tx, &self.topic, &self.consumer, cursor).await?,
+            #[cfg(feature = "memory")]
+            Acker::Memory(ack) => ack(&self.topic, &self.consumer, cursor),
+        };
+        if moved {
             return Ok(());
         }
         Err(pgcoord::Error::new(

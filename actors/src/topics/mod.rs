@@ -41,6 +41,7 @@ mod retention;
 mod run;
 
 pub use append::{Append, TopicAppender};
+pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
 pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
 

@@ -12,7 +12,7 @@ use pgcoord::{ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{Consume, ConsumerStats, Delivery};
+use super::{Acker, Consume, ConsumerStats, Delivery};
 use crate::Call;
 use crate::leases::{Acquire, Lease, LockManager};
 
@@ -285,7 +285,7 @@ async fn deliver(
             event,
             topic: topic.clone(),
             consumer: consumer.clone(),
-            table: run.table.clone(),
+            acker: Acker::Table(run.table.clone()),
             lease: lease.clone(),
         };
         stats(run, |s| s.delivered += 1);

@@ -1,5 +1,5 @@
-//! The behavioural suite both backends pass: each test is written once against [`Locking`] and
-//! [`Signalling`] and runs on PostgreSQL (two `Coordinator`s, as two processes) and in memory
+//! The behavioural suite both backends pass: each test is written once against [`Locking`],
+//! [`Signalling`] and [`Topics`] and runs on PostgreSQL (two `Coordinator`s, as two processes) and in memory
 //! (two `MemoryCoordinator`s on one `MemoryBackend`). Where a test forces something — a lease
 //! taken over, a listener reconnect — each backend does it its own way: on PostgreSQL the row is
 //! deleted and the listener's backend terminated; in memory the test hooks do it.
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pgcoord::ErrorKind;
 use pgcoord::embedded::unique_name;
 use pgcoord_actors::backend::memory::{MemoryBackend, MemoryCoordinator};
-use pgcoord_actors::backend::{Locking, Signalling};
+use pgcoord_actors::backend::{Consuming, Locking, Signalling, Topics};
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
@@ -17,7 +17,7 @@ use super::{Collector, Setup};
 
 /// A backend under test: two processes' runtimes on one database, and what a test forces.
 trait Harness {
-    type Process: Locking + Signalling + Clone + 'static;
+    type Process: Locking + Signalling + Topics + Clone + 'static;
     /// The two processes, with owners "a" and "b".
     fn processes(&self) -> (Self::Process, Self::Process);
     /// Takes the lease `name` from its holder, as a takeover after an expiry would.
@@ -152,7 +152,107 @@ on_both_backends!(
     a_dropped_lease_is_released_and_a_cancelled_wait_leaves_nothing_behind,
     a_lease_taken_over_after_expiry_has_the_new_holders_data,
     a_release_is_no_loss,
+    a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next,
+    a_handler_error_hands_the_same_event_over_and_bad_input_is_refused,
 );
+
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// Consumer "c" of `topic`, recording each event's one-byte body; a handler failing once at
+/// `fail_at`.
+fn recording(topic: &str, seen: &Seen, fail_at: Option<u8>) -> Consume {
+    let (seen, failed) = (
+        seen.clone(),
+        std::sync::Arc::new(std::sync::Mutex::new(false)),
+    );
+    Consume::new(topic, "c", move |delivery: Delivery| {
+        let body = delivery.event().body[0];
+        let fail = Some(body) == fail_at && !std::mem::replace(&mut *failed.lock().unwrap(), true);
+        if !fail {
+            seen.lock().unwrap().push(body);
+        }
+        async move {
+            if fail {
+                Err("not yet".to_owned())
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .window(4)
+    .poll(Duration::from_millis(100))
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn until_active(consuming: &Consuming) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !consuming.stats().await.unwrap().active {
+        assert!(Instant::now() < deadline, "never active");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next(h: impl Harness) {
+    let (a, b) = h.processes();
+    let topic = unique_name("topic");
+    let (seen_a, seen_b) = (Seen::default(), Seen::default());
+    let first = a.consume(recording(&topic, &seen_a, None)).unwrap();
+    until_active(&first).await;
+    let second = b.consume(recording(&topic, &seen_b, None)).unwrap();
+    for i in 0..10u8 {
+        let cursor = a.append(Append::new(&topic, vec![i])).await.unwrap();
+        assert!(cursor > pgcoord::topic::Cursor::START);
+    }
+    until("10 delivered", || seen_a.lock().unwrap().len() == 10).await;
+    assert_eq!(*seen_a.lock().unwrap(), (0..10).collect::<Vec<u8>>());
+    assert!(seen_b.lock().unwrap().is_empty(), "one active instance");
+    assert!(!second.stats().await.unwrap().active);
+    // The first loses the consumer's lease: the second, waiting in line, takes over from the
+    // stored cursor.
+    h.force_loss(&format!("{topic}/consumers/c")).await;
+    until_active(&second).await;
+    for i in 10..20u8 {
+        b.append(Append::new(&topic, vec![i])).await.unwrap();
+    }
+    until("10 more delivered", || seen_b.lock().unwrap().len() == 10).await;
+    assert_eq!(*seen_b.lock().unwrap(), (10..20).collect::<Vec<u8>>());
+    assert_eq!(seen_a.lock().unwrap().len(), 10, "nothing after its loss");
+    let stats = second.stats().await.unwrap();
+    assert_eq!((stats.delivered, stats.tenures), (10, 1));
+    first.stop().await;
+    second.stop().await;
+}
+
+async fn a_handler_error_hands_the_same_event_over_and_bad_input_is_refused(h: impl Harness) {
+    let (a, _) = h.processes();
+    let topic = unique_name("topic");
+    for i in 0..10u8 {
+        a.append(Append::new(&topic, vec![i])).await.unwrap();
+    }
+    let seen = Seen::default();
+    let consuming = a.consume(recording(&topic, &seen, Some(5))).unwrap();
+    until("all handled", || seen.lock().unwrap().len() == 10).await;
+    assert_eq!(*seen.lock().unwrap(), (0..10).collect::<Vec<u8>>());
+    let stats = consuming.stats().await.unwrap();
+    assert_eq!((stats.delivered, stats.handler_errors), (11, 1));
+    consuming.stop().await;
+    // Typed errors, before anything starts or is appended.
+    let err = a
+        .consume(recording(&topic, &seen, None).window(0))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = a.consume(recording("", &seen, None)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+    let err = a.append(Append::new("", vec![1])).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
 
 async fn a_lease_taken_over_after_expiry_has_the_new_holders_data(h: impl Harness) {
     let (a, b) = h.processes();

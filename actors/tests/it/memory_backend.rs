@@ -65,3 +65,45 @@ async fn in_memory_the_fencing_guard_checks_the_token() {
     let e = lease.fence(&NoDatabase).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LockLost);
 }
+
+/// In memory, `Delivery::ack` takes [`NoDatabase`]: it checks the lease's token, moves the
+/// cursor forward once, and is refused for an event acked already or after the lease was lost.
+#[actix_rt::test]
+async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
+    use pgcoord_actors::backend::Topics;
+    use pgcoord_actors::backend::memory::NoDatabase;
+    let backend = MemoryBackend::new();
+    let process = backend.coordinator("p");
+    let topic = unique_name("topic");
+    for i in 0..3u8 {
+        process.append(Append::new(&topic, vec![i])).await.unwrap();
+    }
+    let (tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let consuming = process
+        .consume(Consume::new(&topic, "c", move |delivery: Delivery| {
+            let tx = tx.clone();
+            async move {
+                let first = delivery.ack(&NoDatabase).await.map_err(|e| e.kind());
+                let second = delivery.ack(&NoDatabase).await.map_err(|e| e.kind());
+                let _ = tx.send((delivery.event().body[0], first, second, delivery));
+                Ok(())
+            }
+        }))
+        .unwrap();
+    let mut kept = Vec::new();
+    for i in 0..3u8 {
+        let (body, first, second, delivery) = outcomes.recv().await.unwrap();
+        assert_eq!(
+            (body, first, second),
+            (i, Ok(()), Err(ErrorKind::AlreadyAcknowledged))
+        );
+        kept.push(delivery);
+    }
+    let stats = consuming.stats().await.unwrap();
+    assert_eq!((stats.delivered, stats.handler_errors), (3, 0));
+    // Once the lease is lost, a late ack of an event handed over under it is refused.
+    assert!(process.force_loss(&format!("{topic}/consumers/c")));
+    let err = kept[2].ack(&NoDatabase).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    consuming.stop().await;
+}

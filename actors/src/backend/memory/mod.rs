@@ -1,6 +1,6 @@
 //! The in-memory backend (feature `memory`), for unit tests of an application's own actors:
 //! [`MemoryBackend`] stands for the database, each [`MemoryCoordinator`] for one process's
-//! runtime on it, and both implement [`Locking`] and [`Signalling`] as
+//! runtime on it, and both implement [`Locking`], [`Signalling`] and [`Topics`] as
 //! [`Coordinator`](crate::Coordinator) does on PostgreSQL.
 //!
 //! **It is no substitute for testing against PostgreSQL.** Nothing here can fail the way a
@@ -32,13 +32,14 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
-use super::{BoxFuture, Locking, Signalling};
+use super::{BoxFuture, Consuming, ConsumingInner, Locking, Signalling, Topics};
 use crate::leases::{Acquire, Lease};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
 
 mod leases;
 mod signals;
+pub(crate) mod topics;
 
 /// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
 /// PostgreSQL. Cheap to clone; clones are the same backend.
@@ -52,12 +53,15 @@ struct Shared {
     state: Mutex<State>,
     /// What `LeaseInfo::remaining` and a holder's `remaining` report.
     lease: Duration,
+    /// Rung after every append: consumers waiting for events look again.
+    appended: tokio::sync::Notify,
 }
 
 #[derive(Default)]
 struct State {
     leases: leases::LeaseState,
     signals: signals::SignalState,
+    topics: topics::TopicState,
     lock_lost: Vec<(u64, Recipient<LockLost>)>,
     next_coordinator: u64,
 }
@@ -82,6 +86,7 @@ impl MemoryBackend {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 lease: Duration::from_secs(20),
+                appended: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -211,6 +216,20 @@ impl Signalling for MemoryCoordinator {
         let mut state = self.shared.lock();
         state.signals.subscribe_conn_state(self.id, recipient);
         Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl Topics for MemoryCoordinator {
+    fn append(&self, append: crate::Append) -> BoxFuture<Result<pgcoord::topic::Cursor>> {
+        let appended = self.shared.lock().topics.append(append);
+        self.shared.appended.notify_waiters();
+        Box::pin(std::future::ready(appended))
+    }
+
+    fn consume(&self, consume: crate::Consume) -> Result<Consuming> {
+        topics::consume(self, consume).map(|running| Consuming {
+            inner: ConsumingInner::Memory(running),
+        })
     }
 }
 

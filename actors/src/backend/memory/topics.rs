@@ -1,0 +1,238 @@
+//! Durable topics in memory: a log per topic, a cursor per consumer, and a consumer loop with the
+//! runtime's rules — one active instance per consumer name (its lease, `"t/consumers/c"`, in
+//! this backend), events handed over one at a time in order, the same event again after a
+//! handler's `Err` or panic (after a backoff), acks forward only, and `Delivery::ack` fenced by
+//! the lease. Every append is final at once (there are no transactions to wait for) and nothing
+//! is trimmed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use futures_util::FutureExt;
+use pgcoord::topic::{Cursor, Event, Start};
+use pgcoord::{ErrorKind, Result};
+use tokio::sync::Notify;
+
+use super::{MemoryCoordinator, Shared};
+use crate::backend::Locking;
+use crate::leases::{Acquire, Lease};
+use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery};
+
+/// Every topic's log and every consumer's cursor of one in-memory backend.
+#[derive(Default)]
+pub(super) struct TopicState {
+    logs: HashMap<String, Vec<Event>>,
+    cursors: HashMap<(String, String), Cursor>,
+    appended: i64,
+}
+
+impl TopicState {
+    /// Appends the event; its cursor (both halves the append's number, from 1).
+    pub(super) fn append(&mut self, append: Append) -> Result<Cursor> {
+        append.check()?;
+        self.appended += 1;
+        let cursor = Cursor {
+            xid: self.appended,
+            position: self.appended,
+        };
+        self.logs.entry(append.topic).or_default().push(Event {
+            cursor,
+            appended_at: SystemTime::now(),
+            body: append.body,
+        });
+        Ok(cursor)
+    }
+
+    /// Up to `limit` events of `topic` after `after`.
+    fn read(&self, topic: &str, after: Cursor, limit: usize) -> Vec<Event> {
+        let Some(log) = self.logs.get(topic) else {
+            return Vec::new();
+        };
+        let from = log.partition_point(|e| e.cursor <= after);
+        log[from..].iter().take(limit).cloned().collect()
+    }
+
+    /// The stored cursor, or where `start` says the consumer starts (then stored).
+    fn open(&mut self, topic: &str, consumer: &str, start: Start) -> Cursor {
+        let key = (topic.to_owned(), consumer.to_owned());
+        if let Some(cursor) = self.cursors.get(&key) {
+            return *cursor;
+        }
+        let log = self.logs.get(topic).map_or(&[][..], Vec::as_slice);
+        let cursor = match start {
+            Start::Oldest => Cursor::START,
+            Start::Now => log.last().map_or(Cursor::START, |e| e.cursor),
+            Start::After(cursor) => cursor,
+            Start::Time(at) => {
+                let first = log.partition_point(|e| e.appended_at < at);
+                first
+                    .checked_sub(1)
+                    .map_or(Cursor::START, |i| log[i].cursor)
+            }
+            // A start this backend does not know yet: from the oldest, as nothing is trimmed.
+            _ => Cursor::START,
+        };
+        self.cursors.insert(key, cursor);
+        cursor
+    }
+
+    /// Moves the cursor forward to `cursor`; false when it was there or past it already.
+    fn ack(&mut self, topic: &str, consumer: &str, cursor: Cursor) -> bool {
+        let stored = (self.cursors)
+            .entry((topic.to_owned(), consumer.to_owned()))
+            .or_insert(Cursor::START);
+        if cursor <= *stored {
+            return false;
+        }
+        *stored = cursor;
+        true
+    }
+}
+
+/// A consumer running on the in-memory backend.
+pub(crate) struct Running {
+    stats: Mutex<ConsumerStats>,
+    stopping: Notify,
+    stop_requested: AtomicBool,
+}
+
+impl Running {
+    pub(crate) fn stats(&self) -> ConsumerStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop_requested.store(true, Ordering::SeqCst);
+        self.stopping.notify_one();
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ConsumerStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Starts `consume` on `coordinator`'s task.
+pub(super) fn consume(coordinator: &MemoryCoordinator, consume: Consume) -> Result<Arc<Running>> {
+    consume.check()?;
+    let running = Arc::new(Running {
+        stats: Mutex::default(),
+        stopping: Notify::new(),
+        stop_requested: AtomicBool::new(false),
+    });
+    tokio::spawn(run(coordinator.clone(), consume, running.clone()));
+    Ok(running)
+}
+
+async fn run(coordinator: MemoryCoordinator, consume: Consume, running: Arc<Running>) {
+    loop {
+        let acquire = coordinator.acquire(Acquire::new(consume.lease_name()));
+        let lease = tokio::select! {
+            lease = acquire => lease,
+            () = running.stopping.notified() => return,
+        };
+        let lease = match lease {
+            Ok(lease) => Arc::new(lease),
+            // Another consumer of the name in this coordinator holds it: wait, then ask again.
+            Err(e) if e.kind() == ErrorKind::AlreadyHeld => {
+                tokio::select! {
+                    () = tokio::time::sleep(consume.poll) => continue,
+                    () = running.stopping.notified() => return,
+                }
+            }
+            Err(e) => {
+                running.update(|s| s.failed = Some(e.to_string()));
+                return;
+            }
+        };
+        running.update(|s| {
+            s.tenures += 1;
+            s.active = true;
+        });
+        let stopped = tenure(&coordinator.shared, &consume, &running, &lease).await;
+        running.update(|s| s.active = false);
+        if stopped {
+            return;
+        }
+    }
+}
+
+/// Delivers while the lease is held; true when the consumer stops.
+async fn tenure(
+    shared: &Arc<Shared>,
+    consume: &Consume,
+    running: &Running,
+    lease: &Arc<Lease>,
+) -> bool {
+    let (topic, consumer) = (&consume.topic, &consume.consumer);
+    let mut cursor = shared.lock().topics.open(topic, consumer, consume.start);
+    let acker = {
+        let shared = shared.clone();
+        Acker::Memory(Arc::new(
+            move |topic: &str, consumer: &str, cursor: Cursor| {
+                shared.lock().topics.ack(topic, consumer, cursor)
+            },
+        ))
+    };
+    let (topic_arc, consumer_arc): (Arc<str>, Arc<str>) =
+        (topic.as_str().into(), consumer.as_str().into());
+    let mut errors = 0u32;
+    loop {
+        // Registered before the read, so an append after it wakes the wait below.
+        let appended = shared.appended.notified();
+        tokio::pin!(appended);
+        appended.as_mut().enable();
+        let events = shared
+            .lock()
+            .topics
+            .read(topic, cursor, consume.window as usize);
+        if events.is_empty() {
+            tokio::select! {
+                () = &mut appended => continue,
+                _ = lease.lost() => return false,
+                () = running.stopping.notified() => return true,
+            }
+        }
+        for event in events {
+            if lease.loss().is_some() {
+                return false;
+            }
+            if running.stop_requested.load(Ordering::SeqCst) {
+                return true;
+            }
+            let at = event.cursor;
+            let delivery = Delivery {
+                event,
+                topic: topic_arc.clone(),
+                consumer: consumer_arc.clone(),
+                acker: acker.clone(),
+                lease: lease.clone(),
+            };
+            running.update(|s| s.delivered += 1);
+            let handled = std::panic::AssertUnwindSafe((consume.handler)(delivery));
+            let handled = handled
+                .catch_unwind()
+                .await
+                .unwrap_or(Err("panicked".into()));
+            if handled.is_err() {
+                errors += 1;
+                running.update(|s| s.handler_errors += 1);
+                let backoff = pgcoord::db::backoff(errors - 1).min(consume.poll);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = running.stopping.notified() => return true,
+                }
+                // A handler that acked in its own "transaction" has its event behind already.
+                let stored = shared.lock().topics.open(topic, consumer, consume.start);
+                cursor = cursor.max(stored);
+                break;
+            }
+            errors = 0;
+            cursor = at;
+            if shared.lock().topics.ack(topic, consumer, cursor) {
+                running.update(|s| s.acks += 1);
+            }
+        }
+    }
+}
