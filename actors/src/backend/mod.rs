@@ -97,7 +97,7 @@ pub trait Signalling: Send + Sync {
 }
 
 /// Durable topics: what a [`TopicAppender`](crate::TopicAppender) and
-/// [`TopicConsumer`](crate::TopicConsumer)s do, as a backend.
+/// [`TopicConsumer`]s do, as a backend.
 pub trait Topics: Send + Sync {
     /// Appends an event ([`Append`]); its cursor.
     fn append(&self, append: Append) -> BoxFuture<Result<Cursor>>;
