@@ -94,8 +94,12 @@ impl Coordinator {
                 .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
             payloads,
-            topics: crate::TopicAppender::new(pgcoord::TopicTable::new(&config), pool.clone())
-                .start(),
+            topics: crate::TopicAppender::new(
+                pgcoord::TopicTable::new(&config),
+                pool.clone(),
+                config.owner(),
+            )
+            .start(),
             signals,
             config,
             pool,

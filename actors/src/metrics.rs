@@ -4,7 +4,7 @@
 //! before starting pgcoord's actors. Every metric is labelled with the actor's `owner` (its
 //! configured owner identity), so several managers in one process stay apart.
 //!
-//! The names, in one place (the README's table lists them with their labels):
+//! The names, in one place (docs/OPERATIONS.md lists them with their labels):
 
 use std::time::Duration;
 
@@ -48,8 +48,15 @@ pub const TOPIC_ACKS: &str = "pgcoord_topic_acks_total";
 /// lag in time), by `topic` and `consumer`.
 pub const TOPIC_LAG: &str = "pgcoord_topic_lag_seconds";
 
+/// Counter: events handed to a topic consumer's handler again, by `topic` and `consumer`: after
+/// a handler's `Err`, or after this process lost the consumer's lease before its ack.
+pub const TOPIC_REDELIVERIES: &str = "pgcoord_topic_redeliveries_total";
+/// Counter: events appended through the runtime's `TopicAppender`, by `result` (`appended`,
+/// `failed`). Appends in an application's own transaction (`TopicTable::append`) are not seen.
+pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 17] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -65,6 +72,8 @@ pub const ALL: [&str; 15] = [
     TOPIC_DELIVERIES,
     TOPIC_ACKS,
     TOPIC_LAG,
+    TOPIC_REDELIVERIES,
+    TOPIC_APPENDS,
 ];
 
 /// A `LockManager`'s handles.
@@ -167,6 +176,7 @@ pub(crate) struct TopicMetrics {
     pub(crate) failed: Counter,
     pub(crate) acks: Counter,
     pub(crate) lag: Histogram,
+    pub(crate) redelivered: Counter,
 }
 
 impl TopicMetrics {
@@ -186,6 +196,23 @@ impl TopicMetrics {
             failed: deliveries("failed"),
             acks: counter!(TOPIC_ACKS, &labels),
             lag: histogram!(TOPIC_LAG, &labels),
+            redelivered: counter!(TOPIC_REDELIVERIES, &labels),
+        }
+    }
+}
+
+/// A `TopicAppender`'s handles.
+pub(crate) struct AppendMetrics {
+    pub(crate) appended: Counter,
+    pub(crate) failed: Counter,
+}
+
+impl AppendMetrics {
+    pub(crate) fn new(owner: &str) -> AppendMetrics {
+        let appends = |result: &'static str| counter!(TOPIC_APPENDS, "owner" => owner.to_owned(), "result" => result);
+        AppendMetrics {
+            appended: appends("appended"),
+            failed: appends("failed"),
         }
     }
 }

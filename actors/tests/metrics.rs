@@ -169,12 +169,18 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     let delivered = "owner=me,result=delivered";
     assert!(now.counter("pgcoord_notifications_total", delivered) >= 1);
 
-    // A topic consumer: one event handled and acked, its lag recorded.
-    let topics = pgcoord::TopicTable::new(&config("admin"));
-    topics.append(&admin, "t", b"e").await.unwrap();
-    let consumer = me
-        .consume(Consume::new("t", "c", |_| async { Ok(()) }).poll(Duration::from_millis(20)))
+    // A topic consumer: one event appended through the runtime, failed once, handed over
+    // again, handled and acked, its lag recorded.
+    me.topics
+        .call(Append::new("t", b"e".to_vec()))
+        .await
         .unwrap();
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consume = Consume::new("t", "c", move |_| {
+        let fail = !failed_once.swap(true, Ordering::SeqCst);
+        async move { if fail { Err("once".to_owned()) } else { Ok(()) } }
+    });
+    let consumer = me.consume(consume.poll(Duration::from_millis(20))).unwrap();
     let labels = "consumer=c,owner=me,topic=t";
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while seen.counter("pgcoord_topic_acks_total", labels) < 1 {
@@ -183,7 +189,12 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     }
     let handled = "consumer=c,owner=me,result=handled,topic=t";
     assert_eq!(seen.counter("pgcoord_topic_deliveries_total", handled), 1);
-    assert_eq!(seen.samples("pgcoord_topic_lag_seconds", labels), 1);
+    let failed = "consumer=c,owner=me,result=failed,topic=t";
+    assert_eq!(seen.counter("pgcoord_topic_deliveries_total", failed), 1);
+    assert_eq!(seen.counter("pgcoord_topic_redeliveries_total", labels), 1);
+    assert_eq!(seen.samples("pgcoord_topic_lag_seconds", labels), 2);
+    let appended = "owner=me,result=appended";
+    assert_eq!(seen.counter("pgcoord_topic_appends_total", appended), 1);
     consumer.send(StopConsuming).await.unwrap();
 
     // The pool's gauges are sampled once a second.

@@ -95,16 +95,18 @@ impl RunBatch<AppendItem> for AppendRunner {
 pub struct TopicAppender {
     runner: Arc<AppendRunner>,
     batcher: Option<Batcher<AppendItem>>,
+    metrics: Arc<crate::metrics::AppendMetrics>,
 }
 
 impl TopicAppender {
-    pub(crate) fn new(table: TopicTable, pool: Pool) -> TopicAppender {
+    pub(crate) fn new(table: TopicTable, pool: Pool, owner: &str) -> TopicAppender {
         TopicAppender {
             runner: Arc::new(AppendRunner {
                 table: Arc::new(table),
                 pool,
             }),
             batcher: None,
+            metrics: Arc::new(crate::metrics::AppendMetrics::new(owner)),
         }
     }
 }
@@ -125,33 +127,48 @@ impl Handler<Append> for TopicAppender {
 
     fn handle(&mut self, append: Append, _: &mut Context<Self>) -> Self::Result {
         let (runner, batcher) = (self.runner.clone(), self.batcher.clone());
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            // A bad event is its caller's error, before it can fail a batch of others.
-            append.check()?;
-            let batcher = batcher.expect("started");
-            let (_under_way, alone) = batcher.enter();
-            if alone {
-                let statements = runner.pool.statements(None);
-                return runner
-                    .table
-                    .append(&statements, &append.topic, &append.body)
-                    .await;
+            let appended = appended(runner, batcher, append).await;
+            match &appended {
+                Ok(_) => metrics.appended.increment(1),
+                Err(_) => metrics.failed.increment(1),
             }
-            let (reply, answer) = oneshot::channel();
-            if let Err(item) = batcher.submit(AppendItem { append, reply }) {
-                let statements = runner.pool.statements(None);
-                let append = item.append;
-                return runner
-                    .table
-                    .append(&statements, &append.topic, &append.body)
-                    .await;
-            }
-            answer.await.unwrap_or_else(|_| {
-                Err(pgcoord::Error::new(
-                    pgcoord::ErrorKind::Other,
-                    "the append batch ended without an answer",
-                ))
-            })
+            appended
         })
     }
+}
+
+/// One append: alone when nothing else is under way, else in the next batch.
+async fn appended(
+    runner: Arc<AppendRunner>,
+    batcher: Option<Batcher<AppendItem>>,
+    append: Append,
+) -> Result<Cursor> {
+    // A bad event is its caller's error, before it can fail a batch of others.
+    append.check()?;
+    let batcher = batcher.expect("started");
+    let (_under_way, alone) = batcher.enter();
+    if alone {
+        let statements = runner.pool.statements(None);
+        return runner
+            .table
+            .append(&statements, &append.topic, &append.body)
+            .await;
+    }
+    let (reply, answer) = oneshot::channel();
+    if let Err(item) = batcher.submit(AppendItem { append, reply }) {
+        let statements = runner.pool.statements(None);
+        let append = item.append;
+        return runner
+            .table
+            .append(&statements, &append.topic, &append.body)
+            .await;
+    }
+    answer.await.unwrap_or_else(|_| {
+        Err(pgcoord::Error::new(
+            pgcoord::ErrorKind::Other,
+            "the append batch ended without an answer",
+        ))
+    })
 }

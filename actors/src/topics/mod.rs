@@ -145,6 +145,9 @@ impl Consume {
 pub struct ConsumerStats {
     /// Events handed to the handler, redeliveries included.
     pub delivered: u64,
+    /// Of those, events this process had handed over before (after a handler's `Err`, or after
+    /// it lost the lease before their ack).
+    pub redelivered: u64,
     /// Handler calls that returned `Err` (each event is handed over again).
     pub handler_errors: u64,
     /// Acks that moved the cursor.
@@ -200,6 +203,7 @@ impl TopicConsumer {
                 stats: Mutex::default(),
                 stopping: Notify::new(),
                 stop_requested: AtomicBool::new(false),
+                handed_through: Mutex::new(pgcoord::topic::Cursor::START),
             }),
             signals,
             task: None,

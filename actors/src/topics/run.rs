@@ -29,6 +29,9 @@ pub(super) struct Run {
     pub(super) stopping: Notify,
     /// Set with `stopping`: checked between events.
     pub(super) stop_requested: AtomicBool,
+    /// The furthest event this process handed over: one at or before it again is a
+    /// redelivery.
+    pub(super) handed_through: Mutex<Cursor>,
 }
 
 /// How the loop ended a tenure.
@@ -288,7 +291,19 @@ async fn deliver(
             acker: Acker::Table(run.table.clone()),
             lease: lease.clone(),
         };
-        stats(run, |s| s.delivered += 1);
+        let again = {
+            let mut through = run.handed_through.lock().expect("cursor lock");
+            let again = at <= *through;
+            *through = (*through).max(at);
+            again
+        };
+        if again {
+            run.metrics.redelivered.increment(1);
+        }
+        stats(run, |s| {
+            s.delivered += 1;
+            s.redelivered += u64::from(again);
+        });
         match handle(run, delivery).await {
             Ok(()) => {
                 run.metrics.handled.increment(1);

@@ -241,7 +241,10 @@ async fn a_handler_error_hands_the_same_event_over_and_bad_input_is_refused(h: i
     until("all handled", || seen.lock().unwrap().len() == 10).await;
     assert_eq!(*seen.lock().unwrap(), (0..10).collect::<Vec<u8>>());
     let stats = consuming.stats().await.unwrap();
-    assert_eq!((stats.delivered, stats.handler_errors), (11, 1));
+    assert_eq!(
+        (stats.delivered, stats.handler_errors, stats.redelivered),
+        (11, 1, 1)
+    );
     consuming.stop().await;
     // Typed errors, before anything starts or is appended.
     let err = a

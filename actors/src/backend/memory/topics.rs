@@ -209,7 +209,11 @@ async fn tenure(
                 acker: acker.clone(),
                 lease: lease.clone(),
             };
-            running.update(|s| s.delivered += 1);
+            let again = errors > 0;
+            running.update(|s| {
+                s.delivered += 1;
+                s.redelivered += u64::from(again);
+            });
             let handled = std::panic::AssertUnwindSafe((consume.handler)(delivery));
             let handled = handled
                 .catch_unwind()
