@@ -55,8 +55,13 @@ pub const TOPIC_REDELIVERIES: &str = "pgcoord_topic_redeliveries_total";
 /// `failed`). Appends in an application's own transaction (`TopicTable::append`) are not seen.
 pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
 
+/// Gauge, seconds: the age of the oldest transaction on the server, which holds every topic
+/// reader back (no reader reads past what was appended since it began), by `topic` and
+/// `consumer`, as a caught-up consumer last looked (every ten polls, at most every 10 s).
+pub const TOPIC_HELD_BACK: &str = "pgcoord_topic_held_back_seconds";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -74,6 +79,7 @@ pub const ALL: [&str; 17] = [
     TOPIC_LAG,
     TOPIC_REDELIVERIES,
     TOPIC_APPENDS,
+    TOPIC_HELD_BACK,
 ];
 
 /// A `LockManager`'s handles.
@@ -177,6 +183,7 @@ pub(crate) struct TopicMetrics {
     pub(crate) acks: Counter,
     pub(crate) lag: Histogram,
     pub(crate) redelivered: Counter,
+    pub(crate) held_back: Gauge,
 }
 
 impl TopicMetrics {
@@ -197,6 +204,7 @@ impl TopicMetrics {
             acks: counter!(TOPIC_ACKS, &labels),
             lag: histogram!(TOPIC_LAG, &labels),
             redelivered: counter!(TOPIC_REDELIVERIES, &labels),
+            held_back: gauge!(TOPIC_HELD_BACK, &labels),
         }
     }
 }

@@ -195,6 +195,22 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(seen.samples("pgcoord_topic_lag_seconds", labels), 2);
     let appended = "owner=me,result=appended";
     assert_eq!(seen.counter("pgcoord_topic_appends_total", appended), 1);
+    // A transaction left open holds readers back: the caught-up consumer's gauge shows its age.
+    let mut open = pgcoord::db::connect_spawned(&config("admin"))
+        .await
+        .unwrap();
+    let tx = open.transaction().await.unwrap();
+    tx.execute("SELECT pg_current_xact_id()", &[])
+        .await
+        .unwrap();
+    while seen.gauge("pgcoord_topic_held_back_seconds", labels) < 0.5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no transaction seen holding back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.rollback().await.unwrap();
     consumer.send(StopConsuming).await.unwrap();
 
     // The pool's gauges are sampled once a second.

@@ -140,7 +140,7 @@ async fn read_on(
 ) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
     let (mut failures, mut errors) = (0u32, 0u32);
-    let mut last_look = Instant::now();
+    let (mut last_look, mut warned) = (Instant::now(), None);
     let lost = lease.lost();
     tokio::pin!(lost);
     let mut prefetched: Option<Result<Batch>> = None;
@@ -176,9 +176,10 @@ async fn read_on(
         if batch.events.is_empty() {
             ack(run, statements, *acked, *cursor).await;
             *acked = *cursor;
-            if last_look.elapsed() >= HELD_BACK_LOOK {
+            // Every ten polls, at most every 10 s.
+            if last_look.elapsed() >= (run.consume.poll * 10).min(HELD_BACK_LOOK) {
                 last_look = Instant::now();
-                warn_if_held_back(run, statements).await;
+                look_for_held_back(run, statements, &mut warned).await;
             }
             tokio::select! {
                 () = run.doorbell.notified() => {}
@@ -355,15 +356,26 @@ async fn ack(run: &Run, statements: &impl Statements, from: Cursor, cursor: Curs
     }
 }
 
-/// How often a caught-up consumer looks for a transaction holding every reader back.
-const HELD_BACK_LOOK: Duration = Duration::from_secs(60);
+/// How often, at most, a caught-up consumer looks for the transaction holding readers back.
+const HELD_BACK_LOOK: Duration = Duration::from_secs(10);
 
-/// Warns when a transaction has been open on the server for longer than a minute: readers read
-/// nothing appended since it began until it ends (docs/DESIGN.md, "Durable topics").
-async fn warn_if_held_back(run: &Run, statements: &impl Statements) {
-    if let Ok(Some(held)) = run.table.held_back(statements).await
-        && held.age >= HELD_BACK_LOOK
+/// A transaction open this long is warned about, at most once per this long.
+const HELD_BACK_WARN: Duration = Duration::from_secs(60);
+
+/// Looks for the oldest transaction on the server: its age is the held-back gauge, and one open
+/// for longer than a minute is warned about (at most once a minute): readers read nothing
+/// appended since it began until it ends (docs/DESIGN.md, "Durable topics").
+async fn look_for_held_back(run: &Run, statements: &impl Statements, warned: &mut Option<Instant>) {
+    let Ok(held) = run.table.held_back(statements).await else {
+        return;
+    };
+    let age = held.as_ref().map_or(Duration::ZERO, |h| h.age);
+    run.metrics.held_back.set(age.as_secs_f64());
+    if let Some(held) = held
+        && held.age >= HELD_BACK_WARN
+        && warned.is_none_or(|at| at.elapsed() >= HELD_BACK_WARN)
     {
+        *warned = Some(Instant::now());
         warn!(
             pid = held.pid,
             database = held.database.as_deref().unwrap_or("?"),
