@@ -40,9 +40,10 @@ struct Trimmer {
 impl Trimmer {
     /// Up to [`MAX_BATCHES_PER_TICK`] statements, until one deletes less than a batch.
     async fn trim(&self) -> Result<u64> {
-        let statements = self.pool.statements(None);
         let mut deleted = 0;
         for _ in 0..MAX_BATCHES_PER_TICK {
+            // Each statement bounded on its own: a tick may outlast the statement timeout.
+            let statements = self.pool.statements(None);
             let n = (self.table)
                 .trim(&statements, &self.topic, self.retention, BATCH)
                 .await?;

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::statement::Statements;
 use pgcoord::topic::{Batch, Cursor, Event, TopicTable};
 use pgcoord::{ErrorKind, Pool, Result};
 use tokio::sync::Notify;
@@ -81,6 +80,11 @@ pub(super) async fn run(run: Arc<Run>) {
             let ended = tenure(&run, &lease).await;
             stats(&run, |s| s.active = false);
             match ended {
+                // Released by a graceful stop of the process (`Coordinator::shutdown`).
+                Ended::Lost if lease.loss() == Some(crate::LossReason::Shutdown) => {
+                    debug!("the consumer's lease ended with the shutdown; the consumer stops");
+                    return;
+                }
                 Ended::Lost => continue,
                 Ended::Stopping => return,
                 Ended::Failed(e) => {
@@ -99,12 +103,18 @@ pub(super) async fn run(run: Arc<Run>) {
 /// One tenure: deliver from the stored cursor while the lease is held.
 async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
-    let statements = run.pool.idempotent(None);
+    // A statement's bound starts when it is made: one per statement, never one per tenure (a
+    // tenure outlives the statement timeout).
     let mut failures = 0u32;
     let mut cursor = loop {
         match run
             .table
-            .open_consumer(&statements, topic, consumer, run.consume.start)
+            .open_consumer(
+                &run.pool.idempotent(None),
+                topic,
+                consumer,
+                run.consume.start,
+            )
             .await
         {
             Ok(cursor) => break cursor,
@@ -124,20 +134,14 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     // was handled is acked however the tenure ends, so a stopped consumer's successor starts
     // after it.
     let mut acked = cursor;
-    let ended = read_on(run, lease, &statements, &mut cursor, &mut acked).await;
-    ack(run, &statements, acked, cursor).await;
+    let ended = read_on(run, lease, &mut cursor, &mut acked).await;
+    ack(run, acked, cursor).await;
     ended
 }
 
 /// Reads and hands over pages from `cursor` on until the lease is lost, the consumer stops or
 /// fails for good.
-async fn read_on(
-    run: &Run,
-    lease: &Arc<Lease>,
-    statements: &impl Statements,
-    cursor: &mut Cursor,
-    acked: &mut Cursor,
-) -> Ended {
+async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut Cursor) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
     let (mut failures, mut errors) = (0u32, 0u32);
     let (mut last_look, mut warned) = (Instant::now(), None);
@@ -148,9 +152,12 @@ async fn read_on(
         let batch = match prefetched.take() {
             Some(batch) => batch,
             None => {
-                let read = run
-                    .table
-                    .read(statements, topic, *cursor, run.consume.window);
+                let read = async {
+                    let statements = run.pool.idempotent(None);
+                    (run.table)
+                        .read(&statements, topic, *cursor, run.consume.window)
+                        .await
+                };
                 tokio::select! {
                     batch = read => batch,
                     _ = &mut lost => return Ended::Lost,
@@ -174,12 +181,12 @@ async fn read_on(
             }
         };
         if batch.events.is_empty() {
-            ack(run, statements, *acked, *cursor).await;
+            ack(run, *acked, *cursor).await;
             *acked = *cursor;
             // Every ten polls, at most every 10 s.
             if last_look.elapsed() >= (run.consume.poll * 10).min(HELD_BACK_LOOK) {
                 last_look = Instant::now();
-                look_for_held_back(run, statements, &mut warned).await;
+                look_for_held_back(run, &mut warned).await;
             }
             tokio::select! {
                 () = run.doorbell.notified() => {}
@@ -196,9 +203,10 @@ async fn read_on(
         let last = batch.events.last().map_or(*cursor, |e| e.cursor);
         let next = async {
             if read_on {
+                let statements = run.pool.idempotent(None);
                 Some(
-                    run.table
-                        .read(statements, topic, last, run.consume.window)
+                    (run.table)
+                        .read(&statements, topic, last, run.consume.window)
                         .await,
                 )
             } else {
@@ -209,7 +217,7 @@ async fn read_on(
         let (next, (), page) = tokio::join!(
             biased;
             next,
-            ack(run, statements, *acked, *cursor),
+            ack(run, *acked, *cursor),
             deliver(run, lease, batch.events, *cursor, &mut errors),
         );
         *acked = (*cursor).max(*acked);
@@ -224,7 +232,8 @@ async fn read_on(
                 }
                 // Read on from what the database holds: a handler that acked in its own
                 // transaction and then failed has its event behind the cursor already.
-                if let Ok(stored) = run.table.cursor(statements, topic, consumer).await {
+                let statements = run.pool.idempotent(None);
+                if let Ok(stored) = run.table.cursor(&statements, topic, consumer).await {
                     *cursor = (*cursor).max(stored);
                 }
             }
@@ -339,12 +348,13 @@ async fn handle(run: &Run, delivery: Delivery) -> super::ConsumeResult {
 
 /// Acks through `cursor` when it moved past `from`. A failed ack is only logged: the events
 /// since the stored cursor are delivered again (at least once), never skipped.
-async fn ack(run: &Run, statements: &impl Statements, from: Cursor, cursor: Cursor) {
+async fn ack(run: &Run, from: Cursor, cursor: Cursor) {
     if cursor <= from {
         return;
     }
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
-    match run.table.ack(statements, topic, consumer, cursor).await {
+    let statements = run.pool.idempotent(None);
+    match run.table.ack(&statements, topic, consumer, cursor).await {
         Ok(true) => {
             run.metrics.acks.increment(1);
             stats(run, |s| s.acks += 1);
@@ -365,8 +375,8 @@ const HELD_BACK_WARN: Duration = Duration::from_secs(60);
 /// Looks for the oldest transaction on the server: its age is the held-back gauge, and one open
 /// for longer than a minute is warned about (at most once a minute): readers read nothing
 /// appended since it began until it ends (docs/DESIGN.md, "Durable topics").
-async fn look_for_held_back(run: &Run, statements: &impl Statements, warned: &mut Option<Instant>) {
-    let Ok(held) = run.table.held_back(statements).await else {
+async fn look_for_held_back(run: &Run, warned: &mut Option<Instant>) {
+    let Ok(held) = run.table.held_back(&run.pool.idempotent(None)).await else {
         return;
     };
     let age = held.as_ref().map_or(Duration::ZERO, |h| h.age);

@@ -391,3 +391,26 @@ async fn a_failed_batch_fails_each_of_its_callers_and_the_appender_goes_on() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A tenure outlives the statement timeout many times over: every statement has a bound of its
+/// own, so the consumer goes on delivering (one bound for the whole tenure once stopped it after
+/// the first 5 s).
+#[actix_rt::test]
+async fn a_consumer_goes_on_long_past_the_statement_timeout() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = (setup.builder("one"))
+        .statement_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let table = TopicTable::new(&config);
+    let one = Coordinator::connect(config).await.unwrap();
+    let seen = Seen::default();
+    let consumer = one.consume(recording(&seen)).unwrap();
+    append(&table, &admin, 0..5).await;
+    assert_eq!(until_seen(&seen, 5).await, bodies(0..5));
+    // Five statement timeouts later, in the same tenure.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    append(&table, &admin, 5..25).await;
+    assert_eq!(until_seen(&seen, 25).await, bodies(0..25));
+    assert_eq!(stats(&consumer).await.tenures, 1);
+}

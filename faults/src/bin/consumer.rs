@@ -68,6 +68,13 @@ async fn apply(
 
 #[actix::main]
 async fn main() {
+    // pgcoord's warnings on standard error, where the test's output shows them.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let argv: Vec<String> = std::env::args().collect();
     let get = |name: &str| {
         argv.iter()

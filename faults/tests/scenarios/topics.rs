@@ -231,11 +231,51 @@ impl Consumers {
             if done == committed.len() {
                 return applied;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{done} of {} committed events applied",
-                committed.len()
-            );
+            if Instant::now() >= deadline {
+                let mut missing: Vec<_> = (committed.iter())
+                    .filter(|c| !applied.contains(c))
+                    .collect();
+                missing.sort();
+                let cursors = format!(
+                    "SELECT consumer, xid::text, position FROM {}_cursors",
+                    self.config.topic_table().quoted().trim_end_matches('"')
+                ) + "\"";
+                let stored = client.query(&cursors, &[]).await.map(|rows| {
+                    (rows.iter())
+                        .map(|r| {
+                            format!(
+                                "{}: {}/{}",
+                                r.get::<_, String>(0),
+                                r.get::<_, String>(1),
+                                r.get::<_, i64>(2)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                });
+                let activity = client
+                    .query(
+                        "SELECT format('%s %s xid=%s xmin=%s app=%s age=%s q=%s', pid, state,
+                                backend_xid, backend_xmin, application_name,
+                                now() - xact_start, left(query, 60))
+                         FROM pg_stat_activity
+                         WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL
+                         UNION ALL SELECT 'horizon ' || pg_snapshot_xmin(pg_current_snapshot())
+                         UNION ALL SELECT 'prepared ' || transaction FROM pg_prepared_xacts",
+                        &[],
+                    )
+                    .await
+                    .map(|rows| {
+                        rows.iter()
+                            .map(|r| r.get::<_, String>(0))
+                            .collect::<Vec<_>>()
+                    });
+                panic!(
+                    "{done} of {} committed events applied; missing {missing:?}; the last \
+                     applied {:?}; stored cursors {stored:?}; activity {activity:?}",
+                    committed.len(),
+                    applied.iter().rev().take(3).collect::<Vec<_>>(),
+                );
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
