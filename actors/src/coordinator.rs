@@ -163,6 +163,36 @@ impl Coordinator {
     pub fn config(&self) -> &Config {
         &self.config
     }
+
+    /// Stops this process's pgcoord gracefully, within `within`: every lease it holds is
+    /// released on the server (each holder told [`LossReason::Shutdown`](crate::LossReason);
+    /// an election this process leads sees its leader go, a consumer of a durable topic stops),
+    /// every advisory lock's session is closed (its locks with it), then the lock manager, the
+    /// listener, the payload store and the appender stop. Answers how many leases were released.
+    /// [`pgcoord::ErrorKind::Timeout`] when the releases did not finish within `within` (the
+    /// others then expire with their lease). Call it on SIGTERM, before the System stops: a
+    /// process that just exits leaves its leases to expire.
+    pub async fn shutdown(&self, within: std::time::Duration) -> pgcoord::Result<usize> {
+        let deadline = tokio::time::Instant::now() + within;
+        let released = tokio::time::timeout_at(deadline, self.locks.send(crate::ReleaseAll)).await;
+        // Sessions closed by the actor: its locks go with them, at once.
+        let _ = tokio::time::timeout_at(deadline, self.advisory.send(crate::Shutdown)).await;
+        self.locks.do_send(crate::Shutdown);
+        self.topics.do_send(crate::Shutdown);
+        self.payloads.do_send(crate::Shutdown);
+        self.signals.do_send(crate::Shutdown);
+        match released {
+            Ok(Ok(released)) => Ok(released),
+            Ok(Err(e)) => Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::Unavailable,
+                format!("the lock manager stopped before the shutdown: {e}"),
+            )),
+            Err(_) => Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::Timeout,
+                format!("the leases were not all released within {within:?}; the rest expire"),
+            )),
+        }
+    }
 }
 
 impl std::fmt::Debug for Coordinator {

@@ -87,7 +87,7 @@ pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
 pub use leases::{
     Acquire, AcquirePermit, AcquireResponse, Claim, Get, Lease, List, ListPrefix, LockManager,
-    ManagerStats, PermitResponse, Release, RenewNow, with_lock,
+    ManagerStats, PermitResponse, Release, ReleaseAll, RenewNow, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};

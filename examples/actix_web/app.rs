@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::{App, HttpResponse, HttpServer, dev::ServerHandle, web};
 use pgcoord::Config;
-use pgcoord_actors::{Coordinator, Publish, Shutdown, Signal, Subscribe};
+use pgcoord_actors::{Coordinator, Publish, Signal, Subscribe};
 
 /// One instance's state.
 #[derive(Clone)]
@@ -130,8 +130,12 @@ pub async fn start(
     Ok((instance, address, handle))
 }
 
-/// Stops an instance: its HTTP server, then its actors (its leadership is released at once).
+/// Stops an instance gracefully, as a service does on SIGTERM (actix-web's server stops on it
+/// by itself; then this): its HTTP server, then pgcoord, whose leases — its leadership — are
+/// released at once rather than left to expire.
 pub async fn stop(instance: &Instance, server: ServerHandle) {
     server.stop(true).await;
-    let _ = instance.coordinator.locks.send(Shutdown).await;
+    if let Err(e) = instance.coordinator.shutdown(Duration::from_secs(5)).await {
+        eprintln!("{}: {e}", instance.name);
+    }
 }

@@ -125,6 +125,11 @@ impl HolderProcess {
         self.signal(libc::SIGCONT);
     }
 
+    /// SIGTERM: the process is asked to stop (a graceful one cleans up first).
+    pub fn terminate(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
     /// SIGKILL: the process dies without cleaning anything up.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -167,6 +167,15 @@ pub struct ListPrefix(pub String);
 #[rtype(result = "Result<()>")]
 pub struct RenewNow;
 
+/// Release every held lease now, and answer, once the statements are done, how many were
+/// released on the server. Each holder is told its lease ended with
+/// [`LossReason::Shutdown`](crate::LossReason::Shutdown) (so `lost()` resolves), before the
+/// statements run. The manager keeps running; a graceful stop:
+/// [`Coordinator::shutdown`](crate::Coordinator::shutdown).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "usize")]
+pub struct ReleaseAll;
+
 /// What a `LockManager` answers to [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 #[non_exhaustive]

@@ -54,7 +54,8 @@ pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub use acquire::AcquireResponse;
 pub use lease::Lease;
 pub use messages::{
-    Acquire, AcquirePermit, Claim, Get, List, ListPrefix, ManagerStats, Release, RenewNow,
+    Acquire, AcquirePermit, Claim, Get, List, ListPrefix, ManagerStats, Release, ReleaseAll,
+    RenewNow,
 };
 pub use permit::PermitResponse;
 pub use with_lock::with_lock;
@@ -253,6 +254,19 @@ impl Actor for LockManager {
         self.heartbeat = Heartbeat::default();
         // Release what is still held, one task per lease so that thousands of them go out
         // batched. The runtime may be shutting down with the System: then the leases expire.
+        for (name, token, keep) in self.end_all() {
+            if let Some(context) = &self.context {
+                (context.releaser).release_in_background(name, token, keep, "at shutdown");
+            }
+        }
+    }
+}
+
+impl LockManager {
+    /// Forgets every held lease, telling its holder and the [`LockLost`] subscribers it ended
+    /// with [`LossReason::Shutdown`]; what is left to release on the server.
+    fn end_all(&mut self) -> Vec<(Arc<str>, i64, bool)> {
+        let mut ended = Vec::new();
         for (name, held) in self.holdings.drain() {
             let (token, keep) = (held.token, held.keep_on_release);
             held.end(Tenure::Lost(LossReason::Shutdown));
@@ -261,11 +275,29 @@ impl Actor for LockManager {
                 token: Some(token),
                 reason: LossReason::Shutdown,
             });
-            if let Some(context) = &self.context {
-                (context.releaser).release_in_background(name, token, keep, "at shutdown");
-            }
+            ended.push((name, token, keep));
         }
         self.count_held();
+        ended
+    }
+}
+
+impl Handler<ReleaseAll> for LockManager {
+    type Result = ResponseFuture<usize>;
+
+    fn handle(&mut self, _: ReleaseAll, _: &mut Context<Self>) -> Self::Result {
+        let releaser = self.context().releaser.clone();
+        // Tasks of their own, batched with each other: they finish even if the caller gives up.
+        let releases: Vec<_> = (self.end_all().into_iter())
+            .map(|(name, token, keep)| {
+                let releaser = releaser.clone();
+                tokio::spawn(async move { releaser.release(name, token, keep).await })
+            })
+            .collect();
+        Box::pin(async move {
+            let done = futures_util::future::join_all(releases).await;
+            done.iter().filter(|r| matches!(r, Ok(Ok(())))).count()
+        })
     }
 }
 

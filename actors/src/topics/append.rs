@@ -172,3 +172,11 @@ async fn appended(
         ))
     })
 }
+
+impl Handler<crate::losses::Shutdown> for TopicAppender {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -20,6 +20,7 @@ mod privileges;
 mod reliability;
 mod runtime;
 mod semaphore;
+mod shutdown;
 mod signal_faults;
 mod signals;
 mod startup;

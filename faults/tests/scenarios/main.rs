@@ -5,6 +5,7 @@
 mod checker;
 mod contention;
 mod failover;
+mod graceful;
 mod pauses;
 mod restarts;
 mod topics;
