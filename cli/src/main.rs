@@ -4,7 +4,8 @@
 //! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
 //! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify,
 //! `topics.rs` the durable topics (list, consumers, tail, reset).
-//! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found.
+//! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found, 4 the
+//! tables are missing (with a hint to migrate).
 #![deny(missing_docs)]
 
 use std::process::ExitCode;
@@ -32,10 +33,11 @@ struct Cli {
     /// The durable topics' table, `name` or `schema.name`.
     #[arg(long, default_value = "pgcoord_topics", global = true)]
     topic_table: String,
-    /// Give up after this many seconds: the whole command, or for `listen` its start (connect
-    /// and LISTEN). A server that accepts and then never answers must not hang an operator.
-    #[arg(long, default_value_t = 30, global = true)]
-    timeout: u64,
+    /// Give up after this long (`30`, `30s`, `500ms`, `2m`): the whole command, or for `listen`
+    /// its start (connect and LISTEN). A server that accepts and then never answers must not
+    /// hang an operator.
+    #[arg(long, default_value = "30s", value_parser = duration, global = true)]
+    timeout: std::time::Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -124,11 +126,28 @@ enum LockAction {
     },
 }
 
+/// Whole seconds (`30`), or a duration with its unit (`500ms`, `30s`, `2m`, `1h`).
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{e}: say 30, 30s, 500ms or 2m"))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "hint: pgcoord's tables are not in this database (or not under these names): \
+                 run `pgcoord migrate`, or name them with --lock-table, --payload-table, \
+                 --topic-table"
+            );
+            ExitCode::from(4)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(match e.kind() {
@@ -158,7 +177,7 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
         .application_name("pgcoord-cli")
         .owner("pgcoord-cli")
         .build()?;
-    let within = std::time::Duration::from_secs(cli.timeout.max(1));
+    let within = cli.timeout.max(std::time::Duration::from_millis(1));
     let bounded = async {
         if let Command::Listen { channel, count } = &cli.command {
             let listening = signals::start_listening(&config, channel).await?;

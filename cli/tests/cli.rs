@@ -382,3 +382,20 @@ fn help_never_prints_the_dsn() {
     assert!(text.contains("DATABASE_URL"), "{text}");
     assert!(!text.contains("s3cret-pw"), "{text}");
 }
+
+/// A database without pgcoord's tables: exit code 4 and a hint to migrate, not a bare SQLSTATE;
+/// `--timeout` takes a unit.
+#[test]
+fn missing_tables_have_their_own_exit_code_and_a_hint() {
+    let table = unique_name("never_migrated");
+    let out = pgcoord(&table, &["locks", "--timeout", "10s"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pgcoord migrate"), "{stderr}");
+    let out = pgcoord(&table, &["locks", "--timeout", "soon"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("500ms"),
+        "{out:?}"
+    );
+}
