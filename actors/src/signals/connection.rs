@@ -3,6 +3,7 @@
 //! connection (the supervisor restarts the actor; its state survives).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -96,7 +97,8 @@ impl ListenerActor {
             return;
         };
         let timeout = self.config.ping_timeout();
-        let ping = async move { pgcoord::db::ping(&client, timeout).await };
+        let heard = self.heard.clone();
+        let ping = async move { ping_or_hear(&client, timeout, &heard).await };
         ctx.spawn(ping.into_actor(self).map(|result, act, ctx| match result {
             Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
             Err(e) => act.fail(
@@ -215,6 +217,37 @@ impl ListenerActor {
         let ready = self.when_ready();
         async move {
             let _ = ready.await;
+        }
+    }
+}
+
+/// Pings the session; a ping that takes longer than `timeout` is a stall only when nothing
+/// was heard on the connection meanwhile. A connection busy delivering a burst answers its ping
+/// after the notifications queued before it, and reading them proves it alive: replacing it
+/// would throw them away.
+async fn ping_or_hear(
+    client: &Client,
+    timeout: Duration,
+    heard: &AtomicU64,
+) -> pgcoord::Result<()> {
+    let ping = client.simple_query("");
+    tokio::pin!(ping);
+    let mut seen = heard.load(Ordering::Relaxed);
+    loop {
+        match tokio::time::timeout(timeout, &mut ping).await {
+            Ok(answer) => return answer.map(drop).map_err(pgcoord::Error::from),
+            Err(_) => {
+                let now = heard.load(Ordering::Relaxed);
+                if now == seen {
+                    return Err(pgcoord::Error::new(
+                        pgcoord::ErrorKind::Timeout,
+                        format!(
+                            "the listening session heard nothing and did not answer a ping within {timeout:?}"
+                        ),
+                    ));
+                }
+                seen = now;
+            }
         }
     }
 }

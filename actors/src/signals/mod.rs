@@ -78,6 +78,9 @@ pub struct ListenerActor {
     /// across restarts.
     notifier: Option<notify::Notifier>,
     notify_statements: Arc<AtomicU64>,
+    /// Messages read from the listening connection, ever: a ping waits for its answer as long
+    /// as this moves (see `connection`).
+    pub(crate) heard: Arc<AtomicU64>,
     /// Handles of the metrics recorder, registered when the actor first starts.
     metrics: Option<crate::metrics::ListenerMetrics>,
 }
@@ -122,6 +125,7 @@ impl ListenerActor {
             next_seq: 0,
             notifier: None,
             notify_statements: Arc::default(),
+            heard: Arc::default(),
             metrics: None,
         }
     }
@@ -197,6 +201,8 @@ impl StreamHandler<std::result::Result<AsyncMessage, tokio_postgres::Error>> for
         message: std::result::Result<AsyncMessage, tokio_postgres::Error>,
         ctx: &mut Context<Self>,
     ) {
+        self.heard
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match message {
             Ok(AsyncMessage::Notification(n)) => self.dispatch(n.channel(), n.payload(), ctx),
             Ok(_) => {}

@@ -248,3 +248,45 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
     assert!(stats.overflowed > 0, "the slow one's overflow is counted");
     assert_eq!(stats.delivered + stats.overflowed, 20_000, "{stats:?}");
 }
+
+/// A listener busy reading a burst answers its ping only after the notifications queued before
+/// the ping's answer: with a ping timeout (50 ms) far shorter than reading 50,000 notifications
+/// takes, the connection must still not be declared stalled — what it reads proves it alive —
+/// and so no notification is thrown away with it.
+#[actix_rt::test]
+async fn a_listener_busy_with_a_burst_is_not_stalled_and_loses_nothing() {
+    let (setup, admin) = setup().await;
+    let config = (setup.builder("busy"))
+        .ping_interval(Duration::from_millis(20))
+        .ping_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let channel = unique_name("burst");
+    let fast = subscribe(&listener, &channel).await;
+    let texts: Vec<String> = (0..50_000u32)
+        .map(|i| {
+            pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, i.to_be_bytes().to_vec())
+                .encode()
+                .unwrap()
+        })
+        .collect();
+    admin
+        .execute(
+            "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) WITH ORDINALITY AS m(t, n)",
+            &[&channel, &texts],
+        )
+        .await
+        .unwrap();
+    let received = fast.wait_for(50_000, Duration::from_secs(60)).await;
+    let order: Vec<u32> = received
+        .iter()
+        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
+        .collect();
+    assert!(
+        order == (0..50_000).collect::<Vec<_>>(),
+        "{} of 50,000 received, in order: {}",
+        order.len(),
+        order.windows(2).all(|w| w[0] < w[1])
+    );
+}
