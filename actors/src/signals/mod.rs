@@ -209,7 +209,7 @@ impl StreamHandler<std::result::Result<AsyncMessage, tokio_postgres::Error>> for
             Err(e) => self.fail(
                 ctx,
                 ConnState::Disconnected {
-                    error: e.to_string(),
+                    error: pgcoord::Error::from(e).to_string(),
                 },
             ),
         }
