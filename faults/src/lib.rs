@@ -10,7 +10,8 @@
 //!   deliveries in order) and its checker: out of order, lost, phantom, late.
 //! - [`process`] — [`process::HolderProcess`]: a real holder process (the `holder` binary in
 //!   `src/bin/holder.rs`) that a test can pause (SIGSTOP), resume and kill, and whose reports
-//!   (held, acknowledged writes, rejections, losses) it reads line by line.
+//!   (held, acknowledged writes, rejections, losses) it reads line by line; the `consumer`
+//!   and `graceful` programs beside it, and [`program`], what the programs share.
 //!
 //! The network and server faults live with the throwaway cluster in `pgcoord::embedded`
 //! (pause, freeze a backend, restart, stop and start) so that both crates' tests share them.
@@ -20,4 +21,5 @@
 
 pub mod history;
 pub mod process;
+pub mod program;
 pub mod topic_history;

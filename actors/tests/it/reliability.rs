@@ -219,21 +219,7 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
         .unwrap()
         .unwrap();
     let fast = subscribe(&listener, &channel).await;
-    // 10,000 envelopes sent by one statement, as a burst from elsewhere looks.
-    let texts: Vec<String> = (0..10_000u32)
-        .map(|i| {
-            pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, i.to_be_bytes().to_vec())
-                .encode()
-                .unwrap()
-        })
-        .collect();
-    admin
-        .execute(
-            "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) WITH ORDINALITY AS m(t, n)",
-            &[&channel, &texts],
-        )
-        .await
-        .unwrap();
+    burst(&admin, &channel, 10_000).await;
     let received = fast.wait_for(10_000, Duration::from_secs(30)).await;
     let order: Vec<u32> = received
         .iter()
@@ -264,7 +250,24 @@ async fn a_listener_busy_with_a_burst_is_not_stalled_and_loses_nothing() {
     let listener = ListenerActor::new(config, None).start_supervised();
     let channel = unique_name("burst");
     let fast = subscribe(&listener, &channel).await;
-    let texts: Vec<String> = (0..50_000u32)
+    burst(&admin, &channel, 50_000).await;
+    let received = fast.wait_for(50_000, Duration::from_secs(60)).await;
+    let order: Vec<u32> = received
+        .iter()
+        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
+        .collect();
+    assert!(
+        order == (0..50_000).collect::<Vec<_>>(),
+        "{} of 50,000 received, in order: {}",
+        order.len(),
+        order.windows(2).all(|w| w[0] < w[1])
+    );
+}
+
+/// `n` envelopes (their bodies 0, 1, …, big-endian) notified on `channel` by one statement, as a
+/// burst from elsewhere looks.
+async fn burst(admin: &tokio_postgres::Client, channel: &str, n: u32) {
+    let texts: Vec<String> = (0..n)
         .map(|i| {
             pgcoord::signal::Envelope::new(pgcoord::signal::Kind::Event, i.to_be_bytes().to_vec())
                 .encode()
@@ -278,15 +281,4 @@ async fn a_listener_busy_with_a_burst_is_not_stalled_and_loses_nothing() {
         )
         .await
         .unwrap();
-    let received = fast.wait_for(50_000, Duration::from_secs(60)).await;
-    let order: Vec<u32> = received
-        .iter()
-        .map(|s| u32::from_be_bytes(s.payload[..4].try_into().unwrap()))
-        .collect();
-    assert!(
-        order == (0..50_000).collect::<Vec<_>>(),
-        "{} of 50,000 received, in order: {}",
-        order.len(),
-        order.windows(2).all(|w| w[0] < w[1])
-    );
 }

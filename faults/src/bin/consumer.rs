@@ -16,14 +16,8 @@ use std::time::Duration;
 
 use pgcoord::Config;
 use pgcoord_actors::{Consume, Coordinator, Delivery};
+use pgcoord_faults::program::{need, number, say};
 use tokio::sync::Mutex;
-
-fn say(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
 
 /// A random duration up to `max`, from std's randomly keyed hasher.
 fn up_to(max: Duration) -> Duration {
@@ -75,32 +69,18 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let argv: Vec<String> = std::env::args().collect();
-    let get = |name: &str| {
-        argv.iter()
-            .position(|a| a == name)
-            .and_then(|i| argv.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| panic!("{name} is required"))
-    };
-    let number = |name: &str, default: u64| {
-        argv.iter()
-            .position(|a| a == name)
-            .and_then(|i| argv.get(i + 1))
-            .map_or(default, |v| v.parse().expect(name))
-    };
-    let applied = get("--applied");
-    let fenced = match get("--mode").as_str() {
+    let applied = need("--applied");
+    let fenced = match need("--mode").as_str() {
         "fenced" => true,
         "plain" => false,
         other => panic!("--mode fenced|plain, not {other}"),
     };
     let lease = Duration::from_millis(number("--lease-ms", 2000));
     let config = Config::builder()
-        .dsn(get("--dsn"))
-        .lock_table(get("--lock-table"))
-        .topic_table(get("--topic-table"))
-        .owner(get("--owner"))
+        .dsn(need("--dsn"))
+        .lock_table(need("--lock-table"))
+        .topic_table(need("--topic-table"))
+        .owner(need("--owner"))
         .lease(lease)
         .heartbeat(lease / 4)
         .build()

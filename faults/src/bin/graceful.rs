@@ -8,28 +8,14 @@ use std::time::Duration;
 
 use pgcoord::Config;
 use pgcoord_actors::{Acquire, Call, Coordinator};
-
-fn say(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+use pgcoord_faults::program::{need, say};
 
 #[actix::main]
 async fn main() {
-    let argv: Vec<String> = std::env::args().collect();
-    let get = |name: &str| {
-        argv.iter()
-            .position(|a| a == name)
-            .and_then(|i| argv.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| panic!("{name} is required"))
-    };
     let config = Config::builder()
-        .dsn(get("--dsn"))
-        .lock_table(get("--lock-table"))
-        .owner(get("--owner"))
+        .dsn(need("--dsn"))
+        .lock_table(need("--lock-table"))
+        .owner(need("--owner"))
         .lease(Duration::from_secs(60))
         .build()
         .expect("valid configuration");
@@ -39,7 +25,7 @@ async fn main() {
         Ok(coordinator) => coordinator,
         Err(e) => return say(&format!("ERROR {e}")),
     };
-    let lease = match coordinator.locks.call(Acquire::new(get("--name"))).await {
+    let lease = match coordinator.locks.call(Acquire::new(need("--name"))).await {
         Ok(lease) => lease,
         Err(e) => return say(&format!("ERROR {e}")),
     };

@@ -20,6 +20,7 @@ use actix::prelude::*;
 use pgcoord::Config;
 use pgcoord_actors::{Acquire, LockManager};
 use pgcoord_faults::history::History;
+use pgcoord_faults::program::{arg, flag, need, number};
 
 struct Args {
     dsn: String,
@@ -38,15 +39,6 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().collect();
-    let get = |name: &str| {
-        argv.iter()
-            .position(|a| a == name)
-            .and_then(|i| argv.get(i + 1))
-            .cloned()
-    };
-    let need = |name: &str| get(name).unwrap_or_else(|| panic!("{name} is required"));
-    let number = |name: &str, default: u64| get(name).map_or(default, |v| v.parse().expect(name));
     Args {
         dsn: need("--dsn"),
         table: need("--table"),
@@ -58,19 +50,16 @@ fn args() -> Args {
         hold: Duration::from_millis(number("--hold-ms", 0)),
         lease: Duration::from_millis(number("--lease-ms", 2000)),
         heartbeat: Duration::from_millis(number("--heartbeat-ms", 400)),
-        statement_timeout: get("--statement-timeout-ms")
+        statement_timeout: arg("--statement-timeout-ms")
             .map(|v| Duration::from_millis(v.parse().expect("--statement-timeout-ms"))),
-        hold_mode: argv.iter().any(|a| a == "--hold"),
+        hold_mode: flag("--hold"),
         write_every: Duration::from_millis(number("--write-every-ms", 100)),
     }
 }
 
-/// Prints one event line at once (stdout is a pipe, so it is flushed by hand).
+/// Prints one event line at once.
 fn say(line: String) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+    pgcoord_faults::program::say(&line);
 }
 
 fn config(args: &Args, owner: &str) -> Config {
