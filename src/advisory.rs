@@ -10,6 +10,8 @@
 //! UTF-8 bytes, read as a two's-complement `i64`: offset basis `0xcbf29ce484222325`, prime
 //! `0x100000001b3`, for each byte `hash ^= byte; hash *= prime` (wrapping). It is fixed and
 //! documented here so other languages compute the same key; it never changes between releases.
+//! [`key_like_sqlx`] derives the key sqlx's `PgAdvisoryLock::new(name)` locks, so a service
+//! moving from sqlx keeps excluding the processes not moved yet.
 
 use std::time::Duration;
 
@@ -38,6 +40,18 @@ pub fn key_for_name(name: &str) -> i64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     hash as i64
+}
+
+/// The advisory key sqlx's `PgAdvisoryLock::new(name)` locks: HKDF-SHA-256 (RFC 5869) of the
+/// name's UTF-8 bytes, without salt, with sqlx's info string, 8 bytes read as a little-endian
+/// `i64`.
+pub fn key_like_sqlx(name: &str) -> i64 {
+    let hkdf = hkdf::Hkdf::<sha2::Sha256>::new(None, name.as_bytes());
+    let mut key = [0u8; 8];
+    // HKDF refuses only outputs longer than 255 hashes; 8 bytes is always granted.
+    hkdf.expand(b"SQLx (Rust) Postgres advisory lock", &mut key)
+        .expect("8 bytes is a valid HKDF output length");
+    i64::from_le_bytes(key)
 }
 
 /// Takes the lock if it is free, at once; `false` when someone else holds it.
@@ -112,7 +126,17 @@ fn one_row(rows: &[tokio_postgres::Row]) -> Result<&tokio_postgres::Row> {
 
 #[cfg(test)]
 mod tests {
-    use super::key_for_name;
+    use super::{key_for_name, key_like_sqlx};
+
+    #[test]
+    fn sqlx_keys_match_the_value_sqlx_publishes() {
+        // The value sqlx's own documentation asserts for `PgAdvisoryLock::new`.
+        assert_eq!(
+            key_like_sqlx("my first Postgres advisory lock!"),
+            -5560419505042474287
+        );
+        assert_ne!(key_like_sqlx("a"), key_for_name("a"));
+    }
 
     #[test]
     fn fnv1a_keys_are_the_published_values() {

@@ -39,6 +39,13 @@ impl AdvisoryLock {
         AdvisoryLock::new(pgcoord::advisory::key_for_name(name))
     }
 
+    /// The lock sqlx's `PgAdvisoryLock::new(name)` takes
+    /// ([`pgcoord::advisory::key_like_sqlx`]): for a service moving from sqlx, whose processes
+    /// not moved yet must still exclude the moved ones.
+    pub fn named_like_sqlx(name: &str) -> AdvisoryLock {
+        AdvisoryLock::new(pgcoord::advisory::key_like_sqlx(name))
+    }
+
     /// Take it in shared mode. Default: exclusive.
     pub fn shared(mut self) -> AdvisoryLock {
         self.mode = pgcoord::advisory::Mode::Shared;

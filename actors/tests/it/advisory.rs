@@ -403,3 +403,39 @@ async fn a_release_is_no_loss_and_a_shutdown_is() {
     let ended = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
     assert_eq!(ended, Ok(Some(LossReason::Shutdown)), "stopped");
 }
+
+/// A name locked the way sqlx's `PgAdvisoryLock::new` locks it (its published algorithm, here a
+/// raw `pg_try_advisory_lock` of its key) excludes `AdvisoryLock::named_like_sqlx` of the same
+/// name, and the other way round: services half moved from sqlx keep excluding each other.
+#[actix_rt::test]
+async fn a_name_locked_by_sqlx_excludes_named_like_sqlx() {
+    let (setup, admin) = setup().await;
+    let (a, _, _) = two_managers(&setup);
+    let name = unique_name("sqlx");
+    let key = pgcoord::advisory::key_like_sqlx(&name);
+    let row = admin
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    let err = a
+        .send(AdvisoryLock::named_like_sqlx(&name))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotAcquired);
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+    let _guard = a
+        .send(AdvisoryLock::named_like_sqlx(&name))
+        .await
+        .unwrap()
+        .unwrap();
+    let row = admin
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0), "held by named_like_sqlx");
+}
