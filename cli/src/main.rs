@@ -21,7 +21,9 @@ mod topics;
 #[derive(Parser)]
 #[command(name = "pgcoord", version, about)]
 struct Cli {
-    /// The database, as a libpq-style DSN or a postgresql:// URL.
+    /// The database, as a libpq-style DSN or a postgresql:// URL. Without it and without
+    /// DATABASE_URL: the PG* variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE,
+    /// PGSSLMODE, …) and the password file (PGPASSFILE, ~/.pgpass), as psql reads them.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     dsn: Option<String>,
     /// The lock table, `name` or `schema.name`.
@@ -163,14 +165,17 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> pgcoord::Result<()> {
-    let Some(dsn) = cli.dsn else {
-        return Err(pgcoord::Error::new(
-            ErrorKind::InvalidConfig,
-            "no database: pass --dsn or set DATABASE_URL",
-        ));
+    // --dsn, else DATABASE_URL, else the PG* variables and the password file, as psql.
+    let builder = match cli.dsn {
+        Some(dsn) => Config::builder().dsn(dsn),
+        None => Config::builder().dsn_from_env().map_err(|_| {
+            pgcoord::Error::new(
+                ErrorKind::InvalidConfig,
+                "no database: pass --dsn, or set DATABASE_URL or the PG* variables",
+            )
+        })?,
     };
-    let config = Config::builder()
-        .dsn(dsn)
+    let config = builder
         .lock_table(cli.lock_table)
         .payload_table(cli.payload_table)
         .topic_table(cli.topic_table)

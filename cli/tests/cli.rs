@@ -399,3 +399,49 @@ fn missing_tables_have_their_own_exit_code_and_a_hint() {
         "{out:?}"
     );
 }
+
+/// Without --dsn and DATABASE_URL, the PG* variables say where the database is, as for psql;
+/// with none of them, exit 2 and what to set.
+#[test]
+fn the_pg_variables_name_the_database_when_no_dsn_is_given() {
+    let pg = test_pg_config().unwrap();
+    let host = match &pg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+    };
+    let table = unique_name("cli_env");
+    let run = |args: &[&str], with_pg: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pgcoord"));
+        command
+            .env_remove("DATABASE_URL")
+            .args(["--lock-table", &table]);
+        for name in [
+            "PGHOST",
+            "PGPORT",
+            "PGUSER",
+            "PGDATABASE",
+            "PGPASSWORD",
+            "PGPASSFILE",
+        ] {
+            command.env_remove(name);
+        }
+        if with_pg {
+            command
+                .env("PGHOST", &host)
+                .env("PGPORT", pg.get_ports()[0].to_string())
+                .env("PGUSER", pg.get_user().unwrap())
+                .env("PGDATABASE", pg.get_dbname().unwrap_or("postgres"));
+        }
+        command.args(args).output().unwrap()
+    };
+    let out = run(&["migrate"], true);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&["locks"], true);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&["locks"], false);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("PG*"),
+        "{out:?}"
+    );
+}

@@ -83,6 +83,16 @@ impl ConfigBuilder {
         self
     }
 
+    /// Connect as the environment says, as libpq would: `DATABASE_URL` when it is set, else
+    /// the `PG*` variables (`PGHOST`, `PGPORT`, `PGUSER` — default the system's `USER` —,
+    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGAPPNAME`,
+    /// `PGCONNECT_TIMEOUT`), with the password, when none is set, from the password file
+    /// (`PGPASSFILE`, else `~/.pgpass`; ignored when others may read it).
+    /// [`ErrorKind::InvalidConfig`] when the environment names no database.
+    pub fn dsn_from_env(self) -> Result<Self> {
+        Ok(self.dsn(super::env::dsn_from_env()?))
+    }
+
     /// Connect with a `tokio_postgres::Config`. pgcoord copies it; the caller's value is not
     /// changed.
     pub fn pg_config(mut self, config: &tokio_postgres::Config) -> Self {

@@ -10,6 +10,7 @@ use crate::tls::Tls;
 mod builder;
 mod connection;
 mod dsn;
+mod env;
 
 pub use builder::ConfigBuilder;
 
