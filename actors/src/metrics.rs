@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
+};
 
 /// Gauge: leases a `LockManager` holds.
 pub const LEASES_HELD: &str = "pgcoord_leases_held";
@@ -82,6 +85,84 @@ pub const ALL: [&str; 18] = [
     TOPIC_HELD_BACK,
 ];
 
+/// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
+/// handles (a few times per process), so a recorder installed before then has them.
+pub(crate) fn describe() {
+    describe_gauge!(LEASES_HELD, Unit::Count, "leases a LockManager holds");
+    describe_counter!(
+        ACQUIRES,
+        Unit::Count,
+        "lease and permit acquires, by outcome"
+    );
+    describe_histogram!(
+        ACQUIRE_WAIT,
+        Unit::Seconds,
+        "from an acquire's arrival to its grant"
+    );
+    describe_histogram!(RENEW, Unit::Seconds, "one heartbeat's renew statement");
+    describe_counter!(
+        RENEW_FAILURES,
+        Unit::Count,
+        "renewals that failed and were retried"
+    );
+    describe_counter!(LOSSES, Unit::Count, "locks lost, by kind and reason");
+    describe_gauge!(
+        POOL_CONNECTIONS,
+        Unit::Count,
+        "pooled connections, by state"
+    );
+    describe_gauge!(ADVISORY_HELD, Unit::Count, "advisory locks held");
+    describe_gauge!(
+        LISTENER_CONNECTED,
+        "1 while the listener is connected and listening"
+    );
+    describe_counter!(
+        LISTENER_CONNECTIONS,
+        Unit::Count,
+        "listener connections opened"
+    );
+    describe_counter!(
+        NOTIFICATIONS,
+        Unit::Count,
+        "notifications handled, by result"
+    );
+    describe_gauge!(
+        PENDING_REQUESTS,
+        Unit::Count,
+        "requests waiting for their reply"
+    );
+    describe_counter!(
+        TOPIC_DELIVERIES,
+        Unit::Count,
+        "events handed to a consumer's handler, by result"
+    );
+    describe_counter!(
+        TOPIC_ACKS,
+        Unit::Count,
+        "acks that moved a consumer's cursor"
+    );
+    describe_histogram!(
+        TOPIC_LAG,
+        Unit::Seconds,
+        "from an event's append to its handover"
+    );
+    describe_counter!(
+        TOPIC_REDELIVERIES,
+        Unit::Count,
+        "events handed to a handler again"
+    );
+    describe_counter!(
+        TOPIC_APPENDS,
+        Unit::Count,
+        "appends through the runtime, by result"
+    );
+    describe_gauge!(
+        TOPIC_HELD_BACK,
+        Unit::Seconds,
+        "age of the oldest transaction, which holds topic readers back"
+    );
+}
+
 /// A `LockManager`'s handles.
 pub(crate) struct LeaseMetrics {
     pub(crate) held: Gauge,
@@ -98,6 +179,7 @@ pub(crate) struct LeaseMetrics {
 
 impl LeaseMetrics {
     pub(crate) fn new(owner: &str) -> LeaseMetrics {
+        describe();
         let owner = owner.to_owned();
         let acquires = |outcome: &'static str| counter!(ACQUIRES, "owner" => owner.clone(), "outcome" => outcome);
         LeaseMetrics {
@@ -151,6 +233,7 @@ pub(crate) struct ListenerMetrics {
 
 impl ListenerMetrics {
     pub(crate) fn new(owner: &str) -> ListenerMetrics {
+        describe();
         let owner = owner.to_owned();
         let notifications = |result: &'static str| counter!(NOTIFICATIONS, "owner" => owner.clone(), "result" => result);
         ListenerMetrics {
@@ -173,6 +256,7 @@ pub(crate) fn loss(owner: &str, kind: &'static str, reason: &'static str) {
 
 /// An `AdvisoryLocks`' handle.
 pub(crate) fn advisory_held(owner: &str) -> Gauge {
+    describe();
     gauge!(ADVISORY_HELD, "owner" => owner.to_owned())
 }
 
@@ -188,6 +272,7 @@ pub(crate) struct TopicMetrics {
 
 impl TopicMetrics {
     pub(crate) fn new(owner: &str, topic: &str, consumer: &str) -> TopicMetrics {
+        describe();
         let labels = [
             ("owner", owner.to_owned()),
             ("topic", topic.to_owned()),
@@ -217,6 +302,7 @@ pub(crate) struct AppendMetrics {
 
 impl AppendMetrics {
     pub(crate) fn new(owner: &str) -> AppendMetrics {
+        describe();
         let appends = |result: &'static str| counter!(TOPIC_APPENDS, "owner" => owner.to_owned(), "result" => result);
         AppendMetrics {
             appended: appends("appended"),

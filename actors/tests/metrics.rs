@@ -12,12 +12,31 @@ use pgcoord_actors::*;
 
 /// A recorder that keeps every value where tests can read it without resetting it.
 #[derive(Clone)]
-struct Recording(Arc<Registry<Key, AtomicStorage>>);
+struct Recording(
+    Arc<Registry<Key, AtomicStorage>>,
+    Arc<std::sync::Mutex<Vec<Described>>>,
+);
+
+/// A metric's description: name, unit, help.
+type Described = (String, Option<Unit>, String);
+
+impl Recording {
+    fn described(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        let described = (name.as_str().to_owned(), unit, help.to_string());
+        self.1.lock().unwrap().push(described);
+    }
+}
 
 impl Recorder for Recording {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described(name, unit, help);
+    }
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described(name, unit, help);
+    }
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described(name, unit, help);
+    }
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         self.0
@@ -95,7 +114,7 @@ impl Recording {
 
 #[actix_rt::test]
 async fn every_documented_metric_is_recorded_with_its_labels() {
-    let seen = Recording(Arc::new(Registry::atomic()));
+    let seen = Recording(Arc::new(Registry::atomic()), Arc::default());
     ::metrics::set_global_recorder(seen.clone()).expect("the only recorder of this binary");
 
     let table = unique_name("metrics");
@@ -223,4 +242,20 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     for name in pgcoord_actors::metrics::ALL {
         assert!(names.iter().any(|n| n == name), "{name} never recorded");
     }
+    // And described, with help text (and a unit where one applies).
+    let described = seen.1.lock().unwrap().clone();
+    for name in pgcoord_actors::metrics::ALL {
+        let found = described.iter().find(|(n, _, _)| n == name);
+        assert!(
+            found.is_some_and(|(_, _, help)| !help.is_empty()),
+            "{name} not described"
+        );
+    }
+    let unit = |name: &str| {
+        described
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .and_then(|d| d.1)
+    };
+    assert_eq!(unit("pgcoord_acquire_wait_seconds"), Some(Unit::Seconds));
 }
