@@ -27,7 +27,7 @@ pub const RENEW_FAILURES: &str = "pgcoord_renew_failures_total";
 /// Counter: locks lost, by `kind` (`lease`, `advisory`) and `reason` (`taken_over`,
 /// `deadline_passed`, `connection_lost`, `stalled`, `shutdown`).
 pub const LOSSES: &str = "pgcoord_losses_total";
-/// Gauge: pooled connections, by `state` (`open`, `idle`).
+/// Gauge: pooled connections, by `state` (`used`, `idle`: their sum is the open ones).
 pub const POOL_CONNECTIONS: &str = "pgcoord_pool_connections";
 /// Gauge: advisory locks held (each on a session of its own).
 pub const ADVISORY_HELD: &str = "pgcoord_advisory_locks_held";
@@ -173,7 +173,7 @@ pub(crate) struct LeaseMetrics {
     wait: Histogram,
     pub(crate) renew: Histogram,
     pub(crate) renew_failures: Counter,
-    pool_open: Gauge,
+    pool_used: Gauge,
     pool_idle: Gauge,
 }
 
@@ -191,7 +191,7 @@ impl LeaseMetrics {
             wait: histogram!(ACQUIRE_WAIT, "owner" => owner.clone()),
             renew: histogram!(RENEW, "owner" => owner.clone()),
             renew_failures: counter!(RENEW_FAILURES, "owner" => owner.clone()),
-            pool_open: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "open"),
+            pool_used: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "used"),
             pool_idle: gauge!(POOL_CONNECTIONS, "owner" => owner, "state" => "idle"),
         }
     }
@@ -214,7 +214,8 @@ impl LeaseMetrics {
     }
 
     pub(crate) fn pool(&self, (open, idle): (u32, u32)) {
-        self.pool_open.set(open);
+        // Used and idle, which sum to the open connections (as OpenTelemetry's `state`).
+        self.pool_used.set(open.saturating_sub(idle));
         self.pool_idle.set(idle);
     }
 }

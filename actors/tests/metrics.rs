@@ -234,8 +234,9 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
 
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let open = seen.gauge("pgcoord_pool_connections", "owner=me,state=open");
-    assert!(open >= 1.0, "{open}");
+    let used = seen.gauge("pgcoord_pool_connections", "owner=me,state=used");
+    let idle = seen.gauge("pgcoord_pool_connections", "owner=me,state=idle");
+    assert!(used + idle >= 1.0, "used {used}, idle {idle}");
 
     // Every name the module documents was recorded.
     let names = seen.names();
