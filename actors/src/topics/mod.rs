@@ -37,13 +37,19 @@ use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnSta
 
 mod append;
 mod delivery;
+mod handover;
 mod retention;
 mod run;
 
 pub use append::{Append, TopicAppender};
 pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
+// The in-memory backend's consumer hands over and backs off as this one does.
+#[cfg(feature = "memory")]
+pub(crate) use handover::handle;
 pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
+#[cfg(feature = "memory")]
+pub(crate) use run::backoff;
 
 /// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event
 /// again after a backoff.

@@ -1,17 +1,18 @@
 //! The consumer's loop: take the lease, open the cursor, read, hand over, ack; wait for the
 //! doorbell; start over when the lease is lost.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::topic::{Batch, Cursor, Event, TopicTable};
+use pgcoord::topic::{Batch, Cursor, TopicTable};
 use pgcoord::{ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{Acker, Consume, ConsumerStats, Delivery};
+use super::handover::{PageEnd, deliver};
+use super::{Consume, ConsumerStats};
 use crate::Call;
 use crate::leases::{Acquire, Lease, LockManager};
 
@@ -241,111 +242,6 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     }
 }
 
-/// How handing over a page ended.
-enum PageEnd {
-    /// Every event was handled.
-    Done,
-    /// The handler failed: the event after `handled` comes again.
-    Failed,
-    /// The lease was lost before an event.
-    Lost,
-    /// The actor is stopping.
-    Stopping,
-}
-
-/// What handing over a page did.
-struct Page {
-    /// The last event handled, or the cursor before the page.
-    handled: Cursor,
-    end: PageEnd,
-}
-
-/// Hands `events` to the handler one at a time, in order, until one fails, the lease is lost
-/// or the consumer stops.
-async fn deliver(
-    run: &Run,
-    lease: &Arc<Lease>,
-    events: Vec<Event>,
-    from: Cursor,
-    errors: &mut u32,
-) -> Page {
-    let (topic, consumer): (Arc<str>, Arc<str>) = (
-        run.consume.topic.as_str().into(),
-        run.consume.consumer.as_str().into(),
-    );
-    let mut page = Page {
-        handled: from,
-        end: PageEnd::Done,
-    };
-    for event in events {
-        // A handler that never waits would hold this thread for the whole page: the read
-        // ahead, the ack and the runtime's other actors (the heartbeat) get a turn now and
-        // then.
-        tokio::task::consume_budget().await;
-        if lease.loss().is_some() {
-            page.end = PageEnd::Lost;
-            return page;
-        }
-        if run.stop_requested.load(Ordering::Relaxed) {
-            page.end = PageEnd::Stopping;
-            return page;
-        }
-        let at = event.cursor;
-        if let Ok(lag) = event.appended_at.elapsed() {
-            run.metrics.lag.record(lag.as_secs_f64());
-        }
-        let delivery = Delivery {
-            event,
-            topic: topic.clone(),
-            consumer: consumer.clone(),
-            acker: Acker::Table(run.table.clone()),
-            lease: lease.clone(),
-        };
-        let again = {
-            let mut through = run.handed_through.lock().expect("cursor lock");
-            let again = at <= *through;
-            *through = (*through).max(at);
-            again
-        };
-        if again {
-            run.metrics.redelivered.increment(1);
-        }
-        stats(run, |s| {
-            s.delivered += 1;
-            s.redelivered += u64::from(again);
-        });
-        match handle(run, delivery).await {
-            Ok(()) => {
-                run.metrics.handled.increment(1);
-                page.handled = at;
-                *errors = 0;
-            }
-            Err(why) => {
-                run.metrics.failed.increment(1);
-                *errors += 1;
-                stats(run, |s| s.handler_errors += 1);
-                if errors.is_power_of_two() {
-                    warn!(cursor = %at, error = %why, errors = *errors, "the handler failed; handing the event over again");
-                }
-                page.end = PageEnd::Failed;
-                return page;
-            }
-        }
-    }
-    page
-}
-
-/// Runs the handler, catching a panic: it is an error (the event comes again), not the end of
-/// the consumer.
-async fn handle(run: &Run, delivery: Delivery) -> super::ConsumeResult {
-    use futures_util::FutureExt;
-    let handled = std::panic::AssertUnwindSafe((run.consume.handler)(delivery));
-    match handled.catch_unwind().await {
-        Ok(result) => result,
-        Err(_) => Err("the handler panicked".to_owned()),
-    }
-}
-
 /// Acks through `cursor` when it moved past `from`. A failed ack is only logged: the events
 /// since the stored cursor are delivered again (at least once), never skipped.
 async fn ack(run: &Run, from: Cursor, cursor: Cursor) {
@@ -404,7 +300,7 @@ async fn pause(run: &Run, how_long: Duration) -> bool {
 }
 
 /// The project's jittered backoff for the `failures`-th failure in a row, at most the poll.
-fn backoff(failures: u32, poll: Duration) -> Duration {
+pub(crate) fn backoff(failures: u32, poll: Duration) -> Duration {
     pgcoord::db::backoff(failures.saturating_sub(1)).min(poll)
 }
 
@@ -415,6 +311,6 @@ fn warn_every(failures: u32, error: &pgcoord::Error, what: &str) {
     }
 }
 
-fn stats(run: &Run, f: impl FnOnce(&mut ConsumerStats)) {
+pub(super) fn stats(run: &Run, f: impl FnOnce(&mut ConsumerStats)) {
     f(&mut run.stats.lock().expect("stats lock"));
 }

@@ -25,6 +25,7 @@ mod signal_faults;
 mod signals;
 mod startup;
 mod tls;
+mod topic_appends;
 mod topic_retention;
 mod topics;
 mod unlogged;

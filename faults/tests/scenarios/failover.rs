@@ -24,7 +24,7 @@ use pgcoord_actors::{Acquire, LockManager};
 use pgcoord_faults::topic_history::{Outcome, check};
 
 use super::Workload;
-use super::topics::{Consumers, Mode, appender};
+use super::topic_consumers::{Consumers, Mode, appender};
 
 /// A primary and its standby, and a workload whose DSN names both (read-write wins).
 async fn pair(replication: Replication) -> (Arc<TempPostgres>, Arc<TempPostgres>, Workload) {

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use futures_util::FutureExt;
 use pgcoord::topic::{Cursor, Event, Start};
 use pgcoord::{ErrorKind, Result};
 use tokio::sync::Notify;
@@ -214,17 +213,14 @@ async fn tenure(
                 s.delivered += 1;
                 s.redelivered += u64::from(again);
             });
-            let handled = std::panic::AssertUnwindSafe((consume.handler)(delivery));
-            let handled = handled
-                .catch_unwind()
+            if crate::topics::handle(&consume.handler, delivery)
                 .await
-                .unwrap_or(Err("panicked".into()));
-            if handled.is_err() {
+                .is_err()
+            {
                 errors += 1;
                 running.update(|s| s.handler_errors += 1);
-                let backoff = pgcoord::db::backoff(errors - 1).min(consume.poll);
                 tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(crate::topics::backoff(errors, consume.poll)) => {}
                     () = running.stopping.notified() => return true,
                 }
                 // A handler that acked in its own "transaction" has its event behind already.
