@@ -21,8 +21,9 @@
 //!     me.fence(&tx, "nightly", grant.token).await?; // exclusive until this transaction ends
 //!     // ... the writes the lease guards ...
 //!     tx.commit().await?;
-//!     let release = ReleaseRequest { name: "nightly", token: grant.token, keep: false };
-//!     me.release(&*client, &release).await?;
+//!     let release = ReleaseRequest { name: "nightly", token: grant.token, keep: false, announce_always: false };
+//!     let doorbell = me.release(&*client, &release).await?;
+//!     table.ring(&*client, doorbell).await?; // wakes a waiter the release could not see
 //! }
 //! # Ok(()) }
 //! ```

@@ -66,13 +66,16 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
         ));
     };
     // As its holder: a release matches owner and token.
+    // Announced always: it may be a semaphore's permit or an election's term, whose listeners
+    // do not line up.
     let request = ReleaseRequest {
         name,
         token,
         keep: false,
+        announce_always: true,
     };
     match table.owner(owner)?.release(client, &request).await {
-        Ok(()) => {
+        Ok(_announced) => {
             println!(
                 "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"
             );

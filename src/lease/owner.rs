@@ -200,9 +200,11 @@ impl LeaseOwner<'_> {
                 name,
                 token: *token,
                 keep,
+                // Whatever it was (a permit, an election's term), its listeners hear of it.
+                announce_always: true,
             })
             .collect();
-        let released = self.release_many(client, &requests).await?;
+        let (released, _announced) = self.release_many(client, &requests).await?;
         Ok(released.len() == owned.len())
     }
 }

@@ -49,24 +49,33 @@ impl LeaseTable {
             may_go = may_go(&q, "$1", "$2"),
             data = data_on_grant("$5"),
         );
-        // $1 names, $2 tokens, $3 keep flags, $4 channel, $5 owner: the rows a release ends,
-        // deleted or (with keep) kept free with their data, and announced.
-        let release_rows = |locked: &str| {
+        // The rows a release ends (`ended`: name, token, keep, announce_always), deleted or (with
+        // keep) kept free with their data. Each is announced on `channel` in the same statement
+        // when it must always be, or when this statement's snapshot sees someone in line; the
+        // second column says whether it was. Those it did not announce go to `ring` (see
+        // `Doorbell`): only a lease someone waits for costs a NOTIFY, whose commit PostgreSQL
+        // serialises database-wide.
+        let release_rows = |channel: &str| {
             format!(
                 "deleted AS (
-                     DELETE FROM {t} AS l USING {locked} AS r
+                     DELETE FROM {t} AS l USING ended AS r
                      WHERE l.name = r.name AND l.token = r.token AND NOT r.keep
-                     RETURNING l.name
+                     RETURNING l.name, r.announce_always
                  ), kept AS (
                      UPDATE {t} AS l SET owner = NULL, token = NULL, acquired_at = NULL,
                          expires_at = NULL, kept = true
-                     FROM {locked} AS r
+                     FROM ended AS r
                      WHERE l.name = r.name AND l.token = r.token AND r.keep
-                     RETURNING l.name
+                     RETURNING l.name, r.announce_always
                  ), released AS (
-                     SELECT name FROM deleted UNION ALL SELECT name FROM kept
+                     SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
-                 SELECT released.name, pg_notify($4, {announce})::text FROM released",
+                 SELECT released.name,
+                        CASE WHEN released.announce_always OR ({first}) IS NOT NULL
+                             THEN pg_notify({channel}, {announce})::text IS NOT NULL
+                             ELSE false END
+                 FROM released",
+                first = first_in_line(&q, "released.name"),
                 announce = announce(&q, "released.name", None),
             )
         };
@@ -202,33 +211,48 @@ impl LeaseTable {
                    AND l.expires_at > clock_timestamp()
                  RETURNING l.token"
             ),
-            // $1 name, $2 token, $3 keep, $4 channel, $5 owner. The release announces the
-            // waiter first in line (see `Released`), so only its process needs to wake.
+            // $1 name, $2 token, $3 keep, $4 channel, $5 owner, $6 announce always.
             release: format!(
                 "WITH ended AS (
-                     SELECT name, token, $3::bool AS keep FROM {t}
+                     SELECT name, token, $3::bool AS keep, $6::bool AS announce_always FROM {t}
                      WHERE name = $1 AND token = $2 AND owner = $5
                  ), {rows}",
-                rows = release_rows("ended"),
+                rows = release_rows("$4"),
             ),
-            // $1 names, $2 tokens, $3 keep flags, $4 channel, $5 owner. The batch form of
-            // `release`. Rows another transaction has locked (a renewal, a fencing guard) are
-            // skipped rather than waited for, so two multi-row statements never wait on each
-            // other's rows in opposite orders (a deadlock, noticed only after the server's
-            // `deadlock_timeout`); their callers release alone, which waits for one row.
+            // $1 names, $2 tokens, $3 keep flags, $4 announce-always flags, $5 channel, $6
+            // owner. The batch form of `release`. Rows another transaction has locked (a
+            // renewal, a fencing guard) are skipped rather than waited for, so two multi-row
+            // statements never wait on each other's rows in opposite orders (a deadlock,
+            // noticed only after the server's `deadlock_timeout`); their callers release alone,
+            // which waits for one row.
             release_many: format!(
                 "WITH {request}, ended AS (
-                     SELECT l.name, l.token, r.keep FROM args, {t} AS l
+                     SELECT l.name, l.token, r.keep, r.announce_always FROM args, {t} AS l
                      JOIN req AS r ON l.name = r.name AND l.token = r.token
-                     WHERE {BY_NAME} AND l.owner = $5
+                     WHERE {BY_NAME} AND l.owner = $6
                      FOR UPDATE OF l SKIP LOCKED
                  ), {rows}",
                 request = batch_request(&[
                     ("names", "text", "name"),
                     ("tokens", "int8", "token"),
                     ("keep", "bool", "keep"),
+                    ("announce_always", "bool", "announce_always"),
                 ]),
-                rows = release_rows("ended"),
+                rows = release_rows("$5"),
+            ),
+            // $1 names, $2 channel. The doorbell of releases that announced nothing: each of
+            // these leases that is free now and has someone in line is announced. Run after the
+            // release has returned, so after it committed: its snapshot sees every place that
+            // committed before the release took the row (see `Doorbell`).
+            ring: format!(
+                "WITH {request}
+                 SELECT pg_notify($2, {announce})::text FROM req AS r
+                 WHERE ({first}) IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = r.name
+                                     AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp())",
+                request = batch_request(&[("names", "text", "name")]),
+                announce = announce(&q, "r.name", None),
+                first = first_in_line(&q, "r.name"),
             ),
             get: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END

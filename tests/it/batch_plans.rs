@@ -64,7 +64,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
         let arguments = if acquire {
             "'{a,b}', '{NULL,NULL}', '{f,f}', 'me', 30000, 'unused'"
         } else {
-            "'{a,b}', '{1,2}', '{f,f}', 'channel', 'me'"
+            "'{a,b}', '{1,2}', '{f,f}', '{f,f}', 'channel', 'me'"
         };
         let plan: Vec<String> = client
             .run(&format!("EXPLAIN EXECUTE {statement}({arguments})"), &[])
@@ -113,9 +113,10 @@ async fn acquire_and_release(
             name: name.as_ref(),
             token: grants[name.as_ref()].token,
             keep: false,
+            announce_always: false,
         })
         .collect();
-    let released = table
+    let (released, _doorbell) = table
         .owner("me")
         .unwrap()
         .release_many(client, &releases)

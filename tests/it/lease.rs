@@ -23,7 +23,7 @@ async fn tokens_strictly_increase_and_survive_a_server_restart() {
         let g = grant(&table, &client, &format!("n{}", i % 3), "me", LEASE).await;
         assert!(g.token > last);
         last = g.token;
-        table
+        let _doorbell = table
             .owner("me")
             .unwrap()
             .release(
@@ -32,6 +32,7 @@ async fn tokens_strictly_increase_and_survive_a_server_restart() {
                     name: &format!("n{}", i % 3),
                     token: g.token,
                     keep: false,
+                    announce_always: false,
                 },
             )
             .await
@@ -239,6 +240,7 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
                 name: "job",
                 token: g.token,
                 keep: false,
+                announce_always: false,
             },
         )
         .await
@@ -248,8 +250,9 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
         name: "job",
         token: g.token,
         keep: false,
+        announce_always: false,
     };
-    let released = table
+    let (released, _doorbell) = table
         .owner("thief")
         .unwrap()
         .release_many(&client, &[request])
@@ -325,8 +328,9 @@ async fn a_takeover_never_keeps_the_dead_holders_data_only_a_kept_rows() {
         name: "single",
         token: single.token,
         keep: true,
+        announce_always: false,
     };
-    next.release(&client, &release).await.unwrap();
+    let _doorbell = next.release(&client, &release).await.unwrap();
     let third = table.owner("third").unwrap();
     let kept = AcquireRequest::new("single").data(b"third's");
     let Attempt::Granted(g) = third.try_acquire(&client, &kept, LEASE).await.unwrap() else {
@@ -341,8 +345,9 @@ async fn a_takeover_never_keeps_the_dead_holders_data_only_a_kept_rows() {
         name: "single",
         token: g.token,
         keep: true,
+        announce_always: false,
     };
-    third.release(&client, &release).await.unwrap();
+    let _doorbell = third.release(&client, &release).await.unwrap();
     let Attempt::Granted(g) = third
         .try_acquire(&client, &kept.replace_data(), LEASE)
         .await

@@ -106,11 +106,15 @@ pub async fn release(
     token: i64,
     keep: bool,
 ) {
-    let request = pgcoord::lease::ReleaseRequest { name, token, keep };
-    table
-        .owner(owner)
-        .unwrap()
+    let request = pgcoord::lease::ReleaseRequest {
+        name,
+        token,
+        keep,
+        announce_always: false,
+    };
+    let doorbell = (table.owner(owner).unwrap())
         .release(client, &request)
         .await
         .unwrap();
+    table.ring(client, doorbell).await.unwrap();
 }

@@ -21,16 +21,116 @@ async fn release_needs_the_current_token_and_wakes_listeners() {
                 name: "job",
                 token: g.token + 1,
                 keep: false,
+                announce_always: false,
             },
         )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     assert!(table.get(&client, "job").await.unwrap().is_held());
-    // The release announces the name on the lease channel (see `Released`).
-    let (_listening, mut announced) = announcements(&config).await;
+    // With someone in line, the release announces the name and the waiter first in line on the
+    // lease channel (see `Released`).
+    let (listening, mut announced) = announcements(&config).await;
+    super::in_line(&table, &client, "job", "waiter", LEASE).await;
     super::release(&table, &client, "job", "me", g.token, false).await;
+    assert_eq!(next(&mut announced).await, "3:jobwaiter");
+    // With nobody in line, nothing: the first notification to arrive is one sent after it.
+    let g = grant(&table, &client, "job", "waiter", LEASE).await;
+    super::release(&table, &client, "job", "waiter", g.token, false).await;
+    ring_marker(&config, &listening).await;
+    assert_eq!(next(&mut announced).await, MARKER);
+    // Unless announced always (a permit, an election's term).
+    let g = grant(&table, &client, "job", "me", LEASE).await;
+    let always = ReleaseRequest {
+        name: "job",
+        token: g.token,
+        keep: false,
+        announce_always: true,
+    };
+    let doorbell = table.owner("me").unwrap().release(&client, &always).await;
+    assert!(
+        doorbell.unwrap().is_empty(),
+        "announced by the release itself"
+    );
     assert_eq!(next(&mut announced).await, "3:job");
+}
+
+/// What [`ring_marker`] sends: a payload no announcement can be.
+pub const MARKER: &str = "marker";
+
+/// Sends [`MARKER`] on the lease channel: notifications on one channel from one session arrive
+/// in commit order, so whatever arrives before it was sent before it.
+pub async fn ring_marker(config: &pgcoord::Config, client: &tokio_postgres::Client) {
+    client
+        .execute(
+            "SELECT pg_notify($1, $2)",
+            &[&config.lease_channel().as_str(), &MARKER],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_place_committed_while_the_release_waited_for_the_row_is_rung_by_the_doorbell() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let g = grant(&table, &client, "job", "holder", LEASE).await;
+    let (listening, mut announced) = announcements(&config).await;
+    // The waiter's attempt, in a transaction left open: it holds the lease's row locked and its
+    // place in line is not committed yet.
+    let mut waiter = super::connect(&config).await;
+    let tx = waiter.transaction().await.unwrap();
+    super::in_line(&table, &tx, "job", "waiter", LEASE).await;
+    // The release takes its snapshot, then waits for the row.
+    let releaser = super::connect(&config).await;
+    let releaser_pid: i32 = (releaser.query_one("SELECT pg_backend_pid()", &[]).await)
+        .unwrap()
+        .get(0);
+    let release = {
+        let table = table.clone();
+        tokio::spawn(async move {
+            let request = ReleaseRequest {
+                name: "job",
+                token: g.token,
+                keep: false,
+                announce_always: false,
+            };
+            let owner = table.owner("holder").unwrap();
+            owner.release(&releaser, &request).await
+        })
+    };
+    let waiting_for_the_row =
+        "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1";
+    let started = std::time::Instant::now();
+    while !(client
+        .query_one(waiting_for_the_row, &[&releaser_pid])
+        .await)
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the release never waited for the row"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tx.commit().await.unwrap();
+    let doorbell = release.await.unwrap().unwrap();
+    // Its snapshot did not have the place: it announced nothing, and leaves the lease to ring.
+    assert_eq!(doorbell.names(), ["job"]);
+    ring_marker(&config, &listening).await;
+    assert_eq!(next(&mut announced).await, MARKER);
+    table.ring(&client, doorbell.clone()).await.unwrap();
+    assert_eq!(next(&mut announced).await, "3:jobwaiter");
+    // Nothing to ring once the lease is taken again, or when nobody waits.
+    grant(&table, &client, "job", "waiter", LEASE).await;
+    table.ring(&client, doorbell.clone()).await.unwrap();
+    table
+        .ring(&client, pgcoord::lease::Doorbell::default())
+        .await
+        .unwrap();
+    ring_marker(&config, &listening).await;
+    assert_eq!(next(&mut announced).await, MARKER);
 }
 
 /// A connection listening on the lease channel (it listens while the client lives), and its
@@ -75,7 +175,7 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
         assert_eq!(holder.map(|h| h.owner), Some("releaser".into()));
         // A second waiter is in line behind the first.
         super::in_line(&table, &client, &name, "late", LEASE).await;
-        table
+        let _doorbell = table
             .owner("releaser")
             .unwrap()
             .release(
@@ -84,6 +184,7 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
                     name: &name,
                     token: g.token,
                     keep,
+                    announce_always: false,
                 },
             )
             .await
@@ -101,7 +202,7 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
             );
         }
         let g = grant(&table, &client, &name, "waiter", LEASE).await;
-        table
+        let _doorbell = table
             .owner("waiter")
             .unwrap()
             .release(
@@ -110,6 +211,7 @@ async fn a_reserved_grant_goes_to_the_waiter_not_back_to_the_releaser() {
                     name: &name,
                     token: g.token,
                     keep,
+                    announce_always: false,
                 },
             )
             .await
@@ -176,7 +278,7 @@ async fn waiters_are_served_in_arrival_order_and_one_leaving_the_line_makes_room
 async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces_too() {
     let (config, client) = super::setup().await;
     let table = LeaseTable::new(&config);
-    let (_listening, mut announced) = announcements(&config).await;
+    let (listening, mut announced) = announcements(&config).await;
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     super::in_line(&table, &client, "job", "waiter", LEASE).await;
     super::release(&table, &client, "job", "holder", g.token, false).await;
@@ -194,12 +296,14 @@ async fn announcements_name_the_reserved_waiter_and_a_waiter_giving_up_announces
         .await
         .unwrap();
     assert_eq!(next(&mut announced).await, "3:job");
-    // A lapsed reservation is not named: anyone may take the lock.
+    // A lapsed place is nobody waiting: nothing is announced (and anyone may take the lock).
     let g = grant(&table, &client, "job", "holder", LEASE).await;
     super::in_line(&table, &client, "job", "waiter", Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     super::release(&table, &client, "job", "holder", g.token, true).await;
-    assert_eq!(next(&mut announced).await, "3:job");
+    ring_marker(&config, &listening).await;
+    assert_eq!(next(&mut announced).await, MARKER);
+    grant(&table, &client, "job", "newcomer", LEASE).await;
 }
 
 #[tokio::test]
@@ -275,9 +379,10 @@ async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() 
         name: "job",
         token: g.token,
         keep: false,
+        announce_always: false,
     };
     let holder = table.owner("holder").unwrap();
-    holder.release(&client, &release).await.unwrap();
+    let _doorbell = holder.release(&client, &release).await.unwrap();
     let attempt = table
         .owner("me")
         .unwrap()

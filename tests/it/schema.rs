@@ -307,8 +307,9 @@ async fn a_waiters_table_of_migration_0003_needs_none_of_the_later_columns() {
         name: "job",
         token: g.token,
         keep: false,
+        announce_always: false,
     };
-    table
+    let _doorbell = table
         .owner("holder")
         .unwrap()
         .release(&client, &release)

@@ -63,9 +63,11 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
                 name,
                 token: grants[name].token,
                 keep: false,
+                announce_always: false,
             })
             .collect();
-        table.owner("raw")?.release_many(client, &releases).await?;
+        let (_, doorbell) = table.owner("raw")?.release_many(client, &releases).await?;
+        table.ring(client, doorbell).await?;
     }
     Ok(())
 }

@@ -56,8 +56,10 @@ pub(crate) async fn raw_pair(
         name,
         token: g.token,
         keep,
+        announce_always: false,
     };
-    owner.release(client, &release).await?;
+    // Nobody waits for the floor's names: the release statement alone, as a raw client's.
+    let _nobody_waits = owner.release(client, &release).await?;
     Ok(())
 }
 

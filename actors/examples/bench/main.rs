@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|election|advisory|signals|faults` (election includes semaphores and worker pools), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|advisory|signals|topics|faults` (election includes semaphores and worker pools), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -12,6 +12,7 @@ mod batches;
 mod cpu;
 mod election;
 mod faults;
+mod fleet;
 mod held;
 mod leases;
 mod locks;
@@ -112,6 +113,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .await?;
         unlogged::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("fleet") {
+        fleet::run(&pg, &sizes, &mut report).await?;
     }
     if run("election") {
         election::run(&pg, &sizes, &mut report).await?;

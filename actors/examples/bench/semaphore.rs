@@ -43,7 +43,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     else {
                         panic!("a free slot")
                     };
-                    table
+                    let _announced = table
                         .owner("raw")?
                         .release(
                             &*raw,
@@ -51,6 +51,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                                 name: &slot,
                                 token: grant.token,
                                 keep: false,
+                                announce_always: true,
                             },
                         )
                         .await?;

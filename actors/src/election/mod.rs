@@ -81,9 +81,11 @@ impl Election {
         timeout: Option<Duration>,
     ) -> Result<Leadership> {
         let value = value.into();
+        // A term's end is announced even when no candidate waits: observers do not line up.
         let mut acquire = Acquire::new(self.name.as_str())
             .data(value.clone())
-            .replace_data();
+            .replace_data()
+            .announce_always();
         if let Some(timeout) = timeout {
             acquire = acquire.timeout(timeout);
         }

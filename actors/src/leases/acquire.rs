@@ -115,7 +115,7 @@ impl Attempts for LeaseAttempts {
     async fn release_orphans(&self, statements: &Bounded<'_>) -> Result<bool> {
         let owner = self.context.statements();
         let names = [self.request.name.as_str()];
-        let keep = self.request.keep_on_release;
+        let keep = self.request.on_release.keep;
         owner.release_orphans(statements, &names, keep).await
     }
 
@@ -138,10 +138,10 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
     fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
         match self.0 {
             Ok(wait) => {
-                let keep = wait.attempts.request.keep_on_release;
+                let on_release = wait.attempts.request.on_release;
                 let name = wait.attempts.request.name.clone();
                 let span = info_span!("acquire", lease = %name);
-                spawn_wait(ctx.address(), span, name, keep, wait, reply);
+                spawn_wait(ctx.address(), span, name, on_release, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }

@@ -11,6 +11,7 @@ use pgcoord::{Error, ErrorKind, Result};
 
 use super::context::WaitContext;
 use super::counters::Counters;
+use super::held::OnRelease;
 use super::messages::Claim;
 use super::settle::Unrecorded;
 use super::{Lease, LockManager};
@@ -54,7 +55,9 @@ impl Handler<Claim> for LockManager {
         Box::pin(claim.into_actor(self).map(move |result, act, ctx| {
             let leases = result.map(|granted| {
                 (granted.into_iter())
-                    .map(|(grant, won, sent)| act.lease_for(grant.record(), false, won, sent, ctx))
+                    .map(|(grant, won, sent)| {
+                        act.lease_for(grant.record(), OnRelease::default(), won, sent, ctx)
+                    })
                     .collect()
             });
             let queues = &act.context().queues;
@@ -86,7 +89,7 @@ async fn claim(
         })
         .await?;
         for (name, grant) in grants {
-            let unrecorded = Unrecorded::new(&context, name, grant.token, false);
+            let unrecorded = Unrecorded::new(&context, name, grant.token, OnRelease::default());
             granted.push((unrecorded, grant, sent));
         }
     }

@@ -140,11 +140,11 @@ impl LockManager {
             let Some(held) = self.holdings.remove(&name, token) else {
                 continue;
             };
-            let keep = held.keep_on_release;
+            let on_release = held.on_release;
             self.announce_loss(&name, held, LossReason::DeadlinePassed);
             // A renewal may still land after we gave up: free the row so it does not linger.
             let releaser = &self.context().releaser;
-            releaser.release_in_background(name, token, keep, "after its deadline passed");
+            releaser.release_in_background(name, token, on_release, "after its deadline passed");
         }
     }
 

@@ -9,10 +9,20 @@ use tokio::sync::watch;
 
 use crate::losses::Tenure;
 
+/// What a lease's release does besides ending the tenure.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OnRelease {
+    /// Keep the row and its data, free.
+    pub(crate) keep: bool,
+    /// Announce the release even when nobody is in line: a semaphore's permit (its waiters do
+    /// not line up) or an election's term (its observers neither).
+    pub(crate) announce_always: bool,
+}
+
 /// One lease this process holds.
 pub(crate) struct Held {
     pub(crate) token: i64,
-    pub(crate) keep_on_release: bool,
+    pub(crate) on_release: OnRelease,
     /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
     /// Past it the server may give the lease away, so it is reported lost.
     pub(crate) deadline: Instant,
@@ -24,13 +34,13 @@ impl Held {
     /// handle's.
     pub(crate) fn new(
         token: i64,
-        keep_on_release: bool,
+        on_release: OnRelease,
         deadline: Instant,
     ) -> (Held, watch::Receiver<Tenure>) {
         let (tenure, receiver) = watch::channel(Tenure::Held);
         let held = Held {
             token,
-            keep_on_release,
+            on_release,
             deadline,
             tenure,
         };

@@ -13,6 +13,7 @@
 //! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
 //! | [`Shutdown`](crate::Shutdown) | `()`: every lease released, the manager stopped |
 
+use super::held::OnRelease;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -33,7 +34,7 @@ pub struct Acquire {
     /// Shared, not copied, between the wait and a batched first attempt.
     pub(crate) data: Option<bytes::Bytes>,
     pub(crate) replace_data: bool,
-    pub(crate) keep_on_release: bool,
+    pub(crate) on_release: OnRelease,
     pub(crate) fail_if_locked: bool,
     pub(crate) timeout: Option<Duration>,
 }
@@ -49,7 +50,7 @@ impl Acquire {
             name: name.into(),
             data: None,
             replace_data: false,
-            keep_on_release: false,
+            on_release: OnRelease::default(),
             fail_if_locked: false,
             timeout: None,
         }
@@ -78,7 +79,14 @@ impl Acquire {
     /// On release, keep the row and its data, free for the next holder. Default: the row is
     /// deleted.
     pub fn keep_on_release(mut self) -> Acquire {
-        self.keep_on_release = true;
+        self.on_release.keep = true;
+        self
+    }
+
+    /// Announce the release even when nobody is in line (an election's term: its observers
+    /// do not line up).
+    pub(crate) fn announce_always(mut self) -> Acquire {
+        self.on_release.announce_always = true;
         self
     }
 
@@ -194,6 +202,9 @@ pub struct ManagerStats {
     /// Release statements sent: single releases, and batches of concurrent releases counted
     /// once each.
     pub release_statements: u64,
+    /// Doorbell statements sent: after each release statement that saw nobody in line, one
+    /// that announces it to anyone who lined up meanwhile (`pgcoord::lease::Doorbell`).
+    pub ring_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
 }

@@ -25,7 +25,7 @@ use crate::stats::GetStats;
 use context::WaitContext;
 use counters::Counters;
 use heartbeat::Heartbeat;
-use held::{Held, Holdings};
+use held::{Held, Holdings, OnRelease};
 
 mod acquire;
 mod announced;
@@ -168,13 +168,13 @@ impl LockManager {
     fn lease_for(
         &mut self,
         name: String,
-        keep_on_release: bool,
+        on_release: OnRelease,
         grant: pgcoord::lease::Grant,
         sent: Instant,
         ctx: &mut Context<Self>,
     ) -> Lease {
         let deadline = sent + self.config.lease() - self.margin();
-        let (held, tenure) = Held::new(grant.token, keep_on_release, deadline);
+        let (held, tenure) = Held::new(grant.token, on_release, deadline);
         Counters::add(&self.counters.granted);
         if let Some(replaced) = self.holdings.insert(Arc::from(name.as_str()), held) {
             // Never, by the turns of names; said if it were, never silent.
@@ -254,9 +254,9 @@ impl Actor for LockManager {
         self.heartbeat = Heartbeat::default();
         // Release what is still held, one task per lease so that thousands of them go out
         // batched. The runtime may be shutting down with the System: then the leases expire.
-        for (name, token, keep) in self.end_all() {
+        for (name, token, on_release) in self.end_all() {
             if let Some(context) = &self.context {
-                (context.releaser).release_in_background(name, token, keep, "at shutdown");
+                (context.releaser).release_in_background(name, token, on_release, "at shutdown");
             }
         }
     }
@@ -265,17 +265,17 @@ impl Actor for LockManager {
 impl LockManager {
     /// Forgets every held lease, telling its holder and the [`LockLost`] subscribers it ended
     /// with [`LossReason::Shutdown`]; what is left to release on the server.
-    fn end_all(&mut self) -> Vec<(Arc<str>, i64, bool)> {
+    fn end_all(&mut self) -> Vec<(Arc<str>, i64, OnRelease)> {
         let mut ended = Vec::new();
         for (name, held) in self.holdings.drain() {
-            let (token, keep) = (held.token, held.keep_on_release);
+            let (token, on_release) = (held.token, held.on_release);
             held.end(Tenure::Lost(LossReason::Shutdown));
             self.subscribers.broadcast(LockLost {
                 key: LockKey::Lease(name.to_string()),
                 token: Some(token),
                 reason: LossReason::Shutdown,
             });
-            ended.push((name, token, keep));
+            ended.push((name, token, on_release));
         }
         self.count_held();
         ended
@@ -289,9 +289,9 @@ impl Handler<ReleaseAll> for LockManager {
         let releaser = self.context().releaser.clone();
         // Tasks of their own, batched with each other: they finish even if the caller gives up.
         let releases: Vec<_> = (self.end_all().into_iter())
-            .map(|(name, token, keep)| {
+            .map(|(name, token, on_release)| {
                 let releaser = releaser.clone();
-                tokio::spawn(async move { releaser.release(name, token, keep).await })
+                tokio::spawn(async move { releaser.release(name, token, on_release).await })
             })
             .collect();
         Box::pin(async move {
@@ -330,6 +330,7 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             granted: Counters::get(&counters.granted),
             acquire_statements: Counters::get(&counters.acquire_statements),
             release_statements: Counters::get(&counters.release_statements),
+            ring_statements: Counters::get(&counters.ring_statements),
             lost: Counters::get(&counters.lost),
         }
     }

@@ -17,6 +17,7 @@ use tracing::info_span;
 use super::LockManager;
 use super::context::WaitContext;
 use super::counters::Counters;
+use super::held::OnRelease;
 use super::lease::Lease;
 use super::line::{Answer, Ask};
 use super::messages::AcquirePermit;
@@ -157,7 +158,12 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
             Ok(wait) => {
                 let name = wait.attempts.name.clone();
                 let span = info_span!("acquire_permit", semaphore = %name);
-                spawn_wait(ctx.address(), span, name, false, wait, reply);
+                // A permit's release is always announced: its waiters do not line up.
+                let on_release = OnRelease {
+                    keep: false,
+                    announce_always: true,
+                };
+                spawn_wait(ctx.address(), span, name, on_release, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }

@@ -41,8 +41,10 @@ impl Handler<Release> for LockManager {
                 Some(turn) => turn,
                 None => queue.turn.clone().lock_owned().await,
             };
-            let keep = held.keep_on_release;
-            let result = releaser.release(shared_name.clone(), token, keep).await;
+            let on_release = held.on_release;
+            let result = releaser
+                .release(shared_name.clone(), token, on_release)
+                .await;
             // Gone on the server before we released it: that is a loss, reported once.
             let lost = matches!(&result, Err(e) if e.is_lock_lost());
             match &result {

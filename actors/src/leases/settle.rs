@@ -11,23 +11,29 @@ use tracing::debug;
 
 use super::LockManager;
 use super::context::WaitContext;
+use super::held::OnRelease;
 use super::wait::{Attempts, Outcome, Reply, Wait};
 
 /// A grant the manager has not recorded yet: released when dropped so.
 pub(crate) struct Unrecorded {
     name: String,
     token: i64,
-    keep: bool,
+    on_release: OnRelease,
     context: Arc<WaitContext>,
     armed: bool,
 }
 
 impl Unrecorded {
-    pub(crate) fn new(context: &Arc<WaitContext>, name: String, token: i64, keep: bool) -> Self {
+    pub(crate) fn new(
+        context: &Arc<WaitContext>,
+        name: String,
+        token: i64,
+        on_release: OnRelease,
+    ) -> Self {
         Unrecorded {
             name,
             token,
-            keep,
+            on_release,
             context: context.clone(),
             armed: true,
         }
@@ -45,7 +51,12 @@ impl Drop for Unrecorded {
         if self.armed {
             let name = Arc::from(std::mem::take(&mut self.name));
             let releaser = &self.context.releaser;
-            releaser.release_in_background(name, self.token, self.keep, "a grant nobody recorded");
+            releaser.release_in_background(
+                name,
+                self.token,
+                self.on_release,
+                "a grant nobody recorded",
+            );
         }
     }
 }
@@ -54,7 +65,7 @@ impl Drop for Unrecorded {
 pub(crate) struct Settled {
     outcome: Outcome,
     grant: Option<Unrecorded>,
-    keep_on_release: bool,
+    on_release: OnRelease,
     reply: Option<Reply>,
     arrived: Instant,
 }
@@ -70,15 +81,14 @@ impl Handler<Settled> for LockManager {
         let Settled {
             outcome,
             grant,
-            keep_on_release,
+            on_release,
             reply,
             arrived,
         } = settled;
         self.count_acquire(&outcome, arrived);
         match (outcome, grant) {
             (Outcome::Granted(won), Some(grant)) => {
-                let lease =
-                    self.lease_for(grant.record(), keep_on_release, won.grant, won.sent, ctx);
+                let lease = self.lease_for(grant.record(), on_release, won.grant, won.sent, ctx);
                 // A caller that went away gets nothing: the handle's drop releases the lease.
                 if let Some(reply) = reply {
                     let _ = reply.send(Ok(lease));
@@ -98,7 +108,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
     manager: Addr<LockManager>,
     span: tracing::Span,
     name: String,
-    keep_on_release: bool,
+    on_release: OnRelease,
     wait: Wait<A>,
     reply: Option<Reply>,
 ) {
@@ -112,12 +122,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
         let grant = match &outcome {
             Outcome::Granted(won) => {
                 let name = won.slot.clone().unwrap_or_else(|| name.clone());
-                Some(Unrecorded::new(
-                    &context,
-                    name,
-                    won.grant.token,
-                    keep_on_release,
-                ))
+                Some(Unrecorded::new(&context, name, won.grant.token, on_release))
             }
             Outcome::Cancelled => {
                 debug!(lease = %name, "wait cancelled by its caller");
@@ -128,7 +133,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
         let settled = Settled {
             outcome,
             grant,
-            keep_on_release,
+            on_release,
             reply,
             arrived,
         };

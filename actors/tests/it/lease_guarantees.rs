@@ -53,6 +53,7 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
                 name: "job",
                 token: old.token,
                 keep: false,
+                announce_always: false,
             },
         )
         .await

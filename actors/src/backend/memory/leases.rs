@@ -93,7 +93,7 @@ impl LeaseState {
             owner: owner.to_owned(),
             coordinator,
             token,
-            keep_on_release: request.keep_on_release,
+            keep_on_release: request.on_release.keep,
             lost,
         });
         Ok(Attempt::Granted(token, row.data.clone(), lost_rx))

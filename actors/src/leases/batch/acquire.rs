@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::super::counters::Counters;
+use super::super::held::OnRelease;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 use crate::leases::Acquire;
 
@@ -30,7 +31,7 @@ pub(crate) struct AcquireItem {
     data: Option<Bytes>,
     replace_data: bool,
     /// Whether a grant nobody takes is released keeping its row, as its holder would have.
-    keep: bool,
+    on_release: OnRelease,
     reply: oneshot::Sender<FirstAttempt>,
 }
 
@@ -58,7 +59,7 @@ impl AcquireBatcher {
             name: request.name.clone(),
             data: request.data.clone(),
             replace_data: request.replace_data,
-            keep: request.keep_on_release,
+            on_release: request.on_release,
             reply,
         };
         self.submit(item).ok()?;
@@ -112,7 +113,7 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                     if item.reply.send(answer).is_err() {
                         let name = Arc::from(item.name.as_str());
                         let what = "a grant whose wait has gone";
-                        (self.releaser).release_in_background(name, token, item.keep, what);
+                        (self.releaser).release_in_background(name, token, item.on_release, what);
                     }
                 }
             }

@@ -4,22 +4,26 @@
 //! A release the batch did not do (lost, or its row locked by a renewal or a fencing guard) is
 //! done alone, which tells its caller `LockLost` or waits for the row. An unknown outcome goes to
 //! every caller: a release that may have run is not repeated (a second would say `LockLost`).
+//!
+//! The releases a statement did not announce (it saw nobody in line) are rung afterwards, on a
+//! task of their own, once their callers have their answer (`pgcoord::lease::Doorbell`).
 
 use std::sync::Arc;
 
-use pgcoord::lease::ReleaseRequest;
+use pgcoord::lease::{Doorbell, ReleaseRequest};
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use super::super::counters::Counters;
+use super::super::held::OnRelease;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
 pub(crate) struct ReleaseItem {
     name: Arc<str>,
     token: i64,
-    keep: bool,
+    on_release: OnRelease,
     reply: oneshot::Sender<Option<Result<()>>>,
 }
 
@@ -66,14 +70,19 @@ impl Releaser {
     /// Releases `name` if `token` still holds it (see `LeaseTable::release`): through the
     /// batching task, which shares a statement among the releases under way at once and hands a
     /// batch of one back to be sent alone. Bounded by the statement timeout.
-    pub(crate) async fn release(&self, name: Arc<str>, token: i64, keep: bool) -> Result<()> {
+    pub(crate) async fn release(
+        &self,
+        name: Arc<str>,
+        token: i64,
+        on_release: OnRelease,
+    ) -> Result<()> {
         let (_under_way, alone) = self.batcher.enter();
         if !alone {
             let (reply, answer) = oneshot::channel();
             let item = ReleaseItem {
                 name: name.clone(),
                 token,
-                keep,
+                on_release,
                 reply,
             };
             if self.batcher.submit(item).is_ok()
@@ -82,7 +91,7 @@ impl Releaser {
                 return result;
             }
         }
-        self.runner.release_alone(&name, token, keep).await
+        self.runner.release_alone(&name, token, on_release).await
     }
 }
 
@@ -94,7 +103,7 @@ impl Releaser {
         &self,
         name: Arc<str>,
         token: i64,
-        keep: bool,
+        on_release: OnRelease,
         what: &'static str,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -103,7 +112,7 @@ impl Releaser {
         };
         let releaser = self.clone();
         runtime.spawn(async move {
-            match releaser.release(name.clone(), token, keep).await {
+            match releaser.release(name.clone(), token, on_release).await {
                 Ok(()) => debug!(lease = %name, what, "released"),
                 Err(e) if e.is_lock_lost() => debug!(lease = %name, what, "released already"),
                 Err(e) => {
@@ -115,11 +124,36 @@ impl Releaser {
 }
 
 impl ReleaseRunner {
-    async fn release_alone(&self, name: &str, token: i64, keep: bool) -> Result<()> {
+    async fn release_alone(&self, name: &str, token: i64, on_release: OnRelease) -> Result<()> {
         Counters::add(&self.counters.release_statements);
         let statements = self.pool.statements(None);
-        let request = ReleaseRequest { name, token, keep };
-        self.owner().release(&statements, &request).await
+        let request = ReleaseRequest {
+            name,
+            token,
+            keep: on_release.keep,
+            announce_always: on_release.announce_always,
+        };
+        let doorbell = self.owner().release(&statements, &request).await?;
+        self.ring_later(doorbell);
+        Ok(())
+    }
+
+    /// Rings `doorbell` on a task of its own, bounded by the statement timeout: its callers
+    /// have their answer already. Safe to repeat, so retried on another connection; lost, it
+    /// costs the waiters it was for their next poll.
+    fn ring_later(&self, doorbell: Doorbell) {
+        if doorbell.is_empty() {
+            return;
+        }
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        let counters = self.counters.clone();
+        tokio::spawn(async move {
+            Counters::add(&counters.ring_statements);
+            let statements = pool.idempotent(None);
+            if let Err(e) = table.ring(&statements, doorbell).await {
+                debug!(error = %e, "cannot ring for waiters; they ask at their next poll");
+            }
+        });
     }
 
     fn owner(&self) -> pgcoord::lease::LeaseOwner<'_> {
@@ -143,7 +177,8 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
             .map(|i| ReleaseRequest {
                 name: &i.name,
                 token: i.token,
-                keep: i.keep,
+                keep: i.on_release.keep,
+                announce_always: i.on_release.announce_always,
             })
             .collect();
         let statements = self.pool.statements(None);
@@ -155,11 +190,12 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
         .await;
         debug!(size = batch.len(), ok = released.is_ok(), "release batch");
         match released {
-            Ok(released) => {
+            Ok((released, doorbell)) => {
                 for item in batch {
                     let done = released.contains(&*item.name);
                     let _ = item.reply.send(done.then_some(Ok(())));
                 }
+                self.ring_later(doorbell);
             }
             Err(error) => {
                 let error = Arc::new(error);
