@@ -22,8 +22,7 @@
 //!     // ... the writes the lease guards ...
 //!     tx.commit().await?;
 //!     let release = ReleaseRequest { name: "nightly", token: grant.token, keep: false, announce_always: false };
-//!     let doorbell = me.release(&*client, &release).await?;
-//!     table.ring(&*client, doorbell).await?; // wakes a waiter the release could not see
+//!     me.release(&*client, &release).await?;
 //! }
 //! # Ok(()) }
 //! ```

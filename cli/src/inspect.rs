@@ -75,7 +75,7 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
         announce_always: true,
     };
     match table.owner(owner)?.release(client, &request).await {
-        Ok(_announced) => {
+        Ok(()) => {
             println!(
                 "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"
             );

@@ -10,7 +10,6 @@
 //!   grants, renews, releases or fences.
 //! - [`AcquireRequest`], [`ReleaseRequest`] — one lease's request, alone or in a batch.
 //! - [`Released`] — what a release announces on the lease channel: a doorbell, never a grant.
-//! - [`Doorbell`] — the releases left to announce once they returned: waiters no statement saw.
 //! - semaphores — [`slot_names`], [`LeaseOwner::try_acquire_any`].
 //!
 //! Invariants the statements keep:
@@ -40,7 +39,7 @@ mod statements;
 
 pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
 pub use owner::LeaseOwner;
-pub use release::{Doorbell, ReleaseRequest, Released};
+pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
 
 /// A lease granted by an acquire attempt.
@@ -112,7 +111,6 @@ pub struct LeaseTable {
     renew: String,
     release: String,
     release_many: String,
-    ring: String,
     get: String,
     list: String,
     list_prefix: String,

@@ -204,7 +204,7 @@ impl LeaseOwner<'_> {
                 announce_always: true,
             })
             .collect();
-        let (released, _announced) = self.release_many(client, &requests).await?;
+        let released = self.release_many(client, &requests).await?;
         Ok(released.len() == owned.len())
     }
 }

@@ -64,78 +64,22 @@ pub struct ReleaseRequest<'a> {
     pub keep: bool,
     /// Announce the release even when nobody is in line: for listeners that do not line up —
     /// a semaphore's waiters, an election's observers. Otherwise only a lease someone waits for
-    /// is announced (a NOTIFY's commit is serialised database-wide; see [`Doorbell`]).
+    /// is announced (a NOTIFY's commit is serialised database-wide).
     pub announce_always: bool,
-}
-
-/// The releases whose own statement announced nothing, because it saw nobody in line: ring them
-/// with [`LeaseTable::ring`](super::LeaseTable::ring) once the release has returned.
-///
-/// Why a second statement: a release reads the line in its statement's snapshot, taken before
-/// it locks the lease's row. A waiter's attempt that had the row locked then, and commits its
-/// place in line while the release waits for the row, is not in that snapshot, and that waiter
-/// naps until its next poll. An attempt holds the row locked while it writes its place, so once
-/// the release has committed, every such place is visible to a new statement: `ring` announces
-/// the lease to it. An attempt that came to the row after the release locked it was refused as
-/// busy and asks again at once. Ringing is a doorbell like any other: it may be lost, and then
-/// the waiter's poll takes over.
-#[must_use = "waiters that lined up during the release nap until their next poll unless it is rung"]
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Doorbell {
-    names: Vec<String>,
-}
-
-impl Doorbell {
-    /// The leases to ring for.
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
-    /// Whether there is nothing to ring.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
-
-    /// Adds the leases of `other`.
-    pub fn extend(&mut self, other: Doorbell) {
-        self.names.extend(other.names);
-    }
-}
-
-impl super::LeaseTable {
-    /// Announces each lease of `doorbell` that is free now and has someone in line (see
-    /// [`Doorbell`]); any connection will do, once the releases have returned. Safe to run
-    /// twice.
-    #[instrument(skip_all, fields(leases = doorbell.names.len()), level = "debug")]
-    pub async fn ring(
-        &self,
-        client: &(impl Statements + ?Sized),
-        doorbell: Doorbell,
-    ) -> Result<()> {
-        if doorbell.is_empty() {
-            return Ok(());
-        }
-        let params: &[Param<'_>] = &[
-            (&doorbell.names, Type::TEXT_ARRAY),
-            (&self.channel, Type::TEXT),
-        ];
-        client.run(&self.ring, params).await?;
-        Ok(())
-    }
 }
 
 impl LeaseOwner<'_> {
     /// Ends the tenure `request.token` of `request.name` if this owner still holds it: deletes
     /// the row or, with `keep`, keeps it (and its data) free. The release is announced on the
-    /// lease channel ([`Released`]) when someone is in line, or always with `announce_always`;
-    /// the [`Doorbell`] it returns rings for waiters its statement could not see.
-    /// [`ErrorKind::LockLost`] when the owner no longer held the lease with that token.
+    /// lease channel ([`Released`]) when someone waits for the lease, or always with
+    /// `announce_always`. [`ErrorKind::LockLost`] when the owner no longer held the lease with
+    /// that token.
     #[instrument(skip_all, fields(lease = request.name, token = request.token), level = "debug")]
     pub async fn release(
         &self,
         client: &(impl Statements + ?Sized),
         request: &ReleaseRequest<'_>,
-    ) -> Result<Doorbell> {
+    ) -> Result<()> {
         let ReleaseRequest {
             name,
             token,
@@ -151,32 +95,26 @@ impl LeaseOwner<'_> {
             (&announce_always, Type::BOOL),
         ];
         let rows = client.run(&self.table.release, params).await?;
-        let Some(row) = rows.first() else {
+        if rows.is_empty() {
             return Err(Error::new(
                 ErrorKind::LockLost,
                 format!("lock {name:?} was already released or lost (token {token})"),
             ));
-        };
-        let announced: bool = row.try_get(1)?;
-        let names = if announced {
-            vec![]
-        } else {
-            vec![name.to_owned()]
-        };
-        Ok(Doorbell { names })
+        }
+        Ok(())
     }
 
     /// Each of `requests` (distinct names) released as [`release`](Self::release) would, in
-    /// one statement. Returns the names released, and the [`Doorbell`] of those not announced.
-    /// A name missing from the set was not released: lost, or its row locked by another
-    /// transaction (a renewal, a fencing guard — not waited for, so that two multi-row
-    /// statements cannot deadlock); its caller releases it alone, which tells it which.
+    /// one statement. Returns the names released. A name missing from the set was not
+    /// released: lost, or its row locked by another transaction (a renewal, a fencing guard —
+    /// not waited for, so that two multi-row statements cannot deadlock); its caller releases
+    /// it alone, which tells it which.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
     pub async fn release_many(
         &self,
         client: &(impl Statements + ?Sized),
         requests: &[ReleaseRequest<'_>],
-    ) -> Result<(HashSet<String>, Doorbell)> {
+    ) -> Result<HashSet<String>> {
         let mut names = Vec::with_capacity(requests.len());
         let mut tokens = Vec::with_capacity(requests.len());
         let mut keep = Vec::with_capacity(requests.len());
@@ -197,16 +135,7 @@ impl LeaseOwner<'_> {
             (&self.owner, Type::TEXT),
         ];
         let rows = client.run(&self.table.release_many, params).await?;
-        let (mut released, mut doorbell) =
-            (HashSet::with_capacity(rows.len()), Doorbell::default());
-        for row in &rows {
-            let name: String = row.try_get(0)?;
-            if !row.try_get::<_, bool>(1)? {
-                doorbell.names.push(name.clone());
-            }
-            released.insert(name);
-        }
-        Ok((released, doorbell))
+        rows.iter().map(|row| Ok(row.try_get(0)?)).collect()
     }
 }
 

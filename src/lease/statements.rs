@@ -50,30 +50,36 @@ impl LeaseTable {
             data = data_on_grant("$5"),
         );
         // The rows a release ends (`ended`: name, token, keep, announce_always), deleted or (with
-        // keep) kept free with their data. Each is announced on `channel` in the same statement
-        // when it must always be, or when this statement's snapshot sees someone in line; the
-        // second column says whether it was. Those it did not announce go to `ring` (see
-        // `Doorbell`): only a lease someone waits for costs a NOTIFY, whose commit PostgreSQL
-        // serialises database-wide.
+        // keep) kept free with their data, and announced on `channel` when someone waits for
+        // them, or always with announce_always: only a lease someone waits for costs a NOTIFY,
+        // whose commit PostgreSQL serialises database-wide.
+        //
+        // Someone waits when this statement's snapshot has a place in line, or when the row's
+        // `waiter_until` (written by every refused attempt in line, see `acquire_or_queue`) has
+        // not passed. The snapshot alone would miss a place committed after it was taken, by an
+        // attempt that had the row locked while this statement waited for it. But that attempt
+        // also updated the row, so the DELETE or UPDATE here, which acts on the row's newest
+        // version (READ COMMITTED re-reads a row updated since the snapshot), returns its mark.
         let release_rows = |channel: &str| {
             format!(
                 "deleted AS (
                      DELETE FROM {t} AS l USING ended AS r
                      WHERE l.name = r.name AND l.token = r.token AND NOT r.keep
-                     RETURNING l.name, r.announce_always
+                     RETURNING l.name, r.announce_always, l.waiter_until
                  ), kept AS (
                      UPDATE {t} AS l SET owner = NULL, token = NULL, acquired_at = NULL,
                          expires_at = NULL, kept = true
                      FROM ended AS r
                      WHERE l.name = r.name AND l.token = r.token AND r.keep
-                     RETURNING l.name, r.announce_always
+                     RETURNING l.name, r.announce_always, l.waiter_until
                  ), released AS (
                      SELECT * FROM deleted UNION ALL SELECT * FROM kept
                  )
                  SELECT released.name,
-                        CASE WHEN released.announce_always OR ({first}) IS NOT NULL
-                             THEN pg_notify({channel}, {announce})::text IS NOT NULL
-                             ELSE false END
+                        CASE WHEN released.announce_always
+                                  OR released.waiter_until > clock_timestamp()
+                                  OR ({first}) IS NOT NULL
+                             THEN pg_notify({channel}, {announce})::text END
                  FROM released",
                 first = first_in_line(&q, "released.name"),
                 announce = announce(&q, "released.name", None),
@@ -92,8 +98,20 @@ impl LeaseTable {
             // same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
             // the grant (token, data), and whether another grant statement held the grant lock; a
             // grant has no holder columns, a refusal no grant.
+            //
+            // A refusal also marks the lease's row: `waiter_until` is pushed to the place's end,
+            // so a release that took its snapshot before this commits still learns, from the
+            // row it ends, that someone waits (see `release_rows`). The mark's UPDATE reads
+            // `locked` first: the row is locked with NOWAIT before anything is written, so a
+            // release that holds it makes this attempt busy instead of waiting behind it. The
+            // column dates from 0001_locks.sql, whose one-deep reservation no longer reads it.
             acquire_or_queue: format!(
-                "WITH {grant_one}, {line_up}
+                "WITH {grant_one}, {line_up}, marked AS (
+                     UPDATE {t} AS l SET waiter_until = greatest(l.waiter_until,
+                         clock_timestamp() + $7 * interval '1 millisecond')
+                     FROM (SELECT count(*) FROM locked) AS row_lock
+                     WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)
+                 )
                  SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data, false FROM granted
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea, false
@@ -239,20 +257,6 @@ impl LeaseTable {
                     ("announce_always", "bool", "announce_always"),
                 ]),
                 rows = release_rows("$5"),
-            ),
-            // $1 names, $2 channel. The doorbell of releases that announced nothing: each of
-            // these leases that is free now and has someone in line is announced. Run after the
-            // release has returned, so after it committed: its snapshot sees every place that
-            // committed before the release took the row (see `Doorbell`).
-            ring: format!(
-                "WITH {request}
-                 SELECT pg_notify($2, {announce})::text FROM req AS r
-                 WHERE ({first}) IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = r.name
-                                     AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp())",
-                request = batch_request(&[("names", "text", "name")]),
-                announce = announce(&q, "r.name", None),
-                first = first_in_line(&q, "r.name"),
             ),
             get: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END

@@ -116,7 +116,7 @@ async fn acquire_and_release(
             announce_always: false,
         })
         .collect();
-    let (released, _doorbell) = table
+    let released = table
         .owner("me")
         .unwrap()
         .release_many(client, &releases)

@@ -23,7 +23,7 @@ async fn tokens_strictly_increase_and_survive_a_server_restart() {
         let g = grant(&table, &client, &format!("n{}", i % 3), "me", LEASE).await;
         assert!(g.token > last);
         last = g.token;
-        let _doorbell = table
+        table
             .owner("me")
             .unwrap()
             .release(
@@ -252,7 +252,7 @@ async fn a_token_without_its_owner_renews_releases_or_fences_nothing() {
         keep: false,
         announce_always: false,
     };
-    let (released, _doorbell) = table
+    let released = table
         .owner("thief")
         .unwrap()
         .release_many(&client, &[request])
@@ -330,7 +330,7 @@ async fn a_takeover_never_keeps_the_dead_holders_data_only_a_kept_rows() {
         keep: true,
         announce_always: false,
     };
-    let _doorbell = next.release(&client, &release).await.unwrap();
+    next.release(&client, &release).await.unwrap();
     let third = table.owner("third").unwrap();
     let kept = AcquireRequest::new("single").data(b"third's");
     let Attempt::Granted(g) = third.try_acquire(&client, &kept, LEASE).await.unwrap() else {
@@ -347,7 +347,7 @@ async fn a_takeover_never_keeps_the_dead_holders_data_only_a_kept_rows() {
         keep: true,
         announce_always: false,
     };
-    let _doorbell = third.release(&client, &release).await.unwrap();
+    third.release(&client, &release).await.unwrap();
     let Attempt::Granted(g) = third
         .try_acquire(&client, &kept.replace_data(), LEASE)
         .await

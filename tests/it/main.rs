@@ -112,9 +112,8 @@ pub async fn release(
         keep,
         announce_always: false,
     };
-    let doorbell = (table.owner(owner).unwrap())
+    (table.owner(owner).unwrap())
         .release(client, &request)
         .await
         .unwrap();
-    table.ring(client, doorbell).await.unwrap();
 }

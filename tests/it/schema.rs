@@ -309,7 +309,7 @@ async fn a_waiters_table_of_migration_0003_needs_none_of_the_later_columns() {
         keep: false,
         announce_always: false,
     };
-    let _doorbell = table
+    table
         .owner("holder")
         .unwrap()
         .release(&client, &release)

@@ -66,8 +66,7 @@ async fn batches(table: &LeaseTable, client: &CachingClient, k: usize, lease: Du
                 announce_always: false,
             })
             .collect();
-        let (_, doorbell) = table.owner("raw")?.release_many(client, &releases).await?;
-        table.ring(client, doorbell).await?;
+        table.owner("raw")?.release_many(client, &releases).await?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use actix::prelude::*;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::statement::CachingClient;
 use pgcoord::{Config, LeaseTable};
-use pgcoord_actors::{Acquire, GetStats, LockManager};
+use pgcoord_actors::{Acquire, LockManager};
 
 use crate::Sizes;
 use crate::leases::{Res, config, floor_clients};
@@ -40,7 +40,7 @@ async fn raw_pair(
         keep: false,
         announce_always: notify,
     };
-    let _nobody_waits = owner.release(client, &release).await?;
+    owner.release(client, &release).await?;
     Ok(())
 }
 
@@ -103,6 +103,8 @@ async fn fleet_rate(
 pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
     let (lease, beat) = (Duration::from_secs(20), Duration::from_secs(5));
     let admin_cfg = config(pg, "fleet-admin", lease, beat);
+    let admin = pgcoord::db::connect_spawned(&admin_cfg).await?;
+    pgcoord::schema::migrate(&admin, &admin_cfg).await?;
     for size in [8, 32] {
         let managers: Vec<Addr<LockManager>> = (0..size)
             .map(|m| {
@@ -161,23 +163,10 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             floor,
             "pairs/s",
         );
-        let mut rings = 0;
-        for manager in &managers {
-            rings += manager.send(GetStats::new()).await?.ring_statements;
-        }
-        report.note(
-            &format!("fleet: {size} managers: doorbell statements (a release nobody waited for)"),
-            format!("{rings} for {} pairs", fleet_pairs(pairs, size)),
-        );
         for manager in managers {
             manager.send(pgcoord_actors::ReleaseAll).await?;
             drop(manager);
         }
     }
     Ok(())
-}
-
-/// The pairs a fleet of `size` ran over the four rounds, plus its warm-up.
-fn fleet_pairs(pairs: usize, size: usize) -> usize {
-    (pairs / 4 / size) * size * 4 + size
 }

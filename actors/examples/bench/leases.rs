@@ -59,7 +59,7 @@ pub(crate) async fn raw_pair(
         announce_always: false,
     };
     // Nobody waits for the floor's names: the release statement alone, as a raw client's.
-    let _nobody_waits = owner.release(client, &release).await?;
+    owner.release(client, &release).await?;
     Ok(())
 }
 

@@ -43,7 +43,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                     else {
                         panic!("a free slot")
                     };
-                    let _announced = table
+                    table
                         .owner("raw")?
                         .release(
                             &*raw,

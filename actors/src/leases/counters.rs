@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Counters {
     pub(crate) acquire_statements: AtomicU64,
     pub(crate) release_statements: AtomicU64,
-    pub(crate) ring_statements: AtomicU64,
     pub(crate) renew_statements: AtomicU64,
     pub(crate) renew_failures: AtomicU64,
     pub(crate) granted: AtomicU64,

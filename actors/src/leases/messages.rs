@@ -202,9 +202,6 @@ pub struct ManagerStats {
     /// Release statements sent: single releases, and batches of concurrent releases counted
     /// once each.
     pub release_statements: u64,
-    /// Doorbell statements sent: after each release statement that saw nobody in line, one
-    /// that announces it to anyone who lined up meanwhile (`pgcoord::lease::Doorbell`).
-    pub ring_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
 }

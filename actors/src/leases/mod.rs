@@ -330,7 +330,6 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             granted: Counters::get(&counters.granted),
             acquire_statements: Counters::get(&counters.acquire_statements),
             release_statements: Counters::get(&counters.release_statements),
-            ring_statements: Counters::get(&counters.ring_statements),
             lost: Counters::get(&counters.lost),
         }
     }

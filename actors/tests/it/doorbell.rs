@@ -310,7 +310,7 @@ async fn listen(
 }
 
 #[actix_rt::test]
-async fn a_release_nobody_waits_for_sends_no_notify_and_rings_the_doorbell_once() {
+async fn a_release_nobody_waits_for_sends_no_notify() {
     let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let config = setup.builder("admin").build().unwrap();
     let channel = LeaseTable::new(&config).channel().to_owned();
@@ -318,18 +318,11 @@ async fn a_release_nobody_waits_for_sends_no_notify_and_rings_the_doorbell_once(
     let manager = setup.manager("alone");
     let lease = manager.send(Acquire::new("solo")).await.unwrap().unwrap();
     lease.release().await.unwrap();
-    // The doorbell rings on a task of its own after the answer.
-    let started = Instant::now();
-    while stats(&manager).await.ring_statements < 1 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never rang");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     // Notifications of one channel arrive in commit order: nothing came before the marker.
     (listening.execute("SELECT pg_notify($1, 'marker')", &[&channel]))
         .await
         .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
     assert_eq!(first.unwrap().as_deref(), Some("marker"));
-    let stats = stats(&manager).await;
-    assert_eq!((stats.release_statements, stats.ring_statements), (1, 1));
+    assert_eq!(stats(&manager).await.release_statements, 1);
 }

@@ -4,13 +4,10 @@
 //! A release the batch did not do (lost, or its row locked by a renewal or a fencing guard) is
 //! done alone, which tells its caller `LockLost` or waits for the row. An unknown outcome goes to
 //! every caller: a release that may have run is not repeated (a second would say `LockLost`).
-//!
-//! The releases a statement did not announce (it saw nobody in line) are rung afterwards, on a
-//! task of their own, once their callers have their answer (`pgcoord::lease::Doorbell`).
 
 use std::sync::Arc;
 
-use pgcoord::lease::{Doorbell, ReleaseRequest};
+use pgcoord::lease::ReleaseRequest;
 use pgcoord::{LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
@@ -133,27 +130,7 @@ impl ReleaseRunner {
             keep: on_release.keep,
             announce_always: on_release.announce_always,
         };
-        let doorbell = self.owner().release(&statements, &request).await?;
-        self.ring_later(doorbell);
-        Ok(())
-    }
-
-    /// Rings `doorbell` on a task of its own, bounded by the statement timeout: its callers
-    /// have their answer already. Safe to repeat, so retried on another connection; lost, it
-    /// costs the waiters it was for their next poll.
-    fn ring_later(&self, doorbell: Doorbell) {
-        if doorbell.is_empty() {
-            return;
-        }
-        let (pool, table) = (self.pool.clone(), self.table.clone());
-        let counters = self.counters.clone();
-        tokio::spawn(async move {
-            Counters::add(&counters.ring_statements);
-            let statements = pool.idempotent(None);
-            if let Err(e) = table.ring(&statements, doorbell).await {
-                debug!(error = %e, "cannot ring for waiters; they ask at their next poll");
-            }
-        });
+        self.owner().release(&statements, &request).await
     }
 
     fn owner(&self) -> pgcoord::lease::LeaseOwner<'_> {
@@ -190,12 +167,11 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
         .await;
         debug!(size = batch.len(), ok = released.is_ok(), "release batch");
         match released {
-            Ok((released, doorbell)) => {
+            Ok(released) => {
                 for item in batch {
                     let done = released.contains(&*item.name);
                     let _ = item.reply.send(done.then_some(Ok(())));
                 }
-                self.ring_later(doorbell);
             }
             Err(error) => {
                 let error = Arc::new(error);
