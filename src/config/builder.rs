@@ -27,6 +27,7 @@ pub struct ConfigBuilder {
     backoff: (Duration, Duration),
     pool_size: u32,
     pool_timeout: Duration,
+    pool_idle_timeout: Duration,
     application_name: Option<String>,
     connect_timeout: Duration,
     statement_timeout: Duration,
@@ -60,6 +61,7 @@ impl Default for ConfigBuilder {
             backoff: (Duration::from_millis(5), Duration::from_millis(500)),
             pool_size: 10,
             pool_timeout: Duration::from_secs(30),
+            pool_idle_timeout: Duration::from_secs(60),
             application_name: None,
             connect_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
@@ -255,6 +257,15 @@ impl ConfigBuilder {
         self
     }
 
+    /// How long a pooled connection may stay idle before it is closed; one is always kept open,
+    /// so a process at rest holds at most three connections (one pooled, the listener, the
+    /// heartbeat's; plus one per advisory lock held). Checked every `min(this, 30 s)`.
+    /// Default: 60 s.
+    pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_idle_timeout = timeout;
+        self
+    }
+
     /// The application_name of every connection, so its sessions can be found in
     /// `pg_stat_activity`. Default: the one in the connection settings, else `pgcoord`.
     pub fn application_name(mut self, name: impl Into<String>) -> Self {
@@ -397,6 +408,7 @@ impl ConfigBuilder {
             ("ping interval", self.ping_interval),
             ("ping timeout", self.ping_timeout),
             ("pool timeout", self.pool_timeout),
+            ("pool idle timeout", self.pool_idle_timeout),
             ("connect timeout", connect_timeout),
             ("statement timeout", self.statement_timeout),
             ("payload time-to-live", self.payload_ttl),
@@ -443,6 +455,7 @@ impl ConfigBuilder {
             ping_timeout: self.ping_timeout,
             pool_size: self.pool_size,
             pool_timeout: self.pool_timeout,
+            pool_idle_timeout: self.pool_idle_timeout,
             connect_timeout,
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,

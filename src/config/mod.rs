@@ -54,6 +54,7 @@ pub struct Config {
     pub(crate) ping_timeout: Duration,
     pub(crate) pool_size: u32,
     pub(crate) pool_timeout: Duration,
+    pub(crate) pool_idle_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
@@ -171,6 +172,10 @@ impl Config {
     /// statement timeout usually end it first.
     pub fn pool_timeout(&self) -> Duration {
         self.pool_timeout
+    }
+    /// How long a pooled connection may stay idle before it is closed (one is kept).
+    pub fn pool_idle_timeout(&self) -> Duration {
+        self.pool_idle_timeout
     }
     /// How long opening a connection may take, handshake included.
     pub fn connect_timeout(&self) -> Duration {

@@ -193,3 +193,58 @@ async fn a_coordinator_opens_one_pool_one_listener_and_a_session_per_advisory_lo
     assert_eq!(count(format!("{app} advisory")).await, guards.len());
     drop(leases);
 }
+
+#[actix_rt::test]
+async fn a_coordinator_at_rest_holds_at_most_three_connections() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let app = unique_name("at-rest");
+    let config = (setup.builder("rest").application_name(&app))
+        .pool_idle_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let coordinator = Coordinator::connect(config).await.unwrap();
+    // A burst opens pooled connections: eight waits at once, for leases another holds.
+    let other = setup.manager("other");
+    let mut held = Vec::new();
+    for i in 0..8 {
+        held.push(
+            other
+                .call(Acquire::new(format!("burst-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let burst: Vec<_> = (0..8)
+        .map(|i| {
+            let acquire = Acquire::new(format!("burst-{i}")).timeout(Duration::from_millis(300));
+            coordinator.locks.call(acquire)
+        })
+        .collect();
+    for refused in futures_util::future::join_all(burst).await {
+        assert!(refused.is_err(), "held by the other");
+    }
+    for lease in held {
+        lease.release().await.unwrap();
+    }
+    let count = async || {
+        let like = |role: &str| format!("{app} {role}");
+        let mut pids = backend_pids(&admin, &app).await.unwrap();
+        for role in ["listener", "heartbeat"] {
+            pids.extend(backend_pids(&admin, &like(role)).await.unwrap());
+        }
+        pids.len()
+    };
+    let during = count().await;
+    // Idle pooled connections are closed past the idle timeout; one stays, with the listener
+    // and the heartbeat's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count().await > 3 {
+        assert!(
+            Instant::now() < deadline,
+            "still {} connections",
+            count().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(during > 3, "the burst opened pooled connections: {during}");
+}
