@@ -257,10 +257,9 @@ impl ConfigBuilder {
         self
     }
 
-    /// How long a pooled connection may stay idle before it is closed; one is always kept open,
-    /// so a process at rest holds at most three connections (one pooled, the listener, the
-    /// heartbeat's; plus one per advisory lock held). Checked every `min(this, 30 s)`.
-    /// Default: 60 s.
+    /// How long a pooled connection may stay idle before it is closed, so that a process at rest
+    /// holds two connections (the listener and the heartbeat's, plus one per advisory lock
+    /// held). Checked every `min(this, 30 s)`. Default: 60 s.
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
         self

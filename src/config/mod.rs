@@ -173,7 +173,7 @@ impl Config {
     pub fn pool_timeout(&self) -> Duration {
         self.pool_timeout
     }
-    /// How long a pooled connection may stay idle before it is closed (one is kept).
+    /// How long a pooled connection may stay idle before it is closed.
     pub fn pool_idle_timeout(&self) -> Duration {
         self.pool_idle_timeout
     }

@@ -140,8 +140,9 @@ impl Pool {
         }
         let inner = bb8::Pool::builder()
             .max_size(config.pool_size)
-            // At rest, one warm connection: the listener and the heartbeat have their own.
-            .min_idle(Some(1))
+            // None kept open at rest: one kept idle for long is the likeliest to have died
+            // unseen (connections are not tested on checkout), and the listener and the
+            // heartbeat have their own.
             .idle_timeout(Some(config.pool_idle_timeout))
             .reaper_rate(config.pool_idle_timeout.min(Duration::from_secs(30)))
             // Bounded by the caller's deadline and the pool timeout instead (see `checkout`).

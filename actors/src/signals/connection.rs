@@ -11,7 +11,7 @@ use futures_util::stream::poll_fn;
 use pgcoord::ident::Ident;
 use tokio::sync::oneshot;
 use tokio_postgres::Client;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::ListenerActor;
 use super::messages::ConnState;
@@ -65,7 +65,6 @@ impl ListenerActor {
                 .map(move |result, act, ctx| match result {
                     Ok(()) => {
                         act.ready = true;
-                        act.failures = 0;
                         let state = if act.ever_connected {
                             ConnState::Reconnected
                         } else {
@@ -84,41 +83,69 @@ impl ListenerActor {
                         for channel in late {
                             act.listen_channel(Ident::new(&channel).expect("validated"), ctx);
                         }
+                        // At once: a connection that delivers nothing (a pooler) is found now.
+                        act.ping(ctx);
                     }
                     Err(error) => act.fail(ctx, ConnState::Disconnected { error }),
                 }),
         );
     }
 
+    /// Pings the connection (it answers: alive), then probes it: a NOTIFY on its reply channel
+    /// sent from a pooled connection, which must be heard back (it delivers what other sessions
+    /// send). Each within the ping timeout, a timeout that restarts while other notifications
+    /// are being read (busy, not dead). A probe that cannot be sent proves nothing either way.
+    ///
+    /// Why from another session: a session hears its own NOTIFY at the end of the statement,
+    /// even through a transaction-mode pooler, which drops only what arrives between
+    /// transactions — everything others send.
     pub(super) fn ping(&mut self, ctx: &mut Context<Self>) {
         let pending = self.pending.lock().expect("pending").len();
         self.count(|m| m.pending.set(pending as f64));
         let (Some(client), true) = (self.client.clone(), self.ready) else {
             return;
         };
-        let timeout = self.config.ping_timeout();
+        self.probes_sent += 1;
+        let (probe, channel) = (self.probes_sent, self.reply_channel.clone());
+        let (pool, timeout) = (self.pool.clone(), self.config.ping_timeout());
         let heard = self.heard.clone();
-        let ping = async move { ping_or_hear(&client, timeout, &heard).await };
-        ctx.spawn(ping.into_actor(self).map(|result, act, ctx| match result {
-            Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
-            Err(e) => act.fail(
-                ctx,
-                ConnState::Disconnected {
-                    error: e.to_string(),
-                },
-            ),
-            Ok(()) => {}
-        }));
+        let probes = self.probes.subscribe();
+        let ping = async move {
+            ping_or_hear(&client, timeout, &heard).await?;
+            let text = format!("{PROBE}{probe}");
+            let sent = pgcoord::signal::notify(&pool.statements(None), &channel, &text).await;
+            if let Err(e) = sent {
+                debug!(error = %e, "cannot send the listener's probe; not judged");
+                return Ok(true);
+            }
+            pgcoord::Result::Ok(hear_probe(probes, probe, timeout, &heard).await)
+        };
+        ctx.spawn(ping.into_actor(self).map(
+            |result: pgcoord::Result<bool>, act, ctx| match result {
+                Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
+                Err(e) => act.fail(
+                    ctx,
+                    ConnState::Disconnected {
+                        error: e.to_string(),
+                    },
+                ),
+                Ok(false) => act.fail(ctx, ConnState::Deaf),
+                // Heard back: an outage, if there was one, is over.
+                Ok(true) => act.failures = 0,
+            },
+        ));
     }
 
     /// Reports `state` and stops, so the supervisor restarts the actor on a new connection.
     /// During an outage only the first failure is broadcast and warned about, then every power
     /// of two: a listener retrying every half second must not flood its subscribers or the log.
+    /// An outage ends when a probe is heard back, so connections that come up deaf, one after
+    /// another, are one outage.
     pub(super) fn fail(&mut self, ctx: &mut Context<Self>, state: ConnState) {
         if ctx.state() != ActorState::Running {
             return;
         }
-        let first = self.ready || self.failures == 0;
+        let first = self.failures == 0;
         self.failures += 1;
         if first || self.failures.is_power_of_two() {
             warn!(
@@ -136,7 +163,7 @@ impl ListenerActor {
     pub(crate) fn broadcast(&mut self, state: ConnState) {
         match state {
             ConnState::Connected | ConnState::Reconnected => self.count(|m| m.connected.set(1.0)),
-            ConnState::Disconnected { .. } | ConnState::Stalled => {
+            ConnState::Disconnected { .. } | ConnState::Stalled | ConnState::Deaf => {
                 self.count(|m| m.connected.set(0.0))
             }
             ConnState::MessageLost { .. } => {}
@@ -221,8 +248,16 @@ impl ListenerActor {
     }
 }
 
-/// Pings the session; a ping that takes longer than `timeout` is a stall only when nothing
-/// was heard on the connection meanwhile. A connection busy delivering a burst answers its ping
+/// What a probe's payload starts with, before its number.
+const PROBE: &str = "pgcoord-probe ";
+
+/// The number of a probe's payload; `None` for anything else.
+pub(super) fn probe_number(payload: &str) -> Option<u64> {
+    payload.strip_prefix(PROBE)?.parse().ok()
+}
+
+/// Pings the session; an answer that takes longer than `timeout` is a stall only when nothing
+/// was heard on the connection meanwhile. A connection busy delivering a burst answers
 /// after the notifications queued before it, and reading them proves it alive: replacing it
 /// would throw them away.
 async fn ping_or_hear(
@@ -245,6 +280,30 @@ async fn ping_or_hear(
                             "the listening session heard nothing and did not answer a ping within {timeout:?}"
                         ),
                     ));
+                }
+                seen = now;
+            }
+        }
+    }
+}
+
+/// Whether probe `probe` is heard back within `timeout` of the last message read: a connection
+/// still reading the notifications queued before it is given the time to.
+async fn hear_probe(
+    mut probes: tokio::sync::watch::Receiver<u64>,
+    probe: u64,
+    timeout: Duration,
+    heard: &AtomicU64,
+) -> bool {
+    let mut seen = heard.load(Ordering::Relaxed);
+    loop {
+        let back = probes.wait_for(|last| *last >= probe);
+        match tokio::time::timeout(timeout, back).await {
+            Ok(back) => return back.is_ok(),
+            Err(_) => {
+                let now = heard.load(Ordering::Relaxed);
+                if now == seen {
+                    return false;
                 }
                 seen = now;
             }

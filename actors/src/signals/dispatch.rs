@@ -18,6 +18,17 @@ impl ListenerActor {
     /// Routes one notification. Never waits: stored payloads (see `ordered`) and handlers run on
     /// their own.
     pub(crate) fn dispatch(&mut self, channel: &str, text: &str, ctx: &mut Context<Self>) {
+        if channel == self.reply_channel.as_str()
+            && let Some(probe) = super::connection::probe_number(text)
+        {
+            // Heard back: this connection delivers. A forged probe proves the same.
+            self.probes.send_if_modified(|last| {
+                let newer = probe > *last;
+                *last = (*last).max(probe);
+                newer
+            });
+            return;
+        }
         if let Some(entry) = self.channels.get_mut(channel)
             && !entry.raw.is_empty()
         {

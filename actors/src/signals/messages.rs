@@ -46,6 +46,11 @@ pub enum ConnState {
     },
     /// The connection stopped answering pings; it is being replaced.
     Stalled,
+    /// The connection answers but does not deliver notifications: the listener's own probe, a
+    /// NOTIFY on its reply channel, did not come back within the ping timeout (a
+    /// transaction-mode pooler on the session DSN, say). It is being replaced; while it stays
+    /// deaf, waiters and subscribers hear nothing and only polls go on.
+    Deaf,
     /// Connected again and every LISTEN confirmed. Notifications sent during the gap were not
     /// delivered: resync whatever they drive.
     Reconnected,

@@ -81,6 +81,9 @@ pub struct ListenerActor {
     /// Messages read from the listening connection, ever: a ping waits for its answer as long
     /// as this moves (see `connection`).
     pub(crate) heard: Arc<AtomicU64>,
+    /// The last probe heard back (see `connection::hear_probe`), and the last one sent.
+    pub(crate) probes: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) probes_sent: u64,
     /// Handles of the metrics recorder, registered when the actor first starts.
     metrics: Option<crate::metrics::ListenerMetrics>,
 }
@@ -126,6 +129,8 @@ impl ListenerActor {
             notifier: None,
             notify_statements: Arc::default(),
             heard: Arc::default(),
+            probes: Arc::new(tokio::sync::watch::Sender::new(0)),
+            probes_sent: 0,
             metrics: None,
         }
     }

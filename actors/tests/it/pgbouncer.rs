@@ -105,3 +105,50 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
     guard.release().await.unwrap();
     held.release().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn a_listener_behind_a_transaction_mode_pooler_is_found_deaf() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let bouncer = PgBouncer::start(&setup.pg).expect("pgbouncer (apt-get install pgbouncer)");
+    // The mistake the probe is for: the session DSN through the pooler too. LISTEN succeeds,
+    // but the pooler hands the server session to others between transactions and drops what
+    // arrives on it.
+    let through = bouncer.pg_config(&setup.pg);
+    let config = setup
+        .builder("deaf")
+        .pg_config(&through)
+        .session_pg_config(&through)
+        .prepared_statements(false)
+        .ping_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
+    // Found at once, by the probe the listener sends when it is ready: no ping interval.
+    let seen = states.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(
+        seen[..2],
+        [ConnState::Connected, ConnState::Deaf],
+        "{seen:?}"
+    );
+
+    // Straight to the server, the same listener hears its probes and stays.
+    let config = (setup.builder("hears"))
+        .ping_interval(Duration::from_millis(100))
+        .ping_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let listener = ListenerActor::new(config, None).start_supervised();
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
+    states.wait_for(1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        states.received(),
+        [ConnState::Connected],
+        "20 probes heard back"
+    );
+    let stats = listener.send(GetStats::new()).await.unwrap();
+    assert_eq!(stats.connections, 1);
+}
