@@ -12,7 +12,7 @@ use pgcoord_actors::{Coordinator, Publish, WaitNext};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = |owner: &str| Config::builder().pg_config(&pg).owner(owner).build();
     let client = pgcoord::db::connect_spawned(&config("setup")?).await?;
     schema::migrate(&client, &config("setup")?).await?;

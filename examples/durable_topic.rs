@@ -34,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().any(|a| a == "billing") {
         return billing().await;
     }
-    let (server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = config(&pg, "orders")?;
     let mut client = pgcoord::db::connect_spawned(&config).await?;
     schema::migrate(&client, &config).await?;

@@ -36,7 +36,7 @@ impl Handler<LeaderChanged> for Printer {
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = |owner: &str| Config::builder().pg_config(&pg).owner(owner).build();
     schema::migrate(
         &pgcoord::db::connect_spawned(&config("setup")?).await?,

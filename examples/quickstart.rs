@@ -11,7 +11,7 @@ use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, RenewNow, Serv
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (server, pg) = pgcoord_testkit::from_env_or_start()?;
     if let Some(server) = &server {
         println!("started a throwaway PostgreSQL on port {}", server.port());
     }

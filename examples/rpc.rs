@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().any(|a| a == "serve") {
         return serve().await;
     }
-    let (server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = Config::builder().pg_config(&pg).owner("client").build()?;
     schema::migrate(&pgcoord::db::connect_spawned(&config).await?, &config).await?;
     let coord = Coordinator::connect(config).await?;
@@ -67,7 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// The second process: serves `quote` until told to stop.
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
-    let (_none, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_none, pg) = pgcoord_testkit::from_env_or_start()?;
     let coord =
         Coordinator::connect(Config::builder().pg_config(&pg).owner("server").build()?).await?;
     coord

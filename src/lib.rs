@@ -47,7 +47,6 @@
 //! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
 //! - [`topic`] — durable topics: append inside the caller's transaction, read in order without
 //!   gaps, consumers' cursors acked with their effects, retention.
-//! - [`embedded`] (feature `embedded`) — a throwaway PostgreSQL cluster for tests and examples.
 #![deny(missing_docs)]
 
 pub mod advisory;
@@ -55,8 +54,6 @@ mod backoff;
 pub mod config;
 pub mod db;
 pub mod election;
-#[cfg(feature = "embedded")]
-pub mod embedded;
 pub mod error;
 pub mod ident;
 pub mod lease;

@@ -31,7 +31,7 @@ async fn candidate(name: &'static str, manager: Addr<LockManager>, terms: u32) {
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = |owner: &str| {
         Config::builder()
             .pg_config(&pg)

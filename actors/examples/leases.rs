@@ -12,7 +12,7 @@ use pgcoord_actors::{Acquire, Get, LockManager};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = |owner: &str| {
         let (lease, heartbeat) = (Duration::from_secs(2), Duration::from_millis(500));
         Config::builder()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::registry::{AtomicStorage, Registry};
-use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{test_pg_config, unique_name};
 
 /// A recorder that keeps every value where tests can read it without resetting it.
 #[derive(Clone)]

@@ -4,9 +4,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use pgcoord::embedded::{TempPostgres, test_pg_config, unique_name};
 use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord::{Config, LeaseTable};
+use pgcoord_testkit::{TempPostgres, test_pg_config, unique_name};
 
 /// The DSN of the test database (`DATABASE_URL`, else the shared throwaway cluster).
 fn dsn() -> String {
@@ -223,7 +223,7 @@ async fn advisory_and_status_show_sessions_and_clear_errors_for_a_bad_database()
 #[tokio::test]
 async fn a_database_that_does_not_answer_in_time_ends_the_command_at_its_timeout() {
     let pg = test_pg_config().unwrap();
-    let proxy = pgcoord::embedded::Proxy::start(&pg).await.unwrap();
+    let proxy = pgcoord_testkit::Proxy::start(&pg).await.unwrap();
     proxy.delay(Duration::from_secs(3));
     let via = proxy.pg_config(&pg);
     let dsn = format!(
@@ -281,7 +281,7 @@ async fn the_command_connects_over_verified_tls_and_says_why_it_cannot() {
     let out = run(dsn(&root), "locks");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 
-    let other = pgcoord::embedded::CertificateAuthority::new("someone else").unwrap();
+    let other = pgcoord_testkit::CertificateAuthority::new("someone else").unwrap();
     let wrong = std::env::temp_dir().join(format!("{}.pem", unique_name("wrong_root")));
     std::fs::write(&wrong, other.certificate_pem()).unwrap();
     let out = run(dsn(&wrong.display().to_string()), "locks");

@@ -14,7 +14,7 @@ mod app;
 
 #[actix_web::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = |owner: &str| Config::builder().pg_config(&pg).owner(owner).build();
     pgcoord::schema::migrate(
         &pgcoord::db::connect_spawned(&config("setup")?).await?,

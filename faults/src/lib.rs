@@ -13,7 +13,7 @@
 //!   (held, acknowledged writes, rejections, losses) it reads line by line; the `consumer`
 //!   and `graceful` programs beside it, and [`program`], what the programs share.
 //!
-//! The network and server faults live with the throwaway cluster in `pgcoord::embedded`
+//! The network and server faults live with the throwaway cluster in `pgcoord_testkit`
 //! (pause, freeze a backend, restart, stop and start) so that both crates' tests share them.
 //! The scenarios are in `tests/scenarios/`; the long torture run is documented in
 //! docs/RELIABILITY.md.

@@ -46,7 +46,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
         .unwrap();
     assert_eq!(posted.status(), 202);
     for url in [&a_url, &b_url] {
-        pgcoord::embedded::eventually(
+        pgcoord_testkit::eventually(
             Duration::from_secs(2),
             "the key cleared everywhere",
             async || {
@@ -58,7 +58,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
     }
 
     // One leader, whose job runs; the other's does not.
-    pgcoord::embedded::eventually(Duration::from_secs(2), "a leader", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(2), "a leader", async || {
         a.leading.load(Ordering::SeqCst) || b.leading.load(Ordering::SeqCst)
     })
     .await;
@@ -87,7 +87,7 @@ async fn instances_share_invalidations_and_one_runs_the_leaders_job() {
     // The leader stops: the other takes over at once (its lease is released, not left to
     // expire: 20 s).
     app::stop(&leader, leader_server).await;
-    pgcoord::embedded::eventually(Duration::from_secs(2), "the other takes over", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(2), "the other takes over", async || {
         other.leading.load(Ordering::SeqCst)
     })
     .await;

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use pgcoord::embedded::TempPostgres;
+use pgcoord_testkit::TempPostgres;
 
 #[tokio::test]
 async fn starts_serves_stops_and_cleans_up() {
@@ -182,7 +182,7 @@ async fn stops_starts_again_and_restarts_like_a_crash() {
 
 #[tokio::test]
 async fn pauses_freezes_finds_and_terminates_backends() {
-    use pgcoord::embedded::{backend_pids, terminate_backends, unique_name};
+    use pgcoord_testkit::{backend_pids, terminate_backends, unique_name};
     use std::time::Duration;
     use tokio::time::timeout;
 

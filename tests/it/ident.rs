@@ -38,7 +38,7 @@ async fn hostile_table_names_are_rejected_before_sql() {
 #[tokio::test]
 async fn mixed_case_names_are_quoted_and_exact() {
     let config = super::builder()
-        .lock_table(pgcoord::embedded::unique_name("MixedCase"))
+        .lock_table(pgcoord_testkit::unique_name("MixedCase"))
         .build()
         .unwrap();
     let client = super::connect(&config).await;

@@ -10,7 +10,7 @@ use super::{LEASE, grant};
 
 #[tokio::test]
 async fn tokens_strictly_increase_and_survive_a_server_restart() {
-    let server = pgcoord::embedded::TempPostgres::start().unwrap();
+    let server = pgcoord_testkit::TempPostgres::start().unwrap();
     let config = pgcoord::Config::builder()
         .pg_config(&server.pg_config())
         .build()

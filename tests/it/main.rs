@@ -21,9 +21,9 @@ mod topic_retention;
 use std::time::Duration;
 
 use pgcoord::LeaseTable;
-use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::lease::{AcquireRequest, Attempt, Grant};
 use pgcoord::{Config, ConfigBuilder};
+use pgcoord_testkit::{test_pg_config, unique_name};
 use tokio_postgres::Client;
 
 /// A builder pointed at the test database, with its own tables and lease channel.

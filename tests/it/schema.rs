@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 /// A fresh database, so the objects in it are only the ones a test creates.
 async fn fresh_database() -> (tokio_postgres::Config, Client) {
     let (config, admin) = super::setup().await;
-    let name = pgcoord::embedded::unique_name("db");
+    let name = pgcoord_testkit::unique_name("db");
     admin
         .batch_execute(&format!("CREATE DATABASE \"{name}\""))
         .await
@@ -97,7 +97,7 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
 #[tokio::test]
 async fn concurrent_migrations_do_not_conflict() {
     let config = super::builder()
-        .schema(pgcoord::embedded::unique_name("conc"))
+        .schema(pgcoord_testkit::unique_name("conc"))
         .build()
         .unwrap();
     let mut tasks = Vec::new();
@@ -115,7 +115,7 @@ async fn concurrent_migrations_do_not_conflict() {
 
 #[tokio::test]
 async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
-    let schema_name = pgcoord::embedded::unique_name("app");
+    let schema_name = pgcoord_testkit::unique_name("app");
     let config = super::builder()
         .schema(&schema_name)
         .lock_table("Leases")
@@ -197,7 +197,7 @@ async fn sequence_never_wraps() {
 
 #[tokio::test]
 async fn an_unlogged_lock_table_is_created_unlogged_and_can_be_switched() {
-    let table = pgcoord::embedded::unique_name("locks");
+    let table = pgcoord_testkit::unique_name("locks");
     let unlogged = super::builder()
         .lock_table(&table)
         .unlogged_lock_table(true)
@@ -265,7 +265,7 @@ async fn an_unlogged_lock_table_is_created_unlogged_and_can_be_switched() {
     assert_eq!(info.token, Some(grant.token));
     // The default stays logged.
     let logged = super::builder()
-        .lock_table(pgcoord::embedded::unique_name("locks"))
+        .lock_table(pgcoord_testkit::unique_name("locks"))
         .build()
         .unwrap();
     schema::migrate(&client, &logged).await.unwrap();

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use pgcoord::embedded::TempPostgres;
+use pgcoord_testkit::TempPostgres;
 
 use super::embedded::client_of;
 
@@ -33,11 +33,11 @@ async fn rows_of(client: &tokio_postgres::Client) -> Vec<i32> {
         .collect()
 }
 
-/// A client from [`failover_pg_config`](pgcoord::embedded::failover_pg_config) on its own task.
+/// A client from [`failover_pg_config`](pgcoord_testkit::failover_pg_config) on its own task.
 async fn failover_client(
     servers: &[&TempPostgres],
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = pgcoord::embedded::failover_pg_config(servers)
+    let (client, conn) = pgcoord_testkit::failover_pg_config(servers)
         .connect(tokio_postgres::NoTls)
         .await?;
     tokio::spawn(conn);
@@ -47,7 +47,7 @@ async fn failover_client(
 #[tokio::test]
 async fn an_async_standby_follows_and_takes_over_but_may_miss_acknowledged_commits() {
     use pgcoord::ErrorKind;
-    use pgcoord::embedded::Replication;
+    use pgcoord_testkit::Replication;
     use std::sync::Arc;
     use tokio_postgres::error::SqlState;
 
@@ -194,7 +194,7 @@ async fn an_async_standby_follows_and_takes_over_but_may_miss_acknowledged_commi
 
 #[tokio::test]
 async fn a_sync_standby_holds_every_acknowledged_commit() {
-    use pgcoord::embedded::Replication;
+    use pgcoord_testkit::Replication;
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::time::timeout;
@@ -367,7 +367,7 @@ async fn a_sync_standby_holds_every_acknowledged_commit() {
 #[tokio::test]
 async fn a_sync_standby_needs_synchronous_commit_and_only_standbys_promote() {
     use pgcoord::ErrorKind;
-    use pgcoord::embedded::Replication;
+    use pgcoord_testkit::Replication;
 
     // The default cluster commits with synchronous_commit=off, which waits for no standby.
     let server = blocking(TempPostgres::start).await.expect("start");

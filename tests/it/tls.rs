@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::{CertificateAuthority, TempPostgres, unique_name};
 use pgcoord::{Config, ErrorKind, SslMode};
+use pgcoord_testkit::{CertificateAuthority, TempPostgres, unique_name};
 
 fn server() -> &'static TempPostgres {
     TempPostgres::shared_tls().expect("a cluster with TLS")
@@ -291,7 +291,7 @@ async fn a_statement_past_its_deadline_is_cancelled_over_tls() {
         .get_application_name()
         .unwrap()
         .to_owned();
-    pgcoord::embedded::eventually(
+    pgcoord_testkit::eventually(
         Duration::from_secs(5),
         "the statement is cancelled on the server",
         async || {

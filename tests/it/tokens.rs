@@ -24,7 +24,7 @@ enum Statement {
 /// Makes every row insert by owner `stalled` sleep a second before the row is written.
 async fn stall_inserts_of_stalled(config: &Config, client: &Client) {
     let table = config.lock_table().quoted();
-    let function = pgcoord::embedded::unique_name("stall");
+    let function = pgcoord_testkit::unique_name("stall");
     client
         .batch_execute(&format!(
             "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$

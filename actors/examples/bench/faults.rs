@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::TempPostgres;
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::{Acquire, Get, LockManager};
+use pgcoord_testkit::TempPostgres;
 
 use crate::Sizes;
 use crate::report::{Report, Samples, ms};

@@ -100,7 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(n) = size("--rounds").transpose()? {
         sizes.rounds = n.max(1);
     }
-    let (_server, pg) = pgcoord::embedded::from_env_or_start()?;
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let mut report = Report::new(&pg).await?;
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("leases") {

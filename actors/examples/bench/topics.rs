@@ -28,7 +28,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         .pg_config(pg)
         .owner("bench-topics")
         .lock_table("bench_topic_locks")
-        .topic_table(pgcoord::embedded::unique_name("bench_topics"))
+        .topic_table(pgcoord_testkit::unique_name("bench_topics"))
         .pool_size(16)
         .build()?;
     let admin = pgcoord::db::connect_spawned(&config).await?;

@@ -25,7 +25,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         Ok(_) => (None, pg.clone()),
         Err(_) => {
             let server = tokio::task::spawn_blocking(move || {
-                pgcoord::embedded::TempPostgres::start_with(&durable_settings)
+                pgcoord_testkit::TempPostgres::start_with(&durable_settings)
             })
             .await??;
             let pg = server.pg_config();

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, unique_name};
 use tokio_postgres::Client;
 
 use super::{Collector, Setup};

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::bb8_postgres::PostgresConnectionManager;
-use pgcoord::embedded::{backend_pids, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{backend_pids, unique_name};
 use tokio_postgres::NoTls;
 
 use super::own_cluster::{backend_of, cut_off_at_the_bound, own_cluster};

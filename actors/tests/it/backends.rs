@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use pgcoord::ErrorKind;
-use pgcoord::embedded::unique_name;
 use pgcoord_actors::backend::memory::{MemoryBackend, MemoryCoordinator};
 use pgcoord_actors::backend::{Consuming, Locking, Signalling, Topics};
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 use tokio_postgres::Client;
 
 use super::{Collector, Setup};

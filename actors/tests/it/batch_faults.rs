@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::Proxy;
 use pgcoord_actors::*;
+use pgcoord_testkit::Proxy;
 
 use super::own_cluster::own_cluster;
 
@@ -77,7 +77,7 @@ async fn a_publish_batch_on_a_black_holed_connection_fails_each_publisher_in_tim
         .unwrap();
     let publisher = ListenerActor::new(config, None).start_supervised();
     let receiver = super::signals::listener(&setup);
-    let channel = pgcoord::embedded::unique_name("cut");
+    let channel = pgcoord_testkit::unique_name("cut");
     let received = super::signals::subscribe(&receiver, &channel).await;
     let burst = |from: u32| {
         let publisher = publisher.clone();

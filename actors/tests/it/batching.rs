@@ -189,7 +189,7 @@ async fn a_burst_of_publishes_is_batched_and_every_message_arrives_once() {
         super::signals::listener(&setup),
         super::signals::listener(&setup),
     );
-    let channel = pgcoord::embedded::unique_name("burst");
+    let channel = pgcoord_testkit::unique_name("burst");
     let received = super::signals::subscribe(&receiver, &channel).await;
     let before = publisher.send(GetStats::new()).await.unwrap();
     let publishes = (0..1_000u32).map(|i| {

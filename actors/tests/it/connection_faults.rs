@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{Proxy, TempPostgres, backend_pids, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, TempPostgres, backend_pids, unique_name};
 
 use super::own_cluster::{
     HEARTBEAT, LEASE, backend_of, cut_off_at_the_bound, freeze_while_idle, on_server, own_cluster,

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{Proxy, backend_pids, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, backend_pids, unique_name};
 
 use super::Setup;
 use super::own_cluster::{freeze_while_idle, own_cluster};

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use actix::Actor;
 use pgcoord::LeaseTable;
-use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, unique_name};
 
 use super::Setup;
 

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgcoord::LeaseTable;
-use pgcoord::embedded::unique_name;
 use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 
 use super::{Collector, Setup};
 
@@ -169,7 +169,7 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
 
     // The listener's session is killed; meanwhile a new leader is announced, which the observer
     // cannot hear. After the reconnect it is read and reported as a resync.
-    let killed = pgcoord::embedded::terminate_backends(&admin, &format!("{app} listener"))
+    let killed = pgcoord_testkit::terminate_backends(&admin, &format!("{app} listener"))
         .await
         .unwrap();
     assert_eq!(killed, 1);

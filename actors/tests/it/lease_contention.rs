@@ -54,7 +54,7 @@ async fn sixteen_contenders_never_overlap_and_all_are_served() {
 #[actix_rt::test]
 async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
     let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
-    let app = pgcoord::embedded::unique_name("app");
+    let app = pgcoord_testkit::unique_name("app");
     let start = |owner: &str| {
         Coordinator::start(setup.builder(owner).application_name(&app).build().unwrap())
     };

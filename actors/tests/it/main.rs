@@ -35,9 +35,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use pgcoord::embedded::{Proxy, test_pg_config, unique_name};
 use pgcoord::{Config, ConfigBuilder};
 use pgcoord_actors::{LockLost, LockManager, SubscribeLockLost};
+use pgcoord_testkit::{Proxy, test_pg_config, unique_name};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
 

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use pgcoord::ErrorKind;
-use pgcoord::embedded::unique_name;
 use pgcoord_actors::backend::Locking;
 use pgcoord_actors::backend::memory::MemoryBackend;
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 
 use super::Collector;
 

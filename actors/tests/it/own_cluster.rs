@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{TempPostgres, backend_pids, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{TempPostgres, backend_pids, unique_name};
 use tokio_postgres::Client;
 
 use super::Setup;

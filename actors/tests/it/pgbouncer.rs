@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use pgcoord::embedded::{PgBouncer, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{PgBouncer, unique_name};
 
 use super::{Collector, Setup};
 

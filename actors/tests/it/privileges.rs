@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use pgcoord::embedded::unique_name;
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 
 use super::{Collector, Setup};
 

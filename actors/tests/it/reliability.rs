@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{Proxy, TempPostgres, unique_name};
 use pgcoord_actors::Ask;
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, TempPostgres, unique_name};
 
 use super::signals::{listener, setup, subscribe};
 use super::{Collector, Setup, Slow};

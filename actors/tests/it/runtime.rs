@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::{backend_pids, unique_name};
 use pgcoord_actors::*;
+use pgcoord_testkit::{backend_pids, unique_name};
 
 use super::signals::{listener, setup};
 use super::{Collector, Setup};

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::unique_name;
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 
 use super::Setup;
 

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::{Proxy, unique_name};
 use pgcoord_actors::Ask;
 use pgcoord_actors::*;
+use pgcoord_testkit::{Proxy, unique_name};
 
 use super::signals::{FAST, listener, listener_on, setup, subscribe};
 use super::{Collector, Slow};
@@ -24,7 +24,7 @@ fn named_listener(setup: &super::Setup) -> (Addr<ListenerActor>, String) {
 /// Terminates the listener session of the application `app`; how many were.
 async fn kill_listener(admin: &tokio_postgres::Client, app: &str) -> usize {
     let name = format!("{app} listener");
-    pgcoord::embedded::terminate_backends(admin, &name)
+    pgcoord_testkit::terminate_backends(admin, &name)
         .await
         .unwrap()
 }

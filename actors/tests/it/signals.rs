@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord::embedded::unique_name;
 use pgcoord::payload::{PayloadStore, PayloadTable};
 use pgcoord::signal::{Envelope, Kind, NOTIFY_LIMIT};
 use pgcoord_actors::Ask;
 use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
 
 use super::{Collector, Setup};
 

@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::{TempPostgres, unique_name};
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::*;
+use pgcoord_testkit::{TempPostgres, unique_name};
 
 use super::own_cluster::{on_server, own_cluster};
 use super::{Collector, Setup};

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use actix::Actor;
 
-use pgcoord::embedded::{TempPostgres, unique_name};
 use pgcoord::{Config, SslMode};
 use pgcoord_actors::*;
+use pgcoord_testkit::{TempPostgres, unique_name};
 
 use super::Collector;
 

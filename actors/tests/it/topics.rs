@@ -273,7 +273,7 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
 #[actix_rt::test]
 async fn a_consumer_catches_up_by_itself_after_its_listener_dies_and_the_server_restarts() {
     let (server, setup, admin) = super::own_cluster::own_cluster().await;
-    let app = pgcoord::embedded::unique_name("app");
+    let app = pgcoord_testkit::unique_name("app");
     let config = setup.builder("one").application_name(&app).build().unwrap();
     let table = TopicTable::new(&config);
     let one = Coordinator::connect(config.clone()).await.unwrap();
@@ -283,14 +283,14 @@ async fn a_consumer_catches_up_by_itself_after_its_listener_dies_and_the_server_
     until_seen(&seen, 10).await;
 
     let name = format!("{app} listener");
-    let killed = pgcoord::embedded::terminate_backends(&admin, &name)
+    let killed = pgcoord_testkit::terminate_backends(&admin, &name)
         .await
         .unwrap();
     assert_eq!(killed, 1, "the listener's session");
     append(&table, &admin, 10..20).await;
     until_seen(&seen, 20).await;
 
-    super::own_cluster::on_server(&server, pgcoord::embedded::TempPostgres::restart).await;
+    super::own_cluster::on_server(&server, pgcoord_testkit::TempPostgres::restart).await;
     let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
     append(&table, &admin, 20..30).await;
     let seen = until_seen(&seen, 30).await;

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::TempPostgres;
 use pgcoord_actors::*;
+use pgcoord_testkit::TempPostgres;
 
 use super::Collector;
 use super::own_cluster::{on_server, own_cluster};

@@ -130,7 +130,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
 
     // Alone, a pool takes every key (after its first tick, a quarter lease).
     let (a, _a_locks) = start("a");
-    pgcoord::embedded::eventually(Duration::from_secs(3), "a holds all 50", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(3), "a holds all 50", async || {
         assignment(&a).await.keys.len() == 50
     })
     .await;
@@ -138,7 +138,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     // A second process joins: the keys are shared within about a lease.
     let joined = Instant::now();
     let (b, b_locks) = start("b");
-    pgcoord::embedded::eventually(Duration::from_secs(4), "shared 25/25", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(4), "shared 25/25", async || {
         let (x, y) = (
             assignment(&a).await.keys.len(),
             assignment(&b).await.keys.len(),
@@ -155,7 +155,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     };
     let worker = workers.lock().unwrap()[&key].clone();
     worker.do_send(Panic);
-    pgcoord::embedded::eventually(Duration::from_secs(3), "restarted", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(3), "restarted", async || {
         assignment(&b).await.restarts == 1
     })
     .await;
@@ -179,7 +179,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
         .await
         .unwrap();
     b_locks.send(RenewNow).await.unwrap().unwrap();
-    pgcoord::embedded::eventually(
+    pgcoord_testkit::eventually(
         Duration::from_secs(4),
         "the lost key served again",
         async || {
@@ -195,7 +195,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     // The first process leaves: the other takes every key within about a lease.
     let left = Instant::now();
     a.send(Shutdown).await.unwrap();
-    pgcoord::embedded::eventually(Duration::from_secs(4), "b holds all 50", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(4), "b holds all 50", async || {
         assignment(&b).await.keys.len() == 50
     })
     .await;
@@ -238,18 +238,18 @@ async fn a_pool_follows_a_stream_of_key_sets() {
             .collect()
     };
     tx.send(vec!["a".into(), "b".into(), "c".into()]).unwrap();
-    pgcoord::embedded::eventually(Duration::from_secs(3), "a, b, c", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(3), "a, b, c", async || {
         names(&pool).await == ["a", "b", "c"]
     })
     .await;
     tx.send(vec!["b".into(), "c".into(), "d".into()]).unwrap();
     drop(tx);
-    pgcoord::embedded::eventually(Duration::from_secs(3), "b, c, d", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(3), "b, c, d", async || {
         names(&pool).await == ["b", "c", "d"]
     })
     .await;
     // "a" is free on the server again.
-    pgcoord::embedded::eventually(Duration::from_secs(2), "a's lease released", async || {
+    pgcoord_testkit::eventually(Duration::from_secs(2), "a's lease released", async || {
         let sql = format!(
             "SELECT count(*) FROM {} WHERE name = 'streamed/keys/a'",
             setup.quoted_table()

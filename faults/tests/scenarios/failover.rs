@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::embedded::{Replication, TempPostgres};
 use pgcoord_actors::{Acquire, LockManager};
+use pgcoord_testkit::{Replication, TempPostgres};
 
 use pgcoord_faults::topic_history::{Outcome, check};
 

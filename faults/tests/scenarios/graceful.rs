@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::unique_name;
 use pgcoord_actors::{Acquire, Call, LockManager};
 use pgcoord_faults::process::HolderProcess;
+use pgcoord_testkit::unique_name;
 
 #[actix_rt::test]
 async fn a_process_stopped_with_sigterm_leaves_its_lease_free_at_once() {

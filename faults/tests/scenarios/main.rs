@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgcoord::Config;
-use pgcoord::embedded::{TempPostgres, unique_name};
 use pgcoord_faults::history::{Ack, History, Verdict};
 use pgcoord_faults::process::HolderProcess;
+use pgcoord_testkit::{TempPostgres, unique_name};
 use tokio_postgres::Client;
 
 /// Shows pgcoord's warnings in test output (`RUST_LOG` overrides the level).

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::unique_name;
 use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord_faults::process::HolderProcess;
 use pgcoord_faults::topic_history::{Append, Outcome};
+use pgcoord_testkit::unique_name;
 
 /// How the consumer processes apply events (`src/bin/consumer.rs`).
 #[derive(Clone, Copy, PartialEq, Eq)]

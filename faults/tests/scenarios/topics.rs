@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::{test_pg_config, unique_name};
 use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord_faults::topic_history::{Append, Outcome, check};
+use pgcoord_testkit::{test_pg_config, unique_name};
 
 use super::topic_consumers::{Consumers, Mode, appender};
 use tokio::sync::Mutex;

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::embedded::Proxy;
 use pgcoord_faults::process::HolderProcess;
+use pgcoord_testkit::Proxy;
 
 use super::Workload;
 

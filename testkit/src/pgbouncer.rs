@@ -11,7 +11,7 @@ use tokio_postgres::config::Host;
 
 use super::install::server_user;
 use super::{command, free_port, new_dir, other};
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// A running `pgbouncer` in transaction mode, trusting every user, on a free loopback port.
 /// Dropping it stops it and removes its files.

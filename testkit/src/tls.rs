@@ -11,7 +11,7 @@ use rcgen::{
 };
 
 use super::TempPostgres;
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// The names the throwaway server's certificate is valid for.
 const SERVER_NAMES: &[&str] = &["localhost", "127.0.0.1"];

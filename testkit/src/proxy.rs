@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// The largest chunk read from a socket at once.
 const CHUNK: usize = 16 * 1024;

@@ -5,7 +5,7 @@ use std::fs;
 use std::time::Duration;
 
 use super::{TempPostgres, poll_until};
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// How long a stopped process may take to show as stopped in `/proc`.
 const STOP_SETTLE: Duration = Duration::from_secs(2);

@@ -4,7 +4,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use super::TempPostgres;
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 impl TempPostgres {
     /// The cluster shared by everything in this process, started on first use and stopped when

@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::{TempPostgres, command, free_port, new_dir, other, poll_until};
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// How long a base backup may take.
 const BASE_BACKUP_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,5 +1,6 @@
-//! A throwaway PostgreSQL cluster from the locally installed server binaries (feature
-//! `embedded`).
+//! pgcoord's test kit: a throwaway PostgreSQL cluster from the locally installed server binaries,
+//! and the faults the workspace's tests inject into it. Not published; the workspace's tests,
+//! examples and fault suite use it.
 //!
 //! [`TempPostgres::start`] runs `initdb` into a temporary directory and `postgres` on a free
 //! loopback port — as the `postgres` user when the process is root, since `initdb` refuses to
@@ -21,6 +22,7 @@
 //! For pooler deployments, a [`PgBouncer`] in transaction mode can stand in front of a cluster.
 //! For TLS, a cluster can start with TLS on and a certificate signed by a
 //! [`CertificateAuthority`] made for the run ([`TempPostgres::start_tls`]).
+#![deny(missing_docs)]
 
 use std::fs;
 use std::net::TcpListener;
@@ -31,8 +33,8 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, ErrorKind, Result};
 use install::{find_bindir, server_user};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 mod control;
 mod install;
@@ -378,7 +380,7 @@ fn poll_until<T>(
 #[cfg(test)]
 mod tests {
     use super::poll_until;
-    use crate::error::{Error, ErrorKind};
+    use pgcoord::error::{Error, ErrorKind};
     use std::time::{Duration, Instant};
 
     const EVERY: Duration = Duration::from_millis(1);
@@ -410,7 +412,7 @@ mod tests {
         let failed = poll_until(
             Duration::from_secs(5),
             EVERY,
-            || -> crate::Result<Option<()>> {
+            || -> pgcoord::Result<Option<()>> {
                 looks += 1;
                 Err(Error::new(ErrorKind::InvalidConfig, "not a standby"))
             },

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, ErrorKind, Result};
 
 /// The `postgres` user's ids when this process is root, since initdb refuses to run as root.
 pub(super) fn server_user() -> Result<Option<(u32, u32)>> {
