@@ -1,6 +1,6 @@
 //! Swappable backends: [`Locking`], [`Signalling`] and [`Topics`], the interface an application's actors can
 //! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
-//! in-memory backend ([`memory`], feature `memory`) and production on PostgreSQL
+//! in-memory backend (`memory`, feature `memory`) and production on PostgreSQL
 //! ([`Coordinator`]).
 //!
 //! The traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
@@ -14,8 +14,8 @@
 //! reply with errors and timeouts; for durable topics, one active consumer per name, delivery
 //! at least once and in order, the same event again after a handler's `Err` or panic, a fenced
 //! `Delivery::ack` (no retention, no horizon: every append is at once final) — and lets a test force what PostgreSQL would do to it: a lost
-//! lease ([`memory::MemoryCoordinator::force_loss`]) and a listener reconnect
-//! ([`memory::MemoryCoordinator::reconnect`]). The suite in `actors/tests/it/backends.rs` runs
+//! lease (`MemoryCoordinator::force_loss`) and a listener reconnect
+//! (`MemoryCoordinator::reconnect`). The suite in `actors/tests/it/backends.rs` runs
 //! the same tests against both.
 //!
 //! A job written against [`Locking`], and its unit test on the in-memory backend:
