@@ -66,6 +66,9 @@ pub enum ErrorKind {
     /// A topic consumer's cursor is already at or past the event being acknowledged: it was
     /// handled and acknowledged before. Do not commit its effects again.
     AlreadyAcknowledged,
+    /// The server is a PostgreSQL older than pgcoord supports (13): the message names its
+    /// version.
+    Unsupported,
     /// Anything else; the source says what.
     Other,
 }

@@ -40,6 +40,8 @@
 //!   commit). Appending in the caller's transaction is the core's
 //!   (`pgcoord::topic::TopicTable::append`).
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
+//! - [`Runtime`] — the same on a thread of its own, for a service that is not actix (axum,
+//!   tonic under `#[tokio::main]`); [`Subscription`], a channel's messages as a `Stream`.
 //! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
 //!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
 //!   tests of applications' actors.
@@ -78,6 +80,7 @@ mod reply;
 mod session;
 pub mod signals;
 mod stats;
+mod threaded;
 pub mod topics;
 pub mod workers;
 
@@ -98,6 +101,7 @@ pub use signals::{
     WaitNext,
 };
 pub use stats::GetStats;
+pub use threaded::{Runtime, Subscription};
 pub use topics::{
     Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
     StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,

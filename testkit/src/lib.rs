@@ -37,6 +37,7 @@ use install::{find_bindir, server_user};
 use pgcoord::error::{Error, ErrorKind, Result};
 
 mod control;
+mod fetch;
 mod install;
 mod pgbouncer;
 mod proxy;

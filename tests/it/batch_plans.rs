@@ -17,6 +17,16 @@ async fn batch_statements_are_planned_once_per_connection() {
     let (config, _admin) = super::setup().await;
     let table = LeaseTable::new(&config);
     let client = caching_client(&config).await;
+    let version: i32 = (client.run("SHOW server_version_num", &[]).await.unwrap()[0])
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    if version < 140000 {
+        // pg_prepared_statements counts plans from PostgreSQL 14 on; the next test reads the
+        // plans themselves, on every version.
+        eprintln!("PostgreSQL {version} does not count plans: nothing to check");
+        return;
+    }
     for i in 0..12 {
         // Batches of 1 to 3 names: short arrays are what made custom plans look cheaper.
         let names: Vec<String> = (0..=i % 3).map(|n| format!("plan-{i}-{n}")).collect();

@@ -18,6 +18,18 @@ async fn starts_serves_stops_and_cleans_up() {
     let conn = tokio::spawn(conn);
     let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
     assert_eq!(one, 1);
+    // The version asked for is the version that runs (CI runs the suites on 13 and 18 so).
+    let version: String = (client.query_one("SHOW server_version_num", &[]).await)
+        .unwrap()
+        .get(0);
+    eprintln!("PostgreSQL {version}");
+    if let Ok(major) = std::env::var("PGCOORD_PG_VERSION") {
+        assert_eq!(
+            version[..version.len() - 4],
+            major,
+            "server_version_num {version}"
+        );
+    }
 
     // A restart keeps the data and the port.
     client

@@ -24,6 +24,7 @@ mod shutdown;
 mod signal_faults;
 mod signals;
 mod startup;
+mod threaded;
 mod tls;
 mod topic_appends;
 mod topic_retention;

@@ -1,0 +1,165 @@
+//! [`Runtime`]: the whole runtime on a thread of its own, for services that are not actix
+//! (axum, tonic: a plain `#[tokio::main]`).
+//!
+//! actix actors run on a single-threaded System; `Coordinator::connect` outside one panics.
+//! Their addresses, though, are `Send`: a message sent from any thread or executor reaches the
+//! actor, and its answer comes back to the sender's task. So the runtime starts an actix System
+//! on a thread it owns and hands back the [`Coordinator`], whose addresses the service's tokio
+//! tasks use as an actix service would (`coordinator.locks.call(Acquire::new("job")).await`).
+//! A [`Lease`](crate::Lease) is `Send`: it may be held, fenced and released on any task.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures_util::Stream;
+use pgcoord::{Config, Error, ErrorKind, Result};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::coordinator::Coordinator;
+use crate::signals::{Signal, Subscribe, Unsubscribe};
+
+/// The runtime on a thread of its own: an actix System running a [`Coordinator`]'s actors,
+/// usable from any tokio runtime. Stop it with [`shutdown`](Self::shutdown), which releases
+/// what the process holds; dropping it stops the thread without releasing (leases then expire).
+pub struct Runtime {
+    coordinator: Coordinator,
+    system: System,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// Starts an actix System on a new thread and connects a [`Coordinator`] in it, as
+    /// [`Coordinator::connect`] does: its errors (server unreachable, read-only, tables missing),
+    /// and the thread ended at once. Callable from any async context.
+    pub async fn connect(config: Config) -> Result<Runtime> {
+        let (started, connected) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("pgcoord-actix".into())
+            .spawn(move || {
+                let system = System::new();
+                let result = system.block_on(Coordinator::connect(config));
+                let failed = result.is_err();
+                let _ = started.send(result.map(|coordinator| (coordinator, System::current())));
+                if !failed {
+                    // Until `System::stop`: shutdown, or the Runtime dropped.
+                    let _ = system.run();
+                }
+            })
+            .map_err(|e| Error::new(ErrorKind::Other, format!("cannot start a thread: {e}")))?;
+        let (coordinator, system) = connected
+            .await
+            .map_err(|_| Error::new(ErrorKind::Other, "the runtime's thread ended at start"))??;
+        Ok(Runtime {
+            coordinator,
+            system,
+            thread: Some(thread),
+        })
+    }
+
+    /// The actors' addresses: `Send + Sync + Clone`, for the service's tasks and handlers.
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
+    }
+
+    /// Every message published on `channel` from now on, as a stream. Buffered without bound
+    /// as an actor's mailbox is, so read it; dropping the stream unsubscribes.
+    pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let channel = channel.to_owned();
+        let forward =
+            Forwarder::start_in_arbiter(self.system.arbiter(), move |_| Forwarder { sender });
+        let recipient = forward.recipient();
+        crate::Call::call(
+            &self.coordinator.signals,
+            Subscribe {
+                channel: channel.clone(),
+                recipient: recipient.clone(),
+            },
+        )
+        .await?;
+        Ok(Subscription {
+            receiver,
+            signals: self.coordinator.signals.clone(),
+            channel,
+            recipient,
+        })
+    }
+
+    /// Stops gracefully within `within`: [`Coordinator::shutdown`] (every lease and advisory
+    /// lock released on the server, the listener stopped; the count of leases released), then
+    /// the System and its thread.
+    /// [`ErrorKind::Timeout`] when the release did not finish in time; the thread is stopped
+    /// all the same.
+    pub async fn shutdown(mut self, within: Duration) -> Result<usize> {
+        let released = self.coordinator.shutdown(within).await;
+        self.system.stop();
+        if let Some(thread) = self.thread.take() {
+            // The System is stopping: the join is short, but it blocks, so off this task.
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        released
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Without shutdown: stop the thread; held leases expire on the server.
+        self.system.stop();
+    }
+}
+
+/// Messages of one channel from [`Runtime::subscribe`]; unsubscribes when dropped.
+pub struct Subscription {
+    receiver: mpsc::UnboundedReceiver<Signal>,
+    signals: Addr<crate::ListenerActor>,
+    channel: String,
+    recipient: Recipient<Signal>,
+}
+
+impl Subscription {
+    /// The next message; `None` once the runtime stopped.
+    pub async fn next(&mut self) -> Option<Signal> {
+        self.receiver.recv().await
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Signal;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Signal>> {
+        self.receiver.poll_recv(cx)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.signals.do_send(Unsubscribe {
+            channel: self.channel.clone(),
+            recipient: self.recipient.clone(),
+        });
+    }
+}
+
+/// Hands a subscription's messages from the System's thread to the stream's task.
+struct Forwarder {
+    sender: mpsc::UnboundedSender<Signal>,
+}
+
+impl Actor for Forwarder {
+    type Context = Context<Self>;
+}
+
+impl Handler<Signal> for Forwarder {
+    type Result = ();
+
+    fn handle(&mut self, signal: Signal, ctx: &mut Context<Self>) {
+        if self.sender.send(signal).is_err() {
+            // The stream is gone: so is this subscriber (the listener forgets stopped ones).
+            ctx.stop();
+        }
+    }
+}

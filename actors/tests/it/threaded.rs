@@ -1,0 +1,91 @@
+//! The runtime on a thread of its own, used from a plain tokio runtime as an axum or tonic
+//! service would: no actix System in the test's own threads.
+
+use std::time::Duration;
+
+use pgcoord_actors::*;
+use pgcoord_testkit::unique_name;
+
+use super::Setup;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokio_service_holds_leases_and_exchanges_messages_through_the_threaded_runtime() {
+    // A long lease: the shutdown's release, not an expiry, frees it.
+    let (setup, admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let runtime = Runtime::connect(setup.builder("tokio").build().unwrap())
+        .await
+        .unwrap();
+    let coordinator = runtime.coordinator().clone();
+    let name = unique_name("threaded");
+    let channel = unique_name("threaded");
+    let mut messages = runtime.subscribe(&channel).await.unwrap();
+
+    // Acquired on one tokio task, held and checked on another: the lease is Send.
+    let lease = tokio::spawn({
+        let name = name.clone();
+        async move { coordinator.locks.call(Acquire::new(name)).await }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let row = holder(&admin, &setup, &name)
+        .await
+        .expect("the lease's row");
+    assert_eq!(row.get::<_, String>(0), "tokio");
+    assert_eq!(row.get::<_, i64>(1), lease.token());
+    let checked = tokio::spawn(async move {
+        assert_eq!(lease.loss(), None);
+        lease
+    })
+    .await
+    .unwrap();
+    checked
+        .fence(&admin)
+        .await
+        .expect("its token fences writes");
+
+    // A message published from the tokio side comes back through the subscription's stream.
+    let publish = Publish::value(&channel, &42u32).unwrap();
+    runtime.coordinator().signals.call(publish).await.unwrap();
+    let signal = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("the message within 10 s")
+        .expect("the runtime is running");
+    assert_eq!(signal.value::<u32>().unwrap(), 42);
+
+    // The graceful stop releases the lease on the server at once and ends the thread.
+    drop(messages);
+    let released = runtime.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(released, 1);
+    assert!(
+        holder(&admin, &setup, &name).await.is_none(),
+        "the row is gone at once"
+    );
+    assert_eq!(checked.loss(), Some(LossReason::Shutdown));
+}
+
+#[tokio::test]
+async fn a_threaded_runtime_that_cannot_start_says_why() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let missing = setup
+        .builder("tokio")
+        .lock_table(unique_name("missing"))
+        .build()
+        .unwrap();
+    let error = Runtime::connect(missing).await.err().expect("refused");
+    assert_eq!(error.kind(), pgcoord::ErrorKind::NotFound, "{error}");
+    assert!(error.to_string().contains("does not exist"), "{error}");
+}
+
+/// The lease's row: its owner and token, if it is there.
+async fn holder(
+    admin: &tokio_postgres::Client,
+    setup: &Setup,
+    name: &str,
+) -> Option<tokio_postgres::Row> {
+    let sql = format!(
+        "SELECT owner, token FROM {} WHERE name = $1",
+        setup.quoted_table()
+    );
+    admin.query_opt(&sql, &[&name]).await.unwrap()
+}

@@ -1,0 +1,131 @@
+//! An axum service on pgcoord, under a plain `#[tokio::main]`: the runtime runs on a thread of
+//! its own ([`pgcoord_actors::Runtime`]) and the handlers use its addresses.
+//!
+//! `POST /jobs/{name}` runs a job while holding the job's lease, fail-if-locked: a second run
+//! of the same job, from this process or any other, answers 409 Conflict. `GET /ready` answers
+//! 200 while the runtime's actors answer. On ctrl-c (or when the demo below is done) the server
+//! stops taking requests and the runtime's shutdown releases every lease at once.
+//!
+//! Run with `cargo run --example axum`. It uses `DATABASE_URL` when set, and otherwise starts a
+//! throwaway PostgreSQL from the locally installed server binaries (removed on exit). The demo
+//! makes its requests over real HTTP and exits non-zero if an answer is not the expected one.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use pgcoord::Config;
+use pgcoord_actors::{Acquire, Call, Coordinator, GetStats, Runtime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
+    let config = Config::builder()
+        .pg_config(&pg)
+        .owner("axum-demo")
+        .build()?;
+    pgcoord::schema::migrate(&pgcoord::db::connect_spawned(&config).await?, &config).await?;
+
+    let runtime = Runtime::connect(config).await?;
+    let app = Router::new()
+        .route("/jobs/{name}", post(run_job))
+        .route("/ready", get(ready))
+        .with_state(runtime.coordinator().clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                tokio::select! {
+                    _ = stopped => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            })
+            .into_future(),
+    );
+    println!("serving on http://{address}");
+
+    // The demo: ready; one run of the nightly job; a second run at the same time refused.
+    expect(request(address, "GET", "/ready").await?, 200, "ready")?;
+    let first = tokio::spawn(request(address, "POST", "/jobs/nightly"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = request(address, "POST", "/jobs/nightly").await?;
+    expect(second, 409, "a second run while the first holds the lease")?;
+    expect(first.await??, 200, "the first run")?;
+    expect(
+        request(address, "POST", "/jobs/nightly").await?,
+        200,
+        "a run after it",
+    )?;
+
+    let _ = stop.send(());
+    server.await??;
+    let released = runtime.shutdown(Duration::from_secs(5)).await?;
+    println!("stopped; {released} leases released at shutdown");
+    Ok(())
+}
+
+/// Runs the job `name` while holding its lease: 409 when another run holds it.
+async fn run_job(State(coordinator): State<Coordinator>, Path(name): Path<String>) -> StatusCode {
+    let lease = match coordinator
+        .locks
+        .call(Acquire::new(format!("job:{name}")).fail_if_locked())
+        .await
+    {
+        Ok(lease) => lease,
+        // Held by another process, or by this one (leases do not stack in one process).
+        Err(e) if e.is_not_acquired() || e.kind() == pgcoord::ErrorKind::AlreadyHeld => {
+            return StatusCode::CONFLICT;
+        }
+        Err(e) => {
+            eprintln!("job {name}: {e}");
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+    };
+    // The work; its writes would be fenced with `lease.fence(&tx)`.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    match lease.release().await {
+        Ok(()) => StatusCode::OK,
+        // Lost while working: the work must not count.
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// 200 while the lock manager answers within a second.
+async fn ready(State(coordinator): State<Coordinator>) -> StatusCode {
+    let answer = tokio::time::timeout(
+        Duration::from_secs(1),
+        coordinator.locks.send(GetStats::new()),
+    );
+    match answer.await {
+        Ok(Ok(_)) => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// One HTTP/1.1 request over a new connection; the status code of its answer.
+async fn request(address: std::net::SocketAddr, method: &str, path: &str) -> std::io::Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    // "HTTP/1.1 200 OK"
+    (answer.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {answer:?}")))
+}
+
+fn expect(status: u16, expected: u16, what: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("{what}: {status}");
+    if status != expected {
+        return Err(format!("{what}: answered {status}, expected {expected}").into());
+    }
+    Ok(())
+}
