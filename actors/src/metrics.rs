@@ -27,6 +27,11 @@ pub const RENEW_FAILURES: &str = "pgcoord_renew_failures_total";
 /// Counter: locks lost, by `kind` (`lease`, `advisory`) and `reason` (`taken_over`,
 /// `deadline_passed`, `connection_lost`, `stalled`, `shutdown`).
 pub const LOSSES: &str = "pgcoord_losses_total";
+/// Counter: connections asked of the pool, by `result`: `direct` (one was idle), `waited`,
+/// `timed_out` (none within the pool timeout).
+pub const POOL_GETS: &str = "pgcoord_pool_gets_total";
+/// Counter, microseconds: time spent waiting for a pooled connection.
+pub const POOL_WAIT: &str = "pgcoord_pool_wait_microseconds_total";
 /// Gauge: pooled connections, by `state` (`used`, `idle`: their sum is the open ones).
 pub const POOL_CONNECTIONS: &str = "pgcoord_pool_connections";
 /// Gauge: advisory locks held (each on a session of its own).
@@ -64,7 +69,7 @@ pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
 pub const TOPIC_HELD_BACK: &str = "pgcoord_topic_held_back_seconds";
 
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 20] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -72,6 +77,8 @@ pub const ALL: [&str; 18] = [
     RENEW_FAILURES,
     LOSSES,
     POOL_CONNECTIONS,
+    POOL_GETS,
+    POOL_WAIT,
     ADVISORY_HELD,
     LISTENER_CONNECTED,
     LISTENER_CONNECTIONS,
@@ -110,6 +117,16 @@ pub(crate) fn describe() {
         POOL_CONNECTIONS,
         Unit::Count,
         "pooled connections, by state"
+    );
+    describe_counter!(
+        POOL_GETS,
+        Unit::Count,
+        "connections asked of the pool, by result: direct, waited, timed_out"
+    );
+    describe_counter!(
+        POOL_WAIT,
+        Unit::Microseconds,
+        "time spent waiting for a pooled connection"
     );
     describe_gauge!(ADVISORY_HELD, Unit::Count, "advisory locks held");
     describe_gauge!(
@@ -175,6 +192,10 @@ pub(crate) struct LeaseMetrics {
     pub(crate) renew_failures: Counter,
     pool_used: Gauge,
     pool_idle: Gauge,
+    pool_direct: Counter,
+    pool_waited: Counter,
+    pool_timed_out: Counter,
+    pool_wait: Counter,
 }
 
 impl LeaseMetrics {
@@ -192,7 +213,11 @@ impl LeaseMetrics {
             renew: histogram!(RENEW, "owner" => owner.clone()),
             renew_failures: counter!(RENEW_FAILURES, "owner" => owner.clone()),
             pool_used: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "used"),
-            pool_idle: gauge!(POOL_CONNECTIONS, "owner" => owner, "state" => "idle"),
+            pool_idle: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "idle"),
+            pool_direct: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "direct"),
+            pool_waited: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "waited"),
+            pool_timed_out: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "timed_out"),
+            pool_wait: counter!(POOL_WAIT, "owner" => owner),
         }
     }
 
@@ -213,10 +238,18 @@ impl LeaseMetrics {
         self.cancelled.increment(1);
     }
 
-    pub(crate) fn pool(&self, (open, idle): (u32, u32)) {
+    pub(crate) fn pool(&self, pool: &pgcoord::Pool) {
         // Used and idle, which sum to the open connections (as OpenTelemetry's `state`).
+        let (open, idle) = pool.connections();
         self.pool_used.set(open.saturating_sub(idle));
         self.pool_idle.set(idle);
+        // bb8 counts since the pool was built: the counters take its totals as they are.
+        let counts = pool.statistics();
+        self.pool_direct.absolute(counts.get_direct);
+        self.pool_waited.absolute(counts.get_waited);
+        self.pool_timed_out.absolute(counts.get_timed_out);
+        let waited = u64::try_from(counts.get_wait_time.as_micros()).unwrap_or(u64::MAX);
+        self.pool_wait.absolute(waited);
     }
 }
 

@@ -237,6 +237,44 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     let used = seen.gauge("pgcoord_pool_connections", "owner=me,state=used");
     let idle = seen.gauge("pgcoord_pool_connections", "owner=me,state=idle");
     assert!(used + idle >= 1.0, "used {used}, idle {idle}");
+    assert!(seen.counter("pgcoord_pool_gets_total", "owner=me,result=direct") >= 1);
+    // A pool of one connection, which the application holds while an acquire needs it: the
+    // acquire waits for it, and the wait is counted.
+    let tight = pgcoord::Config::builder()
+        .pg_config(&test_pg_config().unwrap())
+        .lock_table(&table)
+        .payload_table(format!("{table}_p"))
+        .topic_table(format!("{table}_t"))
+        .owner("tight")
+        .build()
+        .unwrap();
+    let manager = pgcoord::bb8_postgres::PostgresConnectionManager::new(
+        tight.pg_config().clone(),
+        tight.tls().clone(),
+    );
+    let app_pool = pgcoord::bb8::Pool::builder()
+        .max_size(1)
+        .build(manager)
+        .await
+        .unwrap();
+    let pool = pgcoord::Pool::from_bb8(&tight, app_pool.clone());
+    let tight = Coordinator::connect_with_pool(tight, pool).await.unwrap();
+    let taken = app_pool.get_owned().await.unwrap();
+    let acquire = tight.locks.call(Acquire::new("tight"));
+    let handed_back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(taken);
+    });
+    acquire.await.unwrap().release().await.unwrap();
+    handed_back.await.unwrap();
+    let waited = "owner=tight,result=waited";
+    while seen.counter("pgcoord_pool_gets_total", waited) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no get waited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen.counter("pgcoord_pool_wait_microseconds_total", "owner=tight") > 0);
+    let timed_out = "owner=tight,result=timed_out";
+    assert_eq!(seen.counter("pgcoord_pool_gets_total", timed_out), 0);
 
     // Every name the module documents was recorded.
     let names = seen.names();

@@ -281,6 +281,15 @@ impl Pool {
         (state.connections, state.idle_connections)
     }
 
+    /// bb8's counts since the pool was built: gets served at once, after a wait, or timed out
+    /// (bb8's `connection_timeout`, the configured pool timeout), and the time spent waiting.
+    pub fn statistics(&self) -> bb8::Statistics {
+        match &self.source {
+            Source::Own(pool) => pool.state().statistics,
+            Source::Application(pool) => pool.state().statistics,
+        }
+    }
+
     /// Statements bounded by `deadline` (or, without one, by the statement timeout), each on a
     /// live pooled connection. See [`Bounded`](crate::db::Bounded).
     pub fn statements(&self, deadline: Option<Instant>) -> crate::db::Bounded<'_> {

@@ -242,7 +242,7 @@ impl Actor for LockManager {
         // The pool's gauges, once a second.
         ctx.run_interval(Duration::from_secs(1), |act, _| {
             if let Some(metrics) = &act.metrics {
-                metrics.pool(act.pool.connections());
+                metrics.pool(&act.pool);
             }
         });
     }
