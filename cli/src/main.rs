@@ -3,9 +3,11 @@
 //!
 //! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
 //! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify,
-//! `topics.rs` the durable topics (list, consumers, tail, reset).
+//! `topics.rs` the durable topics (list, consumers, tail, reset), `hold.rs` `lock run`.
 //! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found, 4 the
-//! tables are missing (with a hint to migrate).
+//! tables are missing (with a hint to migrate), 5 `lock run`'s lease lost while its command
+//! ran, 6 `lock run`'s lease held by another until `--timeout`; otherwise `lock run` exits with
+//! its command's code.
 #![deny(missing_docs)]
 
 use std::process::ExitCode;
@@ -13,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pgcoord::{Config, ErrorKind};
 
+mod hold;
 mod inspect;
 mod signals;
 mod topics;
@@ -126,6 +129,24 @@ enum LockAction {
         #[arg(long)]
         force: bool,
     },
+    /// Run COMMAND while holding the lease NAME: waited for (at most --timeout), renewed while
+    /// the command runs, released when it exits (pgcoord then exits with its code). When the
+    /// lease is lost, the command gets SIGTERM (SIGKILL after --kill-after) and pgcoord exits 5.
+    /// The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN and PGCOORD_LEASE_OWNER (to
+    /// fence its writes) in its environment.
+    Run {
+        /// The lease's name.
+        name: String,
+        /// How long the lease lasts unrenewed (`20s`): a crash of pgcoord frees it after this.
+        #[arg(long, default_value = "20s", value_parser = duration)]
+        lease: std::time::Duration,
+        /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        kill_after: std::time::Duration,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 /// Whole seconds (`30`), or a duration with its unit (`500ms`, `30s`, `2m`, `1h`).
@@ -140,7 +161,7 @@ fn duration(text: &str) -> Result<std::time::Duration, String> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
             eprintln!("error: {e}");
             eprintln!(
@@ -154,6 +175,7 @@ async fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(match e.kind() {
                 ErrorKind::NotFound => 3,
+                ErrorKind::NotAcquired => 6,
                 ErrorKind::InvalidConfig
                 | ErrorKind::InvalidIdentifier
                 | ErrorKind::InvalidName
@@ -164,7 +186,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> pgcoord::Result<()> {
+async fn run(cli: Cli) -> pgcoord::Result<u8> {
     // --dsn, else DATABASE_URL, else the PG* variables and the password file, as psql.
     let builder = match cli.dsn {
         Some(dsn) => Config::builder().dsn(dsn),
@@ -175,14 +197,33 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
             )
         })?,
     };
-    let config = builder
+    let builder = builder
         .lock_table(cli.lock_table)
         .payload_table(cli.payload_table)
         .topic_table(cli.topic_table)
-        .application_name("pgcoord-cli")
-        .owner("pgcoord-cli")
-        .build()?;
+        .application_name("pgcoord-cli");
     let within = cli.timeout.max(std::time::Duration::from_millis(1));
+    if let Command::Lock {
+        action:
+            LockAction::Run {
+                name,
+                lease,
+                kill_after,
+                command,
+            },
+    } = cli.command
+    {
+        // Its own owner identity (host, pid, random), as a service's: two runs never share one.
+        let config = builder.lease(lease).heartbeat(lease / 3).build()?;
+        let hold = hold::Hold {
+            name,
+            command,
+            wait: within,
+            kill_after,
+        };
+        return hold::run(&config, hold).await;
+    }
+    let config = builder.owner("pgcoord-cli").build()?;
     let bounded = async {
         if let Command::Listen { channel, count } = &cli.command {
             let listening = signals::start_listening(&config, channel).await?;
@@ -198,8 +239,8 @@ async fn run(cli: Cli) -> pgcoord::Result<()> {
         )
     })??;
     match listening {
-        Some((listening, count)) => signals::listen(&config, listening, count).await,
-        None => Ok(()),
+        Some((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
+        None => Ok(0),
     }
 }
 
@@ -227,6 +268,9 @@ async fn command(
         Command::Lock {
             action: LockAction::Release { name, force },
         } => inspect::release(config, client, &name, force).await,
+        Command::Lock {
+            action: LockAction::Run { .. },
+        } => unreachable!("lock run is started by `run`: it has no deadline of its own"),
         Command::Advisory => inspect::advisory(client).await,
         Command::Status => inspect::status(config, client).await,
         // Started (bounded) and run by `run`: it has no end of its own.

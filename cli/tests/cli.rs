@@ -445,3 +445,110 @@ fn the_pg_variables_name_the_database_when_no_dsn_is_given() {
         "{out:?}"
     );
 }
+
+/// `pgcoord` with the test database and `table`'s names, to be spawned.
+fn pgcoord_command(table: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pgcoord"));
+    command
+        .env("DATABASE_URL", dsn())
+        .args([
+            "--lock-table",
+            table,
+            "--payload-table",
+            &format!("{table}_p"),
+            "--topic-table",
+            &format!("{table}_t"),
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Waits (at most 10 s) until `pgcoord lock show name` finds the lease held.
+fn wait_until_held(table: &str, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !pgcoord(table, &["lock", "show", name]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "{name} never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn lock_run_holds_the_lease_while_its_command_runs_and_exits_with_its_code() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let script =
+        r#"echo "$PGCOORD_LEASE_NAME $PGCOORD_LEASE_TOKEN $PGCOORD_LEASE_OWNER"; sleep 1; exit 7"#;
+    let first = pgcoord_command(&table, &["lock", "run", "job", "--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    wait_until_held(&table, "job");
+    // While the first holds it, a second run that waits 200 ms gives up, its command not run.
+    let args = [
+        "--timeout",
+        "200ms",
+        "lock",
+        "run",
+        "job",
+        "--",
+        "echo",
+        "ran",
+    ];
+    let second = pgcoord(&table, &args);
+    assert_eq!(second.status.code(), Some(6), "{second:?}");
+    assert!(!stdout(&second).contains("ran"), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("held"),
+        "{second:?}"
+    );
+    // The first's command saw its lease, and its exit code is pgcoord's.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(7), "{first:?}");
+    let seen = stdout(&first);
+    let [name, token, owner]: [&str; 3] = (seen.split_whitespace().collect::<Vec<_>>())
+        .try_into()
+        .unwrap_or_else(|_| panic!("{seen}"));
+    assert_eq!(name, "job");
+    assert!(token.parse::<i64>().unwrap() > 0, "{seen}");
+    // Each run its own identity (host, pid, random): two runs never share one.
+    assert!(
+        owner.len() > "pgcoord-cli".len() && owner != "pgcoord-cli",
+        "{seen}"
+    );
+    // Released at once when the command exited, not left to expire.
+    let show = pgcoord(&table, &["lock", "show", "job"]);
+    assert_eq!(show.status.code(), Some(3), "{show:?}");
+    let third = pgcoord(
+        &table,
+        &["--timeout", "1s", "lock", "run", "job", "--", "true"],
+    );
+    assert_eq!(third.status.code(), Some(0), "{third:?}");
+    // No command: a usage error.
+    let none = pgcoord(&table, &["lock", "run", "job"]);
+    assert_eq!(none.status.code(), Some(2), "{none:?}");
+}
+
+#[test]
+fn lock_run_stops_its_command_when_the_lease_is_lost() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    // A command that runs until told to stop, and says it was.
+    let script = r#"trap 'echo stopped; exit 0' TERM; while true; do sleep 0.1; done"#;
+    let args = [
+        "lock", "run", "--lease", "3s", "job", "--", "sh", "-c", script,
+    ];
+    let holder = pgcoord_command(&table, &args).spawn().unwrap();
+    wait_until_held(&table, "job");
+    let freed = pgcoord(&table, &["lock", "release", "job", "--force"]);
+    assert!(freed.status.success(), "{freed:?}");
+    let started = std::time::Instant::now();
+    let holder = holder.wait_with_output().unwrap();
+    // Seen at the next renewal (a third of the lease): well within one lease.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "stopped after {took:?}");
+    assert_eq!(holder.status.code(), Some(5), "{holder:?}");
+    assert!(stdout(&holder).contains("stopped"), "{holder:?}");
+    let said = String::from_utf8_lossy(&holder.stderr);
+    assert!(said.contains("lost"), "{said}");
+}

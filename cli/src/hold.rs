@@ -1,0 +1,205 @@
+//! `pgcoord lock run NAME -- COMMAND…`: runs a command while holding a lease, as `etcdctl lock`
+//! and `consul lock` do.
+//!
+//! The lease is waited for (in line, at most `--timeout`), then the command starts with
+//! `PGCOORD_LEASE_NAME`, `PGCOORD_LEASE_TOKEN` and `PGCOORD_LEASE_OWNER` in its environment, so
+//! its writes can be fenced by the token. The lease is renewed every third of its duration on a connection of its
+//! own. When it is lost — taken, freed by force, or its deadline passed unrenewed (measured on
+//! this process's monotonic clock from the moment each renewal was sent, so never later than
+//! the server's) — the command gets SIGTERM, then SIGKILL after `--kill-after`, and `pgcoord`
+//! exits with [`LOST`]. When the command exits first, the lease is released and `pgcoord` exits
+//! with the command's code. SIGTERM and SIGINT sent to `pgcoord` are passed to the command.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::{Config, Error, ErrorKind, LeaseTable, Result};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
+
+/// The exit code when the lease was lost while the command ran.
+pub(crate) const LOST: u8 = 5;
+
+/// How often a waiter tries again.
+const POLL: Duration = Duration::from_millis(200);
+
+/// What `lock run` was asked.
+pub(crate) struct Hold {
+    pub(crate) name: String,
+    pub(crate) command: Vec<String>,
+    /// How long the lease is waited for.
+    pub(crate) wait: Duration,
+    /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
+    pub(crate) kill_after: Duration,
+}
+
+/// Runs `hold`; the exit code `pgcoord` ends with.
+pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
+    pgcoord::lease::check_name(&hold.name)?;
+    let Some((program, args)) = hold.command.split_first() else {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            "no command: pgcoord lock run NAME -- COMMAND [ARGS…]",
+        ));
+    };
+    let table = LeaseTable::new(config);
+    let owner = table.owner(config.owner())?;
+    let lease = config.lease();
+    let deadline = Instant::now() + hold.wait;
+    let within = |what: &str| {
+        Error::new(
+            ErrorKind::Timeout,
+            format!("{what} within {:?} (--timeout)", hold.wait),
+        )
+    };
+    let mut client = timeout_at(deadline, pgcoord::db::connect_spawned(config))
+        .await
+        .map_err(|_| within("no connection to the database"))??;
+
+    // Wait in line until granted, or until the wait's deadline.
+    let (token, mut valid_until) = loop {
+        let sent = Instant::now();
+        let left = deadline.saturating_duration_since(sent);
+        let request = AcquireRequest::new(&hold.name);
+        let attempt = timeout_at(
+            deadline,
+            owner.try_acquire_or_queue(&client, &request, lease, left),
+        )
+        .await;
+        let holder = match attempt {
+            Ok(Ok(Attempt::Granted(grant))) => break (grant.token, sent + lease),
+            Ok(Ok(Attempt::Held(holder))) => holder,
+            Ok(Ok(Attempt::Busy)) => None,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => None,
+        };
+        if Instant::now() + POLL >= deadline {
+            // Out of line, so the next waiter is not held up by this one (bounded: best effort).
+            let _ = timeout(
+                config.statement_timeout(),
+                owner.leave_line(&client, &hold.name),
+            )
+            .await;
+            return Err(Error::not_acquired(&hold.name, holder));
+        }
+        sleep(POLL).await;
+    };
+
+    let mut child = match tokio::process::Command::new(program)
+        .args(args)
+        .env("PGCOORD_LEASE_NAME", &hold.name)
+        .env("PGCOORD_LEASE_TOKEN", token.to_string())
+        .env("PGCOORD_LEASE_OWNER", config.owner())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            release(config, &table, &client, &hold.name, token).await;
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("cannot run {program}: {e}"),
+            ));
+        }
+    };
+    let pid = child.id().map(|pid| pid as i32);
+    let mut terminate = signal(SignalKind::terminate()).map_err(io)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(io)?;
+    let heartbeat = config.heartbeat().unwrap_or(lease / 3);
+    let mut next_renewal = Instant::now() + heartbeat;
+    let lost = loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.map_err(io)?;
+                release(config, &table, &client, &hold.name, token).await;
+                return Ok(exit_code(status));
+            }
+            _ = terminate.recv() => send(pid, libc::SIGTERM),
+            _ = interrupt.recv() => send(pid, libc::SIGINT),
+            _ = sleep_until(valid_until) => break "its deadline passed unrenewed",
+            _ = sleep_until(next_renewal) => {
+                if client.is_closed() {
+                    // A new session for the renewals; the lease is the server's, not the session's.
+                    let connect = timeout_at(valid_until, pgcoord::db::connect_spawned(config));
+                    if let Ok(Ok(fresh)) = connect.await {
+                        client = fresh;
+                    }
+                }
+                let sent = Instant::now();
+                let held = [(&hold.name, token)];
+                let renew = owner.renew(&client, &held, lease);
+                match timeout_at(valid_until, renew).await {
+                    Ok(Ok(renewed)) if renewed.contains(&token) => {
+                        valid_until = sent + lease;
+                        next_renewal = sent + heartbeat;
+                    }
+                    Ok(Ok(_)) => break "it was taken or freed",
+                    // Tried again soon, until the deadline says it is lost.
+                    Ok(Err(_)) | Err(_) => next_renewal = Instant::now() + POLL,
+                }
+            }
+        }
+    };
+    eprintln!(
+        "pgcoord: lease {:?} lost ({lost}): stopping the command",
+        hold.name
+    );
+    send(pid, libc::SIGTERM);
+    if timeout(hold.kill_after, child.wait()).await.is_err() {
+        eprintln!("pgcoord: the command outlived --kill-after: SIGKILL");
+        let _ = child.kill().await;
+    }
+    Ok(LOST)
+}
+
+/// Releases the lease, bounded by the statement timeout; a failure leaves it to expire.
+async fn release(
+    config: &Config,
+    table: &LeaseTable,
+    client: &tokio_postgres::Client,
+    name: &str,
+    token: i64,
+) {
+    let Ok(owner) = table.owner(config.owner()) else {
+        return;
+    };
+    let request = ReleaseRequest {
+        name,
+        token,
+        keep: false,
+        announce_always: false,
+    };
+    let released = timeout(config.statement_timeout(), owner.release(client, &request)).await;
+    if !matches!(released, Ok(Ok(()))) {
+        eprintln!(
+            "pgcoord: lease {name:?} not released; it expires in {:?}",
+            config.lease()
+        );
+    }
+}
+
+/// The command's exit code, or 128 plus the signal that ended it, as shells report it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+        (None, None) => 1,
+    }
+}
+
+/// Passes `signal` to the command.
+fn send(pid: Option<i32>, signal: i32) {
+    if let Some(pid) = pid {
+        // SAFETY: kill has no memory preconditions; the pid is our own child's, not yet reaped
+        // (tokio reaps it only in `wait`, which has not returned).
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Other, e.to_string()).with_source(e)
+}
