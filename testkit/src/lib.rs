@@ -124,7 +124,17 @@ impl TempPostgres {
                 "--no-sync",
             ])
             .output()
-            .map_err(|e| other("cannot run initdb", e))?;
+            .map_err(|e| match (e.kind(), user) {
+                (std::io::ErrorKind::PermissionDenied, Some(_)) => other(
+                    &format!(
+                        "cannot run initdb as the `postgres` user: every directory above {} \
+                         must be readable and searchable by it",
+                        bindir.display()
+                    ),
+                    e,
+                ),
+                _ => other("cannot run initdb", e),
+            })?;
         if !output.status.success() {
             return Err(Error::new(
                 ErrorKind::Other,
