@@ -1,7 +1,8 @@
 //! The tables pgcoord needs: migrations for default and custom names.
 //!
 //! The files in `migrations/` are plain SQL written for the default names, usable as they are
-//! by psql, sqlx-cli or refinery. [`sql`] renders them for a [`Config`] by replacing each quoted
+//! by psql; a migration tool with its own naming rule (refinery's `V1__locks.sql`) needs them
+//! copied under its names. [`sql`] renders them for a [`Config`] by replacing each quoted
 //! default name with the configured, validated and quoted one; for the default configuration the
 //! result is exactly the files.
 
@@ -172,6 +173,88 @@ pub async fn migrate(client: &Client, config: &Config) -> Result<()> {
     client.batch_execute(&script).await?;
     info!("pgcoord schema is up to date");
     Ok(())
+}
+
+/// [`migrate`], saying what it changed: the objects it created (`table public.pgcoord_locks`,
+/// `column public.pgcoord_locks.waiter`, `index …`), none when the schema was up to date. With
+/// `apply` false nothing is kept: the same migration runs and is rolled back, so the list is
+/// what [`migrate`] would change now.
+#[instrument(skip_all, fields(lock_table = %config.lock_table, apply))]
+pub async fn migrate_and_report(
+    client: &Client,
+    config: &Config,
+    apply: bool,
+) -> Result<Vec<String>> {
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+        ))
+        .await?;
+    let changed = async {
+        let before = objects(client, config).await?;
+        client.batch_execute(&sql(config)).await?;
+        let after = objects(client, config).await?;
+        let created: Vec<String> = after.into_iter().filter(|o| !before.contains(o)).collect();
+        // A new table's columns come with it: listed only for tables that were there.
+        let new_tables: Vec<String> = (created.iter())
+            .filter_map(|o| o.strip_prefix("table ").map(|t| format!("column {t}.")))
+            .collect();
+        let created = (created.into_iter())
+            .filter(|o| !new_tables.iter().any(|t| o.starts_with(t.as_str())))
+            .collect();
+        Ok::<_, crate::Error>(created)
+    }
+    .await;
+    let end = if apply && changed.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    client.batch_execute(end).await?;
+    if apply {
+        info!("pgcoord schema is up to date");
+    }
+    changed
+}
+
+/// The tables, sequences, indexes and columns in the schemas pgcoord's tables live in.
+async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
+    let schemas: Vec<String> = [
+        &config.lock_table,
+        &config.payload_table,
+        &config.topic_table,
+    ]
+    .iter()
+    .map(|t| {
+        t.schema()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default()
+    })
+    .collect();
+    let rows = client
+        .query(
+            "WITH wanted AS (
+                 SELECT CASE WHEN s = '' THEN current_schema() ELSE s END AS nspname
+                 FROM unnest($1::text[]) AS s
+             ), relations AS (
+                 SELECT c.oid, c.relkind, n.nspname, c.relname
+                 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE n.nspname IN (SELECT nspname FROM wanted)
+                   AND c.relkind IN ('r', 'p', 'S', 'i')
+             )
+             SELECT CASE relkind WHEN 'S' THEN 'sequence' WHEN 'i' THEN 'index' ELSE 'table' END
+                    || ' ' || quote_ident(nspname) || '.' || quote_ident(relname)
+             FROM relations
+             UNION ALL
+             SELECT 'column ' || quote_ident(r.nspname) || '.' || quote_ident(r.relname) || '.'
+                    || quote_ident(a.attname)
+             FROM relations AS r JOIN pg_attribute AS a ON a.attrelid = r.oid
+             WHERE r.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY 1",
+            &[&schemas],
+        )
+        .await?;
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
 }
 
 /// Creates pgcoord's tables and sequence; an [`ErrorKind::AlreadyExists`] error when any of them

@@ -3,48 +3,95 @@
 use std::time::Duration;
 
 use pgcoord::lease::ReleaseRequest;
-use pgcoord::{Config, Error, ErrorKind, LeaseInfo, LeaseTable, Result};
+use pgcoord::{Config, Error, ErrorKind, LeaseTable, Result};
+use serde_json::Value;
 use tokio_postgres::Client;
 
-/// `locks`: every lease, one line each.
-pub async fn locks(config: &Config, client: &Client) -> Result<()> {
+use crate::output::{self, Listing, seconds, text};
+
+/// `locks`: every lease, one line each, with how many wait in line for it.
+pub async fn locks(config: &Config, client: &Client, json: bool) -> Result<()> {
     let table = LeaseTable::new(config);
     let leases = table.list(client).await?;
-    println!(
-        "{:<32} {:<32} {:>12} {:>10}  DATA",
-        "NAME", "OWNER", "TOKEN", "LEFT"
+    let waiting = waiters(config, client).await?;
+    let mut listing = Listing::new(
+        &["NAME", "OWNER", "TOKEN", "LEFT", "WAITERS", "DATA"],
+        "lease(s)",
     );
     for lease in &leases {
-        println!(
-            "{:<32} {:<32} {:>12} {:>10}  {}",
-            lease.name,
-            lease.owner.as_deref().unwrap_or("(free)"),
-            lease.token.map_or("-".into(), |t| t.to_string()),
+        let waiters = waiting.iter().filter(|(name, _, _)| *name == lease.name);
+        listing.push(vec![
+            lease.name.clone().into(),
+            lease.owner.clone().map_or("(free)".into(), Value::from),
+            lease.token.into(),
             left(lease.remaining),
-            preview(lease.data.as_deref()),
-        );
+            waiters.count().into(),
+            output::data(lease.data.as_deref()),
+        ]);
     }
-    println!("{} lease(s)", leases.len());
+    listing.print(json);
     Ok(())
 }
 
-/// `lock show NAME`.
-pub async fn show(config: &Config, client: &Client, name: &str) -> Result<()> {
+/// `lock show NAME`: the lease and its line of waiters, first first.
+pub async fn show(config: &Config, client: &Client, name: &str, json: bool) -> Result<()> {
     let lease = LeaseTable::new(config).get(client, name).await?;
-    print_lease(&lease);
-    Ok(())
-}
-
-fn print_lease(lease: &LeaseInfo) {
-    println!("name:   {}", lease.name);
-    println!("owner:  {}", lease.owner.as_deref().unwrap_or("(free)"));
+    let line: Vec<Value> = (waiters(config, client).await?.into_iter())
+        .filter(|(waited, _, _)| waited == name)
+        .map(|(_, waiter, left)| serde_json::json!({ "waiter": waiter, "left": seconds(left) }))
+        .collect();
+    if json {
+        let shown = serde_json::json!({
+            "name": lease.name,
+            "owner": lease.owner,
+            "token": lease.token,
+            "left": left(lease.remaining),
+            "held": lease.is_held(),
+            "data": output::data(lease.data.as_deref()),
+            "waiters": line,
+        });
+        println!("{shown}");
+        return Ok(());
+    }
+    println!("name:    {}", lease.name);
+    println!("owner:   {}", lease.owner.as_deref().unwrap_or("(free)"));
     println!(
-        "token:  {}",
+        "token:   {}",
         lease.token.map_or("-".into(), |t| t.to_string())
     );
-    println!("left:   {}", left(lease.remaining));
-    println!("held:   {}", lease.is_held());
-    println!("data:   {}", preview(lease.data.as_deref()));
+    println!("left:    {}", text(&left(lease.remaining)));
+    println!("held:    {}", lease.is_held());
+    println!("data:    {}", text(&output::data(lease.data.as_deref())));
+    println!("waiters: {}", line.len());
+    for waiter in &line {
+        println!(
+            "  {} ({}s left in line)",
+            waiter["waiter"].as_str().unwrap_or("?"),
+            waiter["left"]
+        );
+    }
+    Ok(())
+}
+
+/// Every live place in the waiters' line: (name, waiter, time left in line), in line order.
+async fn waiters(config: &Config, client: &Client) -> Result<Vec<(String, String, Duration)>> {
+    let sql = format!(
+        "SELECT name::text, waiter::text,
+                extract(epoch FROM until - clock_timestamp())::float8
+         FROM {} WHERE until > clock_timestamp() ORDER BY name, queued_at, waiter",
+        config.lock_queue().quoted()
+    );
+    let rows = client.query(&sql, &[]).await?;
+    rows.iter()
+        .map(|r| {
+            let left: f64 = r.try_get(2)?;
+            Ok((
+                r.try_get(0)?,
+                r.try_get(1)?,
+                Duration::from_secs_f64(left.max(0.0)),
+            ))
+        })
+        .collect()
 }
 
 /// `lock release NAME --force`: ends the current tenure as its holder's release would (the
@@ -89,40 +136,48 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
     }
 }
 
-/// `advisory`: advisory locks held or awaited, by key, with their sessions.
-pub async fn advisory(client: &Client) -> Result<()> {
+/// `advisory`: advisory locks held or awaited, by key, with their sessions. A lock taken with
+/// one `bigint` key shows it; one taken with two `int` keys shows `K1,K2`.
+pub async fn advisory(client: &Client, json: bool) -> Result<()> {
+    // Two-key locks keep each int4 key in an oid column: read back as signed.
     let rows = client
         .query(
-            "SELECT ((l.classid::bigint << 32) | l.objid::bigint) AS key, l.mode, l.granted,
-                    l.pid, coalesce(a.application_name, '')
+            "SELECT CASE WHEN l.objsubid = 1
+                         THEN ((l.classid::bigint << 32) | l.objid::bigint)::text
+                         ELSE (l.classid::bigint - CASE WHEN l.classid::bigint >= 2147483648
+                                                        THEN 4294967296 ELSE 0 END)::text
+                              || ',' ||
+                              (l.objid::bigint - CASE WHEN l.objid::bigint >= 2147483648
+                                                      THEN 4294967296 ELSE 0 END)::text
+                    END AS key,
+                    l.mode, l.granted, l.pid, coalesce(a.application_name, '')
              FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1
-             ORDER BY key, l.granted DESC, l.pid",
+             WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2)
+             ORDER BY l.objsubid, key, l.granted DESC, l.pid",
             &[],
         )
         .await?;
-    println!(
-        "{:>20} {:<14} {:<8} {:>8}  APPLICATION",
-        "KEY", "MODE", "STATE", "PID"
+    let mut listing = Listing::new(
+        &["KEY", "MODE", "STATE", "PID", "APPLICATION"],
+        "advisory lock(s)",
     );
     for row in &rows {
         let granted: bool = row.try_get(2)?;
-        println!(
-            "{:>20} {:<14} {:<8} {:>8}  {}",
-            row.try_get::<_, i64>(0)?,
-            row.try_get::<_, String>(1)?,
-            if granted { "held" } else { "waiting" },
-            row.try_get::<_, i32>(3)?,
-            row.try_get::<_, String>(4)?,
-        );
+        listing.push(vec![
+            row.try_get::<_, String>(0)?.into(),
+            row.try_get::<_, String>(1)?.into(),
+            if granted { "held" } else { "waiting" }.into(),
+            row.try_get::<_, i32>(3)?.into(),
+            row.try_get::<_, String>(4)?.into(),
+        ]);
     }
-    println!("{} advisory lock(s)", rows.len());
+    listing.print(json);
     Ok(())
 }
 
 /// `status`: sessions by application_name (pgcoord names its sessions `<app> <role>`), leases
 /// held and free, the payload table's size and expired rows.
-pub async fn status(config: &Config, client: &Client) -> Result<()> {
+pub async fn status(config: &Config, client: &Client, json: bool) -> Result<()> {
     let sessions = client
         .query(
             "SELECT application_name, count(*) FROM pg_stat_activity
@@ -131,14 +186,6 @@ pub async fn status(config: &Config, client: &Client) -> Result<()> {
             &[],
         )
         .await?;
-    println!("sessions by application_name:");
-    for row in &sessions {
-        println!(
-            "  {:<40} {}",
-            row.try_get::<_, String>(0)?,
-            row.try_get::<_, i64>(1)?
-        );
-    }
     let leases = client
         .query_one(
             &format!(
@@ -150,11 +197,6 @@ pub async fn status(config: &Config, client: &Client) -> Result<()> {
             &[],
         )
         .await?;
-    println!(
-        "leases: {} held, {} rows",
-        leases.try_get::<_, i64>(0)?,
-        leases.try_get::<_, i64>(1)?
-    );
     let payloads = client
         .query_one(
             &format!(
@@ -166,35 +208,46 @@ pub async fn status(config: &Config, client: &Client) -> Result<()> {
             &[&config.payload_table().quoted()],
         )
         .await?;
-    println!(
-        "payloads: {} rows, {} expired, {} bytes on disk",
-        payloads.try_get::<_, i64>(0)?,
-        payloads.try_get::<_, i64>(1)?,
-        payloads.try_get::<_, i64>(2)?
+    let sessions: Vec<(String, i64)> = (sessions.iter())
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect::<Result<_>>()?;
+    let (held, rows): (i64, i64) = (leases.try_get(0)?, leases.try_get(1)?);
+    let (stored, expired, bytes): (i64, i64, i64) = (
+        payloads.try_get(0)?,
+        payloads.try_get(1)?,
+        payloads.try_get(2)?,
     );
+    if json {
+        let by_name: serde_json::Map<String, Value> = (sessions.into_iter())
+            .map(|(name, n)| (name, n.into()))
+            .collect();
+        let shown = serde_json::json!({
+            "sessions": by_name,
+            "leases": { "held": held, "rows": rows },
+            "payloads": { "rows": stored, "expired": expired, "bytes": bytes },
+        });
+        println!("{shown}");
+        return Ok(());
+    }
+    println!("sessions by application_name:");
+    let width = sessions
+        .iter()
+        .map(|(name, _)| name.chars().count())
+        .max()
+        .unwrap_or(0);
+    for (name, count) in &sessions {
+        println!("  {name:<width$}  {count}");
+    }
+    println!("leases: {held} held, {rows} rows");
+    println!("payloads: {stored} rows, {expired} expired, {bytes} bytes on disk");
     Ok(())
 }
 
-fn left(remaining: Option<Duration>) -> String {
+/// Time left on the server's clock: seconds, `expired`, or null for a free lease.
+fn left(remaining: Option<Duration>) -> Value {
     match remaining {
-        None => "-".into(),
+        None => Value::Null,
         Some(d) if d.is_zero() => "expired".into(),
-        Some(d) => format!("{:.1}s", d.as_secs_f64()),
-    }
-}
-
-/// Data as text when it is short printable UTF-8, else its size and first bytes in hex.
-pub(crate) fn preview(data: Option<&[u8]>) -> String {
-    let Some(data) = data else {
-        return "-".into();
-    };
-    match std::str::from_utf8(data) {
-        Ok(text) if text.len() <= 60 && !text.chars().any(char::is_control) => {
-            format!("{text:?}")
-        }
-        _ => {
-            let head: String = data.iter().take(16).map(|b| format!("{b:02x}")).collect();
-            format!("{} bytes: {head}…", data.len())
-        }
+        Some(d) => seconds(d),
     }
 }

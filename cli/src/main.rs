@@ -17,6 +17,7 @@ use pgcoord::{Config, ErrorKind};
 
 mod hold;
 mod inspect;
+mod output;
 mod signals;
 mod topics;
 
@@ -43,14 +44,24 @@ struct Cli {
     /// hang an operator.
     #[arg(long, default_value = "30s", value_parser = duration, global = true)]
     timeout: std::time::Duration,
+    /// Print listings (locks, lock show, advisory, status, topics, migrate) as JSON, for scripts.
+    #[arg(long = "json", global = true)]
+    as_json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create or update pgcoord's tables (idempotent).
-    Migrate,
+    /// Create or update pgcoord's tables (idempotent), saying what it created.
+    Migrate {
+        /// Change nothing: say what a migration would create now (it runs and is rolled back).
+        #[arg(long, conflicts_with = "dry_run")]
+        status: bool,
+        /// Change nothing: print the SQL a migration runs, for these table names.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// List every lease: owner, token, time left on the server's clock, data.
     Locks,
     /// One lease.
@@ -230,7 +241,9 @@ async fn run(cli: Cli) -> pgcoord::Result<u8> {
             return Ok(Some((listening, *count)));
         }
         let client = pgcoord::db::connect_spawned(&config).await?;
-        command(cli.command, &config, &client).await.map(|()| None)
+        command(cli.command, &config, &client, cli.as_json)
+            .await
+            .map(|()| None)
     };
     let listening = tokio::time::timeout(within, bounded).await.map_err(|_| {
         pgcoord::Error::new(
@@ -249,40 +262,55 @@ async fn command(
     command: Command,
     config: &Config,
     client: &tokio_postgres::Client,
+    json: bool,
 ) -> pgcoord::Result<()> {
     match command {
-        Command::Migrate => {
-            pgcoord::schema::migrate(client, config).await?;
-            println!(
-                "migrated: {}, {} and {}",
-                config.lock_table(),
-                config.payload_table(),
-                config.topic_table()
-            );
+        Command::Migrate { dry_run: true, .. } => {
+            print!("{}", pgcoord::schema::sql(config));
             Ok(())
         }
-        Command::Locks => inspect::locks(config, client).await,
+        Command::Migrate { status, .. } => {
+            let changes = pgcoord::schema::migrate_and_report(client, config, !status).await?;
+            let (done, pending) = if status {
+                ("up to date", "would create")
+            } else {
+                ("up to date: nothing changed", "created")
+            };
+            if json {
+                let key = if status { "pending" } else { "created" };
+                println!("{}", serde_json::json!({ key: changes }));
+            } else if changes.is_empty() {
+                println!("{done}");
+            } else {
+                println!("{pending}:");
+                for change in &changes {
+                    println!("  {change}");
+                }
+            }
+            Ok(())
+        }
+        Command::Locks => inspect::locks(config, client, json).await,
         Command::Lock {
             action: LockAction::Show { name },
-        } => inspect::show(config, client, &name).await,
+        } => inspect::show(config, client, &name, json).await,
         Command::Lock {
             action: LockAction::Release { name, force },
         } => inspect::release(config, client, &name, force).await,
         Command::Lock {
             action: LockAction::Run { .. },
         } => unreachable!("lock run is started by `run`: it has no deadline of its own"),
-        Command::Advisory => inspect::advisory(client).await,
-        Command::Status => inspect::status(config, client).await,
+        Command::Advisory => inspect::advisory(client, json).await,
+        Command::Status => inspect::status(config, client, json).await,
         // Started (bounded) and run by `run`: it has no end of its own.
         Command::Listen { .. } => unreachable!("listen is not a one-shot command"),
         Command::Notify { channel, json } => signals::notify(config, client, &channel, &json).await,
-        Command::Topics { action: None } => topics::list(config, client).await,
+        Command::Topics { action: None } => topics::list(config, client, json).await,
         Command::Topics {
             action: Some(TopicAction::Consumers { topic }),
-        } => topics::consumers(config, client, &topic).await,
+        } => topics::consumers(config, client, &topic, json).await,
         Command::Topics {
             action: Some(TopicAction::Tail { topic, count }),
-        } => topics::tail(config, client, &topic, count).await,
+        } => topics::tail(config, client, &topic, count, json).await,
         Command::Topics {
             action:
                 Some(TopicAction::Reset {

@@ -28,6 +28,13 @@ type Messages = tokio::sync::mpsc::UnboundedReceiver<
     std::result::Result<(String, String), tokio_postgres::Error>,
 >;
 
+impl Drop for Listening {
+    fn drop(&mut self) {
+        // The connection's reader ends with it, at once.
+        self.driver.abort();
+    }
+}
+
 /// Connects and LISTENs on `channel` (the part of `listen` bounded by `--timeout`).
 pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening> {
     let channel = Ident::new(channel)?;
@@ -58,23 +65,45 @@ pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening
     })
 }
 
-/// `listen CHANNEL`: one JSON line per message, until `count` messages or the connection ends.
+/// `listen CHANNEL`: one JSON line per message, until `count` messages. A connection that
+/// breaks, or stops answering the ping, is replaced; what was sent while it was gone is
+/// missed, and a `{"channel": …, "gap": …}` line says so where it happened.
 pub async fn listen(config: &Config, listening: Listening, count: Option<usize>) -> Result<()> {
-    let Listening {
-        _client,
-        channel,
-        mut messages,
-        driver,
-    } = listening;
+    let mut listening = listening;
     let store = PayloadTable::new(config, pgcoord::db::pool(config));
-    eprintln!("listening on {channel}");
+    eprintln!("listening on {}", listening.channel);
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
     let mut seen = 0;
     while count.is_none_or(|n| seen < n) {
-        let (on, text) = match messages.recv().await {
+        let received = tokio::select! {
+            received = listening.messages.recv() => received,
+            _ = ping.tick() => {
+                let answered = tokio::time::timeout(
+                    config.statement_timeout(),
+                    listening._client.simple_query("SELECT 1"),
+                );
+                match answered.await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => Some(Err(e)),
+                    Err(_) => None,
+                }
+            }
+        };
+        let (on, text) = match received {
             Some(Ok(message)) => message,
-            Some(Err(e)) => return Err(e.into()),
-            None => {
-                return Err(Error::new(ErrorKind::Unavailable, "the connection ended"));
+            lost => {
+                let why = match lost {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "the connection stopped answering".to_owned(),
+                };
+                listening = reconnect(config, &listening.channel, &why).await;
+                let gap = json!({
+                    "channel": listening.channel.as_str(),
+                    "gap": format!("reconnected after {why}: messages sent meanwhile were missed"),
+                });
+                println!("{gap}");
+                continue;
             }
         };
         let line = match Envelope::decode(&text) {
@@ -93,8 +122,30 @@ pub async fn listen(config: &Config, listening: Listening, count: Option<usize>)
         println!("{line}");
         seen += 1;
     }
-    driver.abort();
     Ok(())
+}
+
+/// How often the listening connection is pinged: a black-holed one raises no error.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// LISTENs again on a new connection, trying until it succeeds (each try bounded by the
+/// connect and statement timeouts, waits growing to 5 s between them).
+async fn reconnect(config: &Config, channel: &Ident, why: &str) -> Listening {
+    eprintln!("listen: connection lost ({why}); reconnecting");
+    let mut wait = std::time::Duration::from_millis(100);
+    loop {
+        let within = config.connect_timeout() + config.statement_timeout();
+        match tokio::time::timeout(within, start_listening(config, channel.as_str())).await {
+            Ok(Ok(listening)) => {
+                eprintln!("listen: listening again on {channel}");
+                return listening;
+            }
+            Ok(Err(e)) => eprintln!("listen: reconnect failed: {e}"),
+            Err(_) => eprintln!("listen: reconnect took longer than {within:?}"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(std::time::Duration::from_secs(5));
+    }
 }
 
 /// `notify CHANNEL JSON`: the JSON as MessagePack in an event envelope (through the payload

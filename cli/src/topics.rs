@@ -7,56 +7,59 @@ use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord::{Config, Error, ErrorKind, Result};
 use tokio_postgres::Client;
 
-use crate::inspect::preview;
+use serde_json::Value;
+
+use crate::output::{self, Listing, seconds};
 
 /// `topics`: every topic with its events' count and age, and what holds readers back.
-pub async fn list(config: &Config, client: &Client) -> Result<()> {
+pub async fn list(config: &Config, client: &Client, json: bool) -> Result<()> {
     let table = TopicTable::new(config);
     let topics = table.topics(client).await?;
-    println!(
-        "{:<40} {:>10} {:>12} {:>12}",
-        "TOPIC", "EVENTS", "OLDEST", "NEWEST"
-    );
+    let mut listing = Listing::new(&["TOPIC", "EVENTS", "OLDEST", "NEWEST"], "topic(s)");
     for topic in &topics {
-        println!(
-            "{:<40} {:>10} {:>12} {:>12}",
-            topic.topic,
-            topic.events,
+        listing.push(vec![
+            topic.topic.clone().into(),
+            topic.events.into(),
             age(Some(topic.oldest)),
-            age(Some(topic.newest))
-        );
+            age(Some(topic.newest)),
+        ]);
     }
-    println!("{} topic(s)", topics.len());
+    listing.print(json);
     held_back(&table, client).await
 }
 
 /// `topics consumers TOPIC`: each consumer's cursor and lag.
-pub async fn consumers(config: &Config, client: &Client, topic: &str) -> Result<()> {
+pub async fn consumers(config: &Config, client: &Client, topic: &str, json: bool) -> Result<()> {
     let table = TopicTable::new(config);
     let consumers = table.consumers(client, topic).await?;
-    println!(
-        "{:<32} {:>24} {:>10} {:>12} {:>12}",
-        "CONSUMER", "CURSOR", "LAG", "LAG AGE", "ACKED"
+    let mut listing = Listing::new(
+        &["CONSUMER", "CURSOR", "LAG", "LAG AGE", "ACKED"],
+        "consumer(s)",
     );
     for c in &consumers {
-        println!(
-            "{:<32} {:>24} {:>10} {:>12} {:>12}",
-            c.consumer,
-            c.cursor.to_string(),
-            c.lag_events,
+        listing.push(vec![
+            c.consumer.clone().into(),
+            c.cursor.to_string().into(),
+            c.lag_events.into(),
             age(c.oldest_unacked),
-            age(Some(c.acked_at))
-        );
+            age(Some(c.acked_at)),
+        ]);
     }
-    println!("{} consumer(s) of {topic:?}", consumers.len());
+    listing.print(json);
     if let Some(trimmed) = table.trimmed(client, topic).await? {
-        println!("retention deleted through {trimmed}");
+        eprintln!("retention deleted through {trimmed}");
     }
     held_back(&table, client).await
 }
 
 /// `topics tail TOPIC --count N`: the last N events that can be read, oldest first.
-pub async fn tail(config: &Config, client: &Client, topic: &str, count: u32) -> Result<()> {
+pub async fn tail(
+    config: &Config,
+    client: &Client,
+    topic: &str,
+    count: u32,
+    json: bool,
+) -> Result<()> {
     pgcoord::config::validate_name("topic", topic.to_owned())?;
     let sql = format!(
         "SELECT * FROM (
@@ -67,21 +70,20 @@ pub async fn tail(config: &Config, client: &Client, topic: &str, count: u32) -> 
         config.topic_table().quoted()
     );
     let rows = client.query(&sql, &[&topic, &i64::from(count)]).await?;
-    println!("{:<24} {:>12}  BODY", "CURSOR", "AGE");
+    let mut listing = Listing::new(&["CURSOR", "AGE", "BODY"], "event(s)");
     for row in &rows {
         let cursor = Cursor {
             xid: row.try_get(0)?,
             position: row.try_get(1)?,
         };
         let body: Vec<u8> = row.try_get(3)?;
-        println!(
-            "{:<24} {:>12}  {}",
-            cursor.to_string(),
+        listing.push(vec![
+            cursor.to_string().into(),
             age(Some(row.try_get(2)?)),
-            preview(Some(&body))
-        );
+            output::data(Some(&body)),
+        ]);
     }
-    println!("{} event(s)", rows.len());
+    listing.print(json);
     Ok(())
 }
 
@@ -126,7 +128,7 @@ pub async fn reset(
 /// The oldest transaction on the server, when one holds readers back.
 async fn held_back(table: &TopicTable, client: &Client) -> Result<()> {
     if let Some(held) = table.held_back(client).await? {
-        println!(
+        eprintln!(
             "readers wait for transactions from {:.1}s ago on: pid {} ({})",
             held.age.as_secs_f64(),
             held.pid,
@@ -136,14 +138,13 @@ async fn held_back(table: &TopicTable, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// How long ago, on this machine's clock.
-fn age(at: Option<SystemTime>) -> String {
-    match at.map(|t| {
-        SystemTime::now()
-            .duration_since(t)
-            .unwrap_or(Duration::ZERO)
-    }) {
-        None => "-".into(),
-        Some(d) => format!("{:.1}s", d.as_secs_f64()),
-    }
+/// How long ago, on this machine's clock, in seconds; null when never.
+fn age(at: Option<SystemTime>) -> Value {
+    at.map_or(Value::Null, |t| {
+        seconds(
+            SystemTime::now()
+                .duration_since(t)
+                .unwrap_or(Duration::ZERO),
+        )
+    })
 }

@@ -80,10 +80,10 @@ async fn migrate_list_show_and_force_release_a_lease() {
         line.contains("worker-1") && line.contains(&grant.token.to_string()),
         "{line}"
     );
-    assert!(line.contains("\"node-a\""), "{line}");
+    assert!(line.ends_with("  node-a"), "the data, as text: {line}");
 
     let out = pgcoord(&table, &["lock", "show", "job"]);
-    assert!(stdout(&out).contains("held:   true"), "{out:?}");
+    assert!(stdout(&out).contains("held:    true"), "{out:?}");
     // Missing: exit code 3; without --force: 2, and nothing changes.
     assert_eq!(
         pgcoord(&table, &["lock", "show", "nope"]).status.code(),
@@ -337,10 +337,10 @@ async fn topics_lists_consumers_tails_and_resets_a_cursor() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
-        text.contains("\"second\"") && text.contains("\"third\""),
+        text.contains("  second\n") && text.contains("  third\n"),
         "{text}"
     );
-    assert!(!text.contains("\"first\""), "{text}");
+    assert!(!text.contains("first"), "{text}");
 
     let reset = ["topics", "reset", "orders", "billing", "--to", "now"];
     assert_eq!(
@@ -551,4 +551,193 @@ fn lock_run_stops_its_command_when_the_lease_is_lost() {
     assert!(stdout(&holder).contains("stopped"), "{holder:?}");
     let said = String::from_utf8_lossy(&holder.stderr);
     assert!(said.contains("lost"), "{said}");
+}
+
+#[tokio::test]
+async fn listings_fit_their_data_decode_it_show_waiters_and_speak_json() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    // A name longer than any fixed column, and MessagePack data as the runtime stores a value.
+    let long = format!(
+        "tenant:{}:nightly-report-for-the-whole-region",
+        "x".repeat(40)
+    );
+    let packed = rmp_serde::to_vec_named(&serde_json::json!({"job": 42})).unwrap();
+    let request = AcquireRequest::new(&long).data(&packed);
+    let owner = leases.owner("worker-1").unwrap();
+    let Attempt::Granted(grant) = owner
+        .try_acquire(&client, &request, Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    // Someone in line for it.
+    let waiter = leases.owner("worker-2").unwrap();
+    let queued = waiter
+        .try_acquire_or_queue(
+            &client,
+            &AcquireRequest::new(&long),
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(queued, Attempt::Held(_)), "{queued:?}");
+
+    let text = stdout(&pgcoord(&table, &["locks"]));
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let row = lines.next().unwrap();
+    // Each column starts where its header does: widths come from the data.
+    for column in ["OWNER", "WAITERS", "DATA"] {
+        let at = header.find(column).unwrap();
+        assert!(
+            row.len() > at && &row[at - 2..at] == "  ",
+            "{column}:\n{text}"
+        );
+    }
+    assert!(row.starts_with(&long), "{text}");
+    assert!(row.ends_with(r#"{"job":42}"#), "decoded: {text}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "locks"]).stdout).unwrap();
+    let lease = &json.as_array().unwrap()[0];
+    assert_eq!(lease["name"], long.as_str());
+    assert_eq!(lease["owner"], "worker-1");
+    assert_eq!(lease["token"], grant.token);
+    assert_eq!(lease["waiters"], 1);
+    assert_eq!(lease["data"]["job"], 42);
+    assert!(lease["left"].as_f64().unwrap() > 20.0, "{lease}");
+
+    let shown: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "lock", "show", &long]).stdout)
+            .unwrap();
+    assert_eq!(shown["waiters"][0]["waiter"], "worker-2");
+    let text = stdout(&pgcoord(&table, &["lock", "show", &long]));
+    assert!(text.contains("waiters: 1\n  worker-2 ("), "{text}");
+
+    // Advisory locks by one bigint key and by two int keys, negative ones included.
+    client
+        .execute("SELECT pg_advisory_lock($1::int8)", &[&-5_000_000_000_i64])
+        .await
+        .unwrap();
+    client
+        .execute("SELECT pg_advisory_lock(3, -4)", &[])
+        .await
+        .unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "advisory"]).stdout).unwrap();
+    let keys: Vec<&str> = (json.as_array().unwrap().iter())
+        .map(|l| l["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"-5000000000"), "{json}");
+    assert!(keys.contains(&"3,-4"), "{json}");
+
+    let status: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "status"]).stdout).unwrap();
+    assert_eq!(status["leases"]["held"], 1, "{status}");
+}
+
+#[tokio::test]
+async fn listen_reconnects_and_says_where_messages_were_missed() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let channel = unique_name("events");
+    let listener = pgcoord_command(&table, &["listen", &channel, "--count", "1"])
+        .spawn()
+        .unwrap();
+    let client = pgcoord::db::connect_spawned(&config(&table, "admin"))
+        .await
+        .unwrap();
+    // The listener's backend, found by the LISTEN it ran on its unique channel.
+    let listening = format!(
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE '%{channel}%' \
+         AND pid <> pg_backend_pid()"
+    );
+    let wait_for_listener = async || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = client.query(&listening, &[]).await.unwrap();
+            if let Some(row) = rows.first() {
+                return row.get::<_, i32>(0);
+            }
+            assert!(std::time::Instant::now() < deadline, "no listener");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let first = wait_for_listener().await;
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wait_for_listener().await == first {
+        assert!(std::time::Instant::now() < deadline, "never reconnected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = pgcoord(&table, &["notify", &channel, r#"{"after": true}"#]);
+    assert!(sent.status.success(), "{sent:?}");
+    let out = listener.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0]["gap"].as_str().unwrap().contains("missed"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[1]["payload"]["after"], true);
+}
+
+#[tokio::test]
+async fn migrate_says_what_it_created_and_status_and_dry_run_change_nothing() {
+    let table = unique_name("cli");
+    let quoted_table = format!("table public.{table}");
+    let dry = stdout(&pgcoord(&table, &["migrate", "--dry-run"]));
+    assert!(
+        dry.contains(&format!("CREATE TABLE IF NOT EXISTS \"{table}\"")),
+        "{dry}"
+    );
+    let status = stdout(&pgcoord(&table, &["migrate", "--status"]));
+    assert!(status.starts_with("would create:\n"), "{status}");
+    assert!(status.contains(&quoted_table), "{status}");
+    // Neither created anything.
+    let missing = pgcoord(&table, &["locks"]);
+    assert_eq!(missing.status.code(), Some(4), "{missing:?}");
+
+    let created = stdout(&pgcoord(&table, &["migrate"]));
+    assert!(created.starts_with("created:\n"), "{created}");
+    assert_eq!(
+        created.replacen("created:", "would create:", 1),
+        status,
+        "the status said what the migration did"
+    );
+    // A table's columns come with it, not one by one.
+    assert!(
+        !created.contains(&format!("column public.{table}.")),
+        "{created}"
+    );
+    let again = stdout(&pgcoord(&table, &["migrate"]));
+    assert_eq!(again.trim(), "up to date: nothing changed");
+    // A table from before a later migration's column: the upgrade names the column.
+    let client = pgcoord::db::connect_spawned(&config(&table, "admin"))
+        .await
+        .unwrap();
+    let drop = format!("ALTER TABLE \"{table}_wq\" DROP COLUMN data");
+    client.batch_execute(&drop).await.unwrap();
+    let upgraded = stdout(&pgcoord(&table, &["migrate"]));
+    assert_eq!(
+        upgraded,
+        format!("created:\n  column public.{table}_wq.data\n")
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "migrate", "--status"]).stdout)
+            .unwrap();
+    assert_eq!(json, serde_json::json!({ "pending": [] }));
 }
