@@ -5,7 +5,9 @@
 //! bytes (PostgreSQL's `NAMEDATALEN - 1`) of ASCII letters, digits, `_` and `$`, not starting
 //! with a digit or `$`. Anything else — spaces, quotes, semicolons, NUL, non-ASCII — is an
 //! [`ErrorKind::InvalidIdentifier`] error, so a hostile name never reaches SQL at all; quoting is
-//! the second line of defence and keeps mixed-case names exact.
+//! the second line of defence and keeps mixed-case names exact. Channel names
+//! ([`Ident::channel`]) are wider — any name `NOTIFY` takes quoted, dots and dashes included —
+//! and so rest on the quoting alone: every `"` doubled, tested with names made to break out.
 
 use std::fmt;
 
@@ -49,6 +51,31 @@ impl Ident {
             return Err(invalid(
                 "only ASCII letters, digits, underscores and dollar signs are allowed",
             ));
+        }
+        Ok(Ident(name.to_owned()))
+    }
+
+    /// Validates `name` as a notification channel: anything `LISTEN` and `NOTIFY` take as a
+    /// quoted identifier — 1 to 63 bytes with no NUL, so dots, dashes, spaces and mixed case
+    /// too (`orders.created`, `bad-channel`). Quoted wherever it is SQL text, bound as given to
+    /// `pg_notify`, and matched exactly (case included) against what arrives.
+    pub fn channel(name: &str) -> Result<Ident> {
+        let invalid = |why: &str| {
+            Error::new(
+                ErrorKind::InvalidIdentifier,
+                format!("invalid channel name {name:?}: {why}"),
+            )
+        };
+        if name.is_empty() {
+            return Err(invalid("empty"));
+        }
+        if name.len() > MAX_IDENTIFIER_BYTES {
+            return Err(invalid(&format!(
+                "longer than {MAX_IDENTIFIER_BYTES} bytes"
+            )));
+        }
+        if name.contains('\0') {
+            return Err(invalid("contains NUL"));
         }
         Ok(Ident(name.to_owned()))
     }
@@ -159,6 +186,26 @@ impl fmt::Display for QualifiedName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_take_any_name_notify_takes_and_quote_it() {
+        for name in [
+            "orders.created",
+            "bad-channel",
+            "Mixed Case",
+            "ünïcode",
+            "a\"b",
+        ] {
+            assert_eq!(Ident::channel(name).unwrap().as_str(), name);
+        }
+        assert_eq!(Ident::channel("a\"b").unwrap().quoted(), "\"a\"\"b\"");
+        for bad in ["", "nul\0", &"x".repeat(64)] {
+            let kind = Ident::channel(bad).unwrap_err().kind();
+            assert_eq!(kind, ErrorKind::InvalidIdentifier, "{bad:?}");
+        }
+        // Tables stay plain identifiers.
+        assert!(Ident::new("orders.created").is_err());
+    }
 
     #[test]
     fn accepts_plain_and_qualified_names() {

@@ -37,7 +37,7 @@ impl Drop for Listening {
 
 /// Connects and LISTENs on `channel` (the part of `listen` bounded by `--timeout`).
 pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening> {
-    let channel = Ident::new(channel)?;
+    let channel = Ident::channel(channel)?;
     let (client, mut connection) = pgcoord::db::connect_as(config, "listen").await?;
     let (tx, messages) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
@@ -151,7 +151,7 @@ async fn reconnect(config: &Config, channel: &Ident, why: &str) -> Listening {
 /// `notify CHANNEL JSON`: the JSON as MessagePack in an event envelope (through the payload
 /// store when large), so pgcoord's subscribers decode it like any event.
 pub async fn notify(config: &Config, client: &Client, channel: &str, json: &str) -> Result<()> {
-    let channel = Ident::new(channel)?;
+    let channel = Ident::channel(channel)?;
     let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
         Error::new(
             ErrorKind::InvalidConfig,

@@ -162,7 +162,7 @@ async fn notify_and_listen_speak_pgcoords_envelopes() {
         Some(2)
     );
     assert_eq!(
-        pgcoord(&table, &["notify", "bad channel", "1"])
+        pgcoord(&table, &["notify", &"c".repeat(64), "1"])
             .status
             .code(),
         Some(2)

@@ -375,12 +375,12 @@ impl ConfigBuilder {
         let lock_sequence = lock_table.suffixed(SEQUENCE_SUFFIX)?;
         let lock_queue = lock_table.suffixed(super::QUEUE_SUFFIX)?;
         let lease_channel = match &self.lease_channel {
-            Some(channel) => Ident::new(channel)?,
+            Some(channel) => Ident::channel(channel)?,
             None => lock_table.name().clone(),
         };
         // The lock table's name leaves room for a 4-byte suffix (see SEQUENCE_SUFFIX).
         let election_channel = match &self.election_channel {
-            Some(channel) => Ident::new(channel)?,
+            Some(channel) => Ident::channel(channel)?,
             None => lock_table.name().suffixed("_ldr")?,
         };
         let payload_table =

@@ -53,7 +53,7 @@ impl ListenerActor {
             .chain(
                 listed
                     .iter()
-                    .map(|c| Ident::new(c).expect("validated on entry").quoted()),
+                    .map(|c| Ident::channel(c).expect("validated on entry").quoted()),
             )
             .map(|c| format!("LISTEN {c};"))
             .collect();
@@ -81,7 +81,7 @@ impl ListenerActor {
                         }
                         let late: Vec<String> = act.confirm_waiters.keys().cloned().collect();
                         for channel in late {
-                            act.listen_channel(Ident::new(&channel).expect("validated"), ctx);
+                            act.listen_channel(Ident::channel(&channel).expect("validated"), ctx);
                         }
                         // At once: a connection that delivers nothing (a pooler) is found now.
                         act.ping(ctx);

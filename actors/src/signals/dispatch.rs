@@ -166,7 +166,7 @@ impl ListenerActor {
         };
         let (bound, channel) = (self.config.statement_timeout(), channel.to_owned());
         let unlisten = async move {
-            let sql = format!("UNLISTEN {}", Ident::new(&channel)?.quoted());
+            let sql = format!("UNLISTEN {}", Ident::channel(&channel)?.quoted());
             tokio::time::timeout(bound, client.batch_execute(&sql))
                 .await
                 .map_err(|_| {
@@ -209,7 +209,11 @@ impl ListenerActor {
 
     /// Runs `handler` on its own task and sends what it returns (or its panic) as the reply.
     fn answer(&mut self, request: Envelope, handler: RequestHandler) {
-        let Some(reply_to) = request.reply_to.as_deref().and_then(|c| Ident::new(c).ok()) else {
+        let Some(reply_to) = request
+            .reply_to
+            .as_deref()
+            .and_then(|c| Ident::channel(c).ok())
+        else {
             return self.garbage("?", &"a request without a valid reply channel");
         };
         let (notifier, store, limit) = (
@@ -246,7 +250,7 @@ impl ListenerActor {
 }
 
 pub(crate) fn channel_ident(channel: &str) -> Result<Ident> {
-    Ident::new(channel)
+    Ident::channel(channel)
 }
 
 impl Handler<Publish> for ListenerActor {

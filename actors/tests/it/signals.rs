@@ -103,6 +103,46 @@ async fn a_publish_reaches_subscribers_in_two_runtimes() {
 }
 
 #[actix_rt::test]
+async fn any_channel_name_notify_takes_is_usable_and_quoting_holds() {
+    let (setup, admin) = setup().await;
+    let here = listener(&setup);
+    let suffix = unique_name("");
+    // Dots, dashes, spaces, mixed case, and quotes made to break out of the quoting.
+    let names = [
+        format!("orders.created{suffix}"),
+        format!("bad-channel{suffix}"),
+        format!("Mixed Case{suffix}"),
+        format!("q\"; DROP TABLE \"{}\"; --{suffix}", setup.table),
+    ];
+    for name in &names {
+        let got = subscribe(&here, name).await;
+        here.send(Publish::value(name, name).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let received = got.wait_for(1, Duration::from_secs(5)).await;
+        assert_eq!(&*received[0].channel, name.as_str());
+        assert_eq!(&received[0].value::<String>().unwrap(), name);
+    }
+    // Nothing broke out: the lock table is still there.
+    let sql = format!("SELECT count(*) FROM \"{}\"", setup.table);
+    admin.query_one(&sql, &[]).await.unwrap();
+    // What NOTIFY cannot take is refused, typed.
+    for bad in [String::new(), "x".repeat(64), "nul\0inside".to_owned()] {
+        let (_, recipient) = Collector::<Signal>::start_new();
+        let refused = here
+            .send(Subscribe {
+                channel: bad.clone(),
+                recipient,
+            })
+            .await
+            .unwrap();
+        let kind = refused.err().map(|e| e.kind());
+        assert_eq!(kind, Some(pgcoord::ErrorKind::InvalidIdentifier), "{bad:?}");
+    }
+}
+
+#[actix_rt::test]
 async fn typed_request_reply_and_remote_errors() {
     #[derive(serde::Serialize, serde::Deserialize)]
     struct Add {
@@ -368,7 +408,8 @@ async fn wait_next_returns_the_next_message_and_bad_channels_are_refused() {
             .unwrap();
     });
     assert_eq!(next.await.unwrap().unwrap().payload[..], *b"first");
-    for bad in ["", "x; LISTEN y", "chännel", &"c".repeat(64)] {
+    // Names NOTIFY cannot take; anything else is quoted (see any_channel_name_…).
+    for bad in ["", "nul\0inside", &"c".repeat(64)] {
         let err = listener
             .send(Publish::new(bad, b"x".to_vec()))
             .await

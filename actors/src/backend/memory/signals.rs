@@ -25,9 +25,9 @@ pub(super) struct SignalState {
     conn_states: Vec<(u64, Recipient<ConnState>)>,
 }
 
-/// A channel name as the listener accepts it: a valid identifier.
+/// A channel name as the listener accepts it (`Ident::channel`).
 pub(super) fn channel(name: &str) -> Result<()> {
-    Ident::new(name).map(drop)
+    Ident::channel(name).map(drop)
 }
 
 impl SignalState {
