@@ -30,18 +30,8 @@ impl Ident {
     /// derive other names from it (such as the `_rvn` sequence of a lock table).
     pub fn with_room(name: &str, suffix_bytes: usize) -> Result<Ident> {
         let max = MAX_IDENTIFIER_BYTES - suffix_bytes;
-        let invalid = |why: &str| {
-            Error::new(
-                ErrorKind::InvalidIdentifier,
-                format!("invalid identifier {name:?}: {why}"),
-            )
-        };
-        if name.is_empty() {
-            return Err(invalid("empty"));
-        }
-        if name.len() > max {
-            return Err(invalid(&format!("longer than {max} bytes")));
-        }
+        let invalid = |why: &str| invalid("identifier", name, why);
+        sized(name, max, invalid)?;
         let mut bytes = name.bytes();
         let first = bytes.next().unwrap_or_default();
         if !(first.is_ascii_alphabetic() || first == b'_') {
@@ -60,20 +50,8 @@ impl Ident {
     /// too (`orders.created`, `bad-channel`). Quoted wherever it is SQL text, bound as given to
     /// `pg_notify`, and matched exactly (case included) against what arrives.
     pub fn channel(name: &str) -> Result<Ident> {
-        let invalid = |why: &str| {
-            Error::new(
-                ErrorKind::InvalidIdentifier,
-                format!("invalid channel name {name:?}: {why}"),
-            )
-        };
-        if name.is_empty() {
-            return Err(invalid("empty"));
-        }
-        if name.len() > MAX_IDENTIFIER_BYTES {
-            return Err(invalid(&format!(
-                "longer than {MAX_IDENTIFIER_BYTES} bytes"
-            )));
-        }
+        let invalid = |why: &str| invalid("channel name", name, why);
+        sized(name, MAX_IDENTIFIER_BYTES, invalid)?;
         if name.contains('\0') {
             return Err(invalid("contains NUL"));
         }
@@ -96,6 +74,25 @@ impl Ident {
     pub fn suffixed(&self, suffix: &str) -> Result<Ident> {
         Ident::new(&format!("{}{suffix}", self.0))
     }
+}
+
+/// [`ErrorKind::InvalidIdentifier`] for `name`, saying what it was meant to be and why not.
+fn invalid(what: &str, name: &str, why: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidIdentifier,
+        format!("invalid {what} {name:?}: {why}"),
+    )
+}
+
+/// Refuses an empty name or one longer than `max` bytes.
+fn sized(name: &str, max: usize, invalid: impl Fn(&str) -> Error) -> Result<()> {
+    if name.is_empty() {
+        return Err(invalid("empty"));
+    }
+    if name.len() > max {
+        return Err(invalid(&format!("longer than {max} bytes")));
+    }
+    Ok(())
 }
 
 impl fmt::Display for Ident {

@@ -20,19 +20,7 @@ fn dsn() -> String {
 }
 
 fn pgcoord(table: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pgcoord"))
-        .env("DATABASE_URL", dsn())
-        .args([
-            "--lock-table",
-            table,
-            "--payload-table",
-            &format!("{table}_p"),
-            "--topic-table",
-            &format!("{table}_t"),
-        ])
-        .args(args)
-        .output()
-        .unwrap()
+    pgcoord_command(table, args).output().unwrap()
 }
 
 fn stdout(output: &Output) -> String {

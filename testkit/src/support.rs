@@ -25,7 +25,8 @@ pub fn unique_name(prefix: &str) -> String {
     format!(
         "{prefix}_{}_{}_{}",
         std::process::id(),
-        random_below(10_000),
+        // Random per call: two runs started in the same instant still differ.
+        pgcoord::signal::new_id() % 10_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
@@ -80,18 +81,4 @@ pub(crate) fn pointed_at(server: &tokio_postgres::Config, port: u16) -> tokio_po
         via.password(password);
     }
     via
-}
-
-/// A number below `bound` that differs between runs: a hash of the time under std's randomly
-/// seeded hasher, so two runs started in the same instant still differ.
-fn random_below(bound: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    hasher.finish() % bound
 }
