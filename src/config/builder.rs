@@ -78,8 +78,9 @@ impl Default for ConfigBuilder {
 }
 
 impl ConfigBuilder {
-    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`). No default: a DSN or
-    /// [`pg_config`](Self::pg_config) is required.
+    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`); without a password
+    /// in it, the password file's (`PGPASSFILE`, else `~/.pgpass`), as libpq. No default: a
+    /// DSN or [`pg_config`](Self::pg_config) is required.
     pub fn dsn(mut self, dsn: impl Into<String>) -> Self {
         self.connection = Connection::Dsn(dsn.into());
         self

@@ -38,9 +38,16 @@ impl Settings<'_> {
                 let (rest, options) = super::dsn::take_tls_options(&dsn)?;
                 tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
                 tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
-                tokio_postgres::Config::from_str(&rest).map_err(|e| {
+                let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
                     Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
-                })?
+                })?;
+                // As libpq: a DSN that names no password takes the password file's.
+                if pg.get_password().is_none()
+                    && let Some(password) = super::env::password_for_dsn(&pg)
+                {
+                    pg.password(password);
+                }
+                pg
             }
             Connection::Pg(pg) => {
                 // Prefer is both the default and what "not said" means.

@@ -17,6 +17,33 @@ const VARIABLES: [(&str, &str); 9] = [
     ("PGCONNECT_TIMEOUT", "connect_timeout"),
 ];
 
+/// The password for a DSN that names none, from the password file (`PGPASSFILE`, else
+/// `~/.pgpass`), as libpq looks it up: the first host and port, the database (else the user),
+/// the user (else the system's `USER`).
+pub(crate) fn password_for_dsn(pg: &tokio_postgres::Config) -> Option<String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let passfile = var("PGPASSFILE").or_else(|| var("HOME").map(|h| format!("{h}/.pgpass")))?;
+    password_in(&read_passfile(&passfile)?, pg, var("USER"))
+}
+
+/// [`password_for_dsn`] with the file's text and the system's user given.
+fn password_in(
+    passwords: &str,
+    pg: &tokio_postgres::Config,
+    os_user: Option<String>,
+) -> Option<String> {
+    use tokio_postgres::config::Host;
+    let user = pg.get_user().map(str::to_owned).or(os_user)?;
+    // A socket directory matches `localhost`, as in libpq.
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        _ => "localhost".to_owned(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432).to_string();
+    let dbname = pg.get_dbname().unwrap_or(&user).to_owned();
+    password_for(passwords, &host, &port, &dbname, &user)
+}
+
 /// The DSN the process's environment describes; [`ErrorKind::InvalidConfig`] when it describes
 /// none.
 pub(crate) fn dsn_from_env() -> Result<String> {
@@ -202,6 +229,29 @@ mod tests {
     }
 
     #[cfg(unix)]
+    #[test]
+    fn a_dsn_without_a_password_gets_the_password_files() {
+        let file = "other:5432:app:svc:wrong\ndb.internal:6432:app:svc:right\n*:*:*:*:any\n";
+        let pg = |dsn: &str| dsn.parse::<tokio_postgres::Config>().unwrap();
+        let found = |dsn: &str| password_in(file, &pg(dsn), Some("os".into()));
+        assert_eq!(
+            found("host=db.internal port=6432 user=svc dbname=app").as_deref(),
+            Some("right")
+        );
+        // Defaults: port 5432, the database named as the user, the system's user.
+        assert_eq!(found("host=db.internal").as_deref(), Some("any"));
+        let exact = "db.internal:5432:os:os:mine\n";
+        let pg_default = pg("host=db.internal");
+        assert_eq!(
+            password_in(exact, &pg_default, Some("os".into())).as_deref(),
+            Some("mine")
+        );
+        // A socket directory is `localhost`.
+        let local = "localhost:5432:app:svc:sock\n";
+        let socket = pg("host=/var/run/postgresql user=svc dbname=app");
+        assert_eq!(password_in(local, &socket, None).as_deref(), Some("sock"));
+    }
+
     #[test]
     fn a_password_file_others_may_read_is_ignored() {
         use std::os::unix::fs::PermissionsExt;
