@@ -94,12 +94,8 @@ impl Coordinator {
                 .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
             payloads,
-            topics: crate::TopicAppender::new(
-                pgcoord::TopicTable::new(&config),
-                pool.clone(),
-                config.owner(),
-            )
-            .start(),
+            topics: crate::TopicAppender::new(pgcoord::TopicTable::new(&config), pool.clone())
+                .start(),
             signals,
             config,
             pool,
@@ -144,7 +140,6 @@ impl Coordinator {
         consume.check()?;
         Ok(crate::TopicConsumer::new(
             consume,
-            self.config.owner(),
             pgcoord::TopicTable::new(&self.config),
             self.pool.clone(),
             self.locks.clone(),

@@ -83,17 +83,15 @@ pub struct LockLost {
 #[rtype(result = "()")]
 pub struct Shutdown;
 
-/// The subscribers of [`LockLost`] of one actor, and the owner its losses are counted for.
+/// The subscribers of [`LockLost`] of one actor; each loss is counted too (see `metrics`).
 pub(crate) struct LossSubscribers {
-    owner: String,
     subscribers: Vec<Recipient<LockLost>>,
 }
 
 impl LossSubscribers {
-    /// No subscribers yet; losses counted for `owner` (see `metrics`).
-    pub(crate) fn new(owner: &str) -> LossSubscribers {
+    /// No subscribers yet.
+    pub(crate) fn new() -> LossSubscribers {
         LossSubscribers {
-            owner: owner.to_owned(),
             subscribers: Vec::new(),
         }
     }
@@ -106,7 +104,7 @@ impl LossSubscribers {
     /// `do_send` ignores the mailbox's capacity: a loss report must never be dropped because a
     /// subscriber is busy.
     pub(crate) fn broadcast(&mut self, lost: LockLost) {
-        crate::metrics::loss(&self.owner, lost.key.kind(), lost.reason.label());
+        crate::metrics::loss(lost.key.kind(), lost.reason.label());
         self.subscribers.retain(|s| {
             s.do_send(lost.clone());
             s.connected()

@@ -1,11 +1,14 @@
 //! Metrics through the [`metrics`] facade: counters, gauges and histograms for any recorder
 //! (Prometheus, StatsD, …) the application installs. Without a recorder they cost nothing: the
 //! handles are no-ops. Each actor registers its handles when it starts, so install the recorder
-//! before starting pgcoord's actors. Every metric is labelled with the actor's `owner` (its
-//! configured owner identity), so several managers in one process stay apart.
+//! before starting pgcoord's actors. No metric carries a per-process label (an owner identity is
+//! new at every start: its series would grow without bound): a process's actors add up, each
+//! gauge holding the sum of their shares ([`Share`]), and telling processes apart is the
+//! exporter's `instance` label.
 //!
 //! The names, in one place (docs/OPERATIONS.md lists them with their labels):
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::{
@@ -180,9 +183,60 @@ pub(crate) fn describe() {
     );
 }
 
+/// One actor's share of a gauge that several actors of the process add to: setting it moves the
+/// gauge by the difference, and dropping it takes the share back out, so two managers in one
+/// process sum instead of overwriting each other, and a stopped one leaves nothing behind.
+pub(crate) struct Share {
+    gauge: Gauge,
+    mine: AtomicU64,
+}
+
+impl Share {
+    fn new(gauge: Gauge) -> Share {
+        Share {
+            gauge,
+            mine: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// This actor's value now.
+    pub(crate) fn set(&self, value: f64) {
+        let before = f64::from_bits(self.mine.swap(value.to_bits(), Ordering::Relaxed));
+        self.gauge.increment(value - before);
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.gauge
+            .decrement(f64::from_bits(self.mine.load(Ordering::Relaxed)));
+    }
+}
+
+/// A counter fed from a running total kept elsewhere (bb8's statistics): each new total adds
+/// what it grew by, so the totals of several pools sum.
+struct Tally {
+    counter: Counter,
+    seen: AtomicU64,
+}
+
+impl Tally {
+    fn new(counter: Counter) -> Tally {
+        Tally {
+            counter,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    fn to(&self, total: u64) {
+        let before = self.seen.swap(total, Ordering::Relaxed);
+        self.counter.increment(total.saturating_sub(before));
+    }
+}
+
 /// A `LockManager`'s handles.
 pub(crate) struct LeaseMetrics {
-    pub(crate) held: Gauge,
+    pub(crate) held: Share,
     granted: Counter,
     not_acquired: Counter,
     cancelled: Counter,
@@ -190,34 +244,34 @@ pub(crate) struct LeaseMetrics {
     wait: Histogram,
     pub(crate) renew: Histogram,
     pub(crate) renew_failures: Counter,
-    pool_used: Gauge,
-    pool_idle: Gauge,
-    pool_direct: Counter,
-    pool_waited: Counter,
-    pool_timed_out: Counter,
-    pool_wait: Counter,
+    pool_used: Share,
+    pool_idle: Share,
+    pool_direct: Tally,
+    pool_waited: Tally,
+    pool_timed_out: Tally,
+    pool_wait: Tally,
 }
 
 impl LeaseMetrics {
-    pub(crate) fn new(owner: &str) -> LeaseMetrics {
+    pub(crate) fn new() -> LeaseMetrics {
         describe();
-        let owner = owner.to_owned();
-        let acquires = |outcome: &'static str| counter!(ACQUIRES, "owner" => owner.clone(), "outcome" => outcome);
+        let acquires = |outcome: &'static str| counter!(ACQUIRES, "outcome" => outcome);
+        let gets = |result: &'static str| Tally::new(counter!(POOL_GETS, "result" => result));
         LeaseMetrics {
-            held: gauge!(LEASES_HELD, "owner" => owner.clone()),
+            held: Share::new(gauge!(LEASES_HELD)),
             granted: acquires("granted"),
             not_acquired: acquires("not_acquired"),
             cancelled: acquires("cancelled"),
             failed: acquires("error"),
-            wait: histogram!(ACQUIRE_WAIT, "owner" => owner.clone()),
-            renew: histogram!(RENEW, "owner" => owner.clone()),
-            renew_failures: counter!(RENEW_FAILURES, "owner" => owner.clone()),
-            pool_used: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "used"),
-            pool_idle: gauge!(POOL_CONNECTIONS, "owner" => owner.clone(), "state" => "idle"),
-            pool_direct: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "direct"),
-            pool_waited: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "waited"),
-            pool_timed_out: counter!(POOL_GETS, "owner" => owner.clone(), "result" => "timed_out"),
-            pool_wait: counter!(POOL_WAIT, "owner" => owner),
+            wait: histogram!(ACQUIRE_WAIT),
+            renew: histogram!(RENEW),
+            renew_failures: counter!(RENEW_FAILURES),
+            pool_used: Share::new(gauge!(POOL_CONNECTIONS, "state" => "used")),
+            pool_idle: Share::new(gauge!(POOL_CONNECTIONS, "state" => "idle")),
+            pool_direct: gets("direct"),
+            pool_waited: gets("waited"),
+            pool_timed_out: gets("timed_out"),
+            pool_wait: Tally::new(counter!(POOL_WAIT)),
         }
     }
 
@@ -241,57 +295,56 @@ impl LeaseMetrics {
     pub(crate) fn pool(&self, pool: &pgcoord::Pool) {
         // Used and idle, which sum to the open connections (as OpenTelemetry's `state`).
         let (open, idle) = pool.connections();
-        self.pool_used.set(open.saturating_sub(idle));
-        self.pool_idle.set(idle);
-        // bb8 counts since the pool was built: the counters take its totals as they are.
+        self.pool_used.set(f64::from(open.saturating_sub(idle)));
+        self.pool_idle.set(f64::from(idle));
+        // bb8 counts since the pool was built: the counters add what its totals grew by.
         let counts = pool.statistics();
-        self.pool_direct.absolute(counts.get_direct);
-        self.pool_waited.absolute(counts.get_waited);
-        self.pool_timed_out.absolute(counts.get_timed_out);
+        self.pool_direct.to(counts.get_direct);
+        self.pool_waited.to(counts.get_waited);
+        self.pool_timed_out.to(counts.get_timed_out);
         let waited = u64::try_from(counts.get_wait_time.as_micros()).unwrap_or(u64::MAX);
-        self.pool_wait.absolute(waited);
+        self.pool_wait.to(waited);
     }
 }
 
 /// A `ListenerActor`'s handles.
 pub(crate) struct ListenerMetrics {
-    pub(crate) connected: Gauge,
+    pub(crate) connected: Share,
     pub(crate) connections: Counter,
     pub(crate) delivered: Counter,
     pub(crate) overflowed: Counter,
     pub(crate) garbage: Counter,
     pub(crate) undeliverable: Counter,
     pub(crate) unmatched_reply: Counter,
-    pub(crate) pending: Gauge,
+    pub(crate) pending: Share,
 }
 
 impl ListenerMetrics {
-    pub(crate) fn new(owner: &str) -> ListenerMetrics {
+    pub(crate) fn new() -> ListenerMetrics {
         describe();
-        let owner = owner.to_owned();
-        let notifications = |result: &'static str| counter!(NOTIFICATIONS, "owner" => owner.clone(), "result" => result);
+        let notifications = |result: &'static str| counter!(NOTIFICATIONS, "result" => result);
         ListenerMetrics {
-            connected: gauge!(LISTENER_CONNECTED, "owner" => owner.clone()),
-            connections: counter!(LISTENER_CONNECTIONS, "owner" => owner.clone()),
+            connected: Share::new(gauge!(LISTENER_CONNECTED)),
+            connections: counter!(LISTENER_CONNECTIONS),
             delivered: notifications("delivered"),
             overflowed: notifications("overflowed"),
             garbage: notifications("garbage"),
             undeliverable: notifications("undeliverable"),
             unmatched_reply: notifications("unmatched_reply"),
-            pending: gauge!(PENDING_REQUESTS, "owner" => owner),
+            pending: Share::new(gauge!(PENDING_REQUESTS)),
         }
     }
 }
 
 /// Counts one lost lock (rare: the handle is made per loss).
-pub(crate) fn loss(owner: &str, kind: &'static str, reason: &'static str) {
-    counter!(LOSSES, "owner" => owner.to_owned(), "kind" => kind, "reason" => reason).increment(1);
+pub(crate) fn loss(kind: &'static str, reason: &'static str) {
+    counter!(LOSSES, "kind" => kind, "reason" => reason).increment(1);
 }
 
 /// An `AdvisoryLocks`' handle.
-pub(crate) fn advisory_held(owner: &str) -> Gauge {
+pub(crate) fn advisory_held() -> Share {
     describe();
-    gauge!(ADVISORY_HELD, "owner" => owner.to_owned())
+    Share::new(gauge!(ADVISORY_HELD))
 }
 
 /// A `TopicConsumer`'s handles.
@@ -301,14 +354,13 @@ pub(crate) struct TopicMetrics {
     pub(crate) acks: Counter,
     pub(crate) lag: Histogram,
     pub(crate) redelivered: Counter,
-    pub(crate) held_back: Gauge,
+    pub(crate) held_back: Share,
 }
 
 impl TopicMetrics {
-    pub(crate) fn new(owner: &str, topic: &str, consumer: &str) -> TopicMetrics {
+    pub(crate) fn new(topic: &str, consumer: &str) -> TopicMetrics {
         describe();
         let labels = [
-            ("owner", owner.to_owned()),
             ("topic", topic.to_owned()),
             ("consumer", consumer.to_owned()),
         ];
@@ -323,7 +375,7 @@ impl TopicMetrics {
             acks: counter!(TOPIC_ACKS, &labels),
             lag: histogram!(TOPIC_LAG, &labels),
             redelivered: counter!(TOPIC_REDELIVERIES, &labels),
-            held_back: gauge!(TOPIC_HELD_BACK, &labels),
+            held_back: Share::new(gauge!(TOPIC_HELD_BACK, &labels)),
         }
     }
 }
@@ -335,9 +387,9 @@ pub(crate) struct AppendMetrics {
 }
 
 impl AppendMetrics {
-    pub(crate) fn new(owner: &str) -> AppendMetrics {
+    pub(crate) fn new() -> AppendMetrics {
         describe();
-        let appends = |result: &'static str| counter!(TOPIC_APPENDS, "owner" => owner.to_owned(), "result" => result);
+        let appends = |result: &'static str| counter!(TOPIC_APPENDS, "result" => result);
         AppendMetrics {
             appended: appends("appended"),
             failed: appends("failed"),

@@ -151,27 +151,27 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         .await;
     assert!(refused.is_err());
     let now = &seen;
-    assert_eq!(now.gauge("pgcoord_leases_held", "owner=me"), 1.0);
+    assert_eq!(now.gauge("pgcoord_leases_held", ""), 1.0);
     let delete = format!("DELETE FROM \"{table}\" WHERE name = 'held'");
     admin.execute(&delete, &[]).await.unwrap();
     me.locks.call(RenewNow).await.unwrap();
     held.lost().await;
     let now = &seen;
-    assert_eq!(now.gauge("pgcoord_leases_held", "owner=me"), 0.0);
+    assert_eq!(now.gauge("pgcoord_leases_held", ""), 0.0);
     let acquires = "pgcoord_acquires_total";
-    assert_eq!(now.counter(acquires, "outcome=granted,owner=me"), 3);
-    assert_eq!(now.counter(acquires, "outcome=not_acquired,owner=other"), 1);
-    assert!(now.samples("pgcoord_acquire_wait_seconds", "owner=me") >= 3);
-    let lost = "kind=lease,owner=me,reason=taken_over";
+    assert_eq!(now.counter(acquires, "outcome=granted"), 3);
+    assert_eq!(now.counter(acquires, "outcome=not_acquired"), 1);
+    assert!(now.samples("pgcoord_acquire_wait_seconds", "") >= 3);
+    let lost = "kind=lease,reason=taken_over";
     assert_eq!(now.counter("pgcoord_losses_total", lost), 1);
-    assert!(now.samples("pgcoord_renew_seconds", "owner=me") >= 1);
+    assert!(now.samples("pgcoord_renew_seconds", "") >= 1);
 
     // Advisory locks.
     let guard = me.advisory.call(AdvisoryLock::new(7)).await.unwrap();
     let held = "pgcoord_advisory_locks_held";
-    assert_eq!(seen.gauge(held, "owner=me"), 1.0);
+    assert_eq!(seen.gauge(held, ""), 1.0);
     guard.release().await.unwrap();
-    assert_eq!(seen.gauge(held, "owner=me"), 0.0);
+    assert_eq!(seen.gauge(held, ""), 0.0);
 
     // The listener: connected, one connection, a message delivered.
     let next = me.signals.send(WaitNext("metered".into()));
@@ -180,12 +180,11 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     other.signals.call(publish).await.unwrap();
     next.await.unwrap().unwrap();
     let now = &seen;
-    assert_eq!(now.gauge("pgcoord_listener_connected", "owner=me"), 1.0);
-    assert_eq!(
-        now.counter("pgcoord_listener_connections_total", "owner=me"),
-        1
-    );
-    let delivered = "owner=me,result=delivered";
+    // Two coordinators in this process, two listeners: the gauge is their sum, not the last
+    // one's value (no per-process label: an owner identity is new at every start).
+    assert_eq!(now.gauge("pgcoord_listener_connected", ""), 2.0);
+    assert_eq!(now.counter("pgcoord_listener_connections_total", ""), 2);
+    let delivered = "result=delivered";
     assert!(now.counter("pgcoord_notifications_total", delivered) >= 1);
 
     // A topic consumer: one event appended through the runtime, failed once, handed over
@@ -200,19 +199,19 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         async move { if fail { Err("once".to_owned()) } else { Ok(()) } }
     });
     let consumer = me.consume(consume.poll(Duration::from_millis(20))).unwrap();
-    let labels = "consumer=c,owner=me,topic=t";
+    let labels = "consumer=c,topic=t";
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while seen.counter("pgcoord_topic_acks_total", labels) < 1 {
         assert!(std::time::Instant::now() < deadline, "never acked");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let handled = "consumer=c,owner=me,result=handled,topic=t";
+    let handled = "consumer=c,result=handled,topic=t";
     assert_eq!(seen.counter("pgcoord_topic_deliveries_total", handled), 1);
-    let failed = "consumer=c,owner=me,result=failed,topic=t";
+    let failed = "consumer=c,result=failed,topic=t";
     assert_eq!(seen.counter("pgcoord_topic_deliveries_total", failed), 1);
     assert_eq!(seen.counter("pgcoord_topic_redeliveries_total", labels), 1);
     assert_eq!(seen.samples("pgcoord_topic_lag_seconds", labels), 2);
-    let appended = "owner=me,result=appended";
+    let appended = "result=appended";
     assert_eq!(seen.counter("pgcoord_topic_appends_total", appended), 1);
     // A transaction left open holds readers back: the caught-up consumer's gauge shows its age.
     let mut open = pgcoord::db::connect_spawned(&config("admin"))
@@ -234,10 +233,10 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
 
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let used = seen.gauge("pgcoord_pool_connections", "owner=me,state=used");
-    let idle = seen.gauge("pgcoord_pool_connections", "owner=me,state=idle");
+    let used = seen.gauge("pgcoord_pool_connections", "state=used");
+    let idle = seen.gauge("pgcoord_pool_connections", "state=idle");
     assert!(used + idle >= 1.0, "used {used}, idle {idle}");
-    assert!(seen.counter("pgcoord_pool_gets_total", "owner=me,result=direct") >= 1);
+    assert!(seen.counter("pgcoord_pool_gets_total", "result=direct") >= 1);
     // A pool of one connection, which the application holds while an acquire needs it: the
     // acquire waits for it, and the wait is counted.
     let tight = pgcoord::Config::builder()
@@ -259,6 +258,8 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         .unwrap();
     let pool = pgcoord::Pool::from_bb8(&tight, app_pool.clone());
     let tight = Coordinator::connect_with_pool(tight, pool).await.unwrap();
+    let waited_before = seen.counter("pgcoord_pool_gets_total", "result=waited");
+    let waited_for = seen.counter("pgcoord_pool_wait_microseconds_total", "");
     let taken = app_pool.get_owned().await.unwrap();
     let acquire = tight.locks.call(Acquire::new("tight"));
     let handed_back = tokio::spawn(async move {
@@ -267,15 +268,22 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     });
     acquire.await.unwrap().release().await.unwrap();
     handed_back.await.unwrap();
-    let waited = "owner=tight,result=waited";
-    while seen.counter("pgcoord_pool_gets_total", waited) == 0 {
+    let waited = "result=waited";
+    while seen.counter("pgcoord_pool_gets_total", waited) == waited_before {
         assert!(std::time::Instant::now() < deadline, "no get waited");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(seen.counter("pgcoord_pool_wait_microseconds_total", "owner=tight") > 0);
-    let timed_out = "owner=tight,result=timed_out";
+    assert!(seen.counter("pgcoord_pool_wait_microseconds_total", "") > waited_for);
+    let timed_out = "result=timed_out";
     assert_eq!(seen.counter("pgcoord_pool_gets_total", timed_out), 0);
 
+    // No series is per process.
+    let keys = (seen.0.get_counter_handles().into_keys())
+        .chain(seen.0.get_gauge_handles().into_keys())
+        .chain(seen.0.get_histogram_handles().into_keys());
+    for key in keys {
+        assert!(key.labels().all(|l| l.key() != "owner"), "{}", id(&key));
+    }
     // Every name the module documents was recorded.
     let names = seen.names();
     for name in pgcoord_actors::metrics::ALL {

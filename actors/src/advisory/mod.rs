@@ -46,14 +46,14 @@ pub struct AdvisoryLocks {
     subscribers: LossSubscribers,
     stats: AdvisoryStats,
     /// Locks held, for the metrics recorder (set when the actor starts).
-    held_gauge: Option<metrics::Gauge>,
+    held_gauge: Option<crate::metrics::Share>,
 }
 
 impl AdvisoryLocks {
     /// Advisory locks on sessions opened with `config` (its ping interval and timeout apply).
     pub fn new(config: pgcoord::Config) -> AdvisoryLocks {
         AdvisoryLocks {
-            subscribers: LossSubscribers::new(config.owner()),
+            subscribers: LossSubscribers::new(),
             config,
             sessions: Default::default(),
             pending_keys: Default::default(),
@@ -85,7 +85,7 @@ impl Actor for AdvisoryLocks {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(4096);
-        self.held_gauge = Some(crate::metrics::advisory_held(self.config.owner()));
+        self.held_gauge = Some(crate::metrics::advisory_held());
         ctx.run_interval(self.config.ping_interval(), |act, ctx| {
             act.ping_sessions(ctx)
         });

@@ -95,7 +95,7 @@ impl LockManager {
             owner: config.owner().into(),
             holdings: Holdings::default(),
             heartbeat: Heartbeat::default(),
-            subscribers: LossSubscribers::new(config.owner()),
+            subscribers: LossSubscribers::new(),
             context: None,
             counters: Arc::default(),
             listener: None,
@@ -202,7 +202,7 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
-        self.metrics = Some(crate::metrics::LeaseMetrics::new(self.config.owner()));
+        self.metrics = Some(crate::metrics::LeaseMetrics::new());
         let releaser = batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),

@@ -181,7 +181,7 @@ impl Actor for ListenerActor {
             return;
         }
         if self.metrics.is_none() {
-            self.metrics = Some(crate::metrics::ListenerMetrics::new(self.config.owner()));
+            self.metrics = Some(crate::metrics::ListenerMetrics::new());
         }
         let delay = connection::backoff(self.failures, self.config.backoff());
         if delay.is_zero() {

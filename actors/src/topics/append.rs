@@ -99,14 +99,14 @@ pub struct TopicAppender {
 }
 
 impl TopicAppender {
-    pub(crate) fn new(table: TopicTable, pool: Pool, owner: &str) -> TopicAppender {
+    pub(crate) fn new(table: TopicTable, pool: Pool) -> TopicAppender {
         TopicAppender {
             runner: Arc::new(AppendRunner {
                 table: Arc::new(table),
                 pool,
             }),
             batcher: None,
-            metrics: Arc::new(crate::metrics::AppendMetrics::new(owner)),
+            metrics: Arc::new(crate::metrics::AppendMetrics::new()),
         }
     }
 }

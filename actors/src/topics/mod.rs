@@ -190,13 +190,12 @@ pub struct TopicConsumer {
 impl TopicConsumer {
     pub(crate) fn new(
         consume: Consume,
-        owner: &str,
         table: TopicTable,
         pool: Pool,
         locks: Addr<LockManager>,
         signals: Addr<ListenerActor>,
     ) -> TopicConsumer {
-        let metrics = crate::metrics::TopicMetrics::new(owner, &consume.topic, &consume.consumer);
+        let metrics = crate::metrics::TopicMetrics::new(&consume.topic, &consume.consumer);
         TopicConsumer {
             run: Arc::new(run::Run {
                 metrics,
