@@ -31,6 +31,11 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
+    /// The pool the actors share.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// Checks the server, then starts the actors as [`start`](Self::start) does: the start that
     /// can fail. [`pgcoord::ErrorKind::Unavailable`] (with the cause) when the database cannot
     /// be reached within the connect timeout, [`pgcoord::ErrorKind::ReadOnly`] on a standby,

@@ -39,7 +39,8 @@
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
 //!   commit). Appending in the caller's transaction is the core's
 //!   (`pgcoord::topic::TopicTable::append`).
-//! - [`coordinator`] — [`Coordinator`]: starts them all over one pool.
+//! - [`coordinator`] — [`Coordinator`]: starts them all over one pool; [`Health`], what
+//!   `coordinator.health(within)` finds for a readiness endpoint.
 //! - [`Runtime`] — the same on a thread of its own, for a service that is not actix (axum,
 //!   tonic under `#[tokio::main]`); [`Subscription`], a channel's messages as a `Stream`.
 //! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
@@ -72,6 +73,7 @@ mod batch;
 mod call;
 pub mod coordinator;
 pub mod election;
+mod health;
 pub mod leases;
 pub mod losses;
 pub mod metrics;
@@ -88,6 +90,7 @@ pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, Ad
 pub use call::Call;
 pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
+pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, AcquireResponse, Claim, Get, Lease, List, ListPrefix, LockManager,
     ManagerStats, PermitResponse, Release, ReleaseAll, RenewNow, with_lock,

@@ -3,7 +3,7 @@
 //! handles are no-ops. Each actor registers its handles when it starts, so install the recorder
 //! before starting pgcoord's actors. No metric carries a per-process label (an owner identity is
 //! new at every start: its series would grow without bound): a process's actors add up, each
-//! gauge holding the sum of their shares ([`Share`]), and telling processes apart is the
+//! gauge holding the sum of their shares (a `Share` each), and telling processes apart is the
 //! exporter's `instance` label.
 //!
 //! The names, in one place (docs/OPERATIONS.md lists them with their labels):

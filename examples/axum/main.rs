@@ -17,7 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use pgcoord::Config;
-use pgcoord_actors::{Acquire, Call, Coordinator, GetStats, Runtime};
+use pgcoord_actors::{Acquire, Call, Coordinator, Runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]
@@ -50,7 +50,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("serving on http://{address}");
 
     // The demo: ready; one run of the nightly job; a second run at the same time refused.
-    expect(request(address, "GET", "/ready").await?, 200, "ready")?;
+    // Not ready until the listener has confirmed its LISTENs: a load balancer waits for it.
+    let started = std::time::Instant::now();
+    while request(address, "GET", "/ready").await? != 200 {
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err("never ready".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("ready after {:?}", started.elapsed());
     let first = tokio::spawn(request(address, "POST", "/jobs/nightly"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = request(address, "POST", "/jobs/nightly").await?;
@@ -95,15 +103,14 @@ async fn run_job(State(coordinator): State<Coordinator>, Path(name): Path<String
     }
 }
 
-/// 200 while the lock manager answers within a second.
-async fn ready(State(coordinator): State<Coordinator>) -> StatusCode {
-    let answer = tokio::time::timeout(
-        Duration::from_secs(1),
-        coordinator.locks.send(GetStats::new()),
-    );
-    match answer.await {
-        Ok(Ok(_)) => StatusCode::OK,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+/// 200 while pgcoord is ready (listening, renewing, the database answering), asked with a
+/// one-second bound; 503 with what is not well otherwise.
+async fn ready(State(coordinator): State<Coordinator>) -> (StatusCode, String) {
+    let health = coordinator.health(Duration::from_secs(1)).await;
+    if health.is_ready() {
+        (StatusCode::OK, "ready".into())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{health:?}"))
     }
 }
 

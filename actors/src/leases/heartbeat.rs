@@ -30,6 +30,13 @@ pub(crate) struct Heartbeat {
     failures: u32,
 }
 
+impl Heartbeat {
+    /// Renewals failed in a row now.
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
 impl LockManager {
     /// Runs the heartbeat: one renew statement for every held lease.
     pub(crate) fn renew_all(&mut self, ctx: &mut Context<Self>) {

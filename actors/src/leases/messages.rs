@@ -204,4 +204,6 @@ pub struct ManagerStats {
     pub release_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
+    /// Renewals that failed in a row now: 0 when the last one succeeded (or none was needed).
+    pub renewals_failing: u32,
 }

@@ -331,6 +331,7 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             acquire_statements: Counters::get(&counters.acquire_statements),
             release_statements: Counters::get(&counters.release_statements),
             lost: Counters::get(&counters.lost),
+            renewals_failing: self.heartbeat.failures(),
         }
     }
 }

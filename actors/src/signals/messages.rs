@@ -284,6 +284,9 @@ pub struct ListenerStats {
     /// NOTIFY statements sent for events, requests and replies: single ones, and batches of
     /// concurrent ones counted once each.
     pub notify_statements: u64,
+    /// Whether the listener is connected with every LISTEN confirmed now (its last state was
+    /// [`ConnState::Connected`] or [`ConnState::Reconnected`]).
+    pub listening: bool,
 }
 
 /// The channels the listener's current session is listening on, from `pg_listening_channels()`

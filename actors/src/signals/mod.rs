@@ -290,6 +290,10 @@ impl Handler<GetStats<ListenerStats>> for ListenerActor {
         ListenerStats {
             pending_requests: self.pending.lock().expect("pending").len(),
             notify_statements: self.notify_statements.load(Ordering::Relaxed),
+            listening: matches!(
+                self.conn_state,
+                Some(crate::ConnState::Connected | crate::ConnState::Reconnected)
+            ),
             ..self.stats.clone()
         }
     }

@@ -10,6 +10,7 @@ mod connection_faults;
 mod deadlines;
 mod doorbell;
 mod election;
+mod health;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
