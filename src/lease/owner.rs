@@ -29,7 +29,7 @@ impl LeaseOwner<'_> {
 
     /// One attempt to take `request.name` for `lease`. Refused while someone holds it, or while
     /// another waiter is first in line for it.
-    #[instrument(skip_all, fields(lease = request.name), level = "debug")]
+    #[instrument(skip_all, fields(lease.name = request.name), level = "debug")]
     pub async fn try_acquire(
         &self,
         client: &(impl Statements + ?Sized),
@@ -56,7 +56,7 @@ impl LeaseOwner<'_> {
     /// statement, and the holder is reported. Only the waiter first in line may take a free
     /// lease; a waiter refreshes its place at every attempt it loses, and leaves the line with
     /// [`leave_line`](Self::leave_line).
-    #[instrument(skip_all, fields(lease = request.name), level = "debug")]
+    #[instrument(skip_all, fields(lease.name = request.name), level = "debug")]
     pub async fn try_acquire_or_queue(
         &self,
         client: &(impl Statements + ?Sized),

@@ -74,7 +74,7 @@ impl LeaseOwner<'_> {
     /// lease channel ([`Released`]) when someone waits for the lease, or always with
     /// `announce_always`. [`ErrorKind::LockLost`] when the owner no longer held the lease with
     /// that token.
-    #[instrument(skip_all, fields(lease = request.name, token = request.token), level = "debug")]
+    #[instrument(skip_all, fields(lease.name = request.name, lease.token = request.token), level = "debug")]
     pub async fn release(
         &self,
         client: &(impl Statements + ?Sized),

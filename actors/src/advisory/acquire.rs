@@ -125,8 +125,10 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
             };
             (session, reply)
         };
-        let attempt =
-            tracing::Instrument::instrument(attempt, tracing::info_span!("advisory_lock", key));
+        let attempt = tracing::Instrument::instrument(
+            attempt,
+            tracing::info_span!("advisory_lock", advisory.key = key),
+        );
         ctx.spawn(actix::fut::wrap_future::<_, AdvisoryLocks>(attempt).map(
             move |(session, reply), act, ctx| {
                 act.pending_keys.remove(&key);
@@ -141,7 +143,10 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                     }
                     // Nobody to hand it to: dropping the session releases it.
                     (Ok(_), _) => {
-                        debug!(key, "advisory lock granted after its caller left; released")
+                        debug!(
+                            advisory.key = key,
+                            "advisory lock granted after its caller left; released"
+                        )
                     }
                     (Err((e, clean)), reply) => {
                         if let Some(pinned) = clean {

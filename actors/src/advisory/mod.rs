@@ -218,7 +218,7 @@ impl AdvisoryLocks {
             ctx.cancel_future(watch);
         }
         self.stats.lost += 1;
-        warn!(key, ?reason, error = %error, "advisory lock lost; its session is closed");
+        warn!(advisory.key = key, ?reason, error = %error, "advisory lock lost; its session is closed");
         let _ = session.lost.send(Tenure::Lost(reason));
         self.subscribers.broadcast(LockLost {
             key: LockKey::Advisory(key),

@@ -99,7 +99,7 @@ impl Election {
         match leadership.send_proclamation(leadership.value.clone()).await {
             Err(e) if e.is_lock_lost() => Err(e),
             Err(e) => {
-                warn!(election = %self.name, error = %e, "elected, but the announcement failed; observers learn at their next poll");
+                warn!(election.name = %self.name, error = %e, "elected, but the announcement failed; observers learn at their next poll");
                 Ok(leadership)
             }
             Ok(()) => Ok(leadership),

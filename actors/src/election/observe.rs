@@ -80,7 +80,7 @@ impl LeaderObserver {
             let term = match result {
                 Ok(term) => term,
                 Err(e) => {
-                    debug!(election = %act.election, error = %e, "cannot read the leader; polling");
+                    debug!(election.name = %act.election, error = %e, "cannot read the leader; polling");
                     return;
                 }
             };
@@ -122,7 +122,7 @@ impl LeaderObserver {
         };
         if self.recipient.try_send(change.clone()).is_err() {
             if !self.recipient.connected() {
-                debug!(election = %self.election, "observer's recipient gone; stopping");
+                debug!(election.name = %self.election, "observer's recipient gone; stopping");
                 ctx.stop();
                 return;
             }
@@ -157,8 +157,8 @@ impl Actor for LeaderObserver {
             for result in [a, b] {
                 match result {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => warn!(election = %act.election, error = %e, "cannot listen for leader changes; polling"),
-                    Err(e) => warn!(election = %act.election, error = %e, "listener gone; polling"),
+                    Ok(Err(e)) => warn!(election.name = %act.election, error = %e, "cannot listen for leader changes; polling"),
+                    Err(e) => warn!(election.name = %act.election, error = %e, "listener gone; polling"),
                 }
             }
             act.read(true, ctx);
@@ -172,7 +172,7 @@ impl Handler<Signal> for LeaderObserver {
 
     fn handle(&mut self, signal: Signal, ctx: &mut Context<Self>) {
         let Ok(proclamation) = Proclamation::from_payload(&signal.payload) else {
-            debug!(election = %self.election, "not a proclamation on the election channel");
+            debug!(election.name = %self.election, "not a proclamation on the election channel");
             return;
         };
         if proclamation.election != self.election {

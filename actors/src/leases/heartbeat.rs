@@ -174,7 +174,12 @@ impl LockManager {
     pub(crate) fn report_loss(&mut self, name: &str, token: i64, reason: LossReason) {
         Counters::add(&self.counters.lost);
         self.count_held();
-        warn!(lease = name, token, ?reason, "lease lost");
+        warn!(
+            lease.name = name,
+            lease.token = token,
+            ?reason,
+            "lease lost"
+        );
         self.subscribers.broadcast(LockLost {
             key: LockKey::Lease(name.to_owned()),
             token: Some(token),

@@ -50,7 +50,7 @@ impl Handler<Release> for LockManager {
             match &result {
                 Err(_) if lost => held.end(Tenure::Lost(LossReason::TakenOver)),
                 Err(e) => {
-                    warn!(lease = %shared_name, error = %e, "release failed; the lease expires on its own");
+                    warn!(lease.name = %shared_name, error = %e, "release failed; the lease expires on its own");
                     held.end(Tenure::Released);
                 }
                 Ok(()) => held.end(Tenure::Released),

@@ -125,7 +125,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
                 Some(Unrecorded::new(&context, name, won.grant.token, on_release))
             }
             Outcome::Cancelled => {
-                debug!(lease = %name, "wait cancelled by its caller");
+                debug!(lease.name = %name, "wait cancelled by its caller");
                 None
             }
             Outcome::Failed(_) => None,

@@ -191,7 +191,7 @@ impl<A: Attempts> Wait<A> {
                 Next::Nap(nap) => nap,
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
-            debug!(%name, ?nap, holder = ?line.holder(), "waiting");
+            debug!(lease.name = %name, ?nap, holder = ?line.holder(), "waiting");
             match sleep(wake, nap, reply, line.deadline()).await {
                 Woken::Up => {}
                 Woken::CallerGone => return Outcome::Cancelled,
@@ -216,11 +216,11 @@ impl<A: Attempts> Wait<A> {
             if let Some(until) = self.orphans_until
                 && !release_orphans(&self.attempts, pool, until).await
             {
-                warn!(%name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
+                warn!(lease.name = %name, "an attempt's answer was lost and its grant could not be checked; if it was granted, it has expired since");
             }
             // Safe to run twice: it removes only our own place.
             if leave_line && let Err(e) = self.attempts.leave_line(&pool.idempotent(None)).await {
-                debug!(%name, error = %e, "cannot leave the line; our place lapses on its own");
+                debug!(lease.name = %name, error = %e, "cannot leave the line; our place lapses on its own");
             }
             drop(self.turn);
             self.context.queues.leave(self.queue);

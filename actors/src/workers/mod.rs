@@ -135,7 +135,7 @@ where
                 let mut warn_at = std::time::Instant::now() + tick;
                 while worker.connected() {
                     if std::time::Instant::now() >= warn_at {
-                        warn!(%key, "a worker told to stop is still running; its key stays held");
+                        warn!(worker.key = %key, "a worker told to stop is still running; its key stays held");
                         warn_at += tick;
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -155,7 +155,7 @@ where
             .get(key)
             .is_some_and(|r| r.lease.token() == token)
         {
-            warn!(pool = %self.name, %key, "key's lease lost; its worker stops");
+            warn!(pool.name = %self.name, worker.key = %key, "key's lease lost; its worker stops");
             if let Some(running) = self.running.remove(key) {
                 running.worker.do_send(StopWorker);
             }
@@ -177,7 +177,7 @@ where
             .map(|(k, _)| k.clone())
             .collect();
         for key in lost {
-            warn!(pool = %self.name, %key, "key's lease lost; its worker stops");
+            warn!(pool.name = %self.name, worker.key = %key, "key's lease lost; its worker stops");
             if let Some(running) = self.running.remove(&key) {
                 running.worker.do_send(StopWorker);
             }
@@ -191,7 +191,7 @@ where
             .collect();
         for (key, token) in dead {
             self.restarts += 1;
-            warn!(pool = %self.name, %key, "worker stopped while its key is held; starting it again");
+            warn!(pool.name = %self.name, worker.key = %key, "worker stopped while its key is held; starting it again");
             let worker = self.start_worker(&key, token);
             if let Some(running) = self.running.get_mut(&key) {
                 running.worker = worker;
@@ -224,13 +224,13 @@ where
             let (membership, members, keys) = match result {
                 Ok(found) => found,
                 Err(e) => {
-                    warn!(pool = %act.name, error = %e, "cannot rebalance; trying at the next tick");
+                    warn!(pool.name = %act.name, error = %e, "cannot rebalance; trying at the next tick");
                     return;
                 }
             };
             match membership {
                 Some(Ok(lease)) => act.membership = Some(lease),
-                Some(Err(e)) => debug!(pool = %act.name, error = %e, "not a member yet"),
+                Some(Err(e)) => debug!(pool.name = %act.name, error = %e, "not a member yet"),
                 None => {}
             }
             act.members = members.iter().filter(|m| m.is_held()).count().max(1);
@@ -286,8 +286,8 @@ where
                         ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
                     }
                 }
-                Ok(Err(e)) => warn!(pool = %act.name, error = %e, "cannot claim keys"),
-                Err(e) => warn!(pool = %act.name, error = %e, "lock manager gone"),
+                Ok(Err(e)) => warn!(pool.name = %act.name, error = %e, "cannot claim keys"),
+                Err(e) => warn!(pool.name = %act.name, error = %e, "lock manager gone"),
             }));
         }));
     }

@@ -104,16 +104,16 @@ impl Releaser {
         what: &'static str,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            warn!(lease = %name, what, "no runtime to release it on; it expires on its own");
+            warn!(lease.name = %name, what, "no runtime to release it on; it expires on its own");
             return;
         };
         let releaser = self.clone();
         runtime.spawn(async move {
             match releaser.release(name.clone(), token, on_release).await {
-                Ok(()) => debug!(lease = %name, what, "released"),
-                Err(e) if e.is_lock_lost() => debug!(lease = %name, what, "released already"),
+                Ok(()) => debug!(lease.name = %name, what, "released"),
+                Err(e) if e.is_lock_lost() => debug!(lease.name = %name, what, "released already"),
                 Err(e) => {
-                    warn!(lease = %name, what, error = %e, "cannot release it; it expires on its own")
+                    warn!(lease.name = %name, what, error = %e, "cannot release it; it expires on its own")
                 }
             }
         });
