@@ -33,7 +33,8 @@
 //! - [`election`] — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
 //! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
-//!   by leases, each worker given its key's fencing token.
+//!   by leases, each worker given its key's lease to fence with; [`KeyRouter`]: a message to a
+//!   key's worker wherever it runs (at most once).
 //! - [`topics`] — [`TopicConsumer`]: a durable topic's named consumer, one active instance
 //!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
@@ -109,4 +110,7 @@ pub use topics::{
     Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
     StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
-pub use workers::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey, WorkerPool};
+pub use workers::{
+    AssignedKey, Assignment, GetAssignment, KeyRouter, Routed, SetKeys, StopWorker, WorkerKey,
+    WorkerPool,
+};

@@ -1,14 +1,50 @@
 //! What a [`WorkerPool`](super::WorkerPool) tells its workers and answers its callers.
 
-use actix::prelude::*;
+use std::future::Future;
+use std::sync::Arc;
 
-/// What a worker is for: its key and the fencing token of its key's lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
+use actix::prelude::*;
+use pgcoord::Result;
+use pgcoord::statement::Statements;
+
+use crate::LossReason;
+use crate::leases::Lease;
+
+/// What a worker is for: its key, and the lease that makes it the key's only worker across the
+/// fleet. The pool keeps the lease (renewed, released after the worker stopped); the worker
+/// fences its writes with it.
+#[derive(Debug, Clone)]
 pub struct WorkerKey {
     /// The key.
     pub key: String,
-    /// The token of the lease that makes this worker the key's only one.
+    /// The fencing token of the key's lease.
     pub token: i64,
+    pub(super) lease: Arc<Lease>,
+}
+
+impl WorkerKey {
+    /// The fencing guard of the key's lease, run inside the worker's own transaction: it fails
+    /// with [`ErrorKind::LockLost`](pgcoord::ErrorKind::LockLost) unless the key's lease is
+    /// still held with this token, and keeps it from moving until the transaction ends (see
+    /// [`Lease::fence`]).
+    pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
+        self.lease.fence(client).await
+    }
+
+    /// Why the key's lease was lost, once it has been.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.lease.loss()
+    }
+
+    /// Resolves when the key's tenure here ends (see [`Lease::lost`]).
+    pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
+        self.lease.lost()
+    }
+
+    /// The key's lease.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
 }
 
 /// Stop: the key's lease is lost or given to another process. Workers implement it as
@@ -22,11 +58,20 @@ pub struct StopWorker;
 #[rtype(result = "Assignment")]
 pub struct GetAssignment;
 
+/// A key a pool's process holds, and its lease's token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignedKey {
+    /// The key.
+    pub key: String,
+    /// The fencing token of the key's lease.
+    pub token: i64,
+}
+
 /// What [`GetAssignment`] answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 pub struct Assignment {
     /// Keys held here, with their tokens, by key.
-    pub keys: Vec<WorkerKey>,
+    pub keys: Vec<AssignedKey>,
     /// Live members at the last tick, this one included.
     pub members: usize,
     /// Workers started again after they stopped while their lease was held.

@@ -13,9 +13,15 @@
 //! worker to stop ([`StopWorker`]) at once — the holder learns of a loss before the server could
 //! grant the key elsewhere — and a worker that stops or dies (actix: a panicking handler stops
 //! its actor) while the lease is held is started again. Workers should fence their writes with
-//! their token: that, not the stop message, is what makes a late write harmless.
+//! the key's lease ([`WorkerKey::fence`]): that, not the stop message, is what makes a late write
+//! harmless.
+//!
+//! A pool made [`routed`](WorkerPool::routed) also delivers messages to its workers by key: a
+//! [`KeyRouter`] in any process of the fleet sends to the key's worker wherever it runs, at
+//! most once ([`route`] says how, and what a caller can know).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -24,15 +30,34 @@ use tracing::{debug, warn};
 
 use crate::Call;
 use crate::leases::{Acquire, Claim, Lease, ListPrefix, LockManager};
+use crate::signals::{ListenerActor, Serve, StopServing};
 
 mod messages;
+pub mod route;
 
-pub use messages::{Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey};
+pub use messages::{AssignedKey, Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey};
+use route::Reply;
+pub use route::{KeyRouter, Routed};
 
 struct Running<W: Actor> {
-    lease: Lease,
+    /// Shared with the worker's [`WorkerKey`]: released once both are done with it.
+    lease: Arc<Lease>,
     worker: Addr<W>,
 }
+
+/// How a routed pool answers its channel: the listener, and the request handler made where
+/// the worker's `Handler<Routed>` is known.
+struct Routing<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    listener: Addr<ListenerActor>,
+    channel: String,
+    serve: Option<MakeServe<W>>,
+}
+
+/// Makes the pool's [`Serve`] once its address exists.
+type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
 
 /// One process's part of a worker pool. Start it with [`WorkerPool::new`] and `.start()`;
 /// [`crate::Shutdown`] (or dropping every address) stops its workers and releases its keys.
@@ -54,6 +79,7 @@ where
     ticks: u64,
     /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
     key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
+    routing: Option<Routing<W>>,
 }
 
 impl<W> WorkerPool<W>
@@ -83,6 +109,7 @@ where
             ticking: false,
             ticks: 0,
             key_stream: None,
+            routing: None,
         }
     }
 
@@ -115,36 +142,45 @@ where
         format!("{}/keys/{key}", self.name)
     }
 
-    fn start_worker(&self, key: &str, token: i64) -> Addr<W> {
+    fn start_worker(&self, key: &str, lease: &Arc<Lease>) -> Addr<W> {
         (self.factory)(WorkerKey {
             key: key.to_owned(),
-            token,
+            token: lease.token(),
+            lease: lease.clone(),
         })
         .start()
     }
 
-    /// Stops `key`'s worker, waits until it has stopped, then lets its lease go: another process
-    /// can start the key's next worker only after this one ended. The wait is on the worker's own
-    /// code, not the network: a worker that does not stop keeps its key's lease (renewed, and
-    /// warned about every tick) rather than let a second worker start.
-    fn stop_key(&mut self, key: &str) {
-        if let Some(Running { lease, worker }) = self.running.remove(key) {
+    /// Stops `key`'s worker, waits until it has stopped and dropped its copy of the lease (its
+    /// [`WorkerKey`], and any clone of it), then lets the lease go: another process can start
+    /// the key's next worker only after this one ended. The wait is on the worker's own code,
+    /// not the network: a worker that does not stop keeps its key's lease (renewed, and warned
+    /// about every tick) rather than let a second worker start.
+    fn stop_key(&mut self, key: &str) -> Option<tokio::task::JoinHandle<()>> {
+        self.running.remove(key).map(|Running { lease, worker }| {
             worker.do_send(StopWorker);
             let (tick, key) = (self.tick, key.to_owned());
             actix::spawn(async move {
                 let mut warn_at = std::time::Instant::now() + tick;
-                while worker.connected() {
+                let mut lease = lease;
+                let lease = loop {
+                    if !worker.connected() {
+                        match Arc::try_unwrap(lease) {
+                            Ok(lease) => break lease,
+                            Err(shared) => lease = shared,
+                        }
+                    }
                     if std::time::Instant::now() >= warn_at {
-                        warn!(worker.key = %key, "a worker told to stop is still running; its key stays held");
+                        warn!(worker.key = %key, "a worker told to stop is still running (or keeps its WorkerKey); its key stays held");
                         warn_at += tick;
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
-                }
+                };
                 if let Err(e) = lease.release().await {
                     debug!(error = %e, "releasing a key's lease");
                 }
-            });
-        }
+            })
+        })
     }
 
     /// The lease of `key` (with `token`) is lost: its worker stops now, before the server could
@@ -183,16 +219,16 @@ where
             }
         }
         // Workers that stopped (a panic) while their lease is held start again.
-        let dead: Vec<(String, i64)> = self
+        let dead: Vec<(String, Arc<Lease>)> = self
             .running
             .iter()
             .filter(|(_, r)| !r.worker.connected())
-            .map(|(k, r)| (k.clone(), r.lease.token()))
+            .map(|(k, r)| (k.clone(), r.lease.clone()))
             .collect();
-        for (key, token) in dead {
+        for (key, lease) in dead {
             self.restarts += 1;
             warn!(pool.name = %self.name, worker.key = %key, "worker stopped while its key is held; starting it again");
-            let worker = self.start_worker(&key, token);
+            let worker = self.start_worker(&key, &lease);
             if let Some(running) = self.running.get_mut(&key) {
                 running.worker = worker;
             }
@@ -281,7 +317,8 @@ where
                             continue; // keys changed meanwhile: dropped, so released
                         }
                         let (token, lost) = (lease.token(), lease.lost());
-                        let worker = act.start_worker(&key, token);
+                        let lease = Arc::new(lease);
+                        let worker = act.start_worker(&key, &lease);
                         act.running.insert(key.clone(), Running { lease, worker });
                         ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
                     }
@@ -303,14 +340,34 @@ where
         if let Some(keys) = self.key_stream.take() {
             ctx.add_stream(keys);
         }
+        if let Some(routing) = self.routing.as_mut()
+            && let Some(serve) = routing.serve.take()
+        {
+            // Listened to from here on, also across the listener's reconnects.
+            let served = routing.listener.send(serve(ctx.address()));
+            ctx.spawn(served.into_actor(self).map(|served, act, _| {
+                if !matches!(served, Ok(Ok(()))) {
+                    warn!(pool.name = %act.name, "cannot serve routed messages; senders' calls time out");
+                }
+            }));
+        }
         self.rebalance(ctx);
         ctx.run_interval(self.tick, |act, ctx| act.rebalance(ctx));
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         let keys: Vec<String> = self.running.keys().cloned().collect();
-        for key in keys {
-            self.stop_key(&key);
+        let released: Vec<_> = keys.iter().filter_map(|key| self.stop_key(key)).collect();
+        if let Some(routing) = self.routing.take() {
+            // Served until the keys are released and a tick more: a router that read this
+            // process as a key's holder is told "not here" (the pool is gone) and looks again,
+            // instead of waiting out its deadline for an answer nobody would send.
+            let tick = self.tick;
+            actix::spawn(async move {
+                futures_util::future::join_all(released).await;
+                tokio::time::sleep(tick).await;
+                routing.listener.do_send(StopServing(routing.channel));
+            });
         }
         if let Some(membership) = self.membership.take() {
             actix::spawn(async move {
@@ -327,11 +384,11 @@ where
     type Result = Assignment;
 
     fn handle(&mut self, _: GetAssignment, _: &mut Context<Self>) -> Assignment {
-        let mut keys: Vec<WorkerKey> = self
+        let mut keys: Vec<AssignedKey> = self
             .running
             .iter()
             .filter(|(_, r)| r.lease.loss().is_none())
-            .map(|(key, r)| WorkerKey {
+            .map(|(key, r)| AssignedKey {
                 key: key.clone(),
                 token: r.lease.token(),
             })
@@ -377,5 +434,70 @@ where
 
     fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+{
+    /// Delivers messages from [`KeyRouter`]s to this pool's workers (which handle [`Routed`]),
+    /// answering on this member's channel through `listener`. Every process's pool of the name
+    /// should be routed, or messages to the keys of one that is not time out.
+    pub fn routed(mut self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
+        let channel = route::channel(&self.name, &self.owner);
+        let served = channel.clone();
+        let serve = move |pool: Addr<WorkerPool<W>>| {
+            Serve::new(served, move |request: Vec<u8>| {
+                let pool = pool.clone();
+                async move {
+                    let routed = route::decode_request(request)?;
+                    // A pool that stopped holds no key.
+                    let reply = pool.send(Deliver(routed)).await.unwrap_or(Reply::NotHere);
+                    Ok(reply.encode())
+                }
+            })
+        };
+        self.routing = Some(Routing {
+            listener,
+            channel,
+            serve: Some(Box::new(serve)),
+        });
+        self
+    }
+}
+
+/// A routed message arrived for a key: to its worker, if this process holds the key.
+#[derive(Message)]
+#[rtype(result = "Reply")]
+struct Deliver(Routed);
+
+impl<W> Handler<Deliver> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+{
+    type Result = ResponseFuture<Reply>;
+
+    fn handle(&mut self, Deliver(routed): Deliver, _: &mut Context<Self>) -> Self::Result {
+        let worker = match self.running.get(&routed.key) {
+            // Held, not lost: the key's only worker is here.
+            Some(running) if running.lease.loss().is_none() && running.worker.connected() => {
+                running.worker.clone()
+            }
+            _ => return Box::pin(async { Reply::NotHere }),
+        };
+        let handled = worker.send(routed);
+        Box::pin(async move {
+            match handled.await {
+                Ok(Ok(answer)) => Reply::Handled(answer),
+                Ok(Err(why)) => Reply::Failed(why),
+                // It was in the worker's mailbox: handled or not, no one can say.
+                Err(_) => Reply::Failed(
+                    "the key's worker stopped before it answered; the message may or may not \
+                     have been handled"
+                        .to_owned(),
+                ),
+            }
+        })
     }
 }

@@ -19,6 +19,7 @@ mod own_cluster;
 mod pgbouncer;
 mod privileges;
 mod reliability;
+mod routing;
 mod runtime;
 mod semaphore;
 mod shutdown;

@@ -1,0 +1,308 @@
+//! Routed worker pools: a message reaches its key's worker in whichever process holds the key,
+//! follows the key when it moves, and every call answers within its timeout; a worker fences
+//! its writes with its key's lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::ErrorKind;
+use pgcoord_actors::*;
+
+use super::Setup;
+
+/// What each key's worker received, in order: (the process, the token, the message).
+type Received = Arc<Mutex<HashMap<String, Vec<(String, i64, u64)>>>>;
+
+/// Answers `(process, token, message)` and records it; the message 999 is an error.
+struct Echo {
+    key: WorkerKey,
+    process: String,
+    received: Received,
+}
+
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Echo {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Routed> for Echo {
+    type Result = Result<Vec<u8>, String>;
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        assert_eq!(
+            routed.key(),
+            self.key.key,
+            "delivered to the key's own worker"
+        );
+        let n: u64 = routed.value().map_err(|e| e.to_string())?;
+        if n == 999 {
+            return Err("999 is refused".into());
+        }
+        let entry = (self.process.clone(), self.key.token, n);
+        (self.received.lock().unwrap())
+            .entry(self.key.key.clone())
+            .or_default()
+            .push(entry.clone());
+        pgcoord::signal::to_payload(&entry).map_err(|e| e.to_string())
+    }
+}
+
+struct Process {
+    pool: Addr<WorkerPool<Echo>>,
+    _locks: Addr<LockManager>,
+}
+
+fn start(
+    setup: &Setup,
+    process: &str,
+    keys: &[String],
+    received: &Received,
+    routed: bool,
+) -> Process {
+    let config = setup.builder(process).build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let (name, received) = (process.to_owned(), received.clone());
+    let factory = move |key: WorkerKey| Echo {
+        key,
+        process: name.clone(),
+        received: received.clone(),
+    };
+    let pool = WorkerPool::new(&config, locks.clone(), "routed", keys.to_vec(), factory);
+    let pool = if routed {
+        pool.routed(ListenerActor::new(config, None).start_supervised())
+    } else {
+        pool
+    };
+    Process {
+        pool: pool.start(),
+        _locks: locks,
+    }
+}
+
+fn router(setup: &Setup, process: &str) -> KeyRouter {
+    let config = setup.builder(process).build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    KeyRouter::new(
+        "routed",
+        locks,
+        ListenerActor::new(config, None).start_supervised(),
+    )
+}
+
+async fn held(process: &Process) -> HashMap<String, i64> {
+    let assignment = process.pool.send(GetAssignment).await.unwrap();
+    assignment
+        .keys
+        .into_iter()
+        .map(|k| (k.key, k.token))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_message_reaches_its_keys_worker_wherever_it_runs_and_follows_a_move() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let received = Received::default();
+    let a = start(&setup, "a", &keys, &received, true);
+    let b = start(&setup, "b", &keys, &received, true);
+    pgcoord_testkit::eventually(Duration::from_secs(6), "keys shared 5/5", async || {
+        held(&a).await.len() == 5 && held(&b).await.len() == 5
+    })
+    .await;
+    // A third process, no member, sends.
+    let router = router(&setup, "sender");
+    let (on_a, on_b) = (held(&a).await, held(&b).await);
+    for (i, key) in keys.iter().enumerate() {
+        let (process, token, n): (String, i64, u64) = router
+            .ask_value(key, &(i as u64), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(n, i as u64);
+        let holder = if on_a.contains_key(key) {
+            ("a", &on_a)
+        } else {
+            ("b", &on_b)
+        };
+        assert_eq!(
+            (process.as_str(), token),
+            (holder.0, holder.1[key]),
+            "{key}"
+        );
+    }
+    // The worker's error is the caller's, typed.
+    let refused = router
+        .ask_value::<_, (String, i64, u64)>("k0", &999u64, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Remote, "{refused}");
+    assert!(refused.to_string().contains("999 is refused"), "{refused}");
+
+    // While `a` leaves, one sender per key goes on asking: every message is answered (the
+    // router follows each key to `b`), in the order sent.
+    let senders: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (router, key) = (router.clone(), key.clone());
+            actix::spawn(async move {
+                for n in 100..160u64 {
+                    let _: (String, i64, u64) = router
+                        .ask_value(&key, &n, Duration::from_secs(10))
+                        .await
+                        .unwrap_or_else(|e| panic!("{key} message {n}: {e}"));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.pool.send(Shutdown).await.unwrap();
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    assert_eq!(held(&b).await.len(), 10, "b took every key");
+    let received = received.lock().unwrap().clone();
+    for key in &on_a.keys().cloned().collect::<Vec<_>>() {
+        let after: Vec<&(String, i64, u64)> =
+            received[key].iter().filter(|(_, _, n)| *n >= 100).collect();
+        let ns: Vec<u64> = after.iter().map(|(_, _, n)| *n).collect();
+        assert_eq!(
+            ns,
+            (100..160).collect::<Vec<_>>(),
+            "{key}: each once, in order"
+        );
+        assert!(
+            after.iter().any(|(p, _, _)| p == "a"),
+            "{key} served by a first"
+        );
+        assert_eq!(after.last().unwrap().0, "b", "{key} served by b at the end");
+    }
+}
+
+#[actix_rt::test]
+async fn a_routed_call_answers_within_its_timeout_and_says_what_it_knows() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let received = Received::default();
+    // A member that holds its key but does not serve routed messages: what a sender sees of a
+    // holder whose listener is gone.
+    let deaf = start(&setup, "deaf", &["held".to_owned()], &received, false);
+    pgcoord_testkit::eventually(Duration::from_secs(4), "the key held", async || {
+        held(&deaf).await.len() == 1
+    })
+    .await;
+    let router = router(&setup, "sender");
+    let timeout = Duration::from_millis(800);
+    for (key, says) in [
+        ("held", "may or may not have been handled"),
+        ("nobody's", "was not delivered"),
+    ] {
+        let started = Instant::now();
+        let e = router.ask(key, b"x".to_vec(), timeout).await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains(says), "{key}: {e}");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(500),
+            "{key}: {took:?}"
+        );
+    }
+    assert!(received.lock().unwrap().is_empty());
+}
+
+/// The slot a worker leaves its key in, for the test to fence with.
+type Slot = Arc<Mutex<Option<WorkerKey>>>;
+
+struct Keeper;
+
+impl Actor for Keeper {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Keeper {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+#[actix_rt::test]
+async fn a_worker_fences_its_writes_with_its_keys_lease() {
+    let (setup, mut admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let config = setup.builder("fencer").build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let slot = Slot::default();
+    let given = slot.clone();
+    let factory = move |key: WorkerKey| {
+        *given.lock().unwrap() = Some(key);
+        Keeper
+    };
+    let pool = WorkerPool::new(&config, locks.clone(), "fenced", vec!["k".into()], factory).start();
+    pgcoord_testkit::eventually(Duration::from_secs(4), "a worker", async || {
+        slot.lock().unwrap().is_some()
+    })
+    .await;
+    let first = slot.lock().unwrap().clone().unwrap();
+    assert_eq!(first.lease().name(), "fenced/keys/k");
+    assert_eq!(first.lease().token(), first.token);
+    let tx = admin.transaction().await.unwrap();
+    first.fence(&tx).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // The key's lease lost on the server: the old key's fence fails, typed; the next worker's
+    // holds.
+    admin
+        .execute(
+            &format!(
+                "DELETE FROM {} WHERE name = 'fenced/keys/k'",
+                setup.quoted_table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    locks.send(RenewNow).await.unwrap().unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(2), "the loss seen", async || {
+        first.loss().is_some()
+    })
+    .await;
+    let tx = admin.transaction().await.unwrap();
+    let e = first.fence(&tx).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LockLost, "{e}");
+    drop(tx);
+    pgcoord_testkit::eventually(Duration::from_secs(4), "a new worker", async || {
+        slot.lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|k| k.token > first.token)
+    })
+    .await;
+    let second = slot.lock().unwrap().clone().unwrap();
+    let tx = admin.transaction().await.unwrap();
+    second.fence(&tx).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // The test's copy of the key keeps its lease held after the pool stopped the worker: a
+    // key's lease goes only when nobody has its WorkerKey any more.
+    slot.lock().unwrap().take();
+    pool.send(SetKeys(Vec::new())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let count = async |admin: &tokio_postgres::Client| -> i64 {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE name = 'fenced/keys/k' AND owner IS NOT NULL",
+            setup.quoted_table()
+        );
+        admin.query_one(&sql, &[]).await.unwrap().get(0)
+    };
+    assert_eq!(count(&admin).await, 1, "held while the test keeps the key");
+    drop(second);
+    pgcoord_testkit::eventually(Duration::from_secs(2), "released", async || {
+        count(&admin).await == 0
+    })
+    .await;
+}
