@@ -76,6 +76,8 @@ pub struct Assignment {
     pub members: usize,
     /// Workers started again after they stopped while their lease was held.
     pub restarts: u64,
+    /// Rebalancing rounds begun so far (one per tick).
+    pub ticks: u64,
 }
 
 /// Replaces the pool's keys: workers of keys no longer listed stop and their leases go.

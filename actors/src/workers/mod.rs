@@ -7,7 +7,9 @@
 //! statements ([`Claim`]) — and starts one worker per key it holds, handing it the key and its
 //! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,
 //! so processes starting together share from the start; when one joins or leaves, keys move
-//! within about two ticks, half a lease.
+//! within about two ticks, half a lease. [`WorkerPool::max_moves`] bounds the keys claimed and
+//! released per tick; [`SubscribeMembers`] tells of members joining and leaving, and
+//! [`KeyRouter::members`] lists them from any process.
 //!
 //! A worker runs only while its key's lease is held: when the lease is lost the pool tells the
 //! worker to stop ([`StopWorker`]) at once — the holder learns of a loss before the server could
@@ -32,9 +34,11 @@ use crate::Call;
 use crate::leases::{Acquire, Claim, Lease, ListPrefix, LockManager};
 use crate::signals::{ListenerActor, Serve, StopServing};
 
+mod members;
 mod messages;
 pub mod route;
 
+pub use members::{MembersChanged, SubscribeMembers};
 pub use messages::{AssignedKey, Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey};
 use route::Reply;
 pub use route::{KeyRouter, Routed};
@@ -73,10 +77,14 @@ where
     factory: Box<dyn Fn(WorkerKey) -> W>,
     membership: Option<Lease>,
     running: HashMap<String, Running<W>>,
-    members: usize,
+    /// The live members at the last tick, by owner (this one included once registered).
+    members: Vec<String>,
+    watchers: Vec<Recipient<MembersChanged>>,
     restarts: u64,
     ticking: bool,
     ticks: u64,
+    /// At most this many keys released, and this many claimed, per tick.
+    max_moves: usize,
     /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
     key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
     routing: Option<Routing<W>>,
@@ -104,10 +112,12 @@ where
             factory: Box::new(factory),
             membership: None,
             running: HashMap::new(),
-            members: 1,
+            members: Vec::new(),
+            watchers: Vec::new(),
             restarts: 0,
             ticking: false,
             ticks: 0,
+            max_moves: usize::MAX,
             key_stream: None,
             routing: None,
         }
@@ -121,6 +131,14 @@ where
         keys: impl futures_util::Stream<Item = Vec<String>> + 'static,
     ) -> WorkerPool<W> {
         self.key_stream = Some(Box::pin(keys));
+        self
+    }
+
+    /// Moves at most `keys` keys per tick each way: at most that many released (above the fair
+    /// share) and that many claimed, so a join or leave spreads its moves — and the workers'
+    /// start-up cost — over several ticks. Unlimited by default; at least 1.
+    pub fn max_moves(mut self, keys: usize) -> WorkerPool<W> {
+        self.max_moves = keys.max(1);
         self
     }
 
@@ -198,6 +216,15 @@ where
         }
     }
 
+    /// The members read at this tick: watchers are told of a change.
+    fn set_members(&mut self, now: Vec<String>) {
+        if let Some(change) = members::change(&self.members, &now) {
+            // A watcher that stopped is dropped.
+            self.watchers.retain(|w| w.try_send(change.clone()).is_ok());
+        }
+        self.members = now;
+    }
+
     /// One round: membership, share, release above it, claim up to it, revive workers.
     fn rebalance(&mut self, ctx: &mut Context<Self>) {
         if self.ticking {
@@ -269,17 +296,17 @@ where
                 Some(Err(e)) => debug!(pool.name = %act.name, error = %e, "not a member yet"),
                 None => {}
             }
-            act.members = members.iter().filter(|m| m.is_held()).count().max(1);
+            act.set_members(members::live(&members, &format!("{}/members/", act.name)));
             // Processes starting together register before anyone claims.
             if first_tick {
                 return;
             }
-            let share = act.keys.len().div_ceil(act.members);
+            let share = act.keys.len().div_ceil(act.members.len().max(1));
             if act.running.len() > share {
                 let extra: Vec<String> = act
                     .running
                     .keys()
-                    .take(act.running.len() - share)
+                    .take((act.running.len() - share).min(act.max_moves))
                     .cloned()
                     .collect();
                 for key in extra {
@@ -287,7 +314,7 @@ where
                 }
                 return;
             }
-            let want = share - act.running.len();
+            let want = (share - act.running.len()).min(act.max_moves);
             if want == 0 {
                 return;
             }
@@ -396,7 +423,8 @@ where
         keys.sort_by(|a, b| a.key.cmp(&b.key));
         Assignment {
             keys,
-            members: self.members,
+            members: self.members.len().max(1),
+            ticks: self.ticks,
             restarts: self.restarts,
         }
     }
@@ -499,5 +527,22 @@ where
                 ),
             }
         })
+    }
+}
+
+impl<W> Handler<SubscribeMembers> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = ();
+
+    fn handle(&mut self, SubscribeMembers(watcher): SubscribeMembers, _: &mut Context<Self>) {
+        // The members as of now first, when there are any yet.
+        if let Some(now) = members::change(&[], &self.members)
+            && watcher.try_send(now).is_err()
+        {
+            return;
+        }
+        self.watchers.push(watcher);
     }
 }

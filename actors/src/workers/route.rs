@@ -212,6 +212,18 @@ impl KeyRouter {
         pgcoord::signal::from_payload(&answer)
     }
 
+    /// The pool's live members now, by owner, sorted: every process whose pool of this name
+    /// holds its member lease (read from the table; [`SubscribeMembers`](super::SubscribeMembers)
+    /// tells a pool's own process of changes).
+    pub async fn members(&self) -> Result<Vec<String>> {
+        let prefix = format!("{}/members/", self.pool);
+        let infos = self
+            .locks
+            .call(crate::leases::ListPrefix(prefix.clone()))
+            .await?;
+        Ok(super::members::live(&infos, &prefix))
+    }
+
     /// Reads the key's holder and asks it, again while the key has none or has moved. `sent`
     /// is set once a request went out that a worker may have handled.
     async fn ask_until(

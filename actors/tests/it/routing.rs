@@ -306,3 +306,39 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
     })
     .await;
 }
+
+#[actix_rt::test]
+async fn a_pools_members_are_listed_and_their_changes_told() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let (keys, received) = (vec!["k".to_owned()], Received::default());
+    let a = start(&setup, "a", &keys, &received, false);
+    let (changes, watcher) = super::Collector::<MembersChanged>::start_new();
+    a.pool.send(SubscribeMembers(watcher)).await.unwrap();
+    let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let first = changes.wait_for(1, Duration::from_secs(4)).await[0].clone();
+    assert_eq!(
+        (first.members, first.joined),
+        (names(&["a"]), names(&["a"]))
+    );
+
+    let b = start(&setup, "b", &keys, &received, false);
+    let joined = changes.wait_for(2, Duration::from_secs(4)).await[1].clone();
+    assert_eq!(
+        joined,
+        MembersChanged {
+            members: names(&["a", "b"]),
+            joined: names(&["b"]),
+            left: vec![],
+        }
+    );
+    // Any process can read them.
+    assert_eq!(
+        router(&setup, "observer").members().await.unwrap(),
+        names(&["a", "b"])
+    );
+
+    b.pool.send(Shutdown).await.unwrap();
+    let left = changes.wait_for(3, Duration::from_secs(4)).await[2].clone();
+    assert_eq!((left.members, left.left), (names(&["a"]), names(&["b"])));
+    assert_eq!(changes.received().len(), 3, "one message per change");
+}

@@ -258,3 +258,74 @@ async fn a_pool_follows_a_stream_of_key_sets() {
     })
     .await;
 }
+
+/// `max_moves` bounds the keys claimed and released per tick, counted by the pool's own ticks:
+/// alone, a pool takes 40 keys at most 3 a tick; when a second joins, keys move at most 3 a
+/// tick each way until they are shared 20/20.
+#[actix_rt::test]
+async fn max_moves_bounds_the_keys_moved_per_tick() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let (history, workers): (History, Workers) = Default::default();
+    let start = |owner: &str| {
+        let config = setup.builder(owner).build().unwrap();
+        let locks = LockManager::new(config.clone()).start();
+        let (history, workers, pool) = (history.clone(), workers.clone(), owner.to_owned());
+        let factory = move |key: WorkerKey| Recorder {
+            key,
+            pool: pool.clone(),
+            history: history.clone(),
+            workers: workers.clone(),
+        };
+        WorkerPool::new(&config, locks, "moves", keys.clone(), factory)
+            .max_moves(3)
+            .start()
+    };
+    let a = start("a");
+    let began = Instant::now();
+    loop {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "not done in a minute"
+        );
+        let now = assignment(&a).await;
+        // The first tick claims nothing; each later one at most 3.
+        assert!(
+            now.keys.len() as u64 <= 3 * now.ticks.saturating_sub(1),
+            "{} keys after {} ticks",
+            now.keys.len(),
+            now.ticks
+        );
+        if now.keys.len() == 40 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let since = assignment(&a).await.ticks;
+    let b = start("b");
+    loop {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "not done in a minute"
+        );
+        let (x, y) = (assignment(&a).await, assignment(&b).await);
+        assert!(
+            y.keys.len() as u64 <= 3 * y.ticks.saturating_sub(1),
+            "b: {} keys after {} ticks",
+            y.keys.len(),
+            y.ticks
+        );
+        // `a` releases only in ticks after b's first (b registers, then a sees two members).
+        assert!(
+            40 - x.keys.len() as u64 <= 3 * (x.ticks - since),
+            "a: {} keys {} ticks after b started",
+            x.keys.len(),
+            x.ticks - since
+        );
+        if x.keys.len() == 20 && y.keys.len() == 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(check(&history.lock().unwrap()), 40, "one worker per key");
+}
