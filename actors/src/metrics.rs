@@ -71,8 +71,20 @@ pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
 /// `consumer`, as a caught-up consumer last looked (every ten polls, at most every 10 s).
 pub const TOPIC_HELD_BACK: &str = "pgcoord_topic_held_back_seconds";
 
+/// Gauge: keys a worker pool's process holds, by `pool`.
+pub const WORKER_KEYS: &str = "pgcoord_worker_keys_held";
+/// Counter: keys a worker pool's process claimed or let go, by `pool` and `direction`
+/// (`claimed`, `released`).
+pub const WORKER_MOVES: &str = "pgcoord_worker_key_moves_total";
+/// Counter: messages a `KeyRouter` sent to a key's worker, by `pool` and `outcome` (`handled`,
+/// `failed`: the worker's error or the runtime's, `timeout`: may have been handled, `not_delivered`: no holder in
+/// time).
+pub const ROUTED: &str = "pgcoord_routed_messages_total";
+/// Histogram, seconds: a routed ask from the call to its answer, by `pool`.
+pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 24] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -93,6 +105,10 @@ pub const ALL: [&str; 20] = [
     TOPIC_REDELIVERIES,
     TOPIC_APPENDS,
     TOPIC_HELD_BACK,
+    WORKER_KEYS,
+    WORKER_MOVES,
+    ROUTED,
+    ROUTED_SECONDS,
 ];
 
 /// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
@@ -180,6 +196,26 @@ pub(crate) fn describe() {
         TOPIC_HELD_BACK,
         Unit::Seconds,
         "age of the oldest transaction, which holds topic readers back"
+    );
+    describe_gauge!(
+        WORKER_KEYS,
+        Unit::Count,
+        "keys a worker pool's process holds"
+    );
+    describe_counter!(
+        WORKER_MOVES,
+        Unit::Count,
+        "keys a worker pool's process claimed or let go"
+    );
+    describe_counter!(
+        ROUTED,
+        Unit::Count,
+        "messages routed to a key's worker, by outcome"
+    );
+    describe_histogram!(
+        ROUTED_SECONDS,
+        Unit::Seconds,
+        "a routed ask from the call to its answer"
     );
 }
 
@@ -395,4 +431,30 @@ impl AppendMetrics {
             failed: appends("failed"),
         }
     }
+}
+
+/// A worker pool's handles.
+pub(crate) struct WorkerMetrics {
+    pub(crate) keys: Share,
+    pub(crate) claimed: Counter,
+    pub(crate) released: Counter,
+}
+
+impl WorkerMetrics {
+    pub(crate) fn new(pool: &str) -> WorkerMetrics {
+        describe();
+        let moves = |direction: &'static str| counter!(WORKER_MOVES, "pool" => pool.to_owned(), "direction" => direction);
+        WorkerMetrics {
+            keys: Share::new(gauge!(WORKER_KEYS, "pool" => pool.to_owned())),
+            claimed: moves("claimed"),
+            released: moves("released"),
+        }
+    }
+}
+
+/// What a routed ask ended with, for [`ROUTED`].
+pub(crate) fn routed(pool: &str, outcome: &'static str, took: Duration) {
+    describe();
+    counter!(ROUTED, "pool" => pool.to_owned(), "outcome" => outcome).increment(1);
+    histogram!(ROUTED_SECONDS, "pool" => pool.to_owned()).record(took.as_secs_f64());
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use actix::Actor as _;
 use metrics_util::registry::{AtomicStorage, Registry};
 use pgcoord_actors::*;
 use pgcoord_testkit::{test_pg_config, unique_name};
@@ -277,6 +278,43 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     let timed_out = "result=timed_out";
     assert_eq!(seen.counter("pgcoord_pool_gets_total", timed_out), 0);
 
+    // A routed worker pool: its key claimed, a message routed and answered, one to a key
+    // nobody holds not delivered.
+    let pool = WorkerPool::new(
+        &config("me"),
+        me.locks.clone(),
+        "metered",
+        vec!["k".into()],
+        |_: WorkerKey| Echo,
+    )
+    .routed(me.signals.clone())
+    .start();
+    let router = KeyRouter::new("metered", other.locks.clone(), other.signals.clone());
+    let answer = router
+        .ask("k", b"hi".to_vec(), Duration::from_secs(10))
+        .await;
+    assert_eq!(answer.unwrap(), b"hi");
+    let nobody = router
+        .ask("none", b"x".to_vec(), Duration::from_millis(100))
+        .await;
+    assert_eq!(nobody.unwrap_err().kind(), pgcoord::ErrorKind::Timeout);
+    let now = &seen;
+    assert_eq!(now.gauge("pgcoord_worker_keys_held", "pool=metered"), 1.0);
+    let claimed = "direction=claimed,pool=metered";
+    assert_eq!(now.counter("pgcoord_worker_key_moves_total", claimed), 1);
+    let routed = "pgcoord_routed_messages_total";
+    assert_eq!(now.counter(routed, "outcome=handled,pool=metered"), 1);
+    assert_eq!(now.counter(routed, "outcome=not_delivered,pool=metered"), 1);
+    assert_eq!(now.samples("pgcoord_routed_seconds", "pool=metered"), 2);
+    pool.send(Shutdown).await.unwrap();
+    // The pool lets its keys go as it stops, just after it answered.
+    pgcoord_testkit::eventually(Duration::from_secs(5), "the key let go", async || {
+        seen.gauge("pgcoord_worker_keys_held", "pool=metered") == 0.0
+    })
+    .await;
+    let released = "direction=released,pool=metered";
+    assert_eq!(seen.counter("pgcoord_worker_key_moves_total", released), 1);
+
     // No series is per process.
     let keys = (seen.0.get_counter_handles().into_keys())
         .chain(seen.0.get_gauge_handles().into_keys())
@@ -305,4 +343,25 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
             .and_then(|d| d.1)
     };
     assert_eq!(unit("pgcoord_acquire_wait_seconds"), Some(Unit::Seconds));
+}
+
+/// A routed pool's worker that answers what it is sent.
+struct Echo;
+
+impl actix::Actor for Echo {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<StopWorker> for Echo {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+        actix::ActorContext::stop(ctx);
+    }
+}
+
+impl actix::Handler<Routed> for Echo {
+    type Result = Result<Vec<u8>, String>;
+    fn handle(&mut self, routed: Routed, _: &mut actix::Context<Self>) -> Self::Result {
+        Ok(routed.payload().to_vec())
+    }
 }

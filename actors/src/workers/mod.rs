@@ -85,6 +85,7 @@ where
     ticks: u64,
     /// At most this many keys released, and this many claimed, per tick.
     max_moves: usize,
+    metrics: crate::metrics::WorkerMetrics,
     /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
     key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
     routing: Option<Routing<W>>,
@@ -103,8 +104,10 @@ where
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
     ) -> WorkerPool<W> {
+        let name = name.into();
         WorkerPool {
-            name: name.into(),
+            metrics: crate::metrics::WorkerMetrics::new(&name),
+            name,
             keys,
             locks,
             owner: config.owner().to_owned(),
@@ -176,6 +179,8 @@ where
     /// about every tick) rather than let a second worker start.
     fn stop_key(&mut self, key: &str) -> Option<tokio::task::JoinHandle<()>> {
         self.running.remove(key).map(|Running { lease, worker }| {
+            self.metrics.released.increment(1);
+            self.metrics.keys.set(self.running.len() as f64);
             worker.do_send(StopWorker);
             let (tick, key) = (self.tick, key.to_owned());
             actix::spawn(async move {
@@ -213,6 +218,7 @@ where
             if let Some(running) = self.running.remove(key) {
                 running.worker.do_send(StopWorker);
             }
+            self.metrics.keys.set(self.running.len() as f64);
         }
     }
 
@@ -245,6 +251,7 @@ where
                 running.worker.do_send(StopWorker);
             }
         }
+        self.metrics.keys.set(self.running.len() as f64);
         // Workers that stopped (a panic) while their lease is held start again.
         let dead: Vec<(String, Arc<Lease>)> = self
             .running
@@ -347,6 +354,8 @@ where
                         let lease = Arc::new(lease);
                         let worker = act.start_worker(&key, &lease);
                         act.running.insert(key.clone(), Running { lease, worker });
+                        act.metrics.claimed.increment(1);
+                        act.metrics.keys.set(act.running.len() as f64);
                         ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
                     }
                 }

@@ -173,7 +173,15 @@ impl KeyRouter {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut sent = false;
         let asked = self.ask_until(key, payload.into(), deadline, &mut sent);
+        let started = std::time::Instant::now();
         let answer = tokio::time::timeout_at(deadline, asked).await;
+        let outcome = match &answer {
+            Ok(Ok(_)) => "handled",
+            Ok(Err(e)) if e.kind() != ErrorKind::Timeout => "failed",
+            _ if sent => "timeout",
+            _ => "not_delivered",
+        };
+        crate::metrics::routed(&self.pool, outcome, started.elapsed());
         match answer {
             Ok(Err(e)) if e.kind() != ErrorKind::Timeout => Err(e),
             Ok(Ok(answer)) => Ok(answer),
