@@ -1,6 +1,7 @@
 //! A worker pool: two pools (standing in for two processes) share 20 keys — one worker actor per
-//! key, each given its key's fencing token. One pool stops; its keys move to the other, and no
-//! key ever has two workers.
+//! key, each given its key's lease to fence with. A third process sends a message to every key
+//! through a `KeyRouter`, which finds the key's worker wherever it runs. One pool stops; its keys
+//! move to the other, the messages follow them, and no key ever has two workers.
 //!
 //! Run with `cargo run --example worker_pool`. It uses `DATABASE_URL` when set, and otherwise
 //! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
@@ -11,7 +12,10 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::{Config, schema};
-use pgcoord_actors::{GetAssignment, LockManager, Shutdown, StopWorker, WorkerKey, WorkerPool};
+use pgcoord_actors::{
+    GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Shutdown, StopWorker, WorkerKey,
+    WorkerPool,
+};
 
 /// The workers alive now, by key, with their tokens.
 type Running = Arc<Mutex<std::collections::HashMap<String, i64>>>;
@@ -19,6 +23,7 @@ type Running = Arc<Mutex<std::collections::HashMap<String, i64>>>;
 /// Serves one customer; counts itself in `running` while alive.
 struct CustomerWorker {
     key: WorkerKey,
+    process: String,
     running: Running,
     most_at_once: Arc<AtomicI64>,
 }
@@ -36,6 +41,14 @@ impl Actor for CustomerWorker {
     }
     fn stopped(&mut self, _: &mut Context<Self>) {
         self.running.lock().unwrap().remove(&self.key.key);
+    }
+}
+
+/// A routed message: the worker answers which process it runs in, and its key's token.
+impl Handler<Routed> for CustomerWorker {
+    type Result = Result<Vec<u8>, String>;
+    fn handle(&mut self, _: Routed, _: &mut Context<Self>) -> Self::Result {
+        Ok(format!("{} (token {})", self.process, self.key.token).into_bytes())
     }
 }
 
@@ -68,8 +81,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = |owner: &str| -> Result<_, pgcoord::Error> {
         let config = config(owner)?;
         let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+        let process = owner.to_owned();
         let factory = move |key| CustomerWorker {
             key,
+            process: process.clone(),
             running: running.clone(),
             most_at_once: most.clone(),
         };
@@ -80,7 +95,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             keys.clone(),
             factory,
         )
+        .routed(ListenerActor::new(config, None).start_supervised())
         .start())
+    };
+    // The sender: any process, a member of the pool or not.
+    let sender = config("sender")?;
+    let router = KeyRouter::new(
+        "customers",
+        LockManager::new(sender.clone()).start(),
+        ListenerActor::new(sender, None).start_supervised(),
+    );
+    let ask = async |key: &str| -> Result<String, pgcoord::Error> {
+        let answer = router
+            .ask(key, b"hello".to_vec(), Duration::from_secs(5))
+            .await?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
     };
     let (a, b) = (start("process-a")?, start("process-b")?);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -89,6 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b.send(GetAssignment).await?.keys.len(),
     );
     println!("process-a serves {held_a} keys, process-b {held_b}");
+    println!("customer-1 is served by {}", ask("customer-1").await?);
 
     a.send(Shutdown).await?; // its workers stop, its keys' leases are released
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -99,6 +129,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         held[0].key,
         held[0].token
     );
+    for key in &keys {
+        assert!(ask(key).await?.starts_with("process-b"), "{key} followed");
+    }
+    println!("customer-1 is served by {} now", ask("customer-1").await?);
     println!(
         "workers running now: {}; never more than one per key",
         running.lock().unwrap().len()
