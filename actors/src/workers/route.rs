@@ -1,7 +1,7 @@
 //! Routing: a message to a key's worker in whichever process of the fleet holds the key now.
 //!
-//! A routed pool's member answers requests on a channel of its own ([`channel`]: the pool's
-//! name and the member's owner, hashed). A [`KeyRouter`] reads who holds the key's lease — the
+//! A routed pool's member answers requests on a channel of its own (`pgcoord.route.` and a hash
+//! of the pool's name and the member's owner). A [`KeyRouter`] reads who holds the key's lease — the
 //! lease table's row, by the server's clock, never a notification's word — and asks that
 //! member. The member hands the message to the key's worker only while it holds the key's
 //! lease, and otherwise answers "not here": the router reads the table again (the key is
