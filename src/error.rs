@@ -235,7 +235,13 @@ impl From<tokio_postgres::Error> for Error {
         let kind = classify(&error);
         let message = match error.as_db_error() {
             Some(db) => format!("database error {}: {}", db.code().code(), db.message()),
-            None => format!("database error: {error}"),
+            // tokio-postgres's text leaves out the cause ("error communicating with the
+            // server"); the operating system's words ("Connection reset by peer") say what
+            // happened.
+            None => match error.source() {
+                Some(cause) => format!("database error: {error}: {cause}"),
+                None => format!("database error: {error}"),
+            },
         };
         Error::new(kind, message).with_source(error)
     }

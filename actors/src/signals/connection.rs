@@ -123,6 +123,17 @@ impl ListenerActor {
         ctx.spawn(ping.into_actor(self).map(
             |result: pgcoord::Result<bool>, act, ctx| match result {
                 Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
+                // The socket broke under the ping (no SQLSTATE): the connection's own stream
+                // is about to end with the server's words ("terminating connection …"), which
+                // tell an operator more. It reports first when it can (and this timer goes with
+                // the restart); otherwise this does, a ping timeout later.
+                Err(e) if e.code().is_none() => {
+                    let error = e.to_string();
+                    let grace = act.config.ping_timeout();
+                    ctx.run_later(grace, move |act, ctx| {
+                        act.fail(ctx, ConnState::Disconnected { error })
+                    });
+                }
                 Err(e) => act.fail(
                     ctx,
                     ConnState::Disconnected {
