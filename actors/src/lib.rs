@@ -111,6 +111,6 @@ pub use topics::{
     StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{
-    AssignedKey, Assignment, GetAssignment, KeyRouter, MembersChanged, Routed, SetKeys, StopWorker,
-    SubscribeMembers, WorkerKey, WorkerPool,
+    AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, MembersChanged, Routed, SetKeys,
+    StopWorker, SubscribeMembers, WorkerKey, WorkerPool,
 };

@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|advisory|signals|topics|faults` (election includes semaphores and worker pools), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|faults` (election includes semaphores and worker pools), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -18,6 +18,7 @@ mod leases;
 mod locks;
 mod placement;
 mod report;
+mod routing;
 mod semaphore;
 mod signals;
 mod topics;
@@ -121,6 +122,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         election::run(&pg, &sizes, &mut report).await?;
         semaphore::run(&pg, &sizes, &mut report).await?;
         workers::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("routing") {
+        routing::run(&pg, &sizes, &mut report).await?;
     }
     if run("advisory") {
         locks::run(&pg, &sizes, &mut report).await?;

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::Call;
 use crate::leases::{Acquire, Claim, Lease, ListPrefix, LockManager};
@@ -39,7 +39,7 @@ mod messages;
 pub mod route;
 
 pub use members::{MembersChanged, SubscribeMembers};
-pub use messages::{AssignedKey, Assignment, GetAssignment, SetKeys, StopWorker, WorkerKey};
+pub use messages::{AssignedKey, Assignment, Drain, GetAssignment, SetKeys, StopWorker, WorkerKey};
 use route::Reply;
 pub use route::{KeyRouter, Routed};
 
@@ -58,6 +58,17 @@ where
     listener: Addr<ListenerActor>,
     channel: String,
     serve: Option<MakeServe<W>>,
+}
+
+/// A pool handing its keys over before it stops.
+#[derive(Default)]
+struct Draining {
+    /// Who asked, told once every key is released.
+    waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Releases under way.
+    releasing: Vec<tokio::task::JoinHandle<()>>,
+    /// Every key is let go: waiting for the releases, then stopping.
+    finishing: bool,
 }
 
 /// Makes the pool's [`Serve`] once its address exists.
@@ -86,6 +97,8 @@ where
     /// At most this many keys released, and this many claimed, per tick.
     max_moves: usize,
     metrics: crate::metrics::WorkerMetrics,
+    /// Set by [`Drain`]: the pool hands its keys over and stops.
+    drain: Option<Draining>,
     /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
     key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
     routing: Option<Routing<W>>,
@@ -121,6 +134,7 @@ where
             ticking: false,
             ticks: 0,
             max_moves: usize::MAX,
+            drain: None,
             key_stream: None,
             routing: None,
         }
@@ -222,6 +236,29 @@ where
         }
     }
 
+    /// A draining pool's tick: up to `max_moves` keys let go (each worker stopped before its
+    /// lease goes); once none is left, the releases are awaited, the callers told, the pool
+    /// stopped.
+    fn drain_some(&mut self, ctx: &mut Context<Self>) {
+        let going: Vec<String> = self.running.keys().take(self.max_moves).cloned().collect();
+        let released: Vec<_> = going.iter().filter_map(|key| self.stop_key(key)).collect();
+        let Some(drain) = self.drain.as_mut() else {
+            return;
+        };
+        drain.releasing.extend(released);
+        if !self.running.is_empty() || drain.finishing {
+            return;
+        }
+        drain.finishing = true;
+        let releasing = futures_util::future::join_all(std::mem::take(&mut drain.releasing));
+        ctx.spawn(releasing.into_actor(self).map(|_, act, ctx| {
+            for waiter in act.drain.take().map(|d| d.waiters).unwrap_or_default() {
+                let _ = waiter.send(());
+            }
+            ctx.stop();
+        }));
+    }
+
     /// The members read at this tick: watchers are told of a change.
     fn set_members(&mut self, now: Vec<String>) {
         if let Some(change) = members::change(&self.members, &now) {
@@ -268,7 +305,8 @@ where
             }
         }
         let member_lease = format!("{}/members/{}", self.name, self.owner);
-        let needs_membership = self.membership.as_ref().is_none_or(|m| m.loss().is_some());
+        let needs_membership =
+            self.drain.is_none() && (self.membership.as_ref()).is_none_or(|m| m.loss().is_some());
         let (locks, prefix, key_prefix) = (
             self.locks.clone(),
             format!("{}/members/", self.name),
@@ -299,11 +337,17 @@ where
                 }
             };
             match membership {
-                Some(Ok(lease)) => act.membership = Some(lease),
+                // A drain began meanwhile: the lease is dropped, so released.
+                Some(Ok(lease)) if act.drain.is_none() => act.membership = Some(lease),
+                Some(Ok(_)) => {}
                 Some(Err(e)) => debug!(pool.name = %act.name, error = %e, "not a member yet"),
                 None => {}
             }
             act.set_members(members::live(&members, &format!("{}/members/", act.name)));
+            if act.drain.is_some() {
+                act.drain_some(ctx);
+                return;
+            }
             // Processes starting together register before anyone claims.
             if first_tick {
                 return;
@@ -553,5 +597,34 @@ where
             return;
         }
         self.watchers.push(watcher);
+    }
+}
+
+impl<W> Handler<Drain> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> Self::Result {
+        let (told, drained) = tokio::sync::oneshot::channel();
+        let first = self.drain.is_none();
+        self.drain
+            .get_or_insert_with(Draining::default)
+            .waiters
+            .push(told);
+        if first {
+            info!(pool.name = %self.name, keys = self.running.len(), "draining: handing every key over");
+            // Out of the membership first: the other members' shares grow to cover these keys.
+            if let Some(membership) = self.membership.take() {
+                actix::spawn(async move {
+                    let _ = membership.release().await;
+                });
+            }
+        }
+        // Resolves also when the pool stopped another way (its keys are then released too).
+        Box::pin(async move {
+            let _ = drained.await;
+        })
     }
 }

@@ -329,3 +329,113 @@ async fn max_moves_bounds_the_keys_moved_per_tick() {
     }
     assert_eq!(check(&history.lock().unwrap()), 40, "one worker per key");
 }
+
+/// Starts a pool of `name` over `keys` for `owner`, recording into `history`.
+fn recorded(
+    setup: &Setup,
+    owner: &str,
+    name: &str,
+    keys: &[String],
+    history: &History,
+) -> WorkerPool<Recorder> {
+    let config = setup.builder(owner).build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let (history, workers, pool) = (history.clone(), Workers::default(), owner.to_owned());
+    let factory = move |key: WorkerKey| Recorder {
+        key,
+        pool: pool.clone(),
+        history: history.clone(),
+        workers: workers.clone(),
+    };
+    WorkerPool::new(&config, locks, name, keys.to_vec(), factory)
+}
+
+/// The process each key's workers ran in, in order of their starts.
+fn placements(history: &[Event]) -> HashMap<String, Vec<String>> {
+    let mut placed: HashMap<String, Vec<String>> = HashMap::new();
+    for event in history {
+        if let Event::Started { key, pool, .. } = event {
+            let places = placed.entry(key.clone()).or_default();
+            if places.last() != Some(pool) {
+                places.push(pool.clone());
+            }
+        }
+    }
+    placed
+}
+
+/// A member joining two others takes only its share, from both, and no key moves between the
+/// two that were there: 30 keys shared 15/15 become 10/10/10 with 10 keys moved.
+#[actix_rt::test]
+async fn a_joining_member_moves_only_its_share() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let history = History::default();
+    let a = recorded(&setup, "a", "joins", &keys, &history).start();
+    let b = recorded(&setup, "b", "joins", &keys, &history).start();
+    pgcoord_testkit::eventually(Duration::from_secs(6), "15/15", async || {
+        assignment(&a).await.keys.len() == 15 && assignment(&b).await.keys.len() == 15
+    })
+    .await;
+    let before = placements(&history.lock().unwrap());
+    let c = recorded(&setup, "c", "joins", &keys, &history).start();
+    pgcoord_testkit::eventually(Duration::from_secs(6), "10/10/10", async || {
+        let held = [&a, &b, &c].map(async |p| assignment(p).await.keys.len());
+        futures_util::future::join_all(held).await == [10, 10, 10]
+    })
+    .await;
+    let history = history.lock().unwrap().clone();
+    let after = placements(&history);
+    let moved = keys
+        .iter()
+        .filter(|k| after[*k].len() > before[*k].len())
+        .count();
+    assert_eq!(moved, 10, "only the joiner's share moved: {after:?}");
+    assert!(
+        keys.iter().all(|k| after[k].len() <= before[k].len() + 1),
+        "{after:?}"
+    );
+    assert_eq!(check(&history), 30, "one worker per key");
+}
+
+/// A drained member hands every key over and stops: out of the membership at once, its keys
+/// let go three a tick, each worker stopped before its key is released, and the call resolves
+/// once all are released; the other member serves every key, never two workers at once.
+#[actix_rt::test]
+async fn a_drained_member_hands_its_keys_over_and_stops() {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let history = History::default();
+    let a = recorded(&setup, "a", "drains", &keys, &history)
+        .max_moves(3)
+        .start();
+    let b = recorded(&setup, "b", "drains", &keys, &history).start();
+    pgcoord_testkit::eventually(Duration::from_secs(6), "10/10", async || {
+        assignment(&a).await.keys.len() == 10 && assignment(&b).await.keys.len() == 10
+    })
+    .await;
+    let started = Instant::now();
+    a.send(Drain).await.unwrap();
+    eprintln!("drained in {:?}", started.elapsed());
+    // Ten keys, three a tick: four ticks at least (a quarter lease each).
+    assert!(
+        started.elapsed() >= Duration::from_millis(3 * 500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!a.connected(), "the drained pool stopped");
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE owner = 'a' AND name LIKE 'drains/%'",
+        setup.quoted_table()
+    );
+    let held: i64 = admin.query_one(&sql, &[]).await.unwrap().get(0);
+    assert_eq!(
+        held, 0,
+        "every key and the membership released when Drain resolved"
+    );
+    pgcoord_testkit::eventually(Duration::from_secs(4), "b serves all 20", async || {
+        assignment(&b).await.keys.len() == 20
+    })
+    .await;
+    assert_eq!(check(&history.lock().unwrap()), 20, "one worker per key");
+}

@@ -1,0 +1,159 @@
+//! Routed worker pools: a message to a key's worker in another process, against the
+//! request/reply round trip it is built on, one at a time and with many senders at once.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord_actors::{
+    Ask, GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Serve, Shutdown, StopWorker,
+    WorkerKey, WorkerPool,
+};
+
+use crate::Sizes;
+use crate::leases::Res;
+use crate::report::{Report, Samples};
+
+/// Answers what it is sent.
+struct Echo;
+impl Actor for Echo {
+    type Context = Context<Self>;
+}
+impl Handler<StopWorker> for Echo {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+impl Handler<Routed> for Echo {
+    type Result = Result<Vec<u8>, String>;
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        Ok(routed.payload().to_vec())
+    }
+}
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let config = |owner: &str| {
+        Config::builder()
+            .pg_config(pg)
+            .owner(owner)
+            .lock_table("bench_routing")
+            .lease(Duration::from_secs(4))
+            .heartbeat(Duration::from_secs(1))
+            .pool_size(16)
+            .build()
+    };
+    let admin_cfg = config("admin")?;
+    let admin = pgcoord::db::connect_spawned(&admin_cfg).await?;
+    pgcoord::schema::drop_tables(&admin, &admin_cfg).await?;
+    pgcoord::schema::migrate(&admin, &admin_cfg).await?;
+    let keys: Vec<String> = (0..1_000).map(|i| format!("k{i}")).collect();
+    // Two members, as two processes; each key's worker answers from one of them.
+    let member = |owner: &str| -> Res<(Addr<WorkerPool<Echo>>, Addr<ListenerActor>)> {
+        let config = config(owner)?;
+        let locks = LockManager::new(config.clone()).start();
+        let listener = ListenerActor::new(config.clone(), None).start_supervised();
+        let pool = WorkerPool::new(&config, locks, "bench", keys.clone(), |_: WorkerKey| Echo)
+            .routed(listener.clone());
+        Ok((pool.start(), listener))
+    };
+    let (a, a_listener) = member("a")?;
+    let (b, _b_listener) = member("b")?;
+    let started = Instant::now();
+    loop {
+        let held =
+            a.send(GetAssignment).await?.keys.len() + b.send(GetAssignment).await?.keys.len();
+        if held == keys.len() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err("the keys were not all held within a minute".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The floor: the same sender's request/reply to a channel one member serves.
+    a_listener
+        .send(Serve::new("bench_route_floor", |p| async move { Ok(p) }))
+        .await??;
+    let sender = config("sender")?;
+    let listener = ListenerActor::new(sender.clone(), None).start_supervised();
+    let router = KeyRouter::new("bench", LockManager::new(sender).start(), listener.clone());
+    let timeout = Duration::from_secs(10);
+    let floor = |i: usize| {
+        let ask = Ask::new("bench_route_floor", (i as u32).to_be_bytes().to_vec()).timeout(timeout);
+        listener.send(ask)
+    };
+
+    // One at a time, interleaved in blocks of 20 (the first operation after a switch is slower).
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for block in 0..sizes.requests.div_ceil(20) {
+        for side in [block % 2, 1 - block % 2] {
+            for i in block * 20..(block + 1) * 20 {
+                let t = Instant::now();
+                if side == 0 {
+                    floor(i).await??;
+                    theirs.push(t.elapsed());
+                } else {
+                    let key = &keys[i % keys.len()];
+                    router
+                        .ask(key, (i as u32).to_be_bytes().to_vec(), timeout)
+                        .await?;
+                    ours.push(t.elapsed());
+                }
+            }
+        }
+    }
+    let (ours, theirs) = (Samples::new(ours), Samples::new(theirs));
+    let p50 = report.time(
+        "routed ask to a key's worker in another process, p50 (floor: request/reply round trip)",
+        ours.p(0.5),
+        theirs.p(0.5),
+    );
+    report.time("routed ask, p99", ours.p(0.99), theirs.p(0.99));
+    report.target(
+        "routed ask p50: at most 1.2× the request/reply round trip",
+        format!("{p50:.3}×"),
+        p50 <= 1.2,
+    );
+
+    // Many senders at once: 64 loops, each one ask after another, over 1,000 keys on two
+    // members; the floor is 64 loops of request/reply.
+    let total = sizes.requests * 4;
+    let per = total.div_ceil(64);
+    let rate = async |routed: bool| -> Res<f64> {
+        let t = Instant::now();
+        let loops = (0..64).map(|l| {
+            let (router, keys) = (router.clone(), &keys);
+            let floor = &floor;
+            async move {
+                for i in l * per..(l + 1) * per {
+                    if routed {
+                        let key = &keys[i % keys.len()];
+                        router.ask(key, b"m".to_vec(), timeout).await?;
+                    } else {
+                        floor(i).await??;
+                    }
+                }
+                Ok::<(), Box<dyn std::error::Error>>(())
+            }
+        });
+        for done in futures_util::future::join_all(loops).await {
+            done?;
+        }
+        Ok((per * 64) as f64 / t.elapsed().as_secs_f64())
+    };
+    let (mut ours, mut theirs) = (0f64, 0f64);
+    for _ in 0..2 {
+        theirs = theirs.max(rate(false).await?);
+        ours = ours.max(rate(true).await?);
+    }
+    report.rate(
+        "routed asks/s, 64 senders, 1,000 keys on two members (floor: request/reply, 64 senders)",
+        ours,
+        theirs,
+        "msgs/s",
+    );
+    a.send(Shutdown).await?;
+    b.send(Shutdown).await?;
+    Ok(())
+}
