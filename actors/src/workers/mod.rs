@@ -573,11 +573,7 @@ where
                 Ok(Ok(answer)) => Reply::Handled(answer),
                 Ok(Err(why)) => Reply::Failed(why),
                 // It was in the worker's mailbox: handled or not, no one can say.
-                Err(_) => Reply::Failed(
-                    "the key's worker stopped before it answered; the message may or may not \
-                     have been handled"
-                        .to_owned(),
-                ),
+                Err(_) => Reply::Unknown,
             }
         })
     }

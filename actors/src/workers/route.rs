@@ -92,6 +92,9 @@ pub(super) enum Reply {
     Failed(String),
     /// This member does not hold the key (any more, or yet): nothing was delivered.
     NotHere,
+    /// The worker had the message and stopped before it answered (its key moved, or it
+    /// panicked): it may or may not have been handled.
+    Unknown,
 }
 
 impl Reply {
@@ -101,6 +104,7 @@ impl Reply {
             Reply::Handled(bytes) => (0, bytes),
             Reply::Failed(why) => (1, why.into_bytes()),
             Reply::NotHere => (2, Vec::new()),
+            Reply::Unknown => (3, Vec::new()),
         };
         rest.insert(0, tag);
         rest
@@ -114,6 +118,7 @@ impl Reply {
             0 => Ok(Reply::Handled(rest)),
             1 => Ok(Reply::Failed(String::from_utf8_lossy(&rest).into_owned())),
             2 => Ok(Reply::NotHere),
+            3 => Ok(Reply::Unknown),
             _ => Err(bad()),
         }
     }
@@ -138,6 +143,15 @@ impl std::fmt::Debug for KeyRouter {
     }
 }
 
+/// [`ErrorKind::Timeout`] for a message that reached, or may have reached, the key's worker
+/// without an answer: it may or may not have been handled.
+fn maybe_handled(key: &str, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        format!("the worker of key {key:?} {what}: the message may or may not have been handled"),
+    )
+}
+
 /// How long the router waits before reading the table again while a key has no holder or is
 /// moving: a few milliseconds at first (a move is usually over in one tick), at most this.
 const LOOK_AGAIN_AT_MOST: Duration = Duration::from_millis(200);
@@ -160,9 +174,11 @@ impl KeyRouter {
     /// Sends `payload` to the worker of `key` and answers its reply, within `timeout` whatever
     /// the connections do. While the key moves between processes or has no holder yet, the
     /// router looks again until the deadline. Errors: the worker's own as
-    /// [`ErrorKind::Remote`]; [`ErrorKind::Timeout`] when no answer came in time — the message
-    /// may or may not have been handled (at most once: it is never sent twice). One call after
-    /// another keeps their order for a key.
+    /// [`ErrorKind::Remote`]; [`ErrorKind::Timeout`] when no answer came — in time, or at all
+    /// (the worker stopped before it answered): the message may or may not have been handled
+    /// (at most once: it is never sent twice), and the error says which; or, when no process
+    /// held the key in time, that it was not delivered. One call after another keeps their
+    /// order for a key.
     #[instrument(skip_all, fields(pool.name = %self.pool, worker.key = %key), level = "debug")]
     pub async fn ask(
         &self,
@@ -186,12 +202,9 @@ impl KeyRouter {
             Ok(Err(e)) if e.kind() != ErrorKind::Timeout => Err(e),
             Ok(Ok(answer)) => Ok(answer),
             // The deadline, here or in the listener's ask.
-            _ if sent => Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "no answer from the worker of key {key:?} within {timeout:?}: the message \
-                     may or may not have been handled"
-                ),
+            _ if sent => Err(maybe_handled(
+                key,
+                &format!("did not answer within {timeout:?}"),
             )),
             _ => Err(Error::new(
                 ErrorKind::Timeout,
@@ -257,6 +270,9 @@ impl KeyRouter {
                     match Reply::decode(answer)? {
                         Reply::Handled(bytes) => return Ok(bytes),
                         Reply::Failed(why) => return Err(Error::new(ErrorKind::Remote, why)),
+                        Reply::Unknown => {
+                            return Err(maybe_handled(key, "stopped before it answered"));
+                        }
                         // Not delivered: the key moved on (or not yet in), so sending again is
                         // still at most once.
                         Reply::NotHere => {
@@ -294,6 +310,7 @@ mod tests {
             Reply::Handled(b"ok".to_vec()),
             Reply::Failed("no".into()),
             Reply::NotHere,
+            Reply::Unknown,
         ] {
             assert_eq!(Reply::decode(reply.clone().encode()).unwrap(), reply);
         }

@@ -8,6 +8,7 @@ mod failover;
 mod graceful;
 mod pauses;
 mod restarts;
+mod routing;
 mod topic_consumers;
 mod topics;
 mod torture;

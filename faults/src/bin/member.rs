@@ -1,0 +1,123 @@
+//! A routed worker pool's member as a process of its own, for the scenarios that kill and
+//! drain it.
+//!
+//! `member --dsn D --lock-table L --applied A --owner O --keys N [--lease-ms 2000]` runs pool
+//! `routed` over keys `k0`…`k{N-1}`. Each key's worker applies a routed message (a `u64`,
+//! MessagePack) as a row of table `A` (`key`, `n`, `owner`, `token`) in a transaction fenced by
+//! its key's lease, then answers. It prints `READY` once it runs, and on SIGTERM drains (hands
+//! its keys over) and prints `DRAINED` (or `ERROR <message>`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord_actors::{Coordinator, Drain, Routed, StopWorker, WorkerKey, WorkerPool};
+use pgcoord_faults::program::{need, number, say};
+use tokio::sync::Mutex;
+
+/// Applies the messages of one key.
+struct Applier {
+    key: WorkerKey,
+    config: Arc<Config>,
+    applied: Arc<String>,
+    client: Arc<Mutex<tokio_postgres::Client>>,
+}
+
+impl Actor for Applier {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Applier {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Routed> for Applier {
+    type Result = ResponseActFuture<Self, Result<Vec<u8>, String>>;
+
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        let (key, config, applied, client) = (
+            self.key.clone(),
+            self.config.clone(),
+            self.applied.clone(),
+            self.client.clone(),
+        );
+        // One message at a time (the actor waits for each): a key's messages apply in the
+        // order they arrive.
+        Box::pin(
+            async move {
+                let n: u64 = routed.value().map_err(|e| e.to_string())?;
+                let mut client = client.lock().await;
+                if client.is_closed() {
+                    *client =
+                        (pgcoord::db::connect_spawned(&config).await).map_err(|e| e.to_string())?;
+                }
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                key.fence(&tx).await.map_err(|e| e.to_string())?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {applied} (key, n, owner, token) VALUES ($1, $2, $3, $4)"
+                    ),
+                    &[&key.key, &(n as i64), &config.owner(), &key.token],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())?;
+                Ok(Vec::new())
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+#[actix::main]
+async fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let lease = Duration::from_millis(number("--lease-ms", 2000));
+    let config = Config::builder()
+        .dsn(need("--dsn"))
+        .lock_table(need("--lock-table"))
+        .owner(need("--owner"))
+        .lease(lease)
+        .heartbeat(lease / 4)
+        .build()
+        .expect("valid configuration");
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    let client = match pgcoord::db::connect_spawned(&config).await {
+        Ok(client) => Arc::new(Mutex::new(client)),
+        Err(e) => return say(&format!("ERROR {e}")),
+    };
+    let coordinator = match Coordinator::connect(config.clone()).await {
+        Ok(coordinator) => coordinator,
+        Err(e) => return say(&format!("ERROR {e}")),
+    };
+    let keys: Vec<String> = (0..number("--keys", 20)).map(|i| format!("k{i}")).collect();
+    let (config, applied) = (Arc::new(config), Arc::new(need("--applied")));
+    let factory = {
+        let config = config.clone();
+        move |key: WorkerKey| Applier {
+            key,
+            config: config.clone(),
+            applied: applied.clone(),
+            client: client.clone(),
+        }
+    };
+    let pool = WorkerPool::new(&config, coordinator.locks.clone(), "routed", keys, factory)
+        .routed(coordinator.signals.clone())
+        .start();
+    say("READY");
+    terminate.recv().await;
+    match pool.send(Drain).await {
+        Ok(()) => say("DRAINED"),
+        Err(e) => say(&format!("ERROR {e}")),
+    }
+}

@@ -1,0 +1,185 @@
+//! Routed messages across a member's SIGKILL and another's drain (scenario 25): three member
+//! processes (`src/bin/member.rs`) serve 20 keys; one sender per key routes numbered messages
+//! one after another while member `a` is SIGKILLed and member `b` drains. At most once: no
+//! message applied twice; every message answered as handled applied once, every one answered
+//! "not delivered" or with the worker's error not applied; each key's messages applied in the
+//! order sent, under tokens that never go back; and the keys served again after both faults.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use actix::Actor;
+use pgcoord::ErrorKind;
+use pgcoord_actors::{KeyRouter, ListenerActor, LockManager};
+use pgcoord_faults::process::HolderProcess;
+use pgcoord_testkit::unique_name;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Handled,
+    /// `Timeout`: may or may not have been handled.
+    Maybe,
+    /// `Timeout`: no holder in time, not delivered.
+    NotDelivered,
+    /// The worker's error (its transaction rolled back), or another error.
+    Failed,
+}
+
+fn member(workload: &super::Workload, applied: &str, owner: &str) -> HolderProcess {
+    let args: Vec<String> = [
+        "--dsn",
+        &workload.dsn,
+        "--lock-table",
+        &workload.table,
+        "--applied",
+        applied,
+        "--owner",
+        owner,
+        "--keys",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    HolderProcess::spawn(env!("CARGO_BIN_EXE_member"), &args)
+}
+
+#[actix_rt::test]
+async fn routed_messages_survive_a_killed_and_a_drained_member_at_most_once() {
+    let workload = super::Workload::shared_server().await;
+    let applied = unique_name("routed");
+    (workload.admin)
+        .batch_execute(&format!(
+            "CREATE TABLE {applied} (id bigserial PRIMARY KEY, key text NOT NULL, n int8 NOT NULL,
+             owner text NOT NULL, token int8 NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    let mut members = HashMap::new();
+    for owner in ["a", "b", "c"] {
+        let mut process = member(&workload, &applied, owner);
+        process.expect("READY", Duration::from_secs(30)).await;
+        members.insert(owner, process);
+    }
+    let config = workload.config("sender", Duration::from_secs(2), Duration::from_millis(500));
+    let router = KeyRouter::new(
+        "routed",
+        LockManager::new(config.clone()).start(),
+        ListenerActor::new(config, None).start_supervised(),
+    );
+    // One sender per key, numbered messages one after another, for 14 s.
+    let started = Instant::now();
+    let run_for = Duration::from_secs(14);
+    let senders: Vec<_> = (0..20)
+        .map(|k| {
+            let (router, key) = (router.clone(), format!("k{k}"));
+            actix::spawn(async move {
+                let mut outcomes = Vec::new();
+                let mut n = 0u64;
+                while started.elapsed() < run_for {
+                    let timeout = Duration::from_secs(3);
+                    let asked = Instant::now();
+                    let payload = pgcoord::signal::to_payload(&n).unwrap();
+                    let answer = router.ask(&key, payload, timeout).await;
+                    // Every call answers within its timeout, whatever the members do.
+                    let took = asked.elapsed();
+                    assert!(
+                        took < timeout + Duration::from_millis(500),
+                        "{key} {n}: {took:?}"
+                    );
+                    let outcome = match answer {
+                        Ok(_) => Outcome::Handled,
+                        Err(e) if e.kind() == ErrorKind::Timeout => {
+                            if e.to_string().contains("may or may not") {
+                                Outcome::Maybe
+                            } else {
+                                Outcome::NotDelivered
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("{key} {n}: {e}");
+                            Outcome::Failed
+                        }
+                    };
+                    outcomes.push((n, outcome));
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                (key, outcomes)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    members.get_mut("a").unwrap().kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = members.get_mut("b").unwrap();
+    b.terminate();
+    b.expect("DRAINED", Duration::from_secs(20)).await;
+    let mut sent = HashMap::new();
+    for sender in senders {
+        let (key, outcomes) = sender.await.unwrap();
+        sent.insert(key, outcomes);
+    }
+
+    // What was applied, in the order it was.
+    let rows = (workload.admin)
+        .query(
+            &format!("SELECT key, n, owner, token FROM {applied} ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut by_key: HashMap<String, Vec<(u64, String, i64)>> = HashMap::new();
+    for row in &rows {
+        let (key, n, owner, token): (String, i64, String, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        by_key
+            .entry(key)
+            .or_default()
+            .push((n as u64, owner, token));
+    }
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for (key, outcomes) in &sent {
+        let rows = by_key.get(key).cloned().unwrap_or_default();
+        let ns: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        assert!(
+            ns.windows(2).all(|w| w[0] < w[1]),
+            "{key}: once each, in order: {ns:?}"
+        );
+        assert!(
+            rows.windows(2).all(|w| w[0].2 <= w[1].2),
+            "{key}: a token went back: {rows:?}"
+        );
+        for (n, outcome) in outcomes {
+            let was_applied = ns.contains(n);
+            match outcome {
+                Outcome::Handled => assert!(was_applied, "{key} {n} answered but not applied"),
+                Outcome::NotDelivered | Outcome::Failed => {
+                    assert!(
+                        !was_applied,
+                        "{key} {n} applied though answered {outcome:?}"
+                    )
+                }
+                Outcome::Maybe => {}
+            }
+            *counts.entry(format!("{outcome:?}").leak()).or_default() += 1;
+        }
+        assert!(
+            ns.iter().all(|n| outcomes.iter().any(|(m, _)| m == n)),
+            "{key}: applied unsent"
+        );
+        // Served again after both faults: the last messages were handled (by c).
+        let last = &outcomes[outcomes.len().saturating_sub(3)..];
+        assert!(
+            last.iter().all(|(_, o)| *o == Outcome::Handled),
+            "{key}: {last:?}"
+        );
+        assert_eq!(
+            rows.last().map(|r| r.1.as_str()),
+            Some("c"),
+            "{key} ends on c"
+        );
+    }
+    eprintln!("outcomes: {counts:?}; {} rows applied", rows.len());
+    members.get_mut("c").unwrap().kill();
+}
