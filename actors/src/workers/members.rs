@@ -32,6 +32,25 @@ pub(super) fn live(infos: &[LeaseInfo], prefix: &str) -> Vec<String> {
     owners
 }
 
+/// This member's share of `keys`: its weight's part of the live members' total weight, rounded
+/// up (so the shares cover every key). A member lease without a weight (an older version's)
+/// weighs 1; `mine` counts until this member's own lease is in the table.
+pub(super) fn share(infos: &[LeaseInfo], prefix: &str, me: &str, mine: u32, keys: usize) -> usize {
+    let weight = |info: &LeaseInfo| info.value::<u32>().ok().flatten().unwrap_or(1).max(1);
+    let live = infos
+        .iter()
+        .filter(|i| i.is_held() && i.name.starts_with(prefix));
+    let (mut total, mut counted) = (0u64, false);
+    for info in live {
+        counted |= info.name[prefix.len()..] == *me;
+        total += u64::from(weight(info));
+    }
+    if !counted {
+        total += u64::from(mine);
+    }
+    (keys as u64 * u64::from(mine)).div_ceil(total.max(1)) as usize
+}
+
 /// The change from `before` to `now` (both sorted); `None` when there is none.
 pub(super) fn change(before: &[String], now: &[String]) -> Option<MembersChanged> {
     let joined: Vec<String> = now
@@ -57,6 +76,30 @@ mod tests {
 
     fn names(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn member(owner: &str, weight: Option<u32>, held: bool) -> LeaseInfo {
+        LeaseInfo {
+            name: format!("p/members/{owner}"),
+            owner: Some(owner.into()),
+            token: Some(1),
+            data: weight.map(|w| pgcoord::signal::to_payload(&w).unwrap()),
+            remaining: Some(std::time::Duration::from_secs(u64::from(held))),
+        }
+    }
+
+    #[test]
+    fn shares_follow_the_weights_and_cover_every_key() {
+        let infos = [member("a", Some(1), true), member("b", Some(3), true)];
+        assert_eq!(share(&infos, "p/members/", "a", 1, 40), 10);
+        assert_eq!(share(&infos, "p/members/", "b", 3, 40), 30);
+        // Rounded up: 41 keys, shares 11 and 31.
+        assert_eq!(share(&infos, "p/members/", "a", 1, 41), 11);
+        // No weight stored (an older member): 1. An expired member: not counted.
+        let infos = [member("a", None, true), member("b", Some(2), false)];
+        assert_eq!(share(&infos, "p/members/", "a", 1, 10), 10);
+        // Not yet registered: counted with its own weight.
+        assert_eq!(share(&infos, "p/members/", "c", 1, 10), 5);
     }
 
     #[test]

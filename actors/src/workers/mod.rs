@@ -3,7 +3,7 @@
 //! Each key is a lease (`"{pool}/keys/{key}"`); each process in the fleet is a member, a lease of
 //! its own (`"{pool}/members/{owner}"`), so membership lives in PostgreSQL and ends with the
 //! process. Every tick (a quarter lease) a pool counts the live members, takes its fair share
-//! (`ceil(keys ÷ members)`) — releasing keys above it, claiming free keys up to it in batched
+//! (`ceil(keys ÷ members)`, or by [`weight`](WorkerPool::weight)) — releasing keys above it, claiming free keys up to it in batched
 //! statements ([`Claim`]) — and starts one worker per key it holds, handing it the key and its
 //! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,
 //! so processes starting together share from the start; when one joins or leaves, keys move
@@ -96,6 +96,8 @@ where
     ticks: u64,
     /// At most this many keys released, and this many claimed, per tick.
     max_moves: usize,
+    /// This member's weight: its share is its part of the members' total weight.
+    weight: u32,
     metrics: crate::metrics::WorkerMetrics,
     /// Set by [`Drain`]: the pool hands its keys over and stops.
     drain: Option<Draining>,
@@ -134,6 +136,7 @@ where
             ticking: false,
             ticks: 0,
             max_moves: usize::MAX,
+            weight: 1,
             drain: None,
             key_stream: None,
             routing: None,
@@ -156,6 +159,14 @@ where
     /// start-up cost — over several ticks. Unlimited by default; at least 1.
     pub fn max_moves(mut self, keys: usize) -> WorkerPool<W> {
         self.max_moves = keys.max(1);
+        self
+    }
+
+    /// This member's weight (default 1, at least 1): it takes its weight's part of the keys,
+    /// `ceil(keys × weight ÷ total weight)` — a process with three times the cores can take
+    /// three times the keys. Stored with its member lease, so every member counts it.
+    pub fn weight(mut self, weight: u32) -> WorkerPool<W> {
+        self.weight = weight.max(1);
         self
     }
 
@@ -313,13 +324,14 @@ where
             format!("{}/keys/", self.name),
         );
         let first_tick = self.ticks == 1;
+        let weight = self.weight;
         let round = async move {
             let membership = if needs_membership {
-                Some(
-                    locks
-                        .call(Acquire::new(member_lease).fail_if_locked())
-                        .await,
-                )
+                let acquire = Acquire::new(member_lease)
+                    .fail_if_locked()
+                    .replace_data()
+                    .value(&weight)?;
+                Some(locks.call(acquire).await)
             } else {
                 None
             };
@@ -343,7 +355,8 @@ where
                 Some(Err(e)) => debug!(pool.name = %act.name, error = %e, "not a member yet"),
                 None => {}
             }
-            act.set_members(members::live(&members, &format!("{}/members/", act.name)));
+            let prefix = format!("{}/members/", act.name);
+            act.set_members(members::live(&members, &prefix));
             if act.drain.is_some() {
                 act.drain_some(ctx);
                 return;
@@ -352,7 +365,7 @@ where
             if first_tick {
                 return;
             }
-            let share = act.keys.len().div_ceil(act.members.len().max(1));
+            let share = members::share(&members, &prefix, &act.owner, act.weight, act.keys.len());
             if act.running.len() > share {
                 let extra: Vec<String> = act
                     .running

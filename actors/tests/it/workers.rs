@@ -439,3 +439,20 @@ async fn a_drained_member_hands_its_keys_over_and_stops() {
     .await;
     assert_eq!(check(&history.lock().unwrap()), 20, "one worker per key");
 }
+
+/// Weighted members: a member of weight 3 takes three times the keys of one of weight 1.
+#[actix_rt::test]
+async fn weighted_members_take_their_weights_part() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let history = History::default();
+    let light = recorded(&setup, "light", "weighted", &keys, &history).start();
+    let heavy = recorded(&setup, "heavy", "weighted", &keys, &history)
+        .weight(3)
+        .start();
+    pgcoord_testkit::eventually(Duration::from_secs(8), "10/30", async || {
+        assignment(&light).await.keys.len() == 10 && assignment(&heavy).await.keys.len() == 30
+    })
+    .await;
+    assert_eq!(check(&history.lock().unwrap()), 40, "one worker per key");
+}
