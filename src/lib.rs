@@ -37,7 +37,7 @@
 //!   timeout, bounded statements (cancelled on the server and discarded past their deadline),
 //!   the fallible start's server check, retry of transient conflicts.
 //! - [`statement`] — running statements: prepared once per pooled connection, typed elsewhere.
-//! - [`tls`] — `sslmode` and `sslrootcert` as libpq has them, and [`Tls`], the connector of
+//! - [`tls`] — `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as libpq has them, and [`Tls`], the connector of
 //!   every connection (rustls with the `tls` feature, on by default).
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.

@@ -88,7 +88,7 @@ impl ConfigBuilder {
 
     /// Connect as the environment says, as libpq would: `DATABASE_URL` when it is set, else
     /// the `PG*` variables (`PGHOST`, `PGPORT`, `PGUSER` — default the system's `USER` —,
-    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGAPPNAME`,
+    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`,
     /// `PGCONNECT_TIMEOUT`), with the password, when none is set, from the password file
     /// (`PGPASSFILE`, else `~/.pgpass`; ignored when others may read it).
     /// [`ErrorKind::InvalidConfig`] when the environment names no database.

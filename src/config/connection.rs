@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::tls::{RootCerts, SslMode, TlsRequest};
+use crate::tls::{ClientCert, RootCerts, SslMode, TlsRequest};
 
 /// Where a connection goes, as the builder was told.
 pub(super) enum Connection {
@@ -38,6 +38,7 @@ impl Settings<'_> {
                 let (rest, options) = super::dsn::take_tls_options(&dsn)?;
                 tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
                 tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
+                tls.client_cert = ClientCert::given(options.sslcert, options.sslkey);
                 let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
                     Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
                 })?;

@@ -12,11 +12,13 @@ use crate::error::{Error, ErrorKind, Result};
 pub(crate) struct TlsOptions {
     pub(crate) sslmode: Option<String>,
     pub(crate) sslrootcert: Option<String>,
+    pub(crate) sslcert: Option<String>,
+    pub(crate) sslkey: Option<String>,
 }
 
 /// Options of libpq's that pgcoord does not support: a clear error instead of tokio-postgres's
 /// "unknown option".
-const UNSUPPORTED: &[&str] = &["sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir"];
+const UNSUPPORTED: &[&str] = &["sslpassword", "sslcrl", "sslcrldir"];
 
 /// Splits `dsn` into the DSN without its TLS options, and those options.
 pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
@@ -25,11 +27,13 @@ pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
         match key {
             "sslmode" => options.sslmode = Some(value),
             "sslrootcert" => options.sslrootcert = Some(value),
+            "sslcert" => options.sslcert = Some(value),
+            "sslkey" => options.sslkey = Some(value),
             key if UNSUPPORTED.contains(&key) => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
                     format!(
-                        "the DSN option {key} is not supported: for client certificates or \
+                        "the DSN option {key} is not supported: for an encrypted client key or \
                          revocation lists, give a rustls ClientConfig with \
                          ConfigBuilder::tls_client_config"
                     ),
@@ -157,6 +161,7 @@ mod tests {
         TlsOptions {
             sslmode: Some(mode.into()),
             sslrootcert: root.map(Into::into),
+            ..TlsOptions::default()
         }
     }
 
@@ -200,9 +205,15 @@ mod tests {
 
     #[test]
     fn unsupported_and_malformed_options() {
-        let e = take_tls_options("host=h sslcert=/c.pem").unwrap_err();
+        let e = take_tls_options("host=h sslcrl=/crl.pem").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig);
-        assert!(e.to_string().contains("sslcert"), "{e}");
+        assert!(e.to_string().contains("sslcrl"), "{e}");
+        let (rest, tls) = take_tls_options("host=h sslcert=/c.pem sslkey='/my key.pem'").unwrap();
+        assert_eq!(rest.trim(), "host=h");
+        assert_eq!(
+            (tls.sslcert.as_deref(), tls.sslkey.as_deref()),
+            (Some("/c.pem"), Some("/my key.pem"))
+        );
         let e = take_tls_options("postgres://h/db?sslkey=%zz").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig);
         // Malformed key=value text is left for tokio-postgres to report.

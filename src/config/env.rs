@@ -5,7 +5,7 @@
 use crate::error::{Error, ErrorKind, Result};
 
 /// The `PG*` variables read, and the DSN keywords they stand for.
-const VARIABLES: [(&str, &str); 9] = [
+const VARIABLES: [(&str, &str); 11] = [
     ("PGHOST", "host"),
     ("PGPORT", "port"),
     ("PGUSER", "user"),
@@ -13,6 +13,8 @@ const VARIABLES: [(&str, &str); 9] = [
     ("PGDATABASE", "dbname"),
     ("PGSSLMODE", "sslmode"),
     ("PGSSLROOTCERT", "sslrootcert"),
+    ("PGSSLCERT", "sslcert"),
+    ("PGSSLKEY", "sslkey"),
     ("PGAPPNAME", "application_name"),
     ("PGCONNECT_TIMEOUT", "connect_timeout"),
 ];

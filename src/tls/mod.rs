@@ -1,5 +1,6 @@
 //! TLS: whether a connection encrypts and what it verifies (libpq's `sslmode` and
-//! `sslrootcert`), and [`Tls`], the connector every connection pgcoord opens is given — the
+//! `sslrootcert`), the client certificate it shows when the server asks (`sslcert`, `sslkey`),
+//! and [`Tls`], the connector every connection pgcoord opens is given — the
 //! pool's, dedicated sessions', the listener's and cancel requests'.
 //!
 //! With the `tls` feature (on by default) connections use rustls, with the ring crypto provider
@@ -119,12 +120,42 @@ impl RootCerts {
     }
 }
 
+/// A client certificate and its private key (PEM files), as libpq's `sslcert` and `sslkey`:
+/// the server may ask for one (`clientcert=verify-ca|verify-full` or the `cert` method in
+/// `pg_hba.conf`). Either not given means libpq's `~/.postgresql/postgresql.crt` or `.key`; no
+/// certificate file at all means none is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClientCert {
+    pub(crate) cert: std::path::PathBuf,
+    pub(crate) key: std::path::PathBuf,
+}
+
+impl ClientCert {
+    /// The DSN's `sslcert` and `sslkey`, with libpq's defaults for what is not given; `None`
+    /// when there is no certificate file to send.
+    pub(crate) fn given(cert: Option<String>, key: Option<String>) -> Option<ClientCert> {
+        let default = |file: &str| {
+            std::env::var_os("HOME")
+                .map(|home| std::path::Path::new(&home).join(".postgresql").join(file))
+        };
+        let cert = match cert {
+            Some(cert) => std::path::PathBuf::from(cert),
+            None => default("postgresql.crt").filter(|path| path.is_file())?,
+        };
+        let key = key
+            .map(std::path::PathBuf::from)
+            .or_else(|| default("postgresql.key"))?;
+        Some(ClientCert { cert, key })
+    }
+}
+
 /// What one endpoint's connections were told about TLS, from the DSN and from the builder; the
 /// builder's settings win.
 #[derive(Default)]
 pub(crate) struct TlsRequest {
     pub(crate) mode: Option<SslMode>,
     pub(crate) roots: Option<RootCerts>,
+    pub(crate) client_cert: Option<ClientCert>,
     #[cfg(feature = "tls")]
     pub(crate) client_config: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
@@ -183,8 +214,8 @@ impl TlsRequest {
         let connector = {
             let config = match self.client_config {
                 Some(config) => config,
-                None if mode == SslMode::Disable => verify::unverified()?,
-                None => verify::client_config(mode, self.roots)?,
+                None if mode == SslMode::Disable => verify::unverified(None)?,
+                None => verify::client_config(mode, self.roots, self.client_cert)?,
             };
             tokio_postgres_rustls::MakeRustlsConnect::new((*config).clone())
         };

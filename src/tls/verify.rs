@@ -13,12 +13,12 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
-use super::{RootCerts, SslMode};
+use super::{ClientCert, RootCerts, SslMode};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The ALPN protocol PostgreSQL 17 names; servers before 17 ignore it, 17 and later require it
@@ -32,7 +32,11 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The rustls configuration for `mode` (which is not `disable`) with `roots`.
-pub(super) fn client_config(mode: SslMode, roots: Option<RootCerts>) -> Result<Arc<ClientConfig>> {
+pub(super) fn client_config(
+    mode: SslMode,
+    roots: Option<RootCerts>,
+    client_cert: Option<ClientCert>,
+) -> Result<Arc<ClientConfig>> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         SslMode::VerifyCa | SslMode::VerifyFull => {
@@ -47,25 +51,42 @@ pub(super) fn client_config(mode: SslMode, roots: Option<RootCerts>) -> Result<A
         }
         _ => Arc::new(Unverified(provider.clone())),
     };
-    build(provider, verifier)
+    build(provider, verifier, client_cert)
 }
 
 /// A configuration that encrypts without verifying the certificate.
-pub(super) fn unverified() -> Result<Arc<ClientConfig>> {
+pub(super) fn unverified(client_cert: Option<ClientCert>) -> Result<Arc<ClientConfig>> {
     let provider = provider();
-    build(provider.clone(), Arc::new(Unverified(provider)))
+    build(
+        provider.clone(),
+        Arc::new(Unverified(provider)),
+        client_cert,
+    )
 }
 
 fn build(
     provider: Arc<CryptoProvider>,
     verifier: Arc<dyn ServerCertVerifier>,
+    client_cert: Option<ClientCert>,
 ) -> Result<Arc<ClientConfig>> {
-    let mut config = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(format!("TLS: {e}")))?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match client_cert {
+        None => builder.with_no_client_auth(),
+        Some(client) => {
+            let (chain, key) = read_client_cert(&client)?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                invalid(format!(
+                    "the client certificate {} and key {}: {e}",
+                    client.cert.display(),
+                    client.key.display()
+                ))
+            })?
+        }
+    };
     config.alpn_protocols = vec![ALPN.to_vec()];
     Ok(Arc::new(config))
 }
@@ -80,7 +101,7 @@ fn load_roots(roots: Option<RootCerts>) -> Result<RootCertStore> {
     let mut store = RootCertStore::empty();
     match roots {
         RootCerts::File(path) => {
-            for cert in read_pem(&path)? {
+            for cert in read_pem(&path, "root certificates")? {
                 store
                     .add(cert)
                     .map_err(|e| invalid(format!("root certificate in {}: {e}", path.display())))?;
@@ -101,17 +122,42 @@ fn load_roots(roots: Option<RootCerts>) -> Result<RootCertStore> {
     Ok(store)
 }
 
+/// The client certificate chain and its key. As libpq, a key file that its group or others may
+/// read is refused (root-owned files may be group-readable): a readable key is a leaked one.
+fn read_client_cert(
+    client: &ClientCert,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let chain = read_pem(&client.cert, "the client certificate")?;
+    let key_path = client.key.display();
+    let meta = std::fs::metadata(&client.key)
+        .map_err(|e| invalid(format!("cannot read the client key {key_path}: {e}")))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+        if meta.mode() & 0o777 & !allowed != 0 {
+            return Err(invalid(format!(
+                "the client key {key_path} may be read by others (mode {:o}): make it 0600",
+                meta.mode() & 0o777
+            )));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = meta;
+    let key = PrivateKeyDer::from_pem_file(&client.key)
+        .map_err(|e| invalid(format!("no private key in {key_path}: {e}")))?;
+    Ok((chain, key))
+}
+
 fn default_root_file() -> Option<PathBuf> {
     let path = PathBuf::from(std::env::var_os("HOME")?).join(".postgresql/root.crt");
     path.is_file().then_some(path)
 }
 
-fn read_pem(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+/// The certificates in the PEM file `path`; `what` names them in errors.
+fn read_pem(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>> {
     let unreadable = |e: &dyn std::fmt::Display| {
-        invalid(format!(
-            "cannot read root certificates from {}: {e}",
-            path.display()
-        ))
+        invalid(format!("cannot read {what} from {}: {e}", path.display()))
     };
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .map_err(|e| unreadable(&e))?

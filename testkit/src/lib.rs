@@ -52,7 +52,7 @@ pub use pgbouncer::PgBouncer;
 pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
 pub use support::{eventually, from_env_or_start, test_pg_config, unique_name};
-pub use tls::CertificateAuthority;
+pub use tls::{CERT_USER, CertificateAuthority};
 
 /// The prefix of every throwaway cluster's directory under the temporary directory.
 const DIR_PREFIX: &str = "pgcoord-pg-";
@@ -83,6 +83,8 @@ pub struct TempPostgres {
     standby_name: Option<String>,
     /// The certificate authority's certificate (PEM) when the server has TLS on.
     root_cert: Option<PathBuf>,
+    /// A client certificate and key the server accepts for [`tls::CERT_USER`], with TLS on.
+    client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl TempPostgres {
@@ -158,6 +160,7 @@ impl TempPostgres {
             standbys: AtomicU32::new(0),
             standby_name: None,
             root_cert: None,
+            client_cert: None,
         };
         Ok(server)
     }

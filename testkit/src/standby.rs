@@ -180,6 +180,7 @@ impl TempPostgres {
                 .collect(),
             standbys: AtomicU32::new(0),
             root_cert: self.root_cert.clone(),
+            client_cert: self.client_cert.clone(),
             standby_name: Some(name.clone()),
         };
         let previous = match replication {

@@ -7,11 +7,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
 };
 
 use super::TempPostgres;
 use pgcoord::error::{Error, ErrorKind, Result};
+
+/// The role a TLS cluster lets in only with a client certificate (`cert` in `pg_hba.conf`):
+/// [`TempPostgres::client_cert`] is one for it. Create the role to use it.
+pub const CERT_USER: &str = "pgcoord_cert";
 
 /// The names the throwaway server's certificate is valid for.
 const SERVER_NAMES: &[&str] = &["localhost", "127.0.0.1"];
@@ -55,6 +60,17 @@ impl CertificateAuthority {
         let cert = params.signed_by(&key, &self.issuer).map_err(certificate)?;
         Ok((cert.pem(), key.serialize_pem()))
     }
+
+    /// A client certificate for the role `user` (its common name, which the `cert` method
+    /// matches) signed by this authority: (certificate, private key), both PEM-encoded.
+    pub fn issue_client(&self, user: &str) -> Result<(String, String)> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(certificate)?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().map_err(certificate)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(certificate)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
 }
 
 impl TempPostgres {
@@ -72,8 +88,29 @@ impl TempPostgres {
         // The server refuses a key file that others can read, or that is not its user's.
         write(&dir.join("server.crt"), &cert, 0o644, server.user)?;
         write(&dir.join("server.key"), &key, 0o600, server.user)?;
+        // Client certificates: signed by the same authority; the role CERT_USER must show one.
+        let (client_cert, client_key) = authority.issue_client(CERT_USER)?;
+        let (client_crt, client_key_path) = (dir.join("client.crt"), dir.join("client.key"));
+        write(&client_crt, &client_cert, 0o644, None)?;
+        write(&client_key_path, &client_key, 0o600, None)?;
+        let hba = server.data.join("pg_hba.conf");
+        let rules = fs::read_to_string(&hba).map_err(|e| {
+            Error::new(
+                ErrorKind::Other,
+                format!("cannot read {}: {e}", hba.display()),
+            )
+        })?;
+        let cert_rules = format!(
+            "hostssl all {CERT_USER} 127.0.0.1/32 cert\nhost all {CERT_USER} 127.0.0.1/32 reject\n"
+        );
+        write(&hba, &format!("{cert_rules}{rules}"), 0o600, server.user)?;
+        server.client_cert = Some((client_crt, client_key_path));
         server.settings.extend([
             ("ssl".to_owned(), "on".to_owned()),
+            (
+                "ssl_ca_file".to_owned(),
+                dir.join("root.crt").display().to_string(),
+            ),
             (
                 "ssl_cert_file".to_owned(),
                 dir.join("server.crt").display().to_string(),
@@ -93,6 +130,15 @@ impl TempPostgres {
     /// `sslrootcert`.
     pub fn root_cert(&self) -> Option<&Path> {
         self.root_cert.as_deref()
+    }
+
+    /// A client certificate and its key (PEM files, the key `0600`) that the server accepts
+    /// for the role [`CERT_USER`], when it was started with TLS: give them as `sslcert` and
+    /// `sslkey`. Connections as that role without one are refused.
+    pub fn client_cert(&self) -> Option<(&Path, &Path)> {
+        self.client_cert
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()))
     }
 }
 

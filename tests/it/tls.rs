@@ -335,8 +335,8 @@ async fn bad_tls_settings_are_refused_when_the_configuration_is_built() {
         "use verify-full",
     );
     refused(
-        Config::builder().dsn(format!("{base} sslcert=/client.crt")),
-        "sslcert",
+        Config::builder().dsn(format!("{base} sslcrl=/crl.pem")),
+        "sslcrl",
     );
     let empty = tempfile::NamedTempFile::new().unwrap();
     refused(
@@ -362,4 +362,94 @@ async fn bad_tls_settings_are_refused_when_the_configuration_is_built() {
         // A machine without a system store says so.
         Err(e) => assert!(e.to_string().contains("system's store"), "{e}"),
     }
+}
+
+/// The role that must show a client certificate exists (the shared cluster lets it in only
+/// with one).
+async fn cert_role() {
+    let admin = pgcoord::db::connect_spawned(&config(&dsn("localhost", "sslmode=require")))
+        .await
+        .unwrap();
+    let create = format!(
+        "DO $$ BEGIN CREATE ROLE {0} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        pgcoord_testkit::CERT_USER
+    );
+    admin.batch_execute(&create).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_the_dsn_lets_in_a_role_that_needs_one() {
+    cert_role().await;
+    let (cert, key) = server().client_cert().unwrap();
+    let user = pgcoord_testkit::CERT_USER;
+    let with_cert = format!(
+        "sslmode=verify-full sslrootcert={} sslcert={} sslkey={} user={user}",
+        root(),
+        cert.display(),
+        key.display()
+    );
+    let url = format!(
+        "postgres://{user}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        server().port(),
+        root(),
+        cert.display(),
+        key.display()
+    );
+    for dsn in [dsn("localhost", &with_cert), url] {
+        let config = config(&dsn);
+        let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+        let me: String = client
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(me, user);
+        assert!(encrypted(&client).await);
+        // The pool's connections too.
+        assert!(pooled_encrypted(&pgcoord::db::pool(&config)).await);
+    }
+
+    // Without one, the server refuses the role, and says why.
+    let without = dsn(
+        "localhost",
+        &format!("sslmode=verify-full sslrootcert={} user={user}", root()),
+    );
+    let e = pgcoord::db::connect_spawned(&config(&without))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("certificate"), "{e}");
+}
+
+#[tokio::test]
+async fn a_client_key_others_may_read_is_refused_before_connecting() {
+    let (cert, key) = server().client_cert().unwrap();
+    let open = tempfile::NamedTempFile::new().unwrap();
+    std::fs::copy(key, open.path()).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let options = format!(
+        "sslmode=require sslcert={} sslkey={}",
+        cert.display(),
+        open.path().display()
+    );
+    let e = Config::builder()
+        .dsn(dsn("localhost", &options))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("may be read by others"), "{e}");
+    assert!(
+        !e.to_string().contains("PRIVATE KEY"),
+        "no key material in errors: {e}"
+    );
+    // A certificate file that is not there: named.
+    let options = format!(
+        "sslmode=require sslcert=/nonexistent.crt sslkey={}",
+        key.display()
+    );
+    let e = Config::builder()
+        .dsn(dsn("localhost", &options))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("/nonexistent.crt"), "{e}");
 }
