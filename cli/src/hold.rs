@@ -9,6 +9,10 @@
 //! the server's) — the command gets SIGTERM, then SIGKILL after `--kill-after`, and `pgcoord`
 //! exits with [`LOST`]. When the command exits first, the lease is released and `pgcoord` exits
 //! with the command's code. SIGTERM and SIGINT sent to `pgcoord` are passed to the command.
+//!
+//! `pgcoord elect NAME -- COMMAND…` is the same with the lease as an election's (the runtime's
+//! `Election` of that name): once elected it proclaims `--value` (observers hear of the new
+//! leader and its value), and the term's end is announced even when no candidate waits.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -33,6 +37,8 @@ pub(crate) struct Hold {
     pub(crate) wait: Duration,
     /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
     pub(crate) kill_after: Duration,
+    /// For `elect`: the value the leader proclaims.
+    pub(crate) proclaim: Option<Vec<u8>>,
 }
 
 /// Runs `hold`; the exit code `pgcoord` ends with.
@@ -62,7 +68,10 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     let (token, mut valid_until) = loop {
         let sent = Instant::now();
         let left = deadline.saturating_duration_since(sent);
-        let request = AcquireRequest::new(&hold.name);
+        let mut request = AcquireRequest::new(&hold.name);
+        if let Some(value) = &hold.proclaim {
+            request = request.data(value).replace_data();
+        }
         let attempt = timeout_at(
             deadline,
             owner.try_acquire_or_queue(&client, &request, lease, left),
@@ -86,6 +95,27 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
         }
         sleep(POLL).await;
     };
+    let announce = hold.proclaim.is_some();
+    if let Some(value) = &hold.proclaim {
+        // The value is stored (the grant's data); this announces the new leader to observers.
+        let proclaimed = timeout_at(
+            valid_until,
+            owner.proclaim(&client, &hold.name, token, value),
+        );
+        match proclaimed.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.is_lock_lost() => {
+                eprintln!("pgcoord: elected, then lost {:?} at once ({e})", hold.name);
+                return Ok(LOST);
+            }
+            Ok(Err(e)) => eprintln!(
+                "pgcoord: elected, but the announcement failed ({e}); observers learn at their next poll"
+            ),
+            Err(_) => eprintln!(
+                "pgcoord: elected, but the announcement did not answer; observers learn at their next poll"
+            ),
+        }
+    }
 
     let mut child = match tokio::process::Command::new(program)
         .args(args)
@@ -97,7 +127,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     {
         Ok(child) => child,
         Err(e) => {
-            release(config, &table, &client, &hold.name, token).await;
+            release(config, &table, &client, &hold.name, token, announce).await;
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("cannot run {program}: {e}"),
@@ -113,7 +143,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
         tokio::select! {
             status = child.wait() => {
                 let status = status.map_err(io)?;
-                release(config, &table, &client, &hold.name, token).await;
+                release(config, &table, &client, &hold.name, token, announce).await;
                 return Ok(exit_code(status));
             }
             _ = terminate.recv() => send(pid, libc::SIGTERM),
@@ -154,13 +184,15 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     Ok(LOST)
 }
 
-/// Releases the lease, bounded by the statement timeout; a failure leaves it to expire.
+/// Releases the lease, bounded by the statement timeout; a failure leaves it to expire. An
+/// election's end is announced even when nobody waits (`announce`): observers do not line up.
 async fn release(
     config: &Config,
     table: &LeaseTable,
     client: &tokio_postgres::Client,
     name: &str,
     token: i64,
+    announce: bool,
 ) {
     let Ok(owner) = table.owner(config.owner()) else {
         return;
@@ -169,7 +201,7 @@ async fn release(
         name,
         token,
         keep: false,
-        announce_always: false,
+        announce_always: announce,
     };
     let released = timeout(config.statement_timeout(), owner.release(client, &request)).await;
     if !matches!(released, Ok(Ok(()))) {

@@ -88,6 +88,29 @@ enum Command {
     },
     /// pgcoord's sessions by role, its tables' sizes, expired payloads.
     Status,
+    /// Run COMMAND while leader of the election NAME: campaign (until elected, or at most
+    /// --wait), proclaim --value, run the command; the term ends when it exits. When the term is
+    /// lost, the command gets SIGTERM (SIGKILL after --kill-after) and pgcoord exits 5. The
+    /// command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN (the term) and PGCOORD_LEASE_OWNER.
+    Elect {
+        /// The election's name (its lease's, as the runtime's `Election` names it).
+        name: String,
+        /// What the leader proclaims (observers see it; `pgcoord lock show NAME` too).
+        #[arg(long, default_value = "")]
+        value: String,
+        /// Campaign at most this long (exit 6 if not elected); by default until elected.
+        #[arg(long, value_parser = duration)]
+        wait: Option<std::time::Duration>,
+        /// How long the term lasts unrenewed (`20s`): a crash of pgcoord ends it after this.
+        #[arg(long, default_value = "20s", value_parser = duration)]
+        lease: std::time::Duration,
+        /// How long the command has between SIGTERM and SIGKILL once the term is lost.
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        kill_after: std::time::Duration,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Durable topics: every topic, or one topic's consumers, last events, a cursor reset.
     Topics {
         #[command(subcommand)]
@@ -231,6 +254,27 @@ async fn run(cli: Cli) -> pgcoord::Result<u8> {
             command,
             wait: within,
             kill_after,
+            proclaim: None,
+        };
+        return hold::run(&config, hold).await;
+    }
+    if let Command::Elect {
+        name,
+        value,
+        wait,
+        lease,
+        kill_after,
+        command,
+    } = cli.command
+    {
+        let config = builder.lease(lease).heartbeat(lease / 3).build()?;
+        let hold = hold::Hold {
+            name,
+            command,
+            // Until elected: a standby waits as long as it runs.
+            wait: wait.unwrap_or(std::time::Duration::from_secs(100 * 365 * 24 * 3600)),
+            kill_after,
+            proclaim: Some(value.into_bytes()),
         };
         return hold::run(&config, hold).await;
     }
@@ -298,7 +342,12 @@ async fn command(
         } => inspect::release(config, client, &name, force).await,
         Command::Lock {
             action: LockAction::Run { .. },
-        } => unreachable!("lock run is started by `run`: it has no deadline of its own"),
+        }
+        | Command::Elect { .. } => {
+            unreachable!(
+                "lock run and elect are started by `run`: they have no deadline of their own"
+            )
+        }
         Command::Advisory => inspect::advisory(client, json).await,
         Command::Status => inspect::status(config, client, json).await,
         // Started (bounded) and run by `run`: it has no end of its own.

@@ -541,6 +541,68 @@ fn lock_run_stops_its_command_when_the_lease_is_lost() {
     assert!(said.contains("lost"), "{said}");
 }
 
+#[test]
+fn elect_runs_its_command_while_leader_and_the_next_candidate_after() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let script = r#"echo "term $PGCOORD_LEASE_TOKEN"; sleep 1; exit 3"#;
+    let first = [
+        "elect",
+        "primary",
+        "--value",
+        "host-a:5432",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ];
+    let first = pgcoord_command(&table, &first).spawn().unwrap();
+    wait_until_held(&table, "primary");
+    // The leader's value is the election's data.
+    let show = stdout(&pgcoord(&table, &["lock", "show", "primary"]));
+    assert!(show.contains("host-a:5432"), "{show}");
+    // A candidate waits until elected (by default as long as it takes) ...
+    let second = [
+        "elect",
+        "primary",
+        "--value",
+        "host-b",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "term $PGCOORD_LEASE_TOKEN""#,
+    ];
+    let second = pgcoord_command(&table, &second).spawn().unwrap();
+    // ... unless told to give up: exit 6, its command not run.
+    let args = ["elect", "primary", "--wait", "200ms", "--", "echo", "ran"];
+    let quitter = pgcoord(&table, &args);
+    assert_eq!(quitter.status.code(), Some(6), "{quitter:?}");
+    assert!(!stdout(&quitter).contains("ran"), "{quitter:?}");
+    // The first term ends with its command (pgcoord exits with its code); the second starts.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(3), "{first:?}");
+    let second = second.wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(0), "{second:?}");
+    let term = |out: &std::process::Output| -> i64 {
+        let text = stdout(out);
+        text.trim()
+            .strip_prefix("term ")
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        term(&second) > term(&first),
+        "terms are ordered by their tokens"
+    );
+    let free = pgcoord(&table, &["lock", "show", "primary"]);
+    assert_eq!(
+        free.status.code(),
+        Some(3),
+        "released after the last term: {free:?}"
+    );
+}
+
 #[tokio::test]
 async fn listings_fit_their_data_decode_it_show_waiters_and_speak_json() {
     let table = unique_name("cli");
