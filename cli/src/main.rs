@@ -220,7 +220,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> pgcoord::Result<u8> {
+async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     // --dsn, else DATABASE_URL, else the PG* variables and the password file, as psql.
     let builder = match cli.dsn {
         Some(dsn) => Config::builder().dsn(dsn),
@@ -237,45 +237,52 @@ async fn run(cli: Cli) -> pgcoord::Result<u8> {
         .topic_table(cli.topic_table)
         .application_name("pgcoord-cli");
     let within = cli.timeout.max(std::time::Duration::from_millis(1));
-    if let Command::Lock {
-        action:
-            LockAction::Run {
+    // `lock run` and `elect` run as long as their command: no deadline of the command's.
+    let held = match std::mem::replace(&mut cli.command, Command::Locks) {
+        Command::Lock {
+            action:
+                LockAction::Run {
+                    name,
+                    lease,
+                    kill_after,
+                    command,
+                },
+        } => Some((
+            lease,
+            hold::Hold {
                 name,
-                lease,
-                kill_after,
                 command,
+                wait: within,
+                kill_after,
+                proclaim: None,
             },
-    } = cli.command
-    {
+        )),
+        Command::Elect {
+            name,
+            value,
+            wait,
+            lease,
+            kill_after,
+            command,
+        } => Some((
+            lease,
+            hold::Hold {
+                name,
+                command,
+                // Until elected: a standby waits as long as it runs.
+                wait: wait.unwrap_or(std::time::Duration::from_secs(100 * 365 * 24 * 3600)),
+                kill_after,
+                proclaim: Some(value.into_bytes()),
+            },
+        )),
+        other => {
+            cli.command = other;
+            None
+        }
+    };
+    if let Some((lease, hold)) = held {
         // Its own owner identity (host, pid, random), as a service's: two runs never share one.
         let config = builder.lease(lease).heartbeat(lease / 3).build()?;
-        let hold = hold::Hold {
-            name,
-            command,
-            wait: within,
-            kill_after,
-            proclaim: None,
-        };
-        return hold::run(&config, hold).await;
-    }
-    if let Command::Elect {
-        name,
-        value,
-        wait,
-        lease,
-        kill_after,
-        command,
-    } = cli.command
-    {
-        let config = builder.lease(lease).heartbeat(lease / 3).build()?;
-        let hold = hold::Hold {
-            name,
-            command,
-            // Until elected: a standby waits as long as it runs.
-            wait: wait.unwrap_or(std::time::Duration::from_secs(100 * 365 * 24 * 3600)),
-            kill_after,
-            proclaim: Some(value.into_bytes()),
-        };
         return hold::run(&config, hold).await;
     }
     let config = builder.owner("pgcoord-cli").build()?;

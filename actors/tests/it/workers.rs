@@ -266,18 +266,9 @@ async fn a_pool_follows_a_stream_of_key_sets() {
 async fn max_moves_bounds_the_keys_moved_per_tick() {
     let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
-    let (history, workers): (History, Workers) = Default::default();
+    let history = History::default();
     let start = |owner: &str| {
-        let config = setup.builder(owner).build().unwrap();
-        let locks = LockManager::new(config.clone()).start();
-        let (history, workers, pool) = (history.clone(), workers.clone(), owner.to_owned());
-        let factory = move |key: WorkerKey| Recorder {
-            key,
-            pool: pool.clone(),
-            history: history.clone(),
-            workers: workers.clone(),
-        };
-        WorkerPool::new(&config, locks, "moves", keys.clone(), factory)
+        recorded(&setup, owner, "moves", &keys, &history)
             .max_moves(3)
             .start()
     };
