@@ -78,6 +78,8 @@ pub struct Assignment {
     pub restarts: u64,
     /// Rebalancing rounds begun so far (one per tick).
     pub ticks: u64,
+    /// Keys held here whose idle worker was stopped ([`passivate_after`](super::WorkerPool::passivate_after)).
+    pub passive: usize,
 }
 
 /// Replaces the pool's keys: workers of keys no longer listed stop and their leases go.

@@ -47,6 +47,11 @@ struct Running<W: Actor> {
     /// Shared with the worker's [`WorkerKey`]: released once both are done with it.
     lease: Arc<Lease>,
     worker: Addr<W>,
+    /// Told to stop for idleness ([`WorkerPool::passivate_after`]): the key stays held, and
+    /// the next routed message starts a worker again once this one has stopped.
+    passive: bool,
+    /// The worker's start or its last routed message.
+    used: std::time::Instant,
 }
 
 /// How a routed pool answers its channel: the listener, and the request handler made where
@@ -96,6 +101,8 @@ where
     ticks: u64,
     /// At most this many keys released, and this many claimed, per tick.
     max_moves: usize,
+    /// Idle workers stop after this long; their keys stay held.
+    passivate_after: Option<Duration>,
     /// This member's weight: its share is its part of the members' total weight.
     weight: u32,
     metrics: crate::metrics::WorkerMetrics,
@@ -136,6 +143,7 @@ where
             ticking: false,
             ticks: 0,
             max_moves: usize::MAX,
+            passivate_after: None,
             weight: 1,
             drain: None,
             key_stream: None,
@@ -159,6 +167,14 @@ where
     /// start-up cost — over several ticks. Unlimited by default; at least 1.
     pub fn max_moves(mut self, keys: usize) -> WorkerPool<W> {
         self.max_moves = keys.max(1);
+        self
+    }
+
+    /// Stops a key's worker after it has had no routed message for `idle` (checked each tick);
+    /// the key stays held here, and its next routed message starts a worker again (given the
+    /// same lease). For pools of many keys that are seldom used. Default: never.
+    pub fn passivate_after(mut self, idle: Duration) -> WorkerPool<W> {
+        self.passivate_after = Some(idle);
         self
     }
 
@@ -203,7 +219,7 @@ where
     /// not the network: a worker that does not stop keeps its key's lease (renewed, and warned
     /// about every tick) rather than let a second worker start.
     fn stop_key(&mut self, key: &str) -> Option<tokio::task::JoinHandle<()>> {
-        self.running.remove(key).map(|Running { lease, worker }| {
+        self.running.remove(key).map(|Running { lease, worker, .. }| {
             self.metrics.released.increment(1);
             self.metrics.keys.set(self.running.len() as f64);
             worker.do_send(StopWorker);
@@ -300,11 +316,19 @@ where
             }
         }
         self.metrics.keys.set(self.running.len() as f64);
+        if let Some(idle) = self.passivate_after {
+            for running in self.running.values_mut() {
+                if !running.passive && running.used.elapsed() >= idle {
+                    running.worker.do_send(StopWorker);
+                    running.passive = true;
+                }
+            }
+        }
         // Workers that stopped (a panic) while their lease is held start again.
         let dead: Vec<(String, Arc<Lease>)> = self
             .running
             .iter()
-            .filter(|(_, r)| !r.worker.connected())
+            .filter(|(_, r)| !r.passive && !r.worker.connected())
             .map(|(k, r)| (k.clone(), r.lease.clone()))
             .collect();
         for (key, lease) in dead {
@@ -410,7 +434,9 @@ where
                         let (token, lost) = (lease.token(), lease.lost());
                         let lease = Arc::new(lease);
                         let worker = act.start_worker(&key, &lease);
-                        act.running.insert(key.clone(), Running { lease, worker });
+                        let used = std::time::Instant::now();
+                        let passive = false;
+                        act.running.insert(key.clone(), Running { lease, worker, passive, used });
                         act.metrics.claimed.increment(1);
                         act.metrics.keys.set(act.running.len() as f64);
                         ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
@@ -491,6 +517,7 @@ where
             keys,
             members: self.members.len().max(1),
             ticks: self.ticks,
+            passive: self.running.values().filter(|r| r.passive).count(),
             restarts: self.restarts,
         }
     }
@@ -573,13 +600,33 @@ where
     type Result = ResponseFuture<Reply>;
 
     fn handle(&mut self, Deliver(routed): Deliver, _: &mut Context<Self>) -> Self::Result {
-        let worker = match self.running.get(&routed.key) {
-            // Held, not lost: the key's only worker is here.
-            Some(running) if running.lease.loss().is_none() && running.worker.connected() => {
-                running.worker.clone()
-            }
-            _ => return Box::pin(async { Reply::NotHere }),
+        let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
+        let Some(running) = self.running.get(&routed.key) else {
+            return not_here();
         };
+        // Held, not lost: the key's only worker is here, or one is started for it.
+        if running.lease.loss().is_some() {
+            return not_here();
+        }
+        if running.passive {
+            // The idle worker has not stopped yet: nothing delivered; the router looks again.
+            if running.worker.connected() {
+                return not_here();
+            }
+            let worker = self.start_worker(&routed.key, &running.lease.clone());
+            if let Some(running) = self.running.get_mut(&routed.key) {
+                running.worker = worker;
+                running.passive = false;
+            }
+        }
+        let Some(running) = self.running.get_mut(&routed.key) else {
+            return not_here();
+        };
+        if !running.worker.connected() {
+            return not_here();
+        }
+        running.used = std::time::Instant::now();
+        let worker = running.worker.clone();
         let handled = worker.send(routed);
         Box::pin(async move {
             match handled.await {

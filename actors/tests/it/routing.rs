@@ -342,3 +342,79 @@ async fn a_pools_members_are_listed_and_their_changes_told() {
     assert_eq!((left.members, left.left), (names(&["a"]), names(&["b"])));
     assert_eq!(changes.received().len(), 3, "one message per change");
 }
+
+/// Starts and stops of a counting worker, in order.
+type Lives = Arc<Mutex<Vec<&'static str>>>;
+
+struct Counted(Lives);
+
+impl Actor for Counted {
+    type Context = Context<Self>;
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.0.lock().unwrap().push("started");
+    }
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.0.lock().unwrap().push("stopped");
+    }
+}
+
+impl Handler<StopWorker> for Counted {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Routed> for Counted {
+    type Result = Result<Vec<u8>, String>;
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        Ok(routed.payload().to_vec())
+    }
+}
+
+/// An idle worker stops after `passivate_after`, its key still held here with the same token;
+/// the next routed message starts one again and is answered.
+#[actix_rt::test]
+async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let config = setup.builder("sleepy").build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let listener = ListenerActor::new(config.clone(), None).start_supervised();
+    let lives = Lives::default();
+    let given = lives.clone();
+    let pool = WorkerPool::new(&config, locks, "routed", vec!["k".into()], move |_| {
+        Counted(given.clone())
+    })
+    .routed(listener)
+    .passivate_after(Duration::from_millis(300))
+    .start();
+    let router = router(&setup, "sender");
+    let ask = async || {
+        router
+            .ask("k", b"hi".to_vec(), Duration::from_secs(5))
+            .await
+            .unwrap()
+    };
+    assert_eq!(ask().await, b"hi");
+    let token = pool.send(GetAssignment).await.unwrap().keys[0].token;
+    pgcoord_testkit::eventually(Duration::from_secs(4), "passivated", async || {
+        pool.send(GetAssignment).await.unwrap().passive == 1
+    })
+    .await;
+    pgcoord_testkit::eventually(Duration::from_secs(2), "the worker stopped", async || {
+        lives.lock().unwrap().last() == Some(&"stopped")
+    })
+    .await;
+    let before = lives.lock().unwrap().len();
+    let idle = pool.send(GetAssignment).await.unwrap();
+    assert_eq!(
+        (idle.keys.len(), idle.keys[0].token),
+        (1, token),
+        "the key stays held"
+    );
+    // The next message wakes it: a worker again, the same tenure.
+    assert_eq!(ask().await, b"hi");
+    assert_eq!(lives.lock().unwrap()[before..], ["started"]);
+    let awake = pool.send(GetAssignment).await.unwrap();
+    assert_eq!((awake.passive, awake.keys[0].token), (0, token));
+}
