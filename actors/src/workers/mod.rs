@@ -4,7 +4,7 @@
 //! its own (`"{pool}/members/{owner}"`), so membership lives in PostgreSQL and ends with the
 //! process. Every tick (a quarter lease) a pool counts the live members, takes its fair share
 //! (`ceil(keys ÷ members)`, or by [`weight`](WorkerPool::weight)) — releasing keys above it, claiming free keys up to it in batched
-//! statements ([`Claim`]) — and starts one worker per key it holds, handing it the key and its
+//! statements ([`Claim`](crate::leases::Claim)) — and starts one worker per key it holds, handing it the key and its
 //! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,
 //! so processes starting together share from the start; when one joins or leaves, keys move
 //! within about two ticks, half a lease. [`WorkerPool::max_moves`] bounds the keys claimed and
@@ -28,19 +28,22 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
-use crate::Call;
-use crate::leases::{Acquire, Claim, Lease, ListPrefix, LockManager};
-use crate::signals::{ListenerActor, Serve, StopServing};
+use crate::leases::{Lease, LockManager};
+use crate::signals::StopServing;
 
+mod deliver;
+mod drain;
 mod members;
 mod messages;
+mod rebalance;
 pub mod route;
 
+use deliver::Routing;
+use drain::Draining;
 pub use members::{MembersChanged, SubscribeMembers};
 pub use messages::{AssignedKey, Assignment, Drain, GetAssignment, SetKeys, StopWorker, WorkerKey};
-use route::Reply;
 pub use route::{KeyRouter, Routed};
 
 struct Running<W: Actor> {
@@ -53,31 +56,6 @@ struct Running<W: Actor> {
     /// The worker's start or its last routed message.
     used: std::time::Instant,
 }
-
-/// How a routed pool answers its channel: the listener, and the request handler made where
-/// the worker's `Handler<Routed>` is known.
-struct Routing<W>
-where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
-{
-    listener: Addr<ListenerActor>,
-    channel: String,
-    serve: Option<MakeServe<W>>,
-}
-
-/// A pool handing its keys over before it stops.
-#[derive(Default)]
-struct Draining {
-    /// Who asked, told once every key is released.
-    waiters: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Releases under way.
-    releasing: Vec<tokio::task::JoinHandle<()>>,
-    /// Every key is let go: waiting for the releases, then stopping.
-    finishing: bool,
-}
-
-/// Makes the pool's [`Serve`] once its address exists.
-type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
 
 /// One process's part of a worker pool. Start it with [`WorkerPool::new`] and `.start()`;
 /// [`crate::Shutdown`] (or dropping every address) stops its workers and releases its keys.
@@ -263,29 +241,6 @@ where
         }
     }
 
-    /// A draining pool's tick: up to `max_moves` keys let go (each worker stopped before its
-    /// lease goes); once none is left, the releases are awaited, the callers told, the pool
-    /// stopped.
-    fn drain_some(&mut self, ctx: &mut Context<Self>) {
-        let going: Vec<String> = self.running.keys().take(self.max_moves).cloned().collect();
-        let released: Vec<_> = going.iter().filter_map(|key| self.stop_key(key)).collect();
-        let Some(drain) = self.drain.as_mut() else {
-            return;
-        };
-        drain.releasing.extend(released);
-        if !self.running.is_empty() || drain.finishing {
-            return;
-        }
-        drain.finishing = true;
-        let releasing = futures_util::future::join_all(std::mem::take(&mut drain.releasing));
-        ctx.spawn(releasing.into_actor(self).map(|_, act, ctx| {
-            for waiter in act.drain.take().map(|d| d.waiters).unwrap_or_default() {
-                let _ = waiter.send(());
-            }
-            ctx.stop();
-        }));
-    }
-
     /// The members read at this tick: watchers are told of a change.
     fn set_members(&mut self, now: Vec<String>) {
         if let Some(change) = members::change(&self.members, &now) {
@@ -293,159 +248,6 @@ where
             self.watchers.retain(|w| w.try_send(change.clone()).is_ok());
         }
         self.members = now;
-    }
-
-    /// One round: membership, share, release above it, claim up to it, revive workers.
-    fn rebalance(&mut self, ctx: &mut Context<Self>) {
-        if self.ticking {
-            return;
-        }
-        self.ticking = true;
-        self.ticks += 1;
-        // Losses first: a worker whose lease is gone stops now.
-        let lost: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, r)| r.lease.loss().is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in lost {
-            warn!(pool.name = %self.name, worker.key = %key, "key's lease lost; its worker stops");
-            if let Some(running) = self.running.remove(&key) {
-                running.worker.do_send(StopWorker);
-            }
-        }
-        self.metrics.keys.set(self.running.len() as f64);
-        if let Some(idle) = self.passivate_after {
-            for running in self.running.values_mut() {
-                if !running.passive && running.used.elapsed() >= idle {
-                    running.worker.do_send(StopWorker);
-                    running.passive = true;
-                }
-            }
-        }
-        // Workers that stopped (a panic) while their lease is held start again.
-        let dead: Vec<(String, Arc<Lease>)> = self
-            .running
-            .iter()
-            .filter(|(_, r)| !r.passive && !r.worker.connected())
-            .map(|(k, r)| (k.clone(), r.lease.clone()))
-            .collect();
-        for (key, lease) in dead {
-            self.restarts += 1;
-            warn!(pool.name = %self.name, worker.key = %key, "worker stopped while its key is held; starting it again");
-            let worker = self.start_worker(&key, &lease);
-            if let Some(running) = self.running.get_mut(&key) {
-                running.worker = worker;
-            }
-        }
-        let member_lease = format!("{}/members/{}", self.name, self.owner);
-        let needs_membership =
-            self.drain.is_none() && (self.membership.as_ref()).is_none_or(|m| m.loss().is_some());
-        let (locks, prefix, key_prefix) = (
-            self.locks.clone(),
-            format!("{}/members/", self.name),
-            format!("{}/keys/", self.name),
-        );
-        let first_tick = self.ticks == 1;
-        let weight = self.weight;
-        let round = async move {
-            let membership = if needs_membership {
-                let acquire = Acquire::new(member_lease)
-                    .fail_if_locked()
-                    .replace_data()
-                    .value(&weight)?;
-                Some(locks.call(acquire).await)
-            } else {
-                None
-            };
-            let members = locks.call(ListPrefix(prefix)).await?;
-            let keys = locks.call(ListPrefix(key_prefix)).await?;
-            Ok::<_, pgcoord::Error>((membership, members, keys))
-        };
-        ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {
-            act.ticking = false;
-            let (membership, members, keys) = match result {
-                Ok(found) => found,
-                Err(e) => {
-                    warn!(pool.name = %act.name, error = %e, "cannot rebalance; trying at the next tick");
-                    return;
-                }
-            };
-            match membership {
-                // A drain began meanwhile: the lease is dropped, so released.
-                Some(Ok(lease)) if act.drain.is_none() => act.membership = Some(lease),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => debug!(pool.name = %act.name, error = %e, "not a member yet"),
-                None => {}
-            }
-            let prefix = format!("{}/members/", act.name);
-            act.set_members(members::live(&members, &prefix));
-            if act.drain.is_some() {
-                act.drain_some(ctx);
-                return;
-            }
-            // Processes starting together register before anyone claims.
-            if first_tick {
-                return;
-            }
-            let share = members::share(&members, &prefix, &act.owner, act.weight, act.keys.len());
-            if act.running.len() > share {
-                let extra: Vec<String> = act
-                    .running
-                    .keys()
-                    .take((act.running.len() - share).min(act.max_moves))
-                    .cloned()
-                    .collect();
-                for key in extra {
-                    act.stop_key(&key);
-                }
-                return;
-            }
-            let want = (share - act.running.len()).min(act.max_moves);
-            if want == 0 {
-                return;
-            }
-            let taken: std::collections::HashSet<&str> = keys
-                .iter()
-                .filter(|k| k.is_held())
-                .map(|k| k.name.as_str())
-                .collect();
-            let free: Vec<String> = act
-                .keys
-                .iter()
-                .filter(|k| !act.running.contains_key(k.as_str()))
-                .map(|k| act.key_lease(k))
-                .filter(|lease| !taken.contains(lease.as_str()))
-                .take(want)
-                .collect();
-            if free.is_empty() {
-                return;
-            }
-            let claim = act.locks.send(Claim { names: free });
-            ctx.spawn(claim.into_actor(act).map(|result, act, ctx| match result {
-                Ok(Ok(leases)) => {
-                    let prefix = format!("{}/keys/", act.name);
-                    for lease in leases {
-                        let key = lease.name()[prefix.len()..].to_owned();
-                        if !act.keys.contains(&key) {
-                            continue; // keys changed meanwhile: dropped, so released
-                        }
-                        let (token, lost) = (lease.token(), lease.lost());
-                        let lease = Arc::new(lease);
-                        let worker = act.start_worker(&key, &lease);
-                        let used = std::time::Instant::now();
-                        let passive = false;
-                        act.running.insert(key.clone(), Running { lease, worker, passive, used });
-                        act.metrics.claimed.increment(1);
-                        act.metrics.keys.set(act.running.len() as f64);
-                        ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
-                    }
-                }
-                Ok(Err(e)) => warn!(pool.name = %act.name, error = %e, "cannot claim keys"),
-                Err(e) => warn!(pool.name = %act.name, error = %e, "lock manager gone"),
-            }));
-        }));
     }
 }
 
@@ -558,87 +360,6 @@ where
     }
 }
 
-impl<W> WorkerPool<W>
-where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
-{
-    /// Delivers messages from [`KeyRouter`]s to this pool's workers (which handle [`Routed`]),
-    /// answering on this member's channel through `listener`. Every process's pool of the name
-    /// should be routed, or messages to the keys of one that is not time out.
-    pub fn routed(mut self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
-        let channel = route::channel(&self.name, &self.owner);
-        let served = channel.clone();
-        let serve = move |pool: Addr<WorkerPool<W>>| {
-            Serve::new(served, move |request: Vec<u8>| {
-                let pool = pool.clone();
-                async move {
-                    let routed = route::decode_request(request)?;
-                    // A pool that stopped holds no key.
-                    let reply = pool.send(Deliver(routed)).await.unwrap_or(Reply::NotHere);
-                    Ok(reply.encode())
-                }
-            })
-        };
-        self.routing = Some(Routing {
-            listener,
-            channel,
-            serve: Some(Box::new(serve)),
-        });
-        self
-    }
-}
-
-/// A routed message arrived for a key: to its worker, if this process holds the key.
-#[derive(Message)]
-#[rtype(result = "Reply")]
-struct Deliver(Routed);
-
-impl<W> Handler<Deliver> for WorkerPool<W>
-where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
-{
-    type Result = ResponseFuture<Reply>;
-
-    fn handle(&mut self, Deliver(routed): Deliver, _: &mut Context<Self>) -> Self::Result {
-        let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
-        let Some(running) = self.running.get(&routed.key) else {
-            return not_here();
-        };
-        // Held, not lost: the key's only worker is here, or one is started for it.
-        if running.lease.loss().is_some() {
-            return not_here();
-        }
-        if running.passive {
-            // The idle worker has not stopped yet: nothing delivered; the router looks again.
-            if running.worker.connected() {
-                return not_here();
-            }
-            let worker = self.start_worker(&routed.key, &running.lease.clone());
-            if let Some(running) = self.running.get_mut(&routed.key) {
-                running.worker = worker;
-                running.passive = false;
-            }
-        }
-        let Some(running) = self.running.get_mut(&routed.key) else {
-            return not_here();
-        };
-        if !running.worker.connected() {
-            return not_here();
-        }
-        running.used = std::time::Instant::now();
-        let worker = running.worker.clone();
-        let handled = worker.send(routed);
-        Box::pin(async move {
-            match handled.await {
-                Ok(Ok(answer)) => Reply::Handled(answer),
-                Ok(Err(why)) => Reply::Failed(why),
-                // It was in the worker's mailbox: handled or not, no one can say.
-                Err(_) => Reply::Unknown,
-            }
-        })
-    }
-}
-
 impl<W> Handler<SubscribeMembers> for WorkerPool<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
@@ -653,34 +374,5 @@ where
             return;
         }
         self.watchers.push(watcher);
-    }
-}
-
-impl<W> Handler<Drain> for WorkerPool<W>
-where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
-{
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> Self::Result {
-        let (told, drained) = tokio::sync::oneshot::channel();
-        let first = self.drain.is_none();
-        self.drain
-            .get_or_insert_with(Draining::default)
-            .waiters
-            .push(told);
-        if first {
-            info!(pool.name = %self.name, keys = self.running.len(), "draining: handing every key over");
-            // Out of the membership first: the other members' shares grow to cover these keys.
-            if let Some(membership) = self.membership.take() {
-                actix::spawn(async move {
-                    let _ = membership.release().await;
-                });
-            }
-        }
-        // Resolves also when the pool stopped another way (its keys are then released too).
-        Box::pin(async move {
-            let _ = drained.await;
-        })
     }
 }

@@ -1,0 +1,104 @@
+//! A routed pool's member side: answering its channel and handing each routed message to its
+//! key's worker — only while the key's lease is held here (otherwise "not here": nothing was
+//! delivered, and the router looks again). See [`route`](super::route) for the sender's side.
+
+use actix::prelude::*;
+
+use super::route::{self, Reply, Routed};
+use super::{StopWorker, WorkerPool};
+use crate::signals::{ListenerActor, Serve};
+
+/// How a routed pool answers its channel: the listener, and the request handler made where
+/// the worker's `Handler<Routed>` is known.
+pub(super) struct Routing<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    pub(super) listener: Addr<ListenerActor>,
+    pub(super) channel: String,
+    pub(super) serve: Option<MakeServe<W>>,
+}
+
+/// Makes the pool's [`Serve`] once its address exists.
+pub(super) type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+{
+    /// Delivers messages from [`KeyRouter`](super::KeyRouter)s to this pool's workers (which handle [`Routed`]),
+    /// answering on this member's channel through `listener`. Every process's pool of the name
+    /// should be routed, or messages to the keys of one that is not time out.
+    pub fn routed(mut self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
+        let channel = route::channel(&self.name, &self.owner);
+        let served = channel.clone();
+        let serve = move |pool: Addr<WorkerPool<W>>| {
+            Serve::new(served, move |request: Vec<u8>| {
+                let pool = pool.clone();
+                async move {
+                    let routed = route::decode_request(request)?;
+                    // A pool that stopped holds no key.
+                    let reply = pool.send(Deliver(routed)).await.unwrap_or(Reply::NotHere);
+                    Ok(reply.encode())
+                }
+            })
+        };
+        self.routing = Some(Routing {
+            listener,
+            channel,
+            serve: Some(Box::new(serve)),
+        });
+        self
+    }
+}
+
+/// A routed message arrived for a key: to its worker, if this process holds the key.
+#[derive(Message)]
+#[rtype(result = "Reply")]
+struct Deliver(Routed);
+
+impl<W> Handler<Deliver> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+{
+    type Result = ResponseFuture<Reply>;
+
+    fn handle(&mut self, Deliver(routed): Deliver, _: &mut Context<Self>) -> Self::Result {
+        let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
+        let Some(running) = self.running.get(&routed.key) else {
+            return not_here();
+        };
+        // Held, not lost: the key's only worker is here, or one is started for it.
+        if running.lease.loss().is_some() {
+            return not_here();
+        }
+        if running.passive {
+            // The idle worker has not stopped yet: nothing delivered; the router looks again.
+            if running.worker.connected() {
+                return not_here();
+            }
+            let worker = self.start_worker(&routed.key, &running.lease.clone());
+            if let Some(running) = self.running.get_mut(&routed.key) {
+                running.worker = worker;
+                running.passive = false;
+            }
+        }
+        let Some(running) = self.running.get_mut(&routed.key) else {
+            return not_here();
+        };
+        if !running.worker.connected() {
+            return not_here();
+        }
+        running.used = std::time::Instant::now();
+        let worker = running.worker.clone();
+        let handled = worker.send(routed);
+        Box::pin(async move {
+            match handled.await {
+                Ok(Ok(answer)) => Reply::Handled(answer),
+                Ok(Err(why)) => Reply::Failed(why),
+                // It was in the worker's mailbox: handled or not, no one can say.
+                Err(_) => Reply::Unknown,
+            }
+        })
+    }
+}

@@ -1,0 +1,74 @@
+//! [`Drain`]: a member hands every key over, then stops.
+
+use actix::prelude::*;
+use tracing::info;
+
+use super::{Drain, StopWorker, WorkerPool};
+
+/// A pool handing its keys over before it stops.
+#[derive(Default)]
+pub(super) struct Draining {
+    /// Who asked, told once every key is released.
+    pub(super) waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Releases under way.
+    pub(super) releasing: Vec<tokio::task::JoinHandle<()>>,
+    /// Every key is let go: waiting for the releases, then stopping.
+    pub(super) finishing: bool,
+}
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// A draining pool's tick: up to `max_moves` keys let go (each worker stopped before its
+    /// lease goes); once none is left, the releases are awaited, the callers told, the pool
+    /// stopped.
+    pub(super) fn drain_some(&mut self, ctx: &mut Context<Self>) {
+        let going: Vec<String> = self.running.keys().take(self.max_moves).cloned().collect();
+        let released: Vec<_> = going.iter().filter_map(|key| self.stop_key(key)).collect();
+        let Some(drain) = self.drain.as_mut() else {
+            return;
+        };
+        drain.releasing.extend(released);
+        if !self.running.is_empty() || drain.finishing {
+            return;
+        }
+        drain.finishing = true;
+        let releasing = futures_util::future::join_all(std::mem::take(&mut drain.releasing));
+        ctx.spawn(releasing.into_actor(self).map(|_, act, ctx| {
+            for waiter in act.drain.take().map(|d| d.waiters).unwrap_or_default() {
+                let _ = waiter.send(());
+            }
+            ctx.stop();
+        }));
+    }
+}
+
+impl<W> Handler<Drain> for WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> Self::Result {
+        let (told, drained) = tokio::sync::oneshot::channel();
+        let first = self.drain.is_none();
+        self.drain
+            .get_or_insert_with(Draining::default)
+            .waiters
+            .push(told);
+        if first {
+            info!(pool.name = %self.name, keys = self.running.len(), "draining: handing every key over");
+            // Out of the membership first: the other members' shares grow to cover these keys.
+            if let Some(membership) = self.membership.take() {
+                actix::spawn(async move {
+                    let _ = membership.release().await;
+                });
+            }
+        }
+        // Resolves also when the pool stopped another way (its keys are then released too).
+        Box::pin(async move {
+            let _ = drained.await;
+        })
+    }
+}
