@@ -13,6 +13,7 @@ pub struct SubscribeMembers(pub Recipient<MembersChanged>);
 /// The first one a subscriber gets lists every member as joined.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct MembersChanged {
     /// Every live member now.
     pub members: Vec<String>,

@@ -60,6 +60,7 @@ pub struct GetAssignment;
 
 /// A key a pool's process holds, and its lease's token.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AssignedKey {
     /// The key.
     pub key: String,
@@ -67,8 +68,9 @@ pub struct AssignedKey {
     pub token: i64,
 }
 
-/// What [`GetAssignment`] answers.
+/// What [`GetAssignment`] answers (more may be told in later versions).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
 pub struct Assignment {
     /// Keys held here, with their tokens, by key.
     pub keys: Vec<AssignedKey>,
