@@ -36,9 +36,10 @@ where
             Serve::new(served, move |request: Vec<u8>| {
                 let pool = pool.clone();
                 async move {
-                    let routed = route::decode_request(request)?;
+                    let (routed, within) = route::decode_request(request)?;
                     // A pool that stopped holds no key.
-                    let reply = pool.send(Deliver(routed)).await.unwrap_or(Reply::NotHere);
+                    let delivered = pool.send(Deliver(routed, within));
+                    let reply = delivered.await.unwrap_or(Reply::NotHere);
                     Ok(reply.encode())
                 }
             })
@@ -55,7 +56,7 @@ where
 /// A routed message arrived for a key: to its worker, if this process holds the key.
 #[derive(Message)]
 #[rtype(result = "Reply")]
-struct Deliver(Routed);
+struct Deliver(Routed, std::time::Duration);
 
 impl<W> Handler<Deliver> for WorkerPool<W>
 where
@@ -63,7 +64,7 @@ where
 {
     type Result = ResponseFuture<Reply>;
 
-    fn handle(&mut self, Deliver(routed): Deliver, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Deliver(routed, within): Deliver, _: &mut Context<Self>) -> Self::Result {
         let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
         let Some(running) = self.running.get(&routed.key) else {
             return not_here();
@@ -93,11 +94,12 @@ where
         let worker = running.worker.clone();
         let handled = worker.send(routed);
         Box::pin(async move {
-            match handled.await {
-                Ok(Ok(answer)) => Reply::Handled(answer),
-                Ok(Err(why)) => Reply::Failed(why),
-                // It was in the worker's mailbox: handled or not, no one can say.
-                Err(_) => Reply::Unknown,
+            // Bounded by the sender's own wait: past it nobody listens for the answer.
+            match tokio::time::timeout(within, handled).await {
+                Ok(Ok(Ok(answer))) => Reply::Handled(answer),
+                Ok(Ok(Err(why))) => Reply::Failed(why),
+                // It was in the worker's mailbox (it may still be handled, once): no one can say.
+                Ok(Err(_)) | Err(_) => Reply::Unknown,
             }
         })
     }

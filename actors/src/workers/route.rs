@@ -63,24 +63,33 @@ pub(super) fn channel(pool: &str, owner: &str) -> String {
     format!("pgcoord.route.{:016x}", hash as u64)
 }
 
-/// A request on the wire: the key's length (4 bytes, big-endian), the key, the payload.
-pub(super) fn encode_request(key: &str, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(4 + key.len() + payload.len());
+/// A request on the wire: the key's length (4 bytes, big-endian), the key, how long the sender
+/// waits for the answer (milliseconds, 4 bytes), the payload.
+pub(super) fn encode_request(key: &str, within: Duration, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(8 + key.len() + payload.len());
     bytes.extend_from_slice(&(key.len() as u32).to_be_bytes());
     bytes.extend_from_slice(key.as_bytes());
+    let millis = u32::try_from(within.as_millis()).unwrap_or(u32::MAX);
+    bytes.extend_from_slice(&millis.to_be_bytes());
     bytes.extend_from_slice(payload);
     bytes
 }
 
-/// The key and payload of a request; an error for bytes no router sent.
-pub(super) fn decode_request(mut bytes: Vec<u8>) -> std::result::Result<Routed, String> {
+/// The message of a request and how long its sender waits; an error for bytes no router sent.
+pub(super) fn decode_request(
+    mut bytes: Vec<u8>,
+) -> std::result::Result<(Routed, Duration), String> {
     let bad = || "not a routed request".to_owned();
-    let len = bytes.get(..4).ok_or_else(bad)?;
-    let len = u32::from_be_bytes(len.try_into().map_err(|_| bad())?) as usize;
+    let number = |bytes: &[u8], at: usize| -> std::result::Result<u32, String> {
+        let four = bytes.get(at..at + 4).ok_or_else(bad)?;
+        Ok(u32::from_be_bytes(four.try_into().map_err(|_| bad())?))
+    };
+    let len = number(&bytes, 0)? as usize;
+    let within = Duration::from_millis(u64::from(number(&bytes, 4 + len)?));
     let key = bytes.get(4..4 + len).ok_or_else(bad)?;
     let key = std::str::from_utf8(key).map_err(|_| bad())?.to_owned();
-    let payload = bytes.split_off(4 + len);
-    Ok(Routed { key, payload })
+    let payload = bytes.split_off(8 + len);
+    Ok((Routed { key, payload }, within))
 }
 
 /// A member's answer to a routed request.
@@ -92,8 +101,8 @@ pub(super) enum Reply {
     Failed(String),
     /// This member does not hold the key (any more, or yet): nothing was delivered.
     NotHere,
-    /// The worker had the message and stopped before it answered (its key moved, or it
-    /// panicked): it may or may not have been handled.
+    /// The worker had the message and did not answer: it stopped first (its key moved, or it
+    /// panicked), or it took longer than the sender waits. It may or may not have been handled.
     Unknown,
 }
 
@@ -255,7 +264,6 @@ impl KeyRouter {
         sent: &mut bool,
     ) -> Result<Vec<u8>> {
         let lease = format!("{}/keys/{key}", self.pool);
-        let request = encode_request(key, &payload);
         let mut looks = 0u32;
         loop {
             looks += 1;
@@ -263,7 +271,9 @@ impl KeyRouter {
                 Ok(info) if info.remaining.is_some_and(|left| !left.is_zero()) => {
                     let owner = info.owner.unwrap_or_default();
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    let ask = Ask::new(channel(&self.pool, &owner), request.clone()).timeout(left);
+                    // The member waits for its worker no longer than this sender waits.
+                    let request = encode_request(key, left, &payload);
+                    let ask = Ask::new(channel(&self.pool, &owner), request).timeout(left);
                     // From here a worker may handle it: never sent again.
                     *sent = true;
                     let answer = self.listener.call(ask).await?;
@@ -271,7 +281,10 @@ impl KeyRouter {
                         Reply::Handled(bytes) => return Ok(bytes),
                         Reply::Failed(why) => return Err(Error::new(ErrorKind::Remote, why)),
                         Reply::Unknown => {
-                            return Err(maybe_handled(key, "stopped before it answered"));
+                            return Err(maybe_handled(
+                                key,
+                                "did not answer (it stopped, or in time)",
+                            ));
                         }
                         // Not delivered: the key moved on (or not yet in), so sending again is
                         // still at most once.
@@ -299,13 +312,19 @@ mod tests {
 
     #[test]
     fn requests_and_replies_round_trip() {
-        let routed = decode_request(encode_request("customer-7", b"hello")).unwrap();
+        let second = Duration::from_secs(1);
+        let request = encode_request("customer-7", second, b"hello");
+        let (routed, within) = decode_request(request).unwrap();
         assert_eq!(
             (routed.key(), routed.payload()),
             ("customer-7", &b"hello"[..])
         );
-        let empty = decode_request(encode_request("", b"")).unwrap();
+        assert_eq!(within, second);
+        let (empty, _) = decode_request(encode_request("", Duration::ZERO, b"")).unwrap();
         assert_eq!((empty.key(), empty.payload()), ("", &b""[..]));
+        // More milliseconds than 4 bytes hold: as many as they do.
+        let (_, within) = decode_request(encode_request("k", Duration::MAX, b"")).unwrap();
+        assert_eq!(within, Duration::from_millis(u64::from(u32::MAX)));
         for reply in [
             Reply::Handled(b"ok".to_vec()),
             Reply::Failed("no".into()),
@@ -320,7 +339,8 @@ mod tests {
     fn bytes_no_router_sent_are_refused() {
         assert!(decode_request(vec![0, 0]).is_err());
         assert!(decode_request(vec![0, 0, 0, 9, b'a']).is_err());
-        assert!(decode_request(vec![0, 0, 0, 1, 0xff]).is_err());
+        assert!(decode_request(vec![0, 0, 0, 1, 0xff, 0, 0, 0, 1]).is_err());
+        assert!(decode_request(vec![0, 0, 0, 1, b'k', 0, 0]).is_err());
         assert!(Reply::decode(vec![]).is_err());
         assert!(Reply::decode(vec![7]).is_err());
     }
