@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|faults` (election includes semaphores and worker pools), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -14,6 +14,7 @@ mod election;
 mod faults;
 mod fleet;
 mod held;
+mod host;
 mod leases;
 mod locks;
 mod placement;
@@ -117,6 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("fleet") {
         fleet::run(&pg, &sizes, &mut report).await?;
+        host::run(&pg, &sizes, &mut report).await?;
     }
     if run("election") {
         election::run(&pg, &sizes, &mut report).await?;
