@@ -101,15 +101,8 @@ enum Command {
         /// Campaign at most this long (exit 6 if not elected); by default until elected.
         #[arg(long, value_parser = duration)]
         wait: Option<std::time::Duration>,
-        /// How long the term lasts unrenewed (`20s`): a crash of pgcoord ends it after this.
-        #[arg(long, default_value = "20s", value_parser = duration)]
-        lease: std::time::Duration,
-        /// How long the command has between SIGTERM and SIGKILL once the term is lost.
-        #[arg(long, default_value = "10s", value_parser = duration)]
-        kill_after: std::time::Duration,
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
+        #[command(flatten)]
+        held: Held,
     },
     /// Durable topics: every topic, or one topic's consumers, last events, a cursor reset.
     Topics {
@@ -171,16 +164,24 @@ enum LockAction {
     Run {
         /// The lease's name.
         name: String,
-        /// How long the lease lasts unrenewed (`20s`): a crash of pgcoord frees it after this.
-        #[arg(long, default_value = "20s", value_parser = duration)]
-        lease: std::time::Duration,
-        /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
-        #[arg(long, default_value = "10s", value_parser = duration)]
-        kill_after: std::time::Duration,
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
+        #[command(flatten)]
+        held: Held,
     },
+}
+
+/// What `lock run` and `elect` share: the lease (or term) that holds while a command runs.
+#[derive(clap::Args)]
+struct Held {
+    /// How long the lease (or term) lasts unrenewed (`20s`): a crash of pgcoord frees it after
+    /// this.
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    lease: std::time::Duration,
+    /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    kill_after: std::time::Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 /// Whole seconds (`30`), or a duration with its unit (`500ms`, `30s`, `2m`, `1h`).
@@ -240,49 +241,43 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     // `lock run` and `elect` run as long as their command: no deadline of the command's.
     let held = match std::mem::replace(&mut cli.command, Command::Locks) {
         Command::Lock {
-            action:
-                LockAction::Run {
-                    name,
-                    lease,
-                    kill_after,
-                    command,
-                },
-        } => Some((
-            lease,
-            hold::Hold {
-                name,
-                command,
-                wait: within,
-                kill_after,
-                proclaim: None,
-            },
-        )),
+            action: LockAction::Run { name, held },
+        } => Some((name, held, within, None)),
         Command::Elect {
             name,
             value,
             wait,
-            lease,
-            kill_after,
-            command,
-        } => Some((
-            lease,
-            hold::Hold {
-                name,
-                command,
-                // Until elected: a standby waits as long as it runs.
-                wait: wait.unwrap_or(std::time::Duration::from_secs(100 * 365 * 24 * 3600)),
-                kill_after,
-                proclaim: Some(value.into_bytes()),
-            },
-        )),
+            held,
+        } => {
+            // Until elected: a standby waits as long as it runs.
+            let wait = wait.unwrap_or(std::time::Duration::from_secs(100 * 365 * 24 * 3600));
+            Some((name, held, wait, Some(value.into_bytes())))
+        }
         other => {
             cli.command = other;
             None
         }
     };
-    if let Some((lease, hold)) = held {
+    if let Some((
+        name,
+        Held {
+            lease,
+            kill_after,
+            command,
+        },
+        wait,
+        proclaim,
+    )) = held
+    {
         // Its own owner identity (host, pid, random), as a service's: two runs never share one.
         let config = builder.lease(lease).heartbeat(lease / 3).build()?;
+        let hold = hold::Hold {
+            name,
+            command,
+            wait,
+            kill_after,
+            proclaim,
+        };
         return hold::run(&config, hold).await;
     }
     let config = builder.owner("pgcoord-cli").build()?;

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use pgcoord::topic::{Cursor, Event};
 use tracing::warn;
 
-use super::run::{Run, stats};
 use super::{Acker, ConsumeHandler, ConsumeResult, Delivery};
+use super::{Run, stats};
 use crate::leases::Lease;
 
 /// How handing over a page ended.

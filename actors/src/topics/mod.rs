@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use pgcoord::topic::{Start, TopicTable};
+use pgcoord::topic::{Cursor, Start, TopicTable};
 use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 
@@ -50,6 +50,28 @@ pub(crate) use handover::handle;
 pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
 #[cfg(feature = "memory")]
 pub(crate) use run::backoff;
+
+/// What the loop shares with its actor.
+pub(super) struct Run {
+    pub(super) consume: Consume,
+    pub(super) lease_name: String,
+    pub(super) table: Arc<TopicTable>,
+    pub(super) pool: Pool,
+    pub(super) locks: Addr<LockManager>,
+    pub(super) doorbell: Notify,
+    pub(super) stats: Mutex<ConsumerStats>,
+    pub(super) metrics: crate::metrics::TopicMetrics,
+    pub(super) stopping: Notify,
+    /// Set with `stopping`: checked between events.
+    pub(super) stop_requested: AtomicBool,
+    /// The furthest event this process handed over: one at or before it again is a
+    /// redelivery.
+    pub(super) handed_through: Mutex<Cursor>,
+}
+
+pub(super) fn stats(run: &Run, f: impl FnOnce(&mut ConsumerStats)) {
+    f(&mut run.stats.lock().expect("stats lock"));
+}
 
 /// What a consumer's handler returns: `Ok` to move on, `Err` (why) to be handed the same event
 /// again after a backoff.
@@ -182,7 +204,7 @@ const STOP_WITHIN: Duration = Duration::from_secs(30);
 /// A durable topic's consumer in this process; see the module docs. Start it with
 /// [`Coordinator::consume`](crate::Coordinator::consume).
 pub struct TopicConsumer {
-    run: Arc<run::Run>,
+    run: Arc<Run>,
     signals: Addr<ListenerActor>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -197,7 +219,7 @@ impl TopicConsumer {
     ) -> TopicConsumer {
         let metrics = crate::metrics::TopicMetrics::new(&consume.topic, &consume.consumer);
         TopicConsumer {
-            run: Arc::new(run::Run {
+            run: Arc::new(Run {
                 metrics,
                 lease_name: consume.lease_name(),
                 consume,

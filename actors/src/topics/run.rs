@@ -1,38 +1,17 @@
 //! The consumer's loop: take the lease, open the cursor, read, hand over, ack; wait for the
 //! doorbell; start over when the lease is lost.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
-use pgcoord::topic::{Batch, Cursor, TopicTable};
-use pgcoord::{ErrorKind, Pool, Result};
-use tokio::sync::Notify;
+use pgcoord::topic::{Batch, Cursor};
+use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::handover::{PageEnd, deliver};
-use super::{Consume, ConsumerStats};
+use super::{Run, stats};
 use crate::Call;
-use crate::leases::{Acquire, Lease, LockManager};
-
-/// What the loop shares with its actor.
-pub(super) struct Run {
-    pub(super) consume: Consume,
-    pub(super) lease_name: String,
-    pub(super) table: Arc<TopicTable>,
-    pub(super) pool: Pool,
-    pub(super) locks: Addr<LockManager>,
-    pub(super) doorbell: Notify,
-    pub(super) stats: Mutex<ConsumerStats>,
-    pub(super) metrics: crate::metrics::TopicMetrics,
-    pub(super) stopping: Notify,
-    /// Set with `stopping`: checked between events.
-    pub(super) stop_requested: AtomicBool,
-    /// The furthest event this process handed over: one at or before it again is a
-    /// redelivery.
-    pub(super) handed_through: Mutex<Cursor>,
-}
+use crate::leases::{Acquire, Lease};
 
 /// How the loop ended a tenure.
 enum Ended {
@@ -309,8 +288,4 @@ fn warn_every(failures: u32, error: &pgcoord::Error, what: &str) {
     if failures.is_power_of_two() {
         warn!(error = %error, failures, "{what}; trying again");
     }
-}
-
-pub(super) fn stats(run: &Run, f: impl FnOnce(&mut ConsumerStats)) {
-    f(&mut run.stats.lock().expect("stats lock"));
 }
