@@ -45,6 +45,8 @@
 //! - [`election`] — leaders as lease holders: the proclamation stored and announced at once.
 //! - [`signal`] — the notification envelope, its text encoding and measurement, NOTIFY.
 //! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
+//! - [`schedule`] — schedules: [`schedule::Timing`] (every period, or cron), the pure plan of
+//!   which tick is due, the runs table whose row per tick makes a tick that is done stay done.
 //! - [`topic`] — durable topics: append inside the caller's transaction, read in order without
 //!   gaps, consumers' cursors acked with their effects, retention.
 #![deny(missing_docs)]
@@ -58,6 +60,7 @@ pub mod error;
 pub mod ident;
 pub mod lease;
 pub mod payload;
+pub mod schedule;
 pub mod schema;
 pub mod signal;
 pub mod statement;

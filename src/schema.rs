@@ -38,6 +38,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0006_topics.sql",
         include_str!("../migrations/0006_topics.sql"),
     ),
+    (
+        "0007_schedules.sql",
+        include_str!("../migrations/0007_schedules.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -52,6 +56,7 @@ pub fn sql(config: &Config) -> String {
         config.lock_table.schema(),
         config.payload_table.schema(),
         config.topic_table.schema(),
+        config.schedule_table.schema(),
     ]
     .into_iter()
     .flatten()
@@ -140,6 +145,7 @@ fn render(text: &str, config: &Config) -> String {
         ("pgcoord_topics", config.topic_table.quoted()),
         ("pgcoord_topics_cursors", config.topic_cursors().quoted()),
         ("pgcoord_topics_trimmed", config.topic_trimmed().quoted()),
+        ("pgcoord_schedules", config.schedule_table.quoted()),
     ];
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -223,6 +229,7 @@ async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
         &config.lock_table,
         &config.payload_table,
         &config.topic_table,
+        &config.schedule_table,
     ]
     .iter()
     .map(|t| {
@@ -286,13 +293,14 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
     let script = format!(
-        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
+        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
         config.lock_table.quoted(),
         config.lock_queue.quoted(),
         config.payload_table.quoted(),
         config.topic_table.quoted(),
         config.topic_cursors().quoted(),
         config.topic_trimmed().quoted(),
+        config.schedule_table.quoted(),
         config.lock_sequence.quoted()
     );
     client.batch_execute(&script).await?;

@@ -153,6 +153,26 @@ impl Coordinator {
         .start())
     }
 
+    /// Starts a [`ScheduleRunner`](crate::ScheduleRunner) in this process: with the same
+    /// schedule started in every process of the fleet, each tick runs in one of them, once
+    /// (see [`Schedule`](crate::Schedule)). Typed errors for a bad name or policy, before
+    /// anything starts. Runs until sent [`StopSchedule`](crate::StopSchedule) or the System
+    /// stops.
+    pub fn schedule(
+        &self,
+        schedule: crate::Schedule,
+    ) -> pgcoord::Result<Addr<crate::ScheduleRunner>> {
+        schedule.check()?;
+        Ok(crate::ScheduleRunner::new(
+            schedule,
+            pgcoord::schedule::ScheduleTable::new(&self.config),
+            self.pool.clone(),
+            self.locks.clone(),
+            self.config.owner().to_owned(),
+        )
+        .start())
+    }
+
     /// The election `name` run by this process's actors (see [`Election`]).
     /// [`pgcoord::ErrorKind::InvalidName`] for a name a lease could not have.
     pub fn election(&self, name: impl Into<String>) -> pgcoord::Result<Election> {

@@ -40,6 +40,8 @@
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
 //!   commit). Appending in the caller's transaction is the core's
 //!   (`pgcoord::topic::TopicTable::append`).
+//! - `schedules` — [`Schedule`]: each tick runs once across the fleet on the server's clock,
+//!   under the schedule's lease; [`Tick::complete`] marks it done in the run's transaction.
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool; [`Health`], what
 //!   `coordinator.health(within)` finds for a readiness endpoint.
 //! - [`Runtime`] — the same on a thread of its own, for a service that is not actix (axum,
@@ -80,6 +82,7 @@ pub mod losses;
 pub mod metrics;
 pub mod payloads;
 mod reply;
+mod schedules;
 mod session;
 pub mod signals;
 mod stats;
@@ -98,6 +101,10 @@ pub use leases::{
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
+pub use schedules::{
+    GetScheduleStats, Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler,
+    TickResult,
+};
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
     RawNotification, RequestHandler, RequestResponse, RoundTrip, Serve, Signal, StopServing,

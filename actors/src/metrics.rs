@@ -83,8 +83,13 @@ pub const ROUTED: &str = "pgcoord_routed_messages_total";
 /// Histogram, seconds: a routed ask from the call to its answer, by `pool`.
 pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
 
+/// Counter: runs of a schedule's ticks in this process, by `schedule` and `outcome` (`done`,
+/// `failed`: to be retried or abandoned, `abandoned`, `taken_over`: another process took the
+/// tick over before this run finished).
+pub const SCHEDULE_RUNS: &str = "pgcoord_schedule_runs_total";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 25] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -109,6 +114,7 @@ pub const ALL: [&str; 24] = [
     WORKER_MOVES,
     ROUTED,
     ROUTED_SECONDS,
+    SCHEDULE_RUNS,
 ];
 
 /// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
@@ -216,6 +222,11 @@ pub(crate) fn describe() {
         ROUTED_SECONDS,
         Unit::Seconds,
         "a routed ask from the call to its answer"
+    );
+    describe_counter!(
+        SCHEDULE_RUNS,
+        Unit::Count,
+        "runs of a schedule's ticks, by outcome"
     );
 }
 
@@ -412,6 +423,33 @@ impl TopicMetrics {
             lag: histogram!(TOPIC_LAG, &labels),
             redelivered: counter!(TOPIC_REDELIVERIES, &labels),
             held_back: Share::new(gauge!(TOPIC_HELD_BACK, &labels)),
+        }
+    }
+}
+
+/// A schedule runner's handles.
+pub(crate) struct ScheduleMetrics {
+    pub(crate) done: Counter,
+    pub(crate) failed: Counter,
+    pub(crate) abandoned: Counter,
+    pub(crate) taken_over: Counter,
+}
+
+impl ScheduleMetrics {
+    pub(crate) fn new(schedule: &str) -> ScheduleMetrics {
+        describe();
+        let runs = |outcome: &'static str| {
+            let labels = [
+                ("schedule", schedule.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ];
+            counter!(SCHEDULE_RUNS, &labels)
+        };
+        ScheduleMetrics {
+            done: runs("done"),
+            failed: runs("failed"),
+            abandoned: runs("abandoned"),
+            taken_over: runs("taken_over"),
         }
     }
 }

@@ -125,6 +125,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
             .lock_table(&table)
             .payload_table(format!("{table}_p"))
             .topic_table(format!("{table}_t"))
+            .schedule_table(format!("{table}_s"))
             .owner(owner)
             .lease(Duration::from_secs(10))
             .heartbeat(Duration::from_secs(2))
@@ -314,6 +315,21 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     .await;
     let released = "direction=released,pool=metered";
     assert_eq!(seen.counter("pgcoord_worker_key_moves_total", released), 1);
+
+    // A schedule: its ticks run and counted by outcome.
+    let every = pgcoord::schedule::Timing::every(Duration::from_millis(100)).unwrap();
+    let schedule = Schedule::new("metered", every, |_| async { Ok(()) });
+    let runner = me.schedule(schedule).unwrap();
+    let done = "outcome=done,schedule=metered";
+    pgcoord_testkit::eventually(Duration::from_secs(10), "a tick run", async || {
+        seen.counter("pgcoord_schedule_runs_total", done) >= 1
+    })
+    .await;
+    let stats = runner.send(StopSchedule).await.unwrap();
+    assert_eq!(
+        seen.counter("pgcoord_schedule_runs_total", done),
+        stats.done
+    );
 
     // No series is per process.
     let keys = (seen.0.get_counter_handles().into_keys())

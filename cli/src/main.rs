@@ -3,7 +3,8 @@
 //!
 //! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
 //! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify,
-//! `topics.rs` the durable topics (list, consumers, tail, reset), `hold.rs` `lock run`.
+//! `topics.rs` the durable topics (list, consumers, tail, reset), `schedules.rs` the
+//! schedules' runs, `hold.rs` `lock run` and `elect`.
 //! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found, 4 the
 //! tables are missing (with a hint to migrate), 5 `lock run`'s lease lost while its command
 //! ran, 6 `lock run`'s lease held by another until `--timeout`; otherwise `lock run` exits with
@@ -18,6 +19,7 @@ use pgcoord::{Config, ErrorKind};
 mod hold;
 mod inspect;
 mod output;
+mod schedules;
 mod signals;
 mod topics;
 
@@ -39,12 +41,16 @@ struct Cli {
     /// The durable topics' table, `name` or `schema.name`.
     #[arg(long, default_value = "pgcoord_topics", global = true)]
     topic_table: String,
+    /// The schedules' runs table, `name` or `schema.name`.
+    #[arg(long, default_value = "pgcoord_schedules", global = true)]
+    schedule_table: String,
     /// Give up after this long (`30`, `30s`, `500ms`, `2m`): the whole command, or for `listen`
     /// its start (connect and LISTEN). A server that accepts and then never answers must not
     /// hang an operator.
     #[arg(long, default_value = "30s", value_parser = duration, global = true)]
     timeout: std::time::Duration,
-    /// Print listings (locks, lock show, advisory, status, topics, migrate) as JSON, for scripts.
+    /// Print listings (locks, lock show, advisory, status, topics, schedules, migrate) as JSON,
+    /// for scripts.
     #[arg(long = "json", global = true)]
     as_json: bool,
     #[command(subcommand)]
@@ -108,6 +114,15 @@ enum Command {
     Topics {
         #[command(subcommand)]
         action: Option<TopicAction>,
+    },
+    /// Schedules: each one's latest tick (state, attempts, owner, error, next tick), or with
+    /// NAME that schedule's last runs.
+    Schedules {
+        /// One schedule: its last runs, newest first.
+        name: Option<String>,
+        /// How many of its runs.
+        #[arg(long, default_value_t = 20)]
+        count: u32,
     },
 }
 
@@ -202,7 +217,7 @@ async fn main() -> ExitCode {
             eprintln!(
                 "hint: pgcoord's tables are not in this database (or not under these names): \
                  run `pgcoord migrate`, or name them with --lock-table, --payload-table, \
-                 --topic-table"
+                 --topic-table, --schedule-table"
             );
             ExitCode::from(4)
         }
@@ -236,6 +251,7 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         .lock_table(cli.lock_table)
         .payload_table(cli.payload_table)
         .topic_table(cli.topic_table)
+        .schedule_table(cli.schedule_table)
         .application_name("pgcoord-cli");
     let within = cli.timeout.max(std::time::Duration::from_millis(1));
     // `lock run` and `elect` run as long as their command: no deadline of the command's.
@@ -371,5 +387,8 @@ async fn command(
                     force,
                 }),
         } => topics::reset(config, client, &topic, &consumer, &to, force).await,
+        Command::Schedules { name, count } => {
+            schedules::list(config, client, name.as_deref(), count, json).await
+        }
     }
 }

@@ -33,6 +33,7 @@ fn config(table: &str, owner: &str) -> Config {
         .lock_table(table)
         .payload_table(format!("{table}_p"))
         .topic_table(format!("{table}_t"))
+        .schedule_table(format!("{table}_s"))
         .owner(owner)
         .build()
         .unwrap()
@@ -358,6 +359,71 @@ async fn topics_lists_consumers_tails_and_resets_a_cursor() {
     assert_eq!(pgcoord(&table, &nobody).status.code(), Some(3));
 }
 
+/// `schedules`: each schedule's latest tick, and one schedule's runs, newest first.
+#[tokio::test]
+async fn schedules_lists_the_latest_tick_of_each_and_one_schedules_runs() {
+    use pgcoord::schedule::{RunState, ScheduleTable};
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "admin");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let runs = ScheduleTable::new(&config);
+    let hour = |h: u64| std::time::UNIX_EPOCH + Duration::from_secs(3600 * h);
+    for (schedule, h, state, error) in [
+        ("rollup", 1, RunState::Done, None),
+        ("rollup", 2, RunState::Failed, Some("disk full")),
+        ("vacuum", 1, RunState::Done, None),
+    ] {
+        let claimed = runs
+            .claim(&client, schedule, hour(h), 7, "worker-1")
+            .await
+            .unwrap();
+        assert_eq!(claimed, Some(1));
+        runs.finish(
+            &client,
+            schedule,
+            hour(h),
+            7,
+            state,
+            error,
+            Some(hour(h + 1)),
+        )
+        .await
+        .unwrap();
+    }
+
+    let out = pgcoord(&table, &["schedules"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    let rollup = text.lines().find(|l| l.starts_with("rollup")).expect(&text);
+    assert!(
+        rollup.contains("1970-01-01T02:00:00") && rollup.contains("failed"),
+        "the latest tick: {rollup}"
+    );
+    assert!(
+        rollup.contains("worker-1") && rollup.ends_with("disk full"),
+        "{rollup}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("vacuum")), "{text}");
+    assert!(text.contains("2 run(s)"), "{text}");
+
+    let out = pgcoord(&table, &["schedules", "rollup", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<&str> = (listed.as_array().unwrap().iter())
+        .map(|r| r["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["failed", "done"], "newest first: {listed}");
+    assert_eq!(listed[0]["attempts"], 1);
+    assert_eq!(
+        pgcoord(&table, &["schedules", &"x".repeat(300)])
+            .status
+            .code(),
+        Some(2),
+        "a bad name is bad input"
+    );
+}
+
 /// `--help` names the variable the DSN may come from, never its value (it holds a password).
 #[test]
 fn help_never_prints_the_dsn() {
@@ -446,6 +512,8 @@ fn pgcoord_command(table: &str, args: &[&str]) -> Command {
             &format!("{table}_p"),
             "--topic-table",
             &format!("{table}_t"),
+            "--schedule-table",
+            &format!("{table}_s"),
         ])
         .args(args)
         .stdout(Stdio::piped())

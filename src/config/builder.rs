@@ -20,6 +20,7 @@ pub struct ConfigBuilder {
     election_channel: Option<String>,
     payload_table: String,
     topic_table: String,
+    schedule_table: String,
     lease: Duration,
     heartbeat: Duration,
     ping_interval: Duration,
@@ -54,6 +55,7 @@ impl Default for ConfigBuilder {
             election_channel: None,
             payload_table: "pgcoord_payloads".into(),
             topic_table: "pgcoord_topics".into(),
+            schedule_table: "pgcoord_schedules".into(),
             lease: Duration::from_secs(20),
             heartbeat: Duration::from_secs(5),
             ping_interval: Duration::from_secs(15),
@@ -204,6 +206,13 @@ impl ConfigBuilder {
     /// Default: `pgcoord_topics`.
     pub fn topic_table(mut self, table: impl Into<String>) -> Self {
         self.topic_table = table.into();
+        self
+    }
+
+    /// The schedules' runs table, `name` or `schema.name` (see [`crate::schedule`]): a row per
+    /// tick started. Default: `pgcoord_schedules`.
+    pub fn schedule_table(mut self, table: impl Into<String>) -> Self {
+        self.schedule_table = table.into();
         self
     }
 
@@ -388,6 +397,8 @@ impl ConfigBuilder {
             QualifiedName::parse(&self.payload_table, 0)?.in_schema(schema.as_ref());
         let topic_table = QualifiedName::parse(&self.topic_table, super::TOPIC_SUFFIX_BYTES)?
             .in_schema(schema.as_ref());
+        let schedule_table =
+            QualifiedName::parse(&self.schedule_table, 0)?.in_schema(schema.as_ref());
 
         if self.lease < Duration::from_millis(1) {
             return Err(Error::new(
@@ -449,6 +460,7 @@ impl ConfigBuilder {
             prepared_statements: self.prepared_statements,
             payload_table,
             topic_table,
+            schedule_table,
             lease: self.lease,
             heartbeat: self.heartbeat,
             ping_interval: self.ping_interval,

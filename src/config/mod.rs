@@ -48,6 +48,7 @@ pub struct Config {
     pub(crate) prepared_statements: bool,
     pub(crate) payload_table: QualifiedName,
     pub(crate) topic_table: QualifiedName,
+    pub(crate) schedule_table: QualifiedName,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
     pub(crate) ping_interval: Duration,
@@ -130,6 +131,10 @@ impl Config {
     /// The durable topics' table.
     pub fn topic_table(&self) -> &QualifiedName {
         &self.topic_table
+    }
+    /// The schedules' runs table.
+    pub fn schedule_table(&self) -> &QualifiedName {
+        &self.schedule_table
     }
     /// The topics' consumer cursors: the topic table's name with `_cursors` appended.
     pub fn topic_cursors(&self) -> QualifiedName {

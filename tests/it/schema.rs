@@ -46,6 +46,7 @@ fn default_rendering_is_exactly_the_files() {
         "0004_lock_queue_handover.sql",
         "0005_lock_queue_nonce.sql",
         "0006_topics.sql",
+        "0007_schedules.sql",
     ]
     .iter()
     .map(|f| {
@@ -83,6 +84,8 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
             "pgcoord_locks_wq_pkey",
             "pgcoord_payloads",
             "pgcoord_payloads_pkey",
+            "pgcoord_schedules",
+            "pgcoord_schedules_pkey",
             "pgcoord_topics",
             "pgcoord_topics_cursors",
             "pgcoord_topics_cursors_pkey",
@@ -121,6 +124,7 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
         .lock_table("Leases")
         .payload_table("blobs")
         .topic_table("events")
+        .schedule_table("runs")
         .build()
         .unwrap();
     let client = super::connect(&config).await;
@@ -147,7 +151,9 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             "events_pkey",
             "events_position_seq",
             "events_trimmed",
-            "events_trimmed_pkey"
+            "events_trimmed_pkey",
+            "runs",
+            "runs_pkey"
         ]
     );
 
@@ -167,10 +173,10 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             .kind(),
         ErrorKind::AlreadyExists
     );
-    assert_eq!(objects(&client, &schema_name).await.len(), 13);
+    assert_eq!(objects(&client, &schema_name).await.len(), 15);
     // ...while try_create_tables fills in what is missing.
     schema::try_create_tables(&client, &config).await.unwrap();
-    assert_eq!(objects(&client, &schema_name).await.len(), 15);
+    assert_eq!(objects(&client, &schema_name).await.len(), 17);
 
     schema::drop_tables(&client, &config).await.unwrap();
     assert!(objects(&client, &schema_name).await.is_empty());

@@ -21,6 +21,7 @@ mod privileges;
 mod reliability;
 mod routing;
 mod runtime;
+mod schedules;
 mod semaphore;
 mod shutdown;
 mod signal_faults;
@@ -85,6 +86,7 @@ impl Setup {
             .lock_table(&self.table)
             .payload_table(format!("{}_p", self.table))
             .topic_table(format!("{}_t", self.table))
+            .schedule_table(format!("{}_s", self.table))
             .owner(owner)
             .lease(self.lease)
             .heartbeat(self.heartbeat)

@@ -21,6 +21,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         "\"{0}_t\", \"{0}_t_cursors\", \"{0}_t_trimmed\"",
         setup.table
     );
+    let schedules = format!("\"{}_s\"", setup.table);
     // The README's grants, word for word (besides the names).
     admin
         .batch_execute(&format!(
@@ -28,7 +29,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
              GRANT CONNECT ON DATABASE postgres TO {role};
              GRANT USAGE ON SCHEMA public TO {role};
              GRANT SELECT, INSERT, UPDATE, DELETE ON {locks}, {queue}, {payloads},
-                 {topics} TO {role};
+                 {topics}, {schedules} TO {role};
              GRANT USAGE ON SEQUENCE {sequence} TO {role};"
         ))
         .await
@@ -119,6 +120,19 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     };
     topics.trim(&own, "orders", all, 10).await.unwrap();
     topics.held_back(&own).await.unwrap();
+
+    // A schedule: its ticks claimed, run, finished and trimmed by the role.
+    let every = pgcoord::schedule::Timing::every(Duration::from_millis(100)).unwrap();
+    let runner = one
+        .schedule(Schedule::new("least", every, |_| async { Ok(()) }).history(1))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while runner.send(GetScheduleStats).await.unwrap().done < 2 {
+        assert!(std::time::Instant::now() < deadline, "no tick ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = runner.send(StopSchedule).await.unwrap();
+    assert_eq!(stats.failed, 0, "{stats:?}");
 
     // One grant fewer (the sequence's): a typed error that names what is missing.
     admin

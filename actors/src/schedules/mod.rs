@@ -1,0 +1,321 @@
+//! [`Schedule`]: a tick of a schedule runs once across the fleet, on the server's clock.
+//!
+//! Every process that runs the schedule wakes at each tick and tries its lease,
+//! `"schedules/{name}"`, without waiting. The one that gets it reads the runs table and the
+//! server's time ([`pgcoord::schedule::plan`] says what is due), claims the tick under its
+//! lease's token (a row unique per tick), runs the handler with a [`Tick`], records the outcome,
+//! and releases the lease. The others find it taken and look again when its holder's lease
+//! would run out, so a process that dies mid-run has its tick started again by another within
+//! about a lease. A [`Tick::complete`] in the handler's own transaction (fenced by the lease)
+//! marks the tick done with its effects: they commit once, or not at all.
+//!
+//! Nothing is decided on the process's own clock: ticks are due by the server's `now()`, and
+//! the process only sleeps (on its monotonic clock) until the server time it computed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use actix::prelude::*;
+use pgcoord::schedule::{CatchUp, Policy, ScheduleTable, Timing};
+use pgcoord::{Error, ErrorKind, Pool, Result};
+use tokio::sync::Notify;
+
+use crate::leases::{Lease, LockManager};
+
+mod run;
+
+/// What a schedule's handler returns: `Ok` to mark the tick done, `Err` (why) to have it
+/// started again after the policy's backoff, while attempts are left.
+pub type TickResult = std::result::Result<(), String>;
+
+/// A schedule's handler: one tick at a time.
+pub type TickHandler =
+    Arc<dyn Fn(Tick) -> Pin<Box<dyn Future<Output = TickResult> + Send>> + Send + Sync>;
+
+/// A schedule: built with [`Schedule::new`], started with
+/// [`Coordinator::schedule`](crate::Coordinator::schedule) in every process that may run it.
+pub struct Schedule {
+    pub(crate) name: String,
+    pub(crate) timing: Timing,
+    pub(crate) policy: Policy,
+    pub(crate) jitter: Duration,
+    pub(crate) history: u32,
+    pub(crate) handler: TickHandler,
+}
+
+impl std::fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schedule")
+            .field("name", &self.name)
+            .field("timing", &self.timing.to_string())
+            .field("policy", &self.policy)
+            .field("jitter", &self.jitter)
+            .field("history", &self.history)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Schedule {
+    /// The schedule `name` (1 to 245 bytes), ticking at `timing`, running `handler` once per
+    /// tick across the fleet. Missed ticks fold into one ([`CatchUp::Latest`]); a tick is
+    /// started up to 3 times, retried after 1 s, then 2 s; no jitter; the newest 100 ticks
+    /// are kept in the runs table.
+    pub fn new<F, Fut>(name: impl Into<String>, timing: Timing, handler: F) -> Schedule
+    where
+        F: Fn(Tick) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = TickResult> + Send + 'static,
+    {
+        Schedule {
+            name: name.into(),
+            timing,
+            policy: Policy::default(),
+            jitter: Duration::ZERO,
+            history: 100,
+            handler: Arc::new(move |tick| Box::pin(handler(tick))),
+        }
+    }
+
+    /// What happens to ticks nobody ran at their time.
+    pub fn catch_up(mut self, catch_up: CatchUp) -> Schedule {
+        self.policy.catch_up = catch_up;
+        self
+    }
+
+    /// How many times a tick is started before it is abandoned (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Schedule {
+        self.policy.max_attempts = attempts;
+        self
+    }
+
+    /// The wait before the first retry; doubled for each one after, up to 64 times.
+    pub fn retry_backoff(mut self, backoff: Duration) -> Schedule {
+        self.policy.retry_backoff = backoff;
+        self
+    }
+
+    /// Each process waits a random part of `jitter` after a tick before it tries: the fleet's
+    /// tries spread, and so does the run's start.
+    pub fn jitter(mut self, jitter: Duration) -> Schedule {
+        self.jitter = jitter;
+        self
+    }
+
+    /// How many of the newest ticks the runs table keeps (at least 1).
+    pub fn history(mut self, ticks: u32) -> Schedule {
+        self.history = ticks;
+        self
+    }
+
+    /// The schedule's lease: `"schedules/{name}"`.
+    pub fn lease_name(&self) -> String {
+        format!("schedules/{}", self.name)
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        pgcoord::config::validate_name("schedule", self.name.clone())?;
+        pgcoord::config::validate_name("schedule lease", self.lease_name())?;
+        let invalid = |what: String| Err(Error::new(ErrorKind::InvalidConfig, what));
+        if self.policy.max_attempts == 0 {
+            return invalid("a schedule's max_attempts is at least 1".into());
+        }
+        if self.history == 0 {
+            return invalid("a schedule's history keeps at least 1 tick".into());
+        }
+        if let CatchUp::Each { max: 0 } = self.policy.catch_up {
+            return invalid("CatchUp::Each runs at least 1 missed tick".into());
+        }
+        Ok(())
+    }
+}
+
+/// One tick handed to a schedule's handler. Its lease is the schedule's: while the handler
+/// runs, no other process runs this schedule.
+pub struct Tick {
+    schedule: Arc<str>,
+    at: SystemTime,
+    attempt: u32,
+    lease: Arc<Lease>,
+    table: Arc<ScheduleTable>,
+    next: Option<SystemTime>,
+}
+
+impl std::fmt::Debug for Tick {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tick")
+            .field("schedule", &self.schedule)
+            .field("at", &self.at)
+            .field("attempt", &self.attempt)
+            .field("token", &self.lease.token())
+            .finish()
+    }
+}
+
+impl Tick {
+    /// The schedule's name.
+    pub fn schedule(&self) -> &str {
+        &self.schedule
+    }
+    /// The tick's instant, on the server's clock: the same for every attempt.
+    pub fn at(&self) -> SystemTime {
+        self.at
+    }
+    /// Which start of this tick this is: 1, then 2 for its first retry, …
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    /// The schedule lease's fencing token this attempt runs under.
+    pub fn token(&self) -> i64 {
+        self.lease.token()
+    }
+    /// The schedule's lease, for [`Lease::lost`] and the like.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+    /// Fails with [`pgcoord::ErrorKind::LockLost`] unless this attempt still holds the
+    /// schedule's lease; inside `tx`, it stays held until `tx` ends.
+    pub async fn fence(&self, tx: &(impl pgcoord::statement::Statements + ?Sized)) -> Result<()> {
+        self.lease.fence(tx).await
+    }
+    /// Fences `tx` and marks the tick done in it: the tick is done if and only if `tx` commits,
+    /// so its effects in `tx` are applied once. [`pgcoord::ErrorKind::LockLost`] when another
+    /// process took the tick over (this process paused past its lease).
+    pub async fn complete(
+        &self,
+        tx: &(impl pgcoord::statement::Statements + ?Sized),
+    ) -> Result<()> {
+        self.fence(tx).await?;
+        self.table
+            .finish(
+                tx,
+                &self.schedule,
+                self.at,
+                self.token(),
+                pgcoord::schedule::RunState::Done,
+                None,
+                self.next,
+            )
+            .await
+            .map(drop)
+    }
+}
+
+/// What a schedule has done in this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
+pub struct ScheduleStats {
+    /// Ticks this process started (retries included).
+    pub started: u64,
+    /// Of those, runs whose handler returned `Ok`.
+    pub done: u64,
+    /// Runs whose handler returned `Err` (or panicked).
+    pub failed: u64,
+    /// Ticks this process marked abandoned.
+    pub abandoned: u64,
+    /// Runs that no longer counted when they finished: another process had taken the tick
+    /// over.
+    pub taken_over: u64,
+    /// Tries that found another process holding the schedule's lease.
+    pub busy: u64,
+}
+
+/// Asks a [`ScheduleRunner`] for its [`ScheduleStats`].
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ScheduleStats")]
+pub struct GetScheduleStats;
+
+/// Stops a [`ScheduleRunner`]: a run under way is finished, the lease released; answers the
+/// runner's final [`ScheduleStats`].
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ScheduleStats")]
+pub struct StopSchedule;
+
+/// What the loop shares with its actor.
+pub(crate) struct Shared {
+    pub(crate) schedule: Schedule,
+    pub(crate) table: Arc<ScheduleTable>,
+    pub(crate) pool: Pool,
+    pub(crate) locks: Addr<LockManager>,
+    pub(crate) owner: String,
+    pub(crate) stats: Mutex<ScheduleStats>,
+    pub(crate) metrics: crate::metrics::ScheduleMetrics,
+    pub(crate) stopping: Notify,
+}
+
+/// A schedule in this process; see the module docs. Start it with
+/// [`Coordinator::schedule`](crate::Coordinator::schedule).
+pub struct ScheduleRunner {
+    shared: Arc<Shared>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ScheduleRunner {
+    pub(crate) fn new(
+        schedule: Schedule,
+        table: ScheduleTable,
+        pool: Pool,
+        locks: Addr<LockManager>,
+        owner: String,
+    ) -> ScheduleRunner {
+        let metrics = crate::metrics::ScheduleMetrics::new(&schedule.name);
+        ScheduleRunner {
+            shared: Arc::new(Shared {
+                metrics,
+                schedule,
+                table: Arc::new(table),
+                pool,
+                locks,
+                owner,
+                stats: Mutex::default(),
+                stopping: Notify::new(),
+            }),
+            task: None,
+        }
+    }
+}
+
+impl Actor for ScheduleRunner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.task = Some(tokio::spawn(run::run(self.shared.clone())));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // The loop finishes the run in hand and releases the lease as it ends.
+        self.shared.stopping.notify_one();
+        self.task.take();
+    }
+}
+
+impl Handler<GetScheduleStats> for ScheduleRunner {
+    type Result = ScheduleStats;
+
+    fn handle(&mut self, _: GetScheduleStats, _: &mut Context<Self>) -> ScheduleStats {
+        self.shared.stats.lock().expect("stats lock").clone()
+    }
+}
+
+impl Handler<StopSchedule> for ScheduleRunner {
+    type Result = ResponseActFuture<Self, ScheduleStats>;
+
+    fn handle(&mut self, _: StopSchedule, _: &mut Context<Self>) -> Self::Result {
+        self.shared.stopping.notify_one();
+        let task = self.task.take();
+        let shared = self.shared.clone();
+        Box::pin(
+            async move {
+                if let Some(task) = task {
+                    let _ = task.await;
+                }
+                shared.stats.lock().expect("stats lock").clone()
+            }
+            .into_actor(self)
+            .map(|stats, _, ctx| {
+                ctx.stop();
+                stats
+            }),
+        )
+    }
+}

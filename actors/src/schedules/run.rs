@@ -1,0 +1,226 @@
+//! The schedule's loop: sleep to the next tick, try the lease, run what is due, release.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use pgcoord::schedule::{Next, RunState, plan};
+use pgcoord::{ErrorKind, Result};
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::{Shared, Tick};
+use crate::Call;
+use crate::leases::{Acquire, Lease};
+
+/// How long a try of the lease may take before it counts as a failure.
+const ACQUIRE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Runs the schedule until its actor stops.
+pub(super) async fn run(shared: Arc<Shared>) {
+    let span = info_span!("schedule", schedule = %shared.schedule.name);
+    async move {
+        // The server's time when this runner first read the table: a schedule with no row
+        // starts with the first tick after it.
+        let mut since = None;
+        let mut wake = Instant::now();
+        let mut next_tick = None;
+        let mut failures = 0u32;
+        loop {
+            let jitter = shared.schedule.jitter.mul_f64(rand::random::<f64>());
+            let sleep = wake.saturating_duration_since(Instant::now()) + jitter;
+            tokio::select! {
+                () = tokio::time::sleep(sleep) => {}
+                () = shared.stopping.notified() => return,
+            }
+            match tenure(&shared, &mut since, &mut next_tick).await {
+                Ok(Some(at)) => {
+                    failures = 0;
+                    wake = at;
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    failures += 1;
+                    if failures.is_power_of_two() {
+                        warn!(error = %e, failures, "the schedule cannot run; trying again");
+                    }
+                    let backoff = Duration::from_millis(100) * failures.min(50);
+                    wake = Instant::now() + backoff;
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Takes the lease if it is free and runs what is due; answers when to look again (`None`:
+/// the actor is stopping).
+async fn tenure(
+    shared: &Shared,
+    since: &mut Option<SystemTime>,
+    next_tick: &mut Option<Instant>,
+) -> Result<Option<Instant>> {
+    let acquire = Acquire::new(shared.schedule.lease_name())
+        .fail_if_locked()
+        .timeout(ACQUIRE_WITHIN);
+    let lease = match shared.locks.call(acquire).await {
+        Ok(lease) => Arc::new(lease),
+        Err(e) if matches!(e.kind(), ErrorKind::NotAcquired | ErrorKind::AlreadyHeld) => {
+            stats(shared, |s| s.busy += 1);
+            // Its holder runs it; should it die, its lease runs out: look again then, or at the
+            // next tick if that comes first.
+            let remaining = e.holder().map_or(Duration::from_secs(1), |h| h.remaining);
+            let again = Instant::now() + remaining + Duration::from_millis(10);
+            debug!(?remaining, "the schedule's lease is held elsewhere");
+            return Ok(Some(next_tick.map_or(again, |t| t.min(again))));
+        }
+        Err(e) => return Err(e),
+    };
+    let result = run_due(shared, &lease, since, next_tick).await;
+    // Released here unless a handler kept its tick (then when that is dropped).
+    if let Ok(lease) = Arc::try_unwrap(lease)
+        && let Err(e) = lease.release().await
+    {
+        debug!(error = %e, "the schedule's lease was not released; it runs out");
+    }
+    result
+}
+
+/// Runs every tick due while the lease is held.
+async fn run_due(
+    shared: &Shared,
+    lease: &Arc<Lease>,
+    since: &mut Option<SystemTime>,
+    next_tick: &mut Option<Instant>,
+) -> Result<Option<Instant>> {
+    let schedule = &shared.schedule;
+    loop {
+        let seen = shared
+            .table
+            .observe(&shared.pool.idempotent(None), &schedule.name)
+            .await?;
+        let read_at = Instant::now();
+        let since = *since.get_or_insert(seen.now);
+        match plan(&schedule.timing, &schedule.policy, &seen, since) {
+            Next::WaitUntil(at) => {
+                let wait = at.duration_since(seen.now).unwrap_or_default();
+                *next_tick = Some(read_at + wait);
+                shared
+                    .table
+                    .trim(
+                        &shared.pool.idempotent(None),
+                        &schedule.name,
+                        schedule.history,
+                    )
+                    .await?;
+                return Ok(Some(read_at + wait));
+            }
+            Next::Abandon { tick } => {
+                warn!(tick = ?tick, attempts = schedule.policy.max_attempts, "a tick is abandoned");
+                shared
+                    .table
+                    .abandon(
+                        &shared.pool.statements(None),
+                        &schedule.name,
+                        tick,
+                        lease.token(),
+                    )
+                    .await?;
+                stats(shared, |s| s.abandoned += 1);
+                shared.metrics.abandoned.increment(1);
+            }
+            Next::Run { tick, retry } => {
+                if !run_tick(shared, lease, tick, retry).await? {
+                    // Claimed with a newer token: this process lost the lease.
+                    return Ok(Some(Instant::now()));
+                }
+            }
+        }
+        if lease.loss().is_some() {
+            return Ok(Some(Instant::now()));
+        }
+    }
+}
+
+/// Claims `tick` and runs it; false when the claim found the tick taken by a newer token.
+async fn run_tick(
+    shared: &Shared,
+    lease: &Arc<Lease>,
+    tick: SystemTime,
+    retry: bool,
+) -> Result<bool> {
+    let schedule = &shared.schedule;
+    let token = lease.token();
+    let claimed = shared
+        .table
+        .claim(
+            &shared.pool.statements(None),
+            &schedule.name,
+            tick,
+            token,
+            &shared.owner,
+        )
+        .await?;
+    let Some(attempt) = claimed else {
+        return Ok(false);
+    };
+    stats(shared, |s| s.started += 1);
+    if retry {
+        debug!(tick = ?tick, attempt, "a tick is started again");
+    }
+    let next = schedule.timing.next_after(tick);
+    let handed = Tick {
+        schedule: Arc::from(schedule.name.as_str()),
+        at: tick,
+        attempt,
+        lease: lease.clone(),
+        table: shared.table.clone(),
+        next,
+    };
+    let outcome = {
+        use futures_util::FutureExt;
+        std::panic::AssertUnwindSafe((schedule.handler)(handed))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err("the handler panicked".to_owned()))
+    };
+    let (state, error) = match &outcome {
+        Ok(()) => (RunState::Done, None),
+        Err(why) => (RunState::Failed, Some(why.as_str())),
+    };
+    let finished = shared
+        .table
+        .finish(
+            &shared.pool.idempotent(None),
+            &schedule.name,
+            tick,
+            token,
+            state,
+            error,
+            next,
+        )
+        .await;
+    match finished {
+        Ok(_) if outcome.is_ok() => {
+            stats(shared, |s| s.done += 1);
+            shared.metrics.done.increment(1);
+        }
+        Ok(_) => {
+            warn!(tick = ?tick, attempt, error = error.unwrap_or_default(), "a tick's run failed");
+            stats(shared, |s| s.failed += 1);
+            shared.metrics.failed.increment(1);
+        }
+        Err(e) if e.kind() == ErrorKind::LockLost => {
+            warn!(tick = ?tick, "a tick's run finished after another process took it over; it does not count");
+            stats(shared, |s| s.taken_over += 1);
+            shared.metrics.taken_over.increment(1);
+            return Ok(false);
+        }
+        // The row stays 'running': the next holder starts the tick again.
+        Err(e) => return Err(e),
+    }
+    Ok(true)
+}
+
+fn stats(shared: &Shared, f: impl FnOnce(&mut super::ScheduleStats)) {
+    f(&mut shared.stats.lock().expect("stats lock"));
+}
