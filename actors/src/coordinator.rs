@@ -157,7 +157,7 @@ impl Coordinator {
     /// schedule started in every process of the fleet, each tick runs in one of them, once
     /// (see [`Schedule`](crate::Schedule)). Typed errors for a bad name or policy, before
     /// anything starts. Runs until sent [`StopSchedule`](crate::StopSchedule) or the System
-    /// stops.
+    /// stops (dropping the address does not stop it).
     pub fn schedule(
         &self,
         schedule: crate::Schedule,

@@ -248,6 +248,9 @@ pub(crate) struct Shared {
 pub struct ScheduleRunner {
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
+    // Its own address, so dropping the caller's does not stop the schedule: only
+    // `StopSchedule` (or the System's end) does.
+    me: Option<Addr<ScheduleRunner>>,
 }
 
 impl ScheduleRunner {
@@ -271,6 +274,7 @@ impl ScheduleRunner {
                 stopping: Notify::new(),
             }),
             task: None,
+            me: None,
         }
     }
 }
@@ -278,7 +282,8 @@ impl ScheduleRunner {
 impl Actor for ScheduleRunner {
     type Context = Context<Self>;
 
-    fn started(&mut self, _: &mut Context<Self>) {
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.me = Some(ctx.address());
         self.task = Some(tokio::spawn(run::run(self.shared.clone())));
     }
 
@@ -301,6 +306,7 @@ impl Handler<StopSchedule> for ScheduleRunner {
     type Result = ResponseActFuture<Self, ScheduleStats>;
 
     fn handle(&mut self, _: StopSchedule, _: &mut Context<Self>) -> Self::Result {
+        self.me = None;
         self.shared.stopping.notify_one();
         let task = self.task.take();
         let shared = self.shared.clone();

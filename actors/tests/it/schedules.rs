@@ -332,3 +332,92 @@ async fn bad_schedules_are_typed_errors_before_anything_starts() {
         ErrorKind::InvalidConfig
     );
 }
+
+/// The ticks a runner of `catch_up` runs after every process was down for 2 s: the table's
+/// latest row is a done tick 2 s (ten ticks) before the server's now.
+async fn after_an_outage(catch_up: CatchUp) -> (Vec<SystemTime>, SystemTime) {
+    let (setup, admin) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let applied = applied_table(&admin, &setup).await;
+    let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
+    let now: SystemTime = admin.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    let every = Timing::every(Duration::from_millis(200)).unwrap();
+    let last = every
+        .latest_at_or_before(now - Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(
+        table.claim(&admin, "tick", last, 0, "gone").await.unwrap(),
+        Some(1)
+    );
+    table
+        .finish(&admin, "tick", last, 0, RunState::Done, None, None)
+        .await
+        .unwrap();
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let runner = one
+        .schedule(recording("tick", &applied, "one", client(&setup).await).catch_up(catch_up))
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    runner.send(StopSchedule).await.unwrap();
+    let rows = admin
+        .query(&format!("SELECT tick FROM {applied} ORDER BY tick"), &[])
+        .await
+        .unwrap();
+    (rows.iter().map(|r| r.get(0)).collect(), last)
+}
+
+#[actix_rt::test]
+async fn missed_ticks_follow_the_catch_up_policy_after_an_outage() {
+    let step = Duration::from_millis(200);
+    // Each: every missed tick, oldest first, then on time.
+    let (ticks, last) = after_an_outage(CatchUp::Each { max: 1000 }).await;
+    assert_eq!(ticks.first(), Some(&(last + step)), "{ticks:?}");
+    assert!(
+        ticks.len() >= 12,
+        "the ten missed and the ones after: {ticks:?}"
+    );
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1].duration_since(pair[0]).unwrap(), step, "{ticks:?}");
+    }
+    // Latest: the missed ones fold into the latest; then every tick on time.
+    let (ticks, last) = after_an_outage(CatchUp::Latest).await;
+    let first = ticks.first().expect("a tick ran");
+    assert!(
+        *first >= last + 9 * step,
+        "the latest due tick, not the oldest: {ticks:?}"
+    );
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1].duration_since(pair[0]).unwrap(), step, "{ticks:?}");
+    }
+    // Skip: no missed tick runs (the latest only if found within its grace); then on time.
+    // (Which one is skipped depends on when the runner first looks: the unit tests pin it.)
+    let grace = Duration::from_millis(100);
+    let (ticks, last) = after_an_outage(CatchUp::Skip { grace }).await;
+    assert!(!ticks.is_empty(), "the ticks after the outage run");
+    assert!(
+        ticks.iter().all(|t| *t >= last + 10 * step),
+        "no missed tick ran: {ticks:?}"
+    );
+    for pair in ticks.windows(2) {
+        assert_eq!(pair[1].duration_since(pair[0]).unwrap(), step, "{ticks:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_schedule_whose_address_was_dropped_runs_on() {
+    let (setup, admin) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let every = Timing::every(Duration::from_millis(100)).unwrap();
+    drop(
+        one.schedule(Schedule::new("dropped", every, |_| async { Ok(()) }))
+            .unwrap(),
+    );
+    let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
+    pgcoord_testkit::eventually(Duration::from_secs(10), "ticks run", async || {
+        runs_in(&table, &admin, "dropped", RunState::Done).await >= 3
+    })
+    .await;
+}
