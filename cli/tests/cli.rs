@@ -384,6 +384,7 @@ async fn schedules_lists_the_latest_tick_of_each_and_one_schedules_runs() {
             schedule,
             hour(h),
             7,
+            1,
             state,
             error,
             Some(hour(h + 1)),

@@ -135,7 +135,7 @@ impl ScheduleTable {
                      finished_at = CASE WHEN r.state = 'running' THEN now() ELSE r.finished_at END,
                      error = CASE WHEN r.state = 'running' THEN $5 ELSE r.error END,
                      next_tick = coalesce($6, r.next_tick)
-                 WHERE schedule = $1 AND tick = $2 AND token = $3
+                 WHERE schedule = $1 AND tick = $2 AND token = $3 AND attempts = $7
                  RETURNING state"
             ),
             abandon: format!(
@@ -217,9 +217,10 @@ impl ScheduleTable {
             .transpose()
     }
 
-    /// Records how the attempt under `token` ended (`Done`, `Failed` with why), and the next
-    /// tick. A row already done keeps `Done`. [`ErrorKind::LockLost`] when the tick was claimed
-    /// again under another token: this attempt no longer counts.
+    /// Records how `attempt` under `token` ended (`Done`, `Failed` with why), and the next
+    /// tick; answers the row's state. A row already finished keeps its state.
+    /// [`ErrorKind::LockLost`] when the tick was claimed again, under another token or as a
+    /// later attempt: this attempt no longer counts.
     #[allow(clippy::too_many_arguments)]
     #[instrument(skip_all, fields(schedule, token, state = %state))]
     pub async fn finish(
@@ -228,12 +229,14 @@ impl ScheduleTable {
         schedule: &str,
         tick: SystemTime,
         token: i64,
+        attempt: u32,
         state: RunState,
         error: Option<&str>,
         next_tick: Option<SystemTime>,
     ) -> Result<RunState> {
         check(schedule)?;
         let word = state.as_str();
+        let attempt = i32::try_from(attempt).unwrap_or(i32::MAX);
         let params: &[Param<'_>] = &[
             (&schedule, Type::TEXT),
             (&tick, Type::TIMESTAMPTZ),
@@ -241,6 +244,7 @@ impl ScheduleTable {
             (&word, Type::TEXT),
             (&error, Type::TEXT),
             (&next_tick, Type::TIMESTAMPTZ),
+            (&attempt, Type::INT4),
         ];
         let rows = client.run(&self.finish, params).await?;
         match rows.first() {
@@ -248,7 +252,7 @@ impl ScheduleTable {
             None => Err(Error::new(
                 ErrorKind::LockLost,
                 format!(
-                    "schedule {schedule:?}: its tick was taken over; the run under token {token} no longer counts"
+                    "schedule {schedule:?}: its tick was taken over or started again; attempt {attempt} under token {token} no longer counts"
                 ),
             )),
         }

@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -42,6 +43,7 @@ pub struct Schedule {
     pub(crate) policy: Policy,
     pub(crate) jitter: Duration,
     pub(crate) history: u32,
+    pub(crate) run_within: Option<Duration>,
     pub(crate) handler: TickHandler,
 }
 
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Schedule {
             .field("policy", &self.policy)
             .field("jitter", &self.jitter)
             .field("history", &self.history)
+            .field("run_within", &self.run_within)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +64,7 @@ impl Schedule {
     /// The schedule `name` (1 to 245 bytes), ticking at `timing`, running `handler` once per
     /// tick across the fleet. Missed ticks fold into one ([`CatchUp::Latest`]); a tick is
     /// started up to 3 times, retried after 1 s, then 2 s; no jitter; the newest 100 ticks
-    /// are kept in the runs table.
+    /// are kept in the runs table. A run is not bounded: see [`Schedule::run_within`].
     pub fn new<F, Fut>(name: impl Into<String>, timing: Timing, handler: F) -> Schedule
     where
         F: Fn(Tick) -> Fut + Send + Sync + 'static,
@@ -73,6 +76,7 @@ impl Schedule {
             policy: Policy::default(),
             jitter: Duration::ZERO,
             history: 100,
+            run_within: None,
             handler: Arc::new(move |tick| Box::pin(handler(tick))),
         }
     }
@@ -108,6 +112,17 @@ impl Schedule {
         self
     }
 
+    /// The longest a run may take. Past it the handler's future is dropped, the tick marked
+    /// failed (retried per the policy) and the schedule's lease released, so a handler that
+    /// hangs does not hold the schedule up for the whole fleet; a [`Tick::complete`] that
+    /// comes later fails and its transaction must not commit. Without it a run takes as long
+    /// as its handler, and [`StopSchedule`] waits for it. Tasks the handler spawned are its own:
+    /// dropping its future does not stop them.
+    pub fn run_within(mut self, bound: Duration) -> Schedule {
+        self.run_within = Some(bound);
+        self
+    }
+
     /// The schedule's lease: `"schedules/{name}"`.
     pub fn lease_name(&self) -> String {
         format!("schedules/{}", self.name)
@@ -122,6 +137,9 @@ impl Schedule {
         }
         if self.history == 0 {
             return invalid("a schedule's history keeps at least 1 tick".into());
+        }
+        if self.run_within == Some(Duration::ZERO) {
+            return invalid("a schedule's run_within is more than zero".into());
         }
         if let CatchUp::Each { max: 0 } = self.policy.catch_up {
             return invalid("CatchUp::Each runs at least 1 missed tick".into());
@@ -180,24 +198,38 @@ impl Tick {
     }
     /// Fences `tx` and marks the tick done in it: the tick is done if and only if `tx` commits,
     /// so its effects in `tx` are applied once. [`pgcoord::ErrorKind::LockLost`] when another
-    /// process took the tick over (this process paused past its lease).
+    /// process took the tick over (this process paused past its lease) or the tick was started
+    /// again; [`pgcoord::ErrorKind::Timeout`] when the run passed its [`Schedule::run_within`]
+    /// and was marked failed. On either error `tx` must not commit.
     pub async fn complete(
         &self,
         tx: &(impl pgcoord::statement::Statements + ?Sized),
     ) -> Result<()> {
         self.fence(tx).await?;
-        self.table
+        let state = self
+            .table
             .finish(
                 tx,
                 &self.schedule,
                 self.at,
                 self.token(),
+                self.attempt,
                 pgcoord::schedule::RunState::Done,
                 None,
                 self.next,
             )
-            .await
-            .map(drop)
+            .await?;
+        match state {
+            pgcoord::schedule::RunState::Done => Ok(()),
+            state => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "schedule {:?}: this run of its tick was already marked {} (it passed its run_within); it does not count",
+                    self.schedule,
+                    state.as_str()
+                ),
+            )),
+        }
     }
 }
 
@@ -207,9 +239,9 @@ impl Tick {
 pub struct ScheduleStats {
     /// Ticks this process started (retries included).
     pub started: u64,
-    /// Of those, runs whose handler returned `Ok`.
+    /// Of those, runs that left the tick done.
     pub done: u64,
-    /// Runs whose handler returned `Err` (or panicked).
+    /// Runs whose handler returned `Err`, panicked or passed its [`Schedule::run_within`].
     pub failed: u64,
     /// Ticks this process marked abandoned.
     pub abandoned: u64,
@@ -225,8 +257,9 @@ pub struct ScheduleStats {
 #[rtype(result = "ScheduleStats")]
 pub struct GetScheduleStats;
 
-/// Stops a [`ScheduleRunner`]: a run under way is finished, the lease released; answers the
-/// runner's final [`ScheduleStats`].
+/// Stops a [`ScheduleRunner`]: a run under way is finished (within the schedule's
+/// [`Schedule::run_within`], when it has one), the lease released; answers the runner's final
+/// [`ScheduleStats`].
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "ScheduleStats")]
 pub struct StopSchedule;
@@ -240,7 +273,21 @@ pub(crate) struct Shared {
     pub(crate) owner: String,
     pub(crate) stats: Mutex<ScheduleStats>,
     pub(crate) metrics: crate::metrics::ScheduleMetrics,
+    // Set by a stop; the loop reads it between ticks (a schedule that is behind never sleeps)
+    // and `stopping` wakes it from its sleep.
+    pub(crate) stop_asked: AtomicBool,
     pub(crate) stopping: Notify,
+}
+
+impl Shared {
+    fn stop(&self) {
+        self.stop_asked.store(true, Ordering::Relaxed);
+        self.stopping.notify_one();
+    }
+
+    pub(crate) fn stop_asked(&self) -> bool {
+        self.stop_asked.load(Ordering::Relaxed)
+    }
 }
 
 /// A schedule in this process; see the module docs. Start it with
@@ -271,6 +318,7 @@ impl ScheduleRunner {
                 locks,
                 owner,
                 stats: Mutex::default(),
+                stop_asked: AtomicBool::new(false),
                 stopping: Notify::new(),
             }),
             task: None,
@@ -289,7 +337,7 @@ impl Actor for ScheduleRunner {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         // The loop finishes the run in hand and releases the lease as it ends.
-        self.shared.stopping.notify_one();
+        self.shared.stop();
         self.task.take();
     }
 }
@@ -307,7 +355,7 @@ impl Handler<StopSchedule> for ScheduleRunner {
 
     fn handle(&mut self, _: StopSchedule, _: &mut Context<Self>) -> Self::Result {
         self.me = None;
-        self.shared.stopping.notify_one();
+        self.shared.stop();
         let task = self.task.take();
         let shared = self.shared.clone();
         Box::pin(

@@ -94,6 +94,9 @@ async fn run_due(
 ) -> Result<Option<Instant>> {
     let schedule = &shared.schedule;
     loop {
+        if shared.stop_asked() {
+            return Ok(None);
+        }
         let seen = shared
             .table
             .observe(&shared.pool.idempotent(None), &schedule.name)
@@ -115,7 +118,6 @@ async fn run_due(
                 return Ok(Some(read_at + wait));
             }
             Next::Abandon { tick } => {
-                warn!(tick = ?tick, attempts = schedule.policy.max_attempts, "a tick is abandoned");
                 shared
                     .table
                     .abandon(
@@ -125,8 +127,14 @@ async fn run_due(
                         lease.token(),
                     )
                     .await?;
-                stats(shared, |s| s.abandoned += 1);
+                let abandoned = stats(shared, |s| {
+                    s.abandoned += 1;
+                    s.abandoned
+                });
                 shared.metrics.abandoned.increment(1);
+                if abandoned.is_power_of_two() {
+                    warn!(tick = ?tick, attempts = schedule.policy.max_attempts, abandoned, "a tick is abandoned");
+                }
             }
             Next::Run { tick, retry } => {
                 if !run_tick(shared, lease, tick, retry).await? {
@@ -178,10 +186,14 @@ async fn run_tick(
     };
     let outcome = {
         use futures_util::FutureExt;
-        std::panic::AssertUnwindSafe((schedule.handler)(handed))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| Err("the handler panicked".to_owned()))
+        let run = std::panic::AssertUnwindSafe((schedule.handler)(handed)).catch_unwind();
+        let ran = match schedule.run_within {
+            Some(bound) => tokio::time::timeout(bound, run)
+                .await
+                .unwrap_or_else(|_| Ok(Err(format!("the run passed its bound of {bound:?}")))),
+            None => run.await,
+        };
+        ran.unwrap_or_else(|_| Err("the handler panicked".to_owned()))
     };
     let (state, error) = match &outcome {
         Ok(()) => (RunState::Done, None),
@@ -194,25 +206,39 @@ async fn run_tick(
             &schedule.name,
             tick,
             token,
+            attempt,
             state,
             error,
             next,
         )
         .await;
+    // The row says how the run ended: a handler whose future passed its bound may still have
+    // committed `Tick::complete`, and then the tick is done.
     match finished {
-        Ok(_) if outcome.is_ok() => {
+        Ok(RunState::Done) => {
             stats(shared, |s| s.done += 1);
             shared.metrics.done.increment(1);
         }
         Ok(_) => {
-            warn!(tick = ?tick, attempt, error = error.unwrap_or_default(), "a tick's run failed");
-            stats(shared, |s| s.failed += 1);
+            let failed = stats(shared, |s| {
+                s.failed += 1;
+                s.failed
+            });
             shared.metrics.failed.increment(1);
+            // Bounded: a schedule failing every tick says so at 1, 2, 4, 8… failures.
+            if failed.is_power_of_two() {
+                warn!(tick = ?tick, attempt, failed, error = error.unwrap_or_default(), "a tick's run failed");
+            }
         }
         Err(e) if e.kind() == ErrorKind::LockLost => {
-            warn!(tick = ?tick, "a tick's run finished after another process took it over; it does not count");
-            stats(shared, |s| s.taken_over += 1);
+            let taken_over = stats(shared, |s| {
+                s.taken_over += 1;
+                s.taken_over
+            });
             shared.metrics.taken_over.increment(1);
+            if taken_over.is_power_of_two() {
+                warn!(tick = ?tick, taken_over, "a tick's run finished after another process took it over; it does not count");
+            }
             return Ok(false);
         }
         // The row stays 'running': the next holder starts the tick again.
@@ -221,6 +247,6 @@ async fn run_tick(
     Ok(true)
 }
 
-fn stats(shared: &Shared, f: impl FnOnce(&mut super::ScheduleStats)) {
-    f(&mut shared.stats.lock().expect("stats lock"));
+fn stats<R>(shared: &Shared, f: impl FnOnce(&mut super::ScheduleStats) -> R) -> R {
+    f(&mut shared.stats.lock().expect("stats lock"))
 }

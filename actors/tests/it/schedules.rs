@@ -327,10 +327,133 @@ async fn bad_schedules_are_typed_errors_before_anything_starts() {
         .schedule(Schedule::new("s", every(), noop).catch_up(CatchUp::Each { max: 0 }))
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = one
+        .schedule(Schedule::new("s", every(), noop).run_within(Duration::ZERO))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     assert_eq!(
         Timing::cron("not cron").unwrap_err().kind(),
         ErrorKind::InvalidConfig
     );
+}
+
+#[actix_rt::test]
+async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_not_count() {
+    let (setup, admin) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let applied = applied_table(&admin, &setup).await;
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let (app, late_app) = (client(&setup).await, client(&setup).await);
+    let first = Arc::new(std::sync::Mutex::new(None::<SystemTime>));
+    let (said, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let handler = {
+        let (first, applied) = (first.clone(), applied.clone());
+        move |tick: Tick| {
+            let (first, applied, app) = (first.clone(), applied.clone(), app.clone());
+            let (late_app, said) = (late_app.clone(), said.clone());
+            async move {
+                if tick.attempt() == 1 {
+                    // The first tick's first run hands its tick to a task that completes it
+                    // after the bound; every first attempt hangs.
+                    let is_first = first.lock().unwrap().get_or_insert(tick.at()) == &tick.at();
+                    if is_first {
+                        tokio::spawn(late_complete(tick, late_app, applied, said));
+                    }
+                    return std::future::pending().await;
+                }
+                let mut client = app.lock().await;
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                tx.execute(
+                    &format!("INSERT INTO {applied} VALUES ($1, 'one', $2)"),
+                    &[&tick.at(), &(tick.attempt() as i32)],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                tick.complete(&tx).await.map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())
+            }
+        }
+    };
+    let schedule = Schedule::new(
+        "bounded",
+        Timing::every(Duration::from_millis(200)).unwrap(),
+        handler,
+    )
+    .run_within(Duration::from_millis(300));
+    let runner = one.schedule(schedule).unwrap();
+
+    // At 600 ms the tick is marked failed (attempt 1 passed its bound), not yet started again.
+    assert_eq!(heard.recv().await.unwrap(), ErrorKind::Timeout);
+    // Once attempt 2 has run, attempt 1's complete is refused all the same.
+    assert_eq!(heard.recv().await.unwrap(), ErrorKind::LockLost);
+
+    // A run under way hangs: the stop waits for its bound, not for ever.
+    let stopped = tokio::time::timeout(Duration::from_secs(5), runner.send(StopSchedule))
+        .await
+        .expect("StopSchedule answers within the run's bound")
+        .unwrap();
+    assert!(stopped.failed >= 1 && stopped.done >= 1, "{stopped:?}");
+
+    let first = first.lock().unwrap().unwrap();
+    let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
+    let runs = table.runs(&admin, "bounded", 100).await.unwrap();
+    let run = runs.iter().find(|r| r.tick == first).unwrap();
+    assert_eq!((run.state, run.attempts), (RunState::Done, 2), "{run:?}");
+    // Only attempt 2's effects committed: the late attempt's transaction rolled back.
+    let rows = admin
+        .query(
+            &format!("SELECT process, attempt FROM {applied} WHERE tick = $1"),
+            &[&first],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows, [("one".to_owned(), 2)]);
+}
+
+/// Completes `tick` 600 ms into its run (past its bound), then again once its attempt 2 is
+/// done; says how each was refused, committing only what was not.
+async fn late_complete(
+    tick: Tick,
+    app: Arc<Mutex<tokio_postgres::Client>>,
+    applied: String,
+    said: tokio::sync::mpsc::UnboundedSender<ErrorKind>,
+) {
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    said.send(try_complete(&tick, &app, &applied).await)
+        .unwrap();
+    let attempt_2 = format!("SELECT 1 FROM {applied} WHERE tick = $1 AND attempt = 2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let at = tick.at();
+        let rows = app.lock().await.query(&attempt_2, &[&at]).await.unwrap();
+        if !rows.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "attempt 2 did not run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    said.send(try_complete(&tick, &app, &applied).await)
+        .unwrap();
+}
+
+/// Applies a row for `tick` and completes it, committing only if that was not refused.
+async fn try_complete(
+    tick: &Tick,
+    app: &Mutex<tokio_postgres::Client>,
+    applied: &str,
+) -> ErrorKind {
+    let mut client = app.lock().await;
+    let tx = client.transaction().await.unwrap();
+    let at = tick.at();
+    let insert = format!("INSERT INTO {applied} VALUES ($1, 'late', 1)");
+    tx.execute(&insert, &[&at]).await.unwrap();
+    let refused = tick
+        .complete(&tx)
+        .await
+        .expect_err("a late complete is refused");
+    refused.kind()
 }
 
 /// The ticks a runner of `catch_up` runs after every process was down for 2 s: the table's
@@ -349,7 +472,7 @@ async fn after_an_outage(catch_up: CatchUp) -> (Vec<SystemTime>, SystemTime) {
         Some(1)
     );
     table
-        .finish(&admin, "tick", last, 0, RunState::Done, None, None)
+        .finish(&admin, "tick", last, 0, 1, RunState::Done, None, None)
         .await
         .unwrap();
     let one = Coordinator::connect(setup.builder("one").build().unwrap())
