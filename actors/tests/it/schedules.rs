@@ -9,6 +9,8 @@ use pgcoord::schedule::{CatchUp, RunState, ScheduleTable, Timing};
 use pgcoord_actors::*;
 use tokio::sync::Mutex;
 
+use pgcoord_testkit::Proxy;
+
 use super::Setup;
 
 /// A client of the test's own, one per process, for the handlers' transactions.
@@ -543,4 +545,122 @@ async fn a_schedule_whose_address_was_dropped_runs_on() {
         runs_in(&table, &admin, "dropped", RunState::Done).await >= 3
     })
     .await;
+}
+
+/// Like [`recording`], each run on a connection of its own from `config`: a run cut off by a
+/// partition does not leave the next runs a dead client.
+fn recording_anew(name: &str, applied: &str, process: &str, config: pgcoord::Config) -> Schedule {
+    let (applied, process) = (applied.to_owned(), process.to_owned());
+    Schedule::new(
+        name,
+        Timing::every(Duration::from_millis(200)).unwrap(),
+        move |tick| {
+            let (config, applied, process) = (config.clone(), applied.clone(), process.clone());
+            async move {
+                let mut client = pgcoord::db::connect_spawned(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                tx.execute(
+                    &format!("INSERT INTO {applied} VALUES ($1, $2, $3)"),
+                    &[&tick.at(), &process, &(tick.attempt() as i32)],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                tick.complete(&tx).await.map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())
+            }
+        },
+    )
+    .catch_up(CatchUp::Each { max: 1000 })
+    // A run whose connections were black-holed hangs; the bound ends it.
+    .run_within(Duration::from_secs(1))
+}
+
+#[actix_rt::test]
+async fn a_partitioned_process_loses_the_schedule_and_every_tick_still_runs_once() {
+    let lease = Duration::from_secs(3);
+    let (setup, admin) = Setup::new(lease, Duration::from_secs(1)).await;
+    let applied = applied_table(&admin, &setup).await;
+    let proxy = Proxy::start(&setup.pg).await.unwrap();
+    let cut_off = setup
+        .builder("one")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .build()
+        .unwrap();
+    let one = Coordinator::connect(cut_off.clone()).await.unwrap();
+    let two = Coordinator::connect(setup.builder("two").build().unwrap())
+        .await
+        .unwrap();
+    // Process one starts first and takes the first ticks; two looks on.
+    let one_runner = one
+        .schedule(recording_anew("tick", &applied, "one", cut_off))
+        .unwrap();
+    let who_ran = async |process: &str| {
+        let rows = admin
+            .query(
+                &format!("SELECT count(*) FROM {applied} WHERE process = $1"),
+                &[&process],
+            )
+            .await
+            .unwrap();
+        rows[0].get::<_, i64>(0)
+    };
+    pgcoord_testkit::eventually(Duration::from_secs(10), "one runs ticks", async || {
+        who_ran("one").await >= 3
+    })
+    .await;
+    let two_runner = two
+        .schedule(recording_anew(
+            "tick",
+            &applied,
+            "two",
+            setup.builder("two").build().unwrap(),
+        ))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Every connection of one's black-holed, new ones refused: two runs the ticks (the missed
+    // ones too) once one's lease has run out.
+    proxy.refuse(true);
+    proxy.cut();
+    let before = who_ran("two").await;
+    pgcoord_testkit::eventually(lease * 3, "two runs ticks", async || {
+        who_ran("two").await >= before + 5
+    })
+    .await;
+
+    // Healed: one comes back; both go on sharing the schedule without doubling a tick.
+    proxy.refuse(false);
+    tokio::time::sleep(lease).await;
+    for runner in [&one_runner, &two_runner] {
+        let stopped = tokio::time::timeout(lease * 2, runner.send(StopSchedule))
+            .await
+            .expect("StopSchedule answers")
+            .unwrap();
+        assert!(stopped.started >= 1, "{stopped:?}");
+    }
+
+    let ticks: Vec<SystemTime> = admin
+        .query(&format!("SELECT tick FROM {applied} ORDER BY tick"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for pair in ticks.windows(2) {
+        let step = pair[1].duration_since(pair[0]).unwrap();
+        assert_eq!(
+            step,
+            Duration::from_millis(200),
+            "each tick once, none missing: {pair:?}"
+        );
+    }
+    let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
+    let runs = table.runs(&admin, "tick", 1000).await.unwrap();
+    // The newest may have been stopped under way.
+    assert!(
+        runs[1..].iter().all(|r| r.state == RunState::Done),
+        "{runs:?}"
+    );
 }
