@@ -2,7 +2,9 @@
 //! run's own transaction with `tick.complete(&tx)`. Midway the process running the schedule is
 //! frozen (SIGSTOP) past its lease and let go again, and later the one running it is killed
 //! (SIGKILL) and a new one started. The ticks table ends with every tick between the first and the
-//! last exactly once: none doubled by the frozen process, none lost to the killed one.
+//! last exactly once: none doubled by the frozen process, none lost to the killed one. Where
+//! libfaketime is installed (Debian's `faketime`), worker-3's wall clock runs an hour ahead: the
+//! server's clock decides when a tick is due, so it runs none early.
 //!
 //! Run with `cargo run --example schedule`. It uses `DATABASE_URL` when set, and otherwise starts
 //! a throwaway PostgreSQL (removed on exit); the workers get its address through `DATABASE_URL`.
@@ -16,6 +18,9 @@ use pgcoord_actors::{Coordinator, Schedule};
 use tokio::process::{Child, Command};
 
 const PERIOD: Duration = Duration::from_millis(200);
+
+/// Where Debian's `faketime` package puts the library.
+const FAKETIME: &[&str] = &["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"];
 
 /// A short lease, so a frozen or killed worker's tick is taken over within seconds.
 fn config(pg: &tokio_postgres::Config, owner: &str) -> Result<Config, pgcoord::Error> {
@@ -48,14 +53,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(server) => server.dsn(),
         None => std::env::var("DATABASE_URL")?,
     };
+    let faketime = FAKETIME
+        .iter()
+        .find(|lib| std::path::Path::new(lib).exists());
     let start = |name: String| {
-        Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        command
             .args(["worker", &name])
             .env("DATABASE_URL", &dsn)
-            .kill_on_drop(true)
-            .spawn()
-            .map(|child| (name, child))
+            .kill_on_drop(true);
+        if name == "worker-3"
+            && let Some(lib) = faketime
+        {
+            // The wall clock only: tokio's timers run on the monotonic one.
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME", "+1h")
+                .env("DONT_FAKE_MONOTONIC", "1");
+        }
+        command.spawn().map(|child| (name, child))
     };
+    if faketime.is_none() {
+        println!("(libfaketime not found: every worker on this machine's clock)");
+    }
     let mut workers: Vec<(String, Child)> = Vec::new();
     for n in 1..=3 {
         workers.push(start(format!("worker-{n}"))?);
@@ -162,6 +182,16 @@ async fn worker(name: &str) -> Result<(), Box<dyn std::error::Error>> {
     let pg: tokio_postgres::Config = std::env::var("DATABASE_URL")?.parse()?;
     let config = config(&pg, name)?;
     let client = pgcoord::db::connect_spawned(&config).await?;
+    let server_now: SystemTime = client.query_one("SELECT now()", &[]).await?.get(0);
+    let ahead = SystemTime::now()
+        .duration_since(server_now)
+        .unwrap_or_default();
+    if ahead > Duration::from_secs(60) {
+        println!(
+            "{name}'s clock is {} s ahead of the server's",
+            ahead.as_secs()
+        );
+    }
     let client = Arc::new(tokio::sync::Mutex::new(client));
     let coordinator = Coordinator::connect(config).await?;
     let name = name.to_owned();
