@@ -49,6 +49,7 @@ pub enum Body {
 
 /// One message on a channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Envelope {
     /// The format version, [`ENVELOPE_VERSION`].
     pub v: u8,

@@ -66,6 +66,7 @@ impl LossReason {
 /// Broadcast to every subscriber, exactly once per lost lock.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct LockLost {
     /// The lock.
     pub key: LockKey,

@@ -72,10 +72,7 @@ impl Runtime {
         let recipient = forward.recipient();
         crate::Call::call(
             &self.coordinator.signals,
-            Subscribe {
-                channel: channel.clone(),
-                recipient: recipient.clone(),
-            },
+            Subscribe::new(channel.clone(), recipient.clone()),
         )
         .await?;
         Ok(Subscription {
@@ -137,10 +134,10 @@ impl Stream for Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.signals.do_send(Unsubscribe {
-            channel: self.channel.clone(),
-            recipient: self.recipient.clone(),
-        });
+        self.signals.do_send(Unsubscribe::new(
+            self.channel.clone(),
+            self.recipient.clone(),
+        ));
     }
 }
 

@@ -76,10 +76,7 @@ pub async fn start(
         .map_err(std::io::Error::other)?;
     let cache = Arc::new(Mutex::new(HashMap::new()));
     let recipient = Invalidator(cache.clone()).start().recipient();
-    let subscribe = Subscribe {
-        channel: "cache_invalidate".into(),
-        recipient,
-    };
+    let subscribe = Subscribe::new("cache_invalidate", recipient);
     coordinator
         .signals
         .send(subscribe)

@@ -107,10 +107,10 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let listener = ListenerActor::new(cfg.clone(), None).start_supervised();
     let heard = Arc::new(AtomicU64::new(0));
     listener
-        .send(Subscribe {
-            channel: "bench_host".into(),
-            recipient: Heard(heard.clone()).start().recipient(),
-        })
+        .send(Subscribe::new(
+            "bench_host",
+            Heard(heard.clone()).start().recipient(),
+        ))
         .await??;
     let run_for = Duration::from_secs(sizes.contend_secs.max(1));
     // The operations at about 1,000 a second: one every millisecond, pairs and publishes in

@@ -106,10 +106,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     for _ in 0..4 {
         let recipient = Counter(count.clone()).start().recipient();
         client
-            .send(Subscribe {
-                channel: "bench_raw".into(),
-                recipient,
-            })
+            .send(Subscribe::new("bench_raw", recipient))
             .await??;
     }
     let texts: Vec<String> = (0..sizes.fanout)

@@ -211,10 +211,10 @@ impl Signalling for Coordinator {
     }
 
     fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        Box::pin(self.signals.call(Subscribe {
-            channel: channel.to_owned(),
-            recipient,
-        }))
+        Box::pin(
+            self.signals
+                .call(Subscribe::new(channel.to_owned(), recipient)),
+        )
     }
 
     fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {

@@ -25,6 +25,7 @@ use crate::signals::{
 /// A change of leader, told to an observer's recipient.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct LeaderChanged {
     /// The election.
     pub election: String,
@@ -143,10 +144,10 @@ impl Actor for LeaderObserver {
         self.signals
             .do_send(SubscribeConnState(me.clone().recipient()));
         let subscribed = (
-            self.signals.send(Subscribe {
-                channel: self.election_channel.clone(),
-                recipient: me.clone().recipient(),
-            }),
+            self.signals.send(Subscribe::new(
+                self.election_channel.clone(),
+                me.clone().recipient(),
+            )),
             self.signals.send(SubscribeRaw {
                 channel: self.lease_channel.clone(),
                 recipient: me.recipient(),

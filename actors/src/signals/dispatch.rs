@@ -44,7 +44,7 @@ impl ListenerActor {
                 return;
             }
         }
-        let envelope = match Envelope::decode(text) {
+        let mut envelope = match Envelope::decode(text) {
             Ok(envelope) => envelope,
             Err(e) => return self.garbage(channel, &e),
         };
@@ -59,10 +59,7 @@ impl ListenerActor {
                 // Decoded once into its own buffer: moved, then shared by every subscriber.
                 Body::Inline(payload) => self.deliver_in_order(channel, envelope.id, payload, ctx),
                 stored @ Body::Stored(_) => {
-                    let envelope = Envelope {
-                        body: stored,
-                        ..envelope
-                    };
+                    envelope.body = stored;
                     self.fetch_in_order(channel, envelope, ctx);
                 }
             },

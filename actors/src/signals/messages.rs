@@ -100,6 +100,7 @@ impl Publish {
 /// ([`pgcoord::ErrorKind::InvalidIdentifier`]) registers nothing.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<()>")]
+#[non_exhaustive]
 pub struct Subscribe {
     /// The channel.
     pub channel: String,
@@ -107,16 +108,37 @@ pub struct Subscribe {
     pub recipient: Recipient<Signal>,
 }
 
+impl Subscribe {
+    /// `recipient` receives what is published on `channel`.
+    pub fn new(channel: impl Into<String>, recipient: Recipient<Signal>) -> Subscribe {
+        Subscribe {
+            channel: channel.into(),
+            recipient,
+        }
+    }
+}
+
 /// End a [`Subscribe`]: `recipient` gets nothing more from `channel`. When nobody subscribes,
 /// waits or serves on the channel any more, it is UNLISTENed. A subscriber that is gone (its
 /// actor stopped) is forgotten the same way at the next message, without this.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct Unsubscribe {
     /// The channel.
     pub channel: String,
     /// The recipient given to [`Subscribe`].
     pub recipient: Recipient<Signal>,
+}
+
+impl Unsubscribe {
+    /// `recipient` receives nothing more from `channel`.
+    pub fn new(channel: impl Into<String>, recipient: Recipient<Signal>) -> Unsubscribe {
+        Unsubscribe {
+            channel: channel.into(),
+            recipient,
+        }
+    }
 }
 
 /// Stop answering requests on a channel (the handler given to [`Serve`] is dropped); UNLISTENs

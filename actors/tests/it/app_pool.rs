@@ -57,10 +57,7 @@ async fn a_coordinator_runs_on_the_applications_own_pool() {
         .collect();
     let (collector, recipient) = Collector::<Signal>::start_new();
     let channel = unique_name("byo");
-    let subscribe = Subscribe {
-        channel: channel.clone(),
-        recipient,
-    };
+    let subscribe = Subscribe::new(channel.clone(), recipient);
     coordinator.signals.call(subscribe).await.unwrap();
     // One inline message and one through the payload table, both on the application's pool.
     coordinator

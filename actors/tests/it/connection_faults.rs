@@ -170,10 +170,7 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
     let (events, recipient) = Collector::<Signal>::start_new();
     coordinator
         .signals
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient,
-        })
+        .send(Subscribe::new(channel.clone(), recipient))
         .await
         .unwrap()
         .unwrap();

@@ -50,10 +50,7 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
     let (received, recipient) = Collector::<Signal>::start_new();
     coord
         .signals
-        .call(Subscribe {
-            channel: "bounced".into(),
-            recipient,
-        })
+        .call(Subscribe::new("bounced", recipient))
         .await
         .unwrap();
     coord

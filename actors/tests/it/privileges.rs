@@ -69,10 +69,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     // Signals: inline and stored payloads; expired payloads deleted.
     let (received, recipient) = Collector::<Signal>::start_new();
     two.signals
-        .call(Subscribe {
-            channel: "least".into(),
-            recipient,
-        })
+        .call(Subscribe::new("least", recipient))
         .await
         .unwrap();
     one.signals

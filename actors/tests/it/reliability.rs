@@ -211,10 +211,7 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
     let channel = unique_name("burst");
     let slow = Slow::start_in_arbiter(&Arbiter::new().handle(), |_| Slow(Duration::from_millis(1)));
     listener
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient: slow.recipient(),
-        })
+        .send(Subscribe::new(channel.clone(), slow.recipient()))
         .await
         .unwrap()
         .unwrap();

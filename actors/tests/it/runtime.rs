@@ -33,29 +33,20 @@ async fn the_last_unsubscribe_unlistens_the_channel() {
     let channel = unique_name("events");
     let (first, first_recipient) = Collector::<Signal>::start_new();
     listener
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient: first_recipient.clone(),
-        })
+        .send(Subscribe::new(channel.clone(), first_recipient.clone()))
         .await
         .unwrap()
         .unwrap();
     let (second, second_recipient) = Collector::<Signal>::start_new();
     listener
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient: second_recipient.clone(),
-        })
+        .send(Subscribe::new(channel.clone(), second_recipient.clone()))
         .await
         .unwrap()
         .unwrap();
     until_listening(&listener, &channel, true).await;
 
     listener
-        .send(Unsubscribe {
-            channel: channel.clone(),
-            recipient: first_recipient,
-        })
+        .send(Unsubscribe::new(channel.clone(), first_recipient))
         .await
         .unwrap();
     listener
@@ -72,10 +63,7 @@ async fn the_last_unsubscribe_unlistens_the_channel() {
     );
 
     listener
-        .send(Unsubscribe {
-            channel: channel.clone(),
-            recipient: second_recipient,
-        })
+        .send(Unsubscribe::new(channel.clone(), second_recipient))
         .await
         .unwrap();
     until_listening(&listener, &channel, false).await;
@@ -107,10 +95,7 @@ async fn a_subscriber_that_is_gone_is_forgotten_and_its_channel_unlistened() {
     let channel = unique_name("events");
     let quitter = Quitter.start();
     listener
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient: quitter.clone().recipient(),
-        })
+        .send(Subscribe::new(channel.clone(), quitter.clone().recipient()))
         .await
         .unwrap()
         .unwrap();

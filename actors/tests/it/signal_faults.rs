@@ -152,10 +152,7 @@ async fn a_slow_subscriber_does_not_hold_up_the_others() {
         Slow(Duration::from_millis(50))
     });
     listener
-        .send(Subscribe {
-            channel: channel.clone(),
-            recipient: slow.recipient(),
-        })
+        .send(Subscribe::new(channel.clone(), slow.recipient()))
         .await
         .unwrap()
         .unwrap();
@@ -241,10 +238,7 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     assert_eq!(kill_listener(&admin, &app).await, 1);
     // Subscribing while the connection is down is accepted and served by the next one.
     let (late, recipient) = Collector::<Signal>::start_new();
-    let subscribed = listener.send(Subscribe {
-        channel: quiet.clone(),
-        recipient,
-    });
+    let subscribed = listener.send(Subscribe::new(quiet.clone(), recipient));
     subscribed.await.unwrap().unwrap();
     states.wait_for(3, Duration::from_secs(5)).await;
     assert_eq!(states.received().last(), Some(&ConnState::Reconnected));
@@ -389,10 +383,7 @@ async fn a_subscribe_that_fails_registers_nothing() {
     for bad in ["bad\0channel", "", &"c".repeat(64)] {
         let (_, recipient) = Collector::<Signal>::start_new();
         let err = listener
-            .send(Subscribe {
-                channel: bad.into(),
-                recipient,
-            })
+            .send(Subscribe::new(bad, recipient))
             .await
             .unwrap()
             .unwrap_err();

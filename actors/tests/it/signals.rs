@@ -58,10 +58,7 @@ pub(super) fn listener(setup: &Setup) -> Addr<ListenerActor> {
 pub(super) async fn subscribe(listener: &Addr<ListenerActor>, channel: &str) -> Collector<Signal> {
     let (collector, recipient) = Collector::start_new();
     listener
-        .send(Subscribe {
-            channel: channel.into(),
-            recipient,
-        })
+        .send(Subscribe::new(channel, recipient))
         .await
         .unwrap()
         .unwrap();
@@ -131,10 +128,7 @@ async fn any_channel_name_notify_takes_is_usable_and_quoting_holds() {
     for bad in [String::new(), "x".repeat(64), "nul\0inside".to_owned()] {
         let (_, recipient) = Collector::<Signal>::start_new();
         let refused = here
-            .send(Subscribe {
-                channel: bad.clone(),
-                recipient,
-            })
+            .send(Subscribe::new(bad.clone(), recipient))
             .await
             .unwrap();
         let kind = refused.err().map(|e| e.kind());
@@ -418,10 +412,7 @@ async fn wait_next_returns_the_next_message_and_bad_channels_are_refused() {
         assert_eq!(err.kind(), ErrorKind::InvalidIdentifier, "{bad:?}");
         let (_, recipient) = Collector::<Signal>::start_new();
         let err = listener
-            .send(Subscribe {
-                channel: bad.into(),
-                recipient,
-            })
+            .send(Subscribe::new(bad, recipient))
             .await
             .unwrap()
             .unwrap_err();

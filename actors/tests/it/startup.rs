@@ -28,10 +28,9 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
     // Accepted while the database is down: listened on once it is up.
     let channel = unique_name("events");
     let (events, recipient) = Collector::<Signal>::start_new();
-    let subscribed = coordinator.signals.send(Subscribe {
-        channel: channel.clone(),
-        recipient,
-    });
+    let subscribed = coordinator
+        .signals
+        .send(Subscribe::new(channel.clone(), recipient));
     let down = coordinator
         .locks
         .send(Acquire::new("job").timeout(Duration::from_millis(300)))

@@ -50,10 +50,7 @@ async fn leases_advisory_locks_and_signals_work_over_verified_tls() {
     let channel = unique_name("tls_events");
     coord
         .signals
-        .call(Subscribe {
-            channel: channel.clone(),
-            recipient,
-        })
+        .call(Subscribe::new(channel.clone(), recipient))
         .await
         .unwrap();
     for payload in [b"small".to_vec(), vec![9u8; 100_000]] {
