@@ -63,8 +63,9 @@ pub enum ErrorKind {
     /// are gone, and the message names the oldest cursor to resume from
     /// ([`TopicTable::trimmed`](crate::topic::TopicTable::trimmed)). Never a silent jump.
     Compacted,
-    /// A topic consumer's cursor is already at or past the event being acknowledged: it was
-    /// handled and acknowledged before. Do not commit its effects again.
+    /// A topic consumer's cursor is already at or past the event being acknowledged, or a
+    /// schedule's tick is already done: it was handled and acknowledged before. Do not commit
+    /// its effects again.
     AlreadyAcknowledged,
     /// The server is a PostgreSQL older than pgcoord supports (13): the message names its
     /// version.

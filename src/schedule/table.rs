@@ -93,6 +93,7 @@ pub struct ScheduleTable {
     observe: String,
     claim: String,
     finish: String,
+    fence: String,
     abandon: String,
     trim: String,
     latest: String,
@@ -137,6 +138,12 @@ impl ScheduleTable {
                      next_tick = coalesce($6, r.next_tick)
                  WHERE schedule = $1 AND tick = $2 AND token = $3 AND attempts = $7
                  RETURNING state"
+            ),
+            // A share lock: the row cannot be finished, taken over or started again until the
+            // fencing transaction ends.
+            fence: format!(
+                "SELECT state, attempts, token FROM {r}
+                 WHERE schedule = $1 AND tick = $2 FOR SHARE"
             ),
             abandon: format!(
                 "UPDATE {r} AS r SET state = 'abandoned', token = $3, finished_at = now(),
@@ -255,6 +262,57 @@ impl ScheduleTable {
                     "schedule {schedule:?}: its tick was taken over or started again; attempt {attempt} under token {token} no longer counts"
                 ),
             )),
+        }
+    }
+
+    /// The fencing guard of one run: inside `client`'s transaction, it fails unless `attempt`
+    /// under `token` is the tick's current run and still running, and keeps the row so until
+    /// the transaction ends. [`ErrorKind::LockLost`] when the tick was taken over, started again
+    /// or this run already ended; [`ErrorKind::AlreadyAcknowledged`] when the tick is done
+    /// (an earlier commit of this run counted: do not apply its effects again).
+    #[instrument(skip_all, fields(schedule, token, attempt))]
+    pub async fn fence(
+        &self,
+        client: &(impl Statements + ?Sized),
+        schedule: &str,
+        tick: SystemTime,
+        token: i64,
+        attempt: u32,
+    ) -> Result<()> {
+        check(schedule)?;
+        let params: &[Param<'_>] = &[(&schedule, Type::TEXT), (&tick, Type::TIMESTAMPTZ)];
+        let rows = client.run(&self.fence, params).await?;
+        let lost = |why: String| {
+            Err(Error::new(
+                ErrorKind::LockLost,
+                format!(
+                    "schedule {schedule:?}: attempt {attempt} of its tick {why}; it no longer counts"
+                ),
+            ))
+        };
+        let Some(row) = rows.first() else {
+            return lost("has no row (trimmed, or never claimed)".into());
+        };
+        let (state, attempts, held_by) = (
+            RunState::parse(row.try_get(0)?)?,
+            attempts(row.try_get(1)?),
+            row.try_get::<_, i64>(2)?,
+        );
+        if held_by != token {
+            return lost(format!("was taken over (token {held_by}, not {token})"));
+        }
+        if attempts != attempt {
+            return lost(format!("was started again (attempt {attempts})"));
+        }
+        match state {
+            RunState::Running => Ok(()),
+            RunState::Done => Err(Error::new(
+                ErrorKind::AlreadyAcknowledged,
+                format!(
+                    "schedule {schedule:?}: its tick is already done by attempt {attempt}: do not apply its effects again"
+                ),
+            )),
+            state => lost(format!("already ended {}", state.as_str())),
         }
     }
 

@@ -112,12 +112,13 @@ impl Schedule {
         self
     }
 
-    /// The longest a run may take. Past it the handler's future is dropped, the tick marked
-    /// failed (retried per the policy) and the schedule's lease released, so a handler that
-    /// hangs does not hold the schedule up for the whole fleet; a [`Tick::complete`] that
-    /// comes later fails and its transaction must not commit. Without it a run takes as long
-    /// as its handler, and [`StopSchedule`] waits for it. Tasks the handler spawned are its own:
-    /// dropping its future does not stop them.
+    /// The longest a run may take. Past it the handler's future is dropped and the tick marked
+    /// failed (retried per the policy), so a handler that hangs does not hold the schedule up
+    /// for the whole fleet; a [`Tick::fence`] or [`Tick::complete`] that comes later fails and
+    /// its transaction must not commit. Without it a run takes as long as its handler, and
+    /// [`StopSchedule`] waits for it. Tasks the handler spawned are its own: dropping its
+    /// future does not stop them, and a [`Tick`] they keep does not hold the schedule's lease
+    /// (the runner releases it when it is done; the Tick's fence fails from then on).
     pub fn run_within(mut self, bound: Duration) -> Schedule {
         self.run_within = Some(bound);
         self
@@ -148,8 +149,8 @@ impl Schedule {
     }
 }
 
-/// One tick handed to a schedule's handler. Its lease is the schedule's: while the handler
-/// runs, no other process runs this schedule.
+/// One tick handed to a schedule's handler, for one attempt. Its lease is the schedule's:
+/// while its fence holds ([`Tick::fence`]), no other run of this tick counts.
 pub struct Tick {
     schedule: Arc<str>,
     at: SystemTime,
@@ -191,23 +192,29 @@ impl Tick {
     pub fn lease(&self) -> &Lease {
         &self.lease
     }
-    /// Fails with [`pgcoord::ErrorKind::LockLost`] unless this attempt still holds the
-    /// schedule's lease; inside `tx`, it stays held until `tx` ends.
+    /// The fencing guard of this run, inside `tx`: fails unless this attempt still holds the
+    /// schedule's lease and is the tick's current, unfinished run, and keeps both so until `tx`
+    /// ends. [`pgcoord::ErrorKind::LockLost`] when the lease was lost or released, or the tick
+    /// was taken over, started again, or this run already ended (it passed its
+    /// [`Schedule::run_within`], or its handler returned); [`pgcoord::ErrorKind::AlreadyAcknowledged`]
+    /// when the tick is done already (an earlier commit counted). On any error `tx` must not
+    /// commit.
     pub async fn fence(&self, tx: &(impl pgcoord::statement::Statements + ?Sized)) -> Result<()> {
-        self.lease.fence(tx).await
+        self.lease.fence(tx).await?;
+        self.table
+            .fence(tx, &self.schedule, self.at, self.token(), self.attempt)
+            .await
     }
-    /// Fences `tx` and marks the tick done in it: the tick is done if and only if `tx` commits,
-    /// so its effects in `tx` are applied once. [`pgcoord::ErrorKind::LockLost`] when another
-    /// process took the tick over (this process paused past its lease) or the tick was started
-    /// again; [`pgcoord::ErrorKind::Timeout`] when the run passed its [`Schedule::run_within`]
-    /// and was marked failed. On either error `tx` must not commit.
+    /// Fences `tx` (see [`Tick::fence`]) and marks the tick done in it: the tick is done if
+    /// and only if `tx` commits, so its effects in `tx` are applied once. On an error `tx` must
+    /// not commit.
     pub async fn complete(
         &self,
         tx: &(impl pgcoord::statement::Statements + ?Sized),
     ) -> Result<()> {
         self.fence(tx).await?;
-        let state = self
-            .table
+        // The fence holds the row running under this attempt until `tx` ends: this marks it.
+        self.table
             .finish(
                 tx,
                 &self.schedule,
@@ -218,18 +225,8 @@ impl Tick {
                 None,
                 self.next,
             )
-            .await?;
-        match state {
-            pgcoord::schedule::RunState::Done => Ok(()),
-            state => Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "schedule {:?}: this run of its tick was already marked {} (it passed its run_within); it does not count",
-                    self.schedule,
-                    state.as_str()
-                ),
-            )),
-        }
+            .await
+            .map(drop)
     }
 }
 

@@ -9,7 +9,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::{Shared, Tick};
 use crate::Call;
-use crate::leases::{Acquire, Lease};
+use crate::leases::{Acquire, Lease, Release};
 
 /// How long a try of the lease may take before it counts as a failure.
 const ACQUIRE_WITHIN: Duration = Duration::from_secs(5);
@@ -76,10 +76,19 @@ async fn tenure(
         Err(e) => return Err(e),
     };
     let result = run_due(shared, &lease, since, next_tick).await;
-    // Released here unless a handler kept its tick (then when that is dropped).
-    if let Ok(lease) = Arc::try_unwrap(lease)
-        && let Err(e) = lease.release().await
-    {
+    let released = match Arc::try_unwrap(lease) {
+        Ok(lease) => lease.release().await,
+        // A Tick outlived its run (a task the handler spawned keeps it): it does not hold the
+        // schedule. Released by token, so its fence fails from here on.
+        Err(kept) => {
+            let release = Release {
+                name: kept.name().to_owned(),
+                token: kept.token(),
+            };
+            shared.locks.call(release).await
+        }
+    };
+    if let Err(e) = released {
         debug!(error = %e, "the schedule's lease was not released; it runs out");
     }
     result

@@ -349,11 +349,12 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
     let (app, late_app) = (client(&setup).await, client(&setup).await);
     let first = Arc::new(std::sync::Mutex::new(None::<SystemTime>));
     let (said, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let (said_again, mut heard_again) = tokio::sync::mpsc::unbounded_channel();
     let handler = {
         let (first, applied) = (first.clone(), applied.clone());
         move |tick: Tick| {
             let (first, applied, app) = (first.clone(), applied.clone(), app.clone());
-            let (late_app, said) = (late_app.clone(), said.clone());
+            let (late_app, said, said_again) = (late_app.clone(), said.clone(), said_again.clone());
             async move {
                 if tick.attempt() == 1 {
                     // The first tick's first run hands its tick to a task that completes it
@@ -373,7 +374,13 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
                 .await
                 .map_err(|e| e.to_string())?;
                 tick.complete(&tx).await.map_err(|e| e.to_string())?;
-                tx.commit().await.map_err(|e| e.to_string())
+                tx.commit().await.map_err(|e| e.to_string())?;
+                // A handler that commits its run again (say, after an unclear COMMIT) is told.
+                let again = client.transaction().await.map_err(|e| e.to_string())?;
+                if let Err(e) = tick.complete(&again).await {
+                    let _ = said_again.send(e.kind());
+                }
+                Ok(())
             }
         }
     };
@@ -385,10 +392,15 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
     .run_within(Duration::from_millis(300));
     let runner = one.schedule(schedule).unwrap();
 
-    // At 600 ms the tick is marked failed (attempt 1 passed its bound), not yet started again.
-    assert_eq!(heard.recv().await.unwrap(), ErrorKind::Timeout);
+    // At 600 ms the tick is marked failed (attempt 1 passed its bound), not yet started again:
+    // attempt 1's run has ended.
+    assert_eq!(heard.recv().await.unwrap(), ErrorKind::LockLost);
     // Once attempt 2 has run, attempt 1's complete is refused all the same.
     assert_eq!(heard.recv().await.unwrap(), ErrorKind::LockLost);
+    assert_eq!(
+        heard_again.recv().await.unwrap(),
+        ErrorKind::AlreadyAcknowledged
+    );
 
     // A run under way hangs: the stop waits for its bound, not for ever.
     let stopped = tokio::time::timeout(Duration::from_secs(5), runner.send(StopSchedule))
@@ -412,6 +424,55 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
         .unwrap();
     let rows: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(rows, [("one".to_owned(), 2)]);
+}
+
+#[actix_rt::test]
+async fn a_tick_kept_past_its_run_does_not_hold_the_schedule() {
+    let (setup, admin) = Setup::new(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let (kept, mut keeping) = tokio::sync::mpsc::unbounded_channel();
+    let handler = move |tick: Tick| {
+        let kept = kept.clone();
+        async move {
+            if tick.attempt() == 1 {
+                // The first attempt of every tick hands its Tick away and hangs past its bound.
+                let _ = kept.send(tick);
+                return std::future::pending().await;
+            }
+            Ok(())
+        }
+    };
+    let schedule = Schedule::new(
+        "kept",
+        Timing::every(Duration::from_millis(500)).unwrap(),
+        handler,
+    )
+    .run_within(Duration::from_millis(100))
+    .retry_backoff(Duration::from_millis(100));
+    let runner = one.schedule(schedule).unwrap();
+    let first = keeping.recv().await.unwrap();
+    // Attempt 2 needs the schedule's lease: the runner let it go though the first Tick is kept.
+    let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
+    pgcoord_testkit::eventually(Duration::from_secs(4), "attempt 2 done", async || {
+        let runs = table.runs(&admin, "kept", 100).await.unwrap();
+        runs.iter()
+            .any(|r| r.tick == first.at() && r.state == RunState::Done && r.attempts == 2)
+    })
+    .await;
+    // The kept Tick's fence fails: its lease was released.
+    let client = client(&setup).await;
+    let mut client = client.lock().await;
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        first.fence(&tx).await.unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+    drop(tx);
+    let stopped = runner.send(StopSchedule).await.unwrap();
+    assert!(stopped.done >= 1 && stopped.failed >= 1, "{stopped:?}");
+    assert_eq!(stopped.taken_over, 0, "{stopped:?}");
 }
 
 /// Completes `tick` 600 ms into its run (past its bound), then again once its attempt 2 is
