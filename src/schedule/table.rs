@@ -94,6 +94,7 @@ pub struct ScheduleTable {
     claim: String,
     finish: String,
     fence: String,
+    run_of: String,
     abandon: String,
     trim: String,
     latest: String,
@@ -139,11 +140,17 @@ impl ScheduleTable {
                  WHERE schedule = $1 AND tick = $2 AND token = $3 AND attempts = $7
                  RETURNING state"
             ),
-            // A share lock: the row cannot be finished, taken over or started again until the
-            // fencing transaction ends.
+            // The row is locked only when it is this run's, and as an UPDATE would lock it: it
+            // cannot be finished, taken over or started again until the fencing transaction
+            // ends, and a second fencing transaction of the same run waits, then sees it done.
             fence: format!(
-                "SELECT state, attempts, token FROM {r}
-                 WHERE schedule = $1 AND tick = $2 FOR SHARE"
+                "SELECT 1 FROM {r}
+                 WHERE schedule = $1 AND tick = $2 AND token = $3 AND attempts = $4
+                   AND state = 'running'
+                 FOR NO KEY UPDATE"
+            ),
+            run_of: format!(
+                "SELECT state, attempts, token FROM {r} WHERE schedule = $1 AND tick = $2"
             ),
             abandon: format!(
                 "UPDATE {r} AS r SET state = 'abandoned', token = $3, finished_at = now(),
@@ -267,7 +274,7 @@ impl ScheduleTable {
 
     /// The fencing guard of one run: inside `client`'s transaction, it fails unless `attempt`
     /// under `token` is the tick's current run and still running, and keeps the row so until
-    /// the transaction ends. [`ErrorKind::LockLost`] when the tick was taken over, started again
+    /// the transaction ends (a second transaction of the same run waits for the first). [`ErrorKind::LockLost`] when the tick was taken over, started again
     /// or this run already ended; [`ErrorKind::AlreadyAcknowledged`] when the tick is done
     /// (an earlier commit of this run counted: do not apply its effects again).
     #[instrument(skip_all, fields(schedule, token, attempt))]
@@ -280,8 +287,19 @@ impl ScheduleTable {
         attempt: u32,
     ) -> Result<()> {
         check(schedule)?;
+        let attempt_param = i32::try_from(attempt).unwrap_or(i32::MAX);
+        let params: &[Param<'_>] = &[
+            (&schedule, Type::TEXT),
+            (&tick, Type::TIMESTAMPTZ),
+            (&token, Type::INT8),
+            (&attempt_param, Type::INT4),
+        ];
+        if !client.run(&self.fence, params).await?.is_empty() {
+            return Ok(());
+        }
+        // Not this run's to fence: read the row, unlocked, to say why.
         let params: &[Param<'_>] = &[(&schedule, Type::TEXT), (&tick, Type::TIMESTAMPTZ)];
-        let rows = client.run(&self.fence, params).await?;
+        let rows = client.run(&self.run_of, params).await?;
         let lost = |why: String| {
             Err(Error::new(
                 ErrorKind::LockLost,
@@ -305,11 +323,10 @@ impl ScheduleTable {
             return lost(format!("was started again (attempt {attempts})"));
         }
         match state {
-            RunState::Running => Ok(()),
             RunState::Done => Err(Error::new(
                 ErrorKind::AlreadyAcknowledged,
                 format!(
-                    "schedule {schedule:?}: its tick is already done by attempt {attempt}: do not apply its effects again"
+                    "schedule {schedule:?}: its tick is already done by attempt {attempt} (a transaction that completed it committed, or its handler returned Ok): do not apply its effects again"
                 ),
             )),
             state => lost(format!("already ended {}", state.as_str())),

@@ -6,8 +6,8 @@
 //! lease's token (a row unique per tick), runs the handler with a [`Tick`], records the outcome,
 //! and releases the lease. The others find it taken and look again when its holder's lease
 //! would run out, so a process that dies mid-run has its tick started again by another within
-//! about a lease. A [`Tick::complete`] in the handler's own transaction (fenced by the lease)
-//! marks the tick done with its effects: they commit once, or not at all.
+//! about a lease. A [`Tick::complete`] in the handler's own transaction (fenced by the lease
+//! and the tick's row) marks the tick done with its effects: they commit once, or not at all.
 //!
 //! Nothing is decided on the process's own clock: ticks are due by the server's `now()`, and
 //! the process only sleeps (on its monotonic clock) until the server time it computed.
@@ -117,8 +117,9 @@ impl Schedule {
     /// for the whole fleet; a [`Tick::fence`] or [`Tick::complete`] that comes later fails and
     /// its transaction must not commit. Without it a run takes as long as its handler, and
     /// [`StopSchedule`] waits for it. Tasks the handler spawned are its own: dropping its
-    /// future does not stop them, and a [`Tick`] they keep does not hold the schedule's lease
-    /// (the runner releases it when it is done; the Tick's fence fails from then on).
+    /// future does not stop them, and a [`Tick`] they keep does not hold the schedule's lease:
+    /// the runner releases it when its tenure ends (nothing more is due), and the Tick's fence
+    /// fails from then on (before that, the tick's row already refuses it).
     pub fn run_within(mut self, bound: Duration) -> Schedule {
         self.run_within = Some(bound);
         self
@@ -194,16 +195,26 @@ impl Tick {
     }
     /// The fencing guard of this run, inside `tx`: fails unless this attempt still holds the
     /// schedule's lease and is the tick's current, unfinished run, and keeps both so until `tx`
-    /// ends. [`pgcoord::ErrorKind::LockLost`] when the lease was lost or released, or the tick
-    /// was taken over, started again, or this run already ended (it passed its
-    /// [`Schedule::run_within`], or its handler returned); [`pgcoord::ErrorKind::AlreadyAcknowledged`]
-    /// when the tick is done already (an earlier commit counted). On any error `tx` must not
-    /// commit.
+    /// ends; a second transaction of the same run waits for the first. Keep such transactions
+    /// short: the runner's finish and release wait for them. [`pgcoord::ErrorKind::LockLost`]
+    /// when the lease was lost or released, or the tick was taken over, started again, or this
+    /// run ended without being done (it failed, or passed its [`Schedule::run_within`]);
+    /// [`pgcoord::ErrorKind::AlreadyAcknowledged`] when the tick is done already (a
+    /// transaction that completed it committed, or the handler returned `Ok`: complete before
+    /// the handler returns). On any error `tx` must not commit.
     pub async fn fence(&self, tx: &(impl pgcoord::statement::Statements + ?Sized)) -> Result<()> {
-        self.lease.fence(tx).await?;
-        self.table
-            .fence(tx, &self.schedule, self.at, self.token(), self.attempt)
-            .await
+        let run = self
+            .table
+            .fence(tx, &self.schedule, self.at, self.token(), self.attempt);
+        match self.lease.fence(tx).await {
+            Ok(()) => run.await,
+            // A done run says so even after the lease is gone: its effects did commit.
+            Err(lost) if lost.kind() == ErrorKind::LockLost => match run.await {
+                Err(done) if done.kind() == ErrorKind::AlreadyAcknowledged => Err(done),
+                _ => Err(lost),
+            },
+            Err(e) => Err(e),
+        }
     }
     /// Fences `tx` (see [`Tick::fence`]) and marks the tick done in it: the tick is done if
     /// and only if `tx` commits, so its effects in `tx` are applied once. On an error `tx` must

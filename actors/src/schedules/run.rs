@@ -88,8 +88,12 @@ async fn tenure(
             shared.locks.call(release).await
         }
     };
-    if let Err(e) = released {
-        debug!(error = %e, "the schedule's lease was not released; it runs out");
+    match released {
+        // Lost, or released already as the kept Tick was dropped: not held either way.
+        Err(e) if e.kind() != ErrorKind::LockLost => {
+            debug!(error = %e, "the schedule's lease was not released; it runs out");
+        }
+        _ => {}
     }
     result
 }

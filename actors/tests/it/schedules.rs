@@ -347,6 +347,7 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
         .await
         .unwrap();
     let (app, late_app) = (client(&setup).await, client(&setup).await);
+    let again_app = client(&setup).await;
     let first = Arc::new(std::sync::Mutex::new(None::<SystemTime>));
     let (said, mut heard) = tokio::sync::mpsc::unbounded_channel();
     let (said_again, mut heard_again) = tokio::sync::mpsc::unbounded_channel();
@@ -355,6 +356,7 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
         move |tick: Tick| {
             let (first, applied, app) = (first.clone(), applied.clone(), app.clone());
             let (late_app, said, said_again) = (late_app.clone(), said.clone(), said_again.clone());
+            let again_app = again_app.clone();
             async move {
                 if tick.attempt() == 1 {
                     // The first tick's first run hands its tick to a task that completes it
@@ -373,13 +375,24 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
                 )
                 .await
                 .map_err(|e| e.to_string())?;
-                tick.complete(&tx).await.map_err(|e| e.to_string())?;
-                tx.commit().await.map_err(|e| e.to_string())?;
-                // A handler that commits its run again (say, after an unclear COMMIT) is told.
-                let again = client.transaction().await.map_err(|e| e.to_string())?;
-                if let Err(e) = tick.complete(&again).await {
-                    let _ = said_again.send(e.kind());
-                }
+                // A second transaction of the same run (say, a retry after an unclear COMMIT)
+                // racing this one, which has fenced and not yet completed: it waits, then is
+                // told the tick is done — no deadlock, no second commit.
+                tick.fence(&tx).await.map_err(|e| e.to_string())?;
+                let racing = async {
+                    let mut again = again_app.lock().await;
+                    let again = again.transaction().await.unwrap();
+                    let refused = tick.complete(&again).await.expect_err("done already");
+                    refused.kind()
+                };
+                let completing = async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tick.complete(&tx).await.map_err(|e| e.to_string())?;
+                    tx.commit().await.map_err(|e| e.to_string())
+                };
+                let (refused, completed) = tokio::join!(racing, completing);
+                completed?;
+                let _ = said_again.send(refused);
                 Ok(())
             }
         }
