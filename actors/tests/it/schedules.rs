@@ -35,21 +35,28 @@ fn recording(
         Timing::every(Duration::from_millis(200)).unwrap(),
         move |tick| {
             let (client, applied, process) = (client.clone(), applied.clone(), process.clone());
-            async move {
-                let mut client = client.lock().await;
-                let tx = client.transaction().await.map_err(|e| e.to_string())?;
-                tx.execute(
-                    &format!("INSERT INTO {applied} VALUES ($1, $2, $3)"),
-                    &[&tick.at(), &process, &(tick.attempt() as i32)],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-                tick.complete(&tx).await.map_err(|e| e.to_string())?;
-                tx.commit().await.map_err(|e| e.to_string())
-            }
+            async move { record(&tick, &mut *client.lock().await, &applied, &process).await }
         },
     )
     .catch_up(CatchUp::Each { max: 1000 })
+}
+
+/// Records (tick, process, attempt) in `applied` and marks the tick done, in one transaction.
+async fn record(
+    tick: &Tick,
+    client: &mut tokio_postgres::Client,
+    applied: &str,
+    process: &str,
+) -> Result<(), String> {
+    let tx = client.transaction().await.map_err(|e| e.to_string())?;
+    tx.execute(
+        &format!("INSERT INTO {applied} VALUES ($1, $2, $3)"),
+        &[&tick.at(), &process, &(tick.attempt() as i32)],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    tick.complete(&tx).await.map_err(|e| e.to_string())?;
+    tx.commit().await.map_err(|e| e.to_string())
 }
 
 async fn applied_table(admin: &tokio_postgres::Client, setup: &Setup) -> String {
@@ -634,15 +641,7 @@ fn recording_anew(name: &str, applied: &str, process: &str, config: pgcoord::Con
                 let mut client = pgcoord::db::connect_spawned(&config)
                     .await
                     .map_err(|e| e.to_string())?;
-                let tx = client.transaction().await.map_err(|e| e.to_string())?;
-                tx.execute(
-                    &format!("INSERT INTO {applied} VALUES ($1, $2, $3)"),
-                    &[&tick.at(), &process, &(tick.attempt() as i32)],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-                tick.complete(&tx).await.map_err(|e| e.to_string())?;
-                tx.commit().await.map_err(|e| e.to_string())
+                record(&tick, &mut client, &applied, &process).await
             }
         },
     )
