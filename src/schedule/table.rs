@@ -250,7 +250,7 @@ impl ScheduleTable {
     ) -> Result<RunState> {
         check(schedule)?;
         let word = state.as_str();
-        let attempt = i32::try_from(attempt).unwrap_or(i32::MAX);
+        let attempt = attempt_param(attempt);
         let params: &[Param<'_>] = &[
             (&schedule, Type::TEXT),
             (&tick, Type::TIMESTAMPTZ),
@@ -287,7 +287,7 @@ impl ScheduleTable {
         attempt: u32,
     ) -> Result<()> {
         check(schedule)?;
-        let attempt_param = i32::try_from(attempt).unwrap_or(i32::MAX);
+        let attempt_param = attempt_param(attempt);
         let params: &[Param<'_>] = &[
             (&schedule, Type::TEXT),
             (&tick, Type::TIMESTAMPTZ),
@@ -401,6 +401,11 @@ fn run_info(row: &tokio_postgres::Row) -> Result<RunInfo> {
         error: row.try_get(8)?,
         next_tick: row.try_get(9)?,
     })
+}
+
+/// An attempt as the `integer` column holds it.
+fn attempt_param(attempt: u32) -> i32 {
+    i32::try_from(attempt).unwrap_or(i32::MAX)
 }
 
 fn attempts(n: i32) -> u32 {

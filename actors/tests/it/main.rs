@@ -21,6 +21,7 @@ mod privileges;
 mod reliability;
 mod routing;
 mod runtime;
+mod schedule_faults;
 mod schedules;
 mod semaphore;
 mod shutdown;
