@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use pgcoord::ErrorKind;
+use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord_actors::backend::memory::{MemoryBackend, MemoryCoordinator};
 use pgcoord_actors::backend::{Consuming, Locking, Signalling, Topics};
 use pgcoord_actors::*;
@@ -26,6 +27,9 @@ trait Harness {
     async fn expire(&self, name: &str);
     /// Makes the first process's listener reconnect.
     async fn reconnect(&self);
+    /// The stored cursor of `consumer` of `topic` (its last ack that committed); `None` when it
+    /// never started.
+    async fn stored_cursor(&self, topic: &str, consumer: &str) -> Option<Cursor>;
 }
 
 struct Postgres {
@@ -33,6 +37,7 @@ struct Postgres {
     b: Coordinator,
     admin: Client,
     table: String,
+    topics: TopicTable,
     app: String,
 }
 
@@ -48,6 +53,7 @@ impl Postgres {
             b: start("b", &unique_name("backend")),
             admin,
             table: setup.quoted_table(),
+            topics: TopicTable::new(&setup.builder("admin").build().unwrap()),
             app,
         }
     }
@@ -86,6 +92,14 @@ impl Harness for Postgres {
             .unwrap();
         assert_eq!(killed, 1, "the listener's backend");
     }
+
+    async fn stored_cursor(&self, topic: &str, consumer: &str) -> Option<Cursor> {
+        match self.topics.cursor(&self.admin, topic, consumer).await {
+            Ok(cursor) => Some(cursor),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => panic!("the cursor of {topic}/{consumer}: {e}"),
+        }
+    }
 }
 
 struct Memory {
@@ -121,6 +135,10 @@ impl Harness for Memory {
 
     async fn reconnect(&self) {
         self.a.reconnect();
+    }
+
+    async fn stored_cursor(&self, topic: &str, consumer: &str) -> Option<Cursor> {
+        self.a.cursor(topic, consumer)
     }
 }
 
@@ -206,14 +224,23 @@ async fn a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next(h: im
     let first = a.consume(recording(&topic, &seen_a, None)).unwrap();
     until_active(&first).await;
     let second = b.consume(recording(&topic, &seen_b, None)).unwrap();
+    let mut last = Cursor::START;
     for i in 0..10u8 {
         let cursor = a.append(Append::new(&topic, vec![i])).await.unwrap();
-        assert!(cursor > pgcoord::topic::Cursor::START);
+        assert!(cursor > last);
+        last = cursor;
     }
     until("10 delivered", || seen_a.lock().unwrap().len() == 10).await;
     assert_eq!(*seen_a.lock().unwrap(), (0..10).collect::<Vec<u8>>());
     assert!(seen_b.lock().unwrap().is_empty(), "one active instance");
     assert!(!second.stats().await.unwrap().active);
+    // Acks are batched: wait for the one through the 10th to be stored, or the second would
+    // rightly hand over again what the first handled but had not acked yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.stored_cursor(&topic, "c").await != Some(last) {
+        assert!(Instant::now() < deadline, "the first never acked the 10th");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The first loses the consumer's lease: the second, waiting in line, takes over from the
     // stored cursor.
     h.force_loss(&format!("{topic}/consumers/c")).await;

@@ -140,6 +140,13 @@ impl MemoryCoordinator {
         true
     }
 
+    /// The stored cursor of the consumer `consumer` of `topic`: the last event it acked (what
+    /// [`TopicTable::cursor`](pgcoord::topic::TopicTable::cursor) reads on PostgreSQL). `None`
+    /// when that consumer never started.
+    pub fn cursor(&self, topic: &str, consumer: &str) -> Option<pgcoord::topic::Cursor> {
+        self.shared.lock().topics.cursor(topic, consumer)
+    }
+
     /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
     /// `Disconnected`, then `Reconnected` (notifications may have been missed: resync).
     /// Subscriptions stay, as they do across a real reconnect.

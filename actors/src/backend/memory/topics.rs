@@ -77,6 +77,12 @@ impl TopicState {
         cursor
     }
 
+    /// The stored cursor of `consumer` of `topic`; `None` when it was never opened.
+    pub(super) fn cursor(&self, topic: &str, consumer: &str) -> Option<Cursor> {
+        let key = (topic.to_owned(), consumer.to_owned());
+        self.cursors.get(&key).copied()
+    }
+
     /// Moves the cursor forward to `cursor`; false when it was there or past it already.
     fn ack(&mut self, topic: &str, consumer: &str, cursor: Cursor) -> bool {
         let stored = (self.cursors)
