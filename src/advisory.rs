@@ -2,8 +2,7 @@
 //!
 //! An advisory lock belongs to the session that took it and is released by the server the
 //! instant that session ends. These functions therefore take the dedicated client of one session
-//! (see [`crate::db::connect`], and [`crate::statement::CachingClient`] to keep the statements
-//! prepared); never call them on a pooled connection, whose session — and locks — the next
+//! (a client of its own: [`crate::db::connect_spawned`]); never call them on a pooled connection, whose session — and locks — the next
 //! borrower would inherit.
 //!
 //! Keys are `i64`s. [`key_for_name`] derives one from a name with 64-bit FNV-1a over the name's

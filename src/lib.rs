@@ -32,11 +32,13 @@
 //! - `backoff` — [`db::Backoff`], the one jittered backoff (configurable), and its randomness.
 //! - [`error`] — [`Error`] and its [`ErrorKind`]s, classified from SQLSTATE and connection state.
 //! - [`ident`] — validation and quoting of table, schema and channel names.
-//! - [`db`] — connections that fail: the pool (dead connections replaced before use, prompt
+//! - [`db`] — connections that fail: the [`Pool`] (dead connections replaced before use, prompt
 //!   reconnects, the cause of every `Unavailable`), dedicated connections bounded by the connect
 //!   timeout, bounded statements (cancelled on the server and discarded past their deadline),
 //!   the fallible start's server check, retry of transient conflicts.
-//! - [`statement`] — running statements: prepared once per pooled connection, typed elsewhere.
+//! - `statement` — [`Statements`], what every statement function runs on (your client or
+//!   transaction, or the pool's bounded statements): prepared once per pooled connection,
+//!   typed elsewhere. Sealed: pgcoord's own statements are the only ones it runs.
 //! - [`tls`] — `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as libpq has them, and [`Tls`], the connector of
 //!   every connection (rustls with the `tls` feature, on by default).
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
@@ -63,7 +65,7 @@ pub mod payload;
 pub mod schedule;
 pub mod schema;
 pub mod signal;
-pub mod statement;
+mod statement;
 pub mod tls;
 pub mod topic;
 
@@ -79,5 +81,20 @@ pub use config::{Config, ConfigBuilder};
 pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};
 pub use lease::{LeaseInfo, LeaseTable};
+pub use statement::{BoxFuture, Statements};
 pub use tls::{SslMode, Tls};
 pub use topic::TopicTable;
+
+/// Not part of the API: the plumbing `pgcoord-actors`, the `pgcoord` command and the tests share
+/// with the core (sessions, bounded statements, startup checks, retries). It changes in any
+/// release without notice; nothing here is covered by semver.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::db::borrowed::Borrowed;
+    pub use crate::db::bounded::{Until, run_until, until};
+    pub use crate::db::check::{check_reachable, check_server};
+    pub use crate::db::connect::{Dedicated, connect, connect_as, ping};
+    pub use crate::db::pool::{Manager, Pooled};
+    pub use crate::db::retry::{RETRY_ATTEMPTS, backoff, retry};
+    pub use crate::statement::{CachingClient, Param, Sealed, Session, cancel};
+}

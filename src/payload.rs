@@ -5,19 +5,15 @@
 //! [`PayloadTable::delete_expired`] reclaims them. A key whose row is gone is
 //! [`ErrorKind::NotFound`], never a hang.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use tokio_postgres::types::Type;
 
+use crate::BoxFuture;
 use crate::config::Config;
 use crate::db::Pool;
 use crate::error::{Error, ErrorKind, Result};
 use crate::statement::Statements;
-
-/// A boxed future, as the dyn-compatible [`PayloadStore`] returns.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Somewhere every process that may receive a notification can put and get payloads.
 pub trait PayloadStore: Send + Sync + 'static {

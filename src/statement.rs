@@ -23,20 +23,44 @@ use tracing::{debug, warn};
 use crate::error::Result;
 use crate::tls::Tls;
 
-/// A boxed `Send` future.
+/// A boxed `Send` future: what [`PayloadStore`](crate::payload::PayloadStore) and the
+/// runtime's backend traits return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// A statement parameter with its type, as `query_typed` takes them.
 pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
-/// Something pgcoord's statements can run on: a client, a transaction, a cached client, or
-/// [`crate::db::Bounded`] statements on a pool.
-pub trait Statements: Sync {
+/// Something pgcoord's statements can run on: your `tokio_postgres::Client` or `Transaction`
+/// (statements go out typed, one round trip, nothing prepared), or the [`Pool`](crate::Pool)'s
+/// [`Bounded`](crate::db::Bounded) statements.
+///
+/// Sealed: only pgcoord's own statement functions run through it, so a type outside this
+/// workspace cannot implement it. From a pool that derefs to a client (deadpool, bb8), pass the
+/// client: `&*conn`.
+///
+/// ```compile_fail,E0277
+/// // Not implementable outside: the seal is missing.
+/// struct Mine;
+/// impl pgcoord::Statements for Mine {
+///     fn run<'a>(
+///         &'a self,
+///         _: &'a str,
+///         _: &'a [pgcoord::__private::Param<'a>],
+///     ) -> pgcoord::BoxFuture<'a, pgcoord::Result<Vec<tokio_postgres::Row>>> {
+///         unimplemented!()
+///     }
+/// }
+/// ```
+pub trait Statements: Sealed + Sync {
     /// Runs `sql` with `params` and returns its rows.
+    #[doc(hidden)]
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>>;
 }
 
-/// A connection pgcoord's bounded statements run on (see [`crate::db::run_until`]): it runs
+/// What seals [`Statements`]: public only to the workspace's crates, through `__private`.
+pub trait Sealed {}
+
+/// A connection pgcoord's bounded statements run on (see `run_until`): it runs
 /// statements, can be asked to cancel what it runs, and can be marked as not to be used again.
 pub trait Session: Statements + Send {
     /// The underlying client (its cancel token, whether it closed).
@@ -52,6 +76,8 @@ pub trait Session: Statements + Send {
 /// Callers' own clients and transactions: `query_typed`, one round trip, nothing prepared.
 macro_rules! typed_statements {
     ($($client:ty),*) => {$(
+        impl Sealed for $client {}
+
         impl Statements for $client {
             fn run<'a>(
                 &'a self,
@@ -87,6 +113,8 @@ impl Deref for CachingClient {
         &self.client
     }
 }
+
+impl Sealed for CachingClient {}
 
 impl Statements for CachingClient {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {

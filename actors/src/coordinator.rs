@@ -41,7 +41,7 @@ impl Coordinator {
     /// be reached within the connect timeout, [`pgcoord::ErrorKind::ReadOnly`] on a standby,
     /// [`pgcoord::ErrorKind::NotFound`] when the tables do not exist (`pgcoord::schema::migrate`).
     pub async fn connect(config: Config) -> pgcoord::Result<Coordinator> {
-        pgcoord::db::check_server(&config).await?;
+        pgcoord::__private::check_server(&config).await?;
         Ok(Coordinator::start(config))
     }
 
@@ -55,14 +55,14 @@ impl Coordinator {
     /// starts and becomes usable when it is back. Prefer [`connect`](Self::connect) to learn of a
     /// wrong DSN or missing tables at once.
     pub fn start(config: Config) -> Coordinator {
-        let pool = pgcoord::db::pool(&config);
+        let pool = pgcoord::Pool::new(&config);
         Coordinator::start_with_pool(config, pool)
     }
 
     /// Checks the server, then starts the actors on `pool` as
     /// [`start_with_pool`](Self::start_with_pool) does.
     pub async fn connect_with_pool(config: Config, pool: Pool) -> pgcoord::Result<Coordinator> {
-        pgcoord::db::check_server(&config).await?;
+        pgcoord::__private::check_server(&config).await?;
         Ok(Coordinator::start_with_pool(config, pool))
     }
 

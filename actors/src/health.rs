@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pgcoord::statement::Statements;
+use pgcoord::Statements;
 
 use crate::coordinator::Coordinator;
 use crate::stats::GetStats;

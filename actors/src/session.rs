@@ -1,8 +1,8 @@
 //! [`Pinned`]: a dedicated connection owned by one part of the runtime (an advisory lock's
 //! session, the heartbeat), never shared through a pool.
 
+use pgcoord::__private::CachingClient;
 use pgcoord::Result;
-use pgcoord::statement::CachingClient;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -20,7 +20,7 @@ impl Pinned {
     /// Opens a connection named `"<application_name> <role>"` in `pg_stat_activity`, within the
     /// configured connect timeout.
     pub(crate) async fn open(config: &pgcoord::Config, role: &str) -> Result<Pinned> {
-        let (client, connection) = pgcoord::db::connect_as(config, role).await?;
+        let (client, connection) = pgcoord::__private::connect_as(config, role).await?;
         let (ended_tx, ended) = watch::channel(false);
         let role = role.to_owned();
         let driver = tokio::spawn(async move {

@@ -38,7 +38,7 @@ impl Drop for Listening {
 /// Connects and LISTENs on `channel` (the part of `listen` bounded by `--timeout`).
 pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening> {
     let channel = Ident::channel(channel)?;
-    let (client, mut connection) = pgcoord::db::connect_as(config, "listen").await?;
+    let (client, mut connection) = pgcoord::__private::connect_as(config, "listen").await?;
     let (tx, messages) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
@@ -70,7 +70,7 @@ pub async fn start_listening(config: &Config, channel: &str) -> Result<Listening
 /// missed, and a `{"channel": …, "gap": …}` line says so where it happened.
 pub async fn listen(config: &Config, listening: Listening, count: Option<usize>) -> Result<()> {
     let mut listening = listening;
-    let store = PayloadTable::new(config, pgcoord::db::pool(config));
+    let store = PayloadTable::new(config, pgcoord::Pool::new(config));
     eprintln!("listening on {}", listening.channel);
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.tick().await;
@@ -159,7 +159,7 @@ pub async fn notify(config: &Config, client: &Client, channel: &str, json: &str)
         )
     })?;
     let payload = signal::to_payload(&value)?;
-    let store = PayloadTable::new(config, pgcoord::db::pool(config));
+    let store = PayloadTable::new(config, pgcoord::Pool::new(config));
     let envelope = Envelope::new(Kind::Event, Vec::new());
     let id = envelope.id;
     let text = signal::seal(envelope, payload, Some(&store), config.inline_limit()).await?;

@@ -43,6 +43,8 @@ impl Borrowed {
     }
 }
 
+impl crate::statement::Sealed for Borrowed {}
+
 impl Statements for Borrowed {
     /// Statements go out with their types in one round trip (`query_typed`): nothing is
     /// prepared on a connection pgcoord does not own.
@@ -57,7 +59,7 @@ impl Session for Borrowed {
     }
 
     fn cancel(&self) {
-        super::cancel(self.client(), self.tls.clone());
+        crate::statement::cancel(self.client(), self.tls.clone());
     }
 
     fn discard(&self) {

@@ -47,6 +47,8 @@ impl<'p> Bounded<'p> {
     }
 }
 
+impl crate::statement::Sealed for Bounded<'_> {}
+
 impl Statements for Bounded<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
         Box::pin(async move {
@@ -106,6 +108,8 @@ pub struct Until<'c> {
 pub fn until(client: &dyn Session, deadline: Instant) -> Until<'_> {
     Until { client, deadline }
 }
+
+impl crate::statement::Sealed for Until<'_> {}
 
 impl Statements for Until<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {

@@ -2,8 +2,8 @@
 //! migrated.
 
 use crate::config::Config;
+use crate::db::connect::connect_as;
 use crate::db::connect::{connect_with, describe};
-use crate::db::connect_as;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Checks, on a connection of its own, that the server is reachable, is a writable primary, and
@@ -64,7 +64,7 @@ fn supported(version_num: i32, target: &tokio_postgres::Config) -> Result<()> {
 /// The check, on one connection to `target`.
 async fn check_on(
     config: &Config,
-    (client, connection): crate::db::Dedicated,
+    (client, connection): crate::db::connect::Dedicated,
     target: &tokio_postgres::Config,
 ) -> Result<()> {
     let driver = tokio::spawn(connection);

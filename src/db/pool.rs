@@ -197,6 +197,7 @@ impl Pool {
     /// discarded and replaced without the caller seeing them. [`ErrorKind::Unavailable`] at the
     /// deadline, with the last connect error as its source when a connect failed meanwhile; a
     /// connect that failed for good (TLS, authentication) at once, with its own kind.
+    #[doc(hidden)]
     pub async fn checkout(&self, deadline: Instant) -> Result<Pooled<'_>> {
         let start = Instant::now();
         let deadline = deadline.min(start + self.pool_timeout);

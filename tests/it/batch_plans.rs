@@ -1,9 +1,10 @@
 //! The batch statements' plans: planned once per connection, and finding their rows by index
 //! whatever the lock table's size.
 
+use pgcoord::__private::CachingClient;
 use pgcoord::LeaseTable;
+use pgcoord::Statements;
 use pgcoord::lease::{AcquireRequest, ReleaseRequest};
-use pgcoord::statement::{CachingClient, Statements};
 
 use super::LEASE;
 
@@ -97,7 +98,7 @@ async fn batch_statements_find_their_rows_by_index_in_a_large_lock_table() {
 
 /// A connection that prepares each statement once, as the pool's do.
 async fn caching_client(config: &pgcoord::Config) -> CachingClient {
-    let (client, connection) = pgcoord::db::connect(config).await.unwrap();
+    let (client, connection) = pgcoord::__private::connect(config).await.unwrap();
     tokio::spawn(connection);
     CachingClient::new(client, config.session_tls().clone())
 }

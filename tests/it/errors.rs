@@ -2,7 +2,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use pgcoord::{Error, ErrorKind, db};
+use pgcoord::__private as db;
+use pgcoord::{Error, ErrorKind, Pool};
 
 #[tokio::test]
 async fn terminated_backend_is_unavailable() {
@@ -88,7 +89,7 @@ async fn serialization_failures_are_retried_then_reported() {
 #[tokio::test]
 async fn an_exhausted_pool_is_unavailable_at_the_deadline() {
     let config = super::builder().pool_size(1).build().unwrap();
-    let pool = db::pool(&config);
+    let pool = Pool::new(&config);
     let soon = || std::time::Instant::now() + std::time::Duration::from_millis(200);
     let _held = pool.checkout(soon()).await.unwrap();
     let started = std::time::Instant::now();

@@ -186,7 +186,7 @@ async fn pooled_connections_prepare_each_statement_once_and_survive_schema_chang
         .pool_size(1)
         .build()
         .unwrap();
-    let (pool, table) = (pgcoord::db::pool(&config), LeaseTable::new(&config));
+    let (pool, table) = (pgcoord::Pool::new(&config), LeaseTable::new(&config));
     // This session's prepared acquire and release statements.
     let prepared = "SELECT count(*) FROM pg_prepared_statements
                     WHERE statement LIKE 'WITH locked%' OR statement LIKE 'WITH ended%'";

@@ -58,7 +58,7 @@ pub const LEASE: Duration = Duration::from_secs(30);
 /// Grants `name` to `owner`, which must succeed.
 pub async fn grant(
     table: &LeaseTable,
-    client: &(impl pgcoord::statement::Statements + ?Sized),
+    client: &(impl pgcoord::Statements + ?Sized),
     name: &str,
     owner: &str,
     lease: Duration,
@@ -80,7 +80,7 @@ pub async fn grant(
 /// attempt in line. Returns the holder.
 pub async fn in_line(
     table: &LeaseTable,
-    client: &(impl pgcoord::statement::Statements + ?Sized),
+    client: &(impl pgcoord::Statements + ?Sized),
     name: &str,
     waiter: &str,
     wait_for: Duration,
@@ -100,7 +100,7 @@ pub async fn in_line(
 /// Releases `owner`'s tenure `token` of `name`, which must succeed.
 pub async fn release(
     table: &LeaseTable,
-    client: &(impl pgcoord::statement::Statements + ?Sized),
+    client: &(impl pgcoord::Statements + ?Sized),
     name: &str,
     owner: &str,
     token: i64,

@@ -299,7 +299,7 @@ async fn a_waiters_table_of_migration_0003_needs_none_of_the_later_columns() {
             .await
             .unwrap();
     }
-    pgcoord::db::check_server(&config).await.unwrap();
+    pgcoord::__private::check_server(&config).await.unwrap();
     let table = pgcoord::LeaseTable::new(&config);
     let request = AcquireRequest::new("job");
     let g = super::grant(&table, &client, "job", "holder", super::LEASE).await;

@@ -74,7 +74,7 @@ async fn verify_full_with_the_right_authority_encrypts_every_connection() {
             "pooled connection to {host}"
         );
         pgcoord::schema::migrate(&session, &config).await.unwrap();
-        pgcoord::db::check_server(&config).await.unwrap();
+        pgcoord::__private::check_server(&config).await.unwrap();
     }
     // The URL form, with the root certificate percent-encoded.
     let url = format!(
@@ -95,7 +95,7 @@ async fn a_certificate_from_an_untrusted_authority_is_refused_saying_so() {
             "localhost",
             &format!("sslmode={mode} sslrootcert={}", other.display()),
         ));
-        let Err(e) = pgcoord::db::connect(&config).await else {
+        let Err(e) = pgcoord::__private::connect(&config).await else {
             panic!("{mode}: connected with an untrusted certificate")
         };
         assert_eq!(e.kind(), ErrorKind::Tls, "{mode}: {e}");
@@ -122,7 +122,7 @@ async fn the_system_store_does_not_trust_a_private_authority() {
             }
         };
         assert_eq!(config.tls().mode(), SslMode::VerifyFull);
-        let Err(e) = pgcoord::db::connect(&config).await else {
+        let Err(e) = pgcoord::__private::connect(&config).await else {
             panic!("{options}: the system's roots trusted a private authority")
         };
         assert_eq!(e.kind(), ErrorKind::Tls, "{options}: {e}");
@@ -176,7 +176,7 @@ async fn a_certificate_for_another_host_fails_verify_full_but_passes_verify_ca()
     // The server's certificate is for localhost and 127.0.0.1; the name asked for is another.
     let options = |mode: &str| format!("hostaddr=127.0.0.1 sslmode={mode} sslrootcert={}", root());
     let full = config(&dsn("db.example", &options("verify-full")));
-    let Err(e) = pgcoord::db::connect(&full).await else {
+    let Err(e) = pgcoord::__private::connect(&full).await else {
         panic!("verify-full accepted a certificate for another host")
     };
     assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
@@ -256,7 +256,7 @@ async fn requiring_tls_of_a_server_without_it_fails_clearly() {
         .ssl_mode(SslMode::Require)
         .build()
         .unwrap();
-    let Err(e) = pgcoord::db::connect(&config).await else {
+    let Err(e) = pgcoord::__private::connect(&config).await else {
         panic!("connected without TLS")
     };
     assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
@@ -278,7 +278,7 @@ async fn a_statement_past_its_deadline_is_cancelled_over_tls() {
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_millis(300);
-    let e = pgcoord::db::run_until(&*conn, "SELECT pg_sleep(60)", &[], deadline)
+    let e = pgcoord::__private::run_until(&*conn, "SELECT pg_sleep(60)", &[], deadline)
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -406,7 +406,7 @@ async fn a_client_certificate_from_the_dsn_lets_in_a_role_that_needs_one() {
         assert_eq!(me, user);
         assert!(encrypted(&client).await);
         // The pool's connections too.
-        assert!(pooled_encrypted(&pgcoord::db::pool(&config)).await);
+        assert!(pooled_encrypted(&pgcoord::Pool::new(&config)).await);
     }
 
     // Without one, the server refuses the role, and says why.

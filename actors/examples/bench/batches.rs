@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use pgcoord::__private::CachingClient;
+use pgcoord::Statements;
 use pgcoord::lease::{AcquireRequest, ReleaseRequest};
-use pgcoord::statement::{CachingClient, Statements};
 use pgcoord::{Config, LeaseTable};
 
 use crate::cpu::process_cpu;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use pgcoord::__private::CachingClient;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
-use pgcoord::statement::CachingClient;
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Acquire, LockManager};
 

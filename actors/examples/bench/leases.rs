@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use pgcoord::__private::CachingClient;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
-use pgcoord::statement::CachingClient;
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Acquire, GetStats, LockManager};
 
@@ -69,7 +69,7 @@ pub(crate) async fn floor_clients(cfg: &Config, clients: usize) -> Res<Vec<Arc<C
     let table = LeaseTable::new(cfg);
     let mut opened = Vec::new();
     for c in 0..clients {
-        let (client, connection) = pgcoord::db::connect(cfg).await?;
+        let (client, connection) = pgcoord::__private::connect(cfg).await?;
         tokio::spawn(connection);
         let client = CachingClient::new(client, cfg.session_tls().clone());
         raw_pair(&table, &client, &format!("warm-{c}"), cfg.lease()).await?;

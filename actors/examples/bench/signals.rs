@@ -47,7 +47,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let notify = admin.prepare("SELECT pg_notify('bench_raw', $1)").await?;
 
     // Floor: raw NOTIFY → LISTEN, one way.
-    let (listen_client, mut connection) = pgcoord::db::connect(&config).await?;
+    let (listen_client, mut connection) = pgcoord::__private::connect(&config).await?;
     let (tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
@@ -61,7 +61,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     // both see the same machine.
     let store = || {
         Some(
-            Arc::new(PayloadTable::new(&config, pgcoord::db::pool(&config)))
+            Arc::new(PayloadTable::new(&config, pgcoord::Pool::new(&config)))
                 as Arc<dyn pgcoord::payload::PayloadStore>,
         )
     };

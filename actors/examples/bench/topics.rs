@@ -316,7 +316,7 @@ where
 async fn raw_listener(
     config: &Config,
 ) -> Res<(Client, tokio::sync::mpsc::UnboundedReceiver<Instant>)> {
-    let (client, mut connection) = pgcoord::db::connect(config).await?;
+    let (client, mut connection) = pgcoord::__private::connect(config).await?;
     let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
@@ -331,7 +331,7 @@ async fn raw_listener(
 
 /// The floor of catch-up: reading the backlog in pages of 1,000 by keyset.
 async fn keyset(
-    client: &impl pgcoord::statement::Statements,
+    client: &impl pgcoord::Statements,
     config: &Config,
     backlog: usize,
 ) -> Res<Duration> {
@@ -344,7 +344,7 @@ async fn keyset(
     let started = Instant::now();
     let (mut cursor, mut read) = (Cursor::START, 0);
     while read < backlog {
-        let params: &[pgcoord::statement::Param<'_>] = &[
+        let params: &[pgcoord::__private::Param<'_>] = &[
             (&cursor.xid, tokio_postgres::types::Type::INT8),
             (&cursor.position, tokio_postgres::types::Type::INT8),
         ];

@@ -84,7 +84,7 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
             // timeout, a try by the statement timeout.
             let bound =
                 std::time::Instant::now() + wait.unwrap_or_default() + config.statement_timeout();
-            let client = &pgcoord::db::until(&pinned.client, bound);
+            let client = &pgcoord::__private::until(&pinned.client, bound);
             let cancel = pinned.client.cancel_token();
             let locking = async {
                 match wait {

@@ -63,12 +63,12 @@ impl AdvisoryLocks {
         }
     }
 
-    /// Checks that the server can be reached (`pgcoord::db::check_reachable`: advisory locks
+    /// Checks that the server can be reached (`pgcoord::__private::check_reachable`: advisory locks
     /// need no table), then starts the actor in the current actix System: the start that can
     /// fail, with [`pgcoord::ErrorKind::Unavailable`] or [`pgcoord::ErrorKind::Tls`] at once
     /// instead of at the first lock.
     pub async fn connect(config: pgcoord::Config) -> Result<Addr<AdvisoryLocks>> {
-        pgcoord::db::check_reachable(&config).await?;
+        pgcoord::__private::check_reachable(&config).await?;
         Ok(AdvisoryLocks::new(config).start())
     }
 
@@ -138,7 +138,7 @@ impl AdvisoryLocks {
             })
             .collect();
         for (key, client) in due {
-            let ping = async move { pgcoord::db::ping(&client.client, timeout).await };
+            let ping = async move { pgcoord::__private::ping(&client.client, timeout).await };
             ctx.spawn(
                 ping.into_actor(self)
                     .map(move |result, act: &mut AdvisoryLocks, ctx| {
@@ -256,7 +256,7 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
         }
         let bound = std::time::Instant::now() + self.config.statement_timeout();
         let unlock = async move {
-            let client = pgcoord::db::until(&pinned.client, bound);
+            let client = pgcoord::__private::until(&pinned.client, bound);
             let result = advisory::unlock(&client, key, mode).await;
             // Unlocked, the session holds nothing and can serve the next lock.
             let reusable = result

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
-use pgcoord::db::{Bounded, Until};
+use pgcoord::__private::Until;
+use pgcoord::db::Bounded;
 use pgcoord::lease::{AcquireRequest, Attempt};
 use pgcoord::{Error, ErrorKind, Result};
 use tracing::info_span;
@@ -80,7 +81,7 @@ impl Attempts for LeaseAttempts {
         let context = &self.context;
         let (owner, request, lease) = (context.statements(), self.request(), context.lease);
         let sent = Instant::now();
-        let attempt = pgcoord::db::retry(|| {
+        let attempt = pgcoord::__private::retry(|| {
             Counters::add(&context.counters.acquire_statements);
             async {
                 match ask {

@@ -83,7 +83,7 @@ async fn claim(
             chunk.iter().map(|name| AcquireRequest::new(name)).collect();
         let statements = context.pool.statements(None);
         let sent = Instant::now();
-        let grants = pgcoord::db::retry(|| {
+        let grants = pgcoord::__private::retry(|| {
             Counters::add(&context.counters.acquire_statements);
             owner.try_acquire_many(&statements, &requests, context.lease)
         })

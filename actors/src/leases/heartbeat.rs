@@ -77,7 +77,7 @@ impl LockManager {
                 }
             };
             let sent = Instant::now();
-            let statements = pgcoord::db::until(&session.client, bound);
+            let statements = pgcoord::__private::until(&session.client, bound);
             let owner = table.owner(config.owner()).expect("a configured owner");
             let renewed = owner.renew(&statements, &tenures, lease).await;
             (Some(session), sent, tenures, renewed)

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use actix::Addr;
 use actix::prelude::*;
-use pgcoord::statement::Statements;
+use pgcoord::Statements;
 use pgcoord::{Error, ErrorKind, LeaseTable, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;

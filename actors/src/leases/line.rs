@@ -164,7 +164,7 @@ impl Line {
                     Duration::from_micros(250 * u64::from(self.busy))
                 } else {
                     // A renewal, a fencing guard, a DBA's transaction: less and less often.
-                    pgcoord::db::backoff(self.busy - 1).min(self.poll)
+                    pgcoord::__private::backoff(self.busy - 1).min(self.poll)
                 };
                 self.nap(nap, now)
             }

@@ -90,7 +90,7 @@ impl LockManager {
     /// [`connect`](Self::connect), which reports a wrong DSN or missing tables at once.
     pub fn new(config: Config) -> LockManager {
         LockManager {
-            pool: pgcoord::db::pool(&config),
+            pool: pgcoord::Pool::new(&config),
             table: Arc::new(LeaseTable::new(&config)),
             owner: config.owner().into(),
             holdings: Holdings::default(),
@@ -128,7 +128,7 @@ impl LockManager {
     /// [`ErrorKind::NotFound`](pgcoord::ErrorKind::NotFound) when the tables do not exist (see
     /// `pgcoord::schema::migrate`).
     pub async fn connect(config: Config) -> Result<Addr<LockManager>> {
-        pgcoord::db::check_server(&config).await?;
+        pgcoord::__private::check_server(&config).await?;
         Ok(LockManager::new(config).start())
     }
 

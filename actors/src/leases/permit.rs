@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
-use pgcoord::db::{Bounded, Until};
+use pgcoord::__private::Until;
+use pgcoord::db::Bounded;
 use pgcoord::lease::{SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
@@ -104,7 +105,7 @@ impl Attempts for PermitAttempts {
         let context = &self.context;
         let (owner, free) = (context.statements(), self.take_free());
         let sent = Instant::now();
-        let attempt = pgcoord::db::retry(|| {
+        let attempt = pgcoord::__private::retry(|| {
             Counters::add(&context.counters.acquire_statements);
             owner.try_acquire_any(statements, &free, context.lease)
         })

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::dev::OneshotSender;
-use pgcoord::db::{Backoff, Bounded, Until, until};
+use pgcoord::__private::{Until, until};
+use pgcoord::db::{Backoff, Bounded};
 use pgcoord::lease::Grant;
 use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::OwnedMutexGuard;

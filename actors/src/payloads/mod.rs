@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use pgcoord::payload::{BoxFuture, PayloadStore, PayloadTable};
+use pgcoord::BoxFuture;
+use pgcoord::payload::{PayloadStore, PayloadTable};
 use pgcoord::{Error, ErrorKind, Result};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};

@@ -202,7 +202,7 @@ impl Tick {
     /// [`pgcoord::ErrorKind::AlreadyAcknowledged`] when the tick is done already (a
     /// transaction that completed it committed, or the handler returned `Ok`: complete before
     /// the handler returns). On any error `tx` must not commit.
-    pub async fn fence(&self, tx: &(impl pgcoord::statement::Statements + ?Sized)) -> Result<()> {
+    pub async fn fence(&self, tx: &(impl pgcoord::Statements + ?Sized)) -> Result<()> {
         let run = self
             .table
             .fence(tx, &self.schedule, self.at, self.token(), self.attempt);
@@ -219,10 +219,7 @@ impl Tick {
     /// Fences `tx` (see [`Tick::fence`]) and marks the tick done in it: the tick is done if
     /// and only if `tx` commits, so its effects in `tx` are applied once. On an error `tx` must
     /// not commit.
-    pub async fn complete(
-        &self,
-        tx: &(impl pgcoord::statement::Statements + ?Sized),
-    ) -> Result<()> {
+    pub async fn complete(&self, tx: &(impl pgcoord::Statements + ?Sized)) -> Result<()> {
         self.fence(tx).await?;
         // The fence holds the row running under this attempt until `tx` ends: this marks it.
         self.table

@@ -19,7 +19,7 @@ use super::messages::ConnState;
 impl ListenerActor {
     pub(super) fn open(&mut self, ctx: &mut Context<Self>) {
         let config = self.config.clone();
-        let connect = async move { pgcoord::db::connect_as(&config, "listener").await };
+        let connect = async move { pgcoord::__private::connect_as(&config, "listener").await };
         ctx.spawn(
             connect
                 .into_actor(self)

@@ -95,7 +95,7 @@ impl ListenerActor {
     /// A listener for `config`; payloads too large for a notification go to `store` (without
     /// one they are [`ErrorKind::PayloadTooLarge`]).
     pub fn new(config: Config, store: Option<Arc<dyn PayloadStore>>) -> ListenerActor {
-        let pool = pgcoord::db::pool(&config);
+        let pool = pgcoord::Pool::new(&config);
         ListenerActor::with_pool(config, pool, store)
     }
 
@@ -157,13 +157,13 @@ impl ListenerActor {
     }
 
     /// Checks the server first (reachable, writable, migrated: see
-    /// `pgcoord::db::check_server`), then starts a supervised listener for `config` in the
+    /// `pgcoord::__private::check_server`), then starts a supervised listener for `config` in the
     /// current actix System: the start that can fail.
     pub async fn connect(
         config: Config,
         store: Option<Arc<dyn PayloadStore>>,
     ) -> Result<Addr<ListenerActor>> {
-        pgcoord::db::check_server(&config).await?;
+        pgcoord::__private::check_server(&config).await?;
         Ok(ListenerActor::new(config, store).start_supervised())
     }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use pgcoord::statement::Statements;
+use pgcoord::Statements;
 use pgcoord::topic::{Event, TopicTable};
 use pgcoord::{ErrorKind, Result};
 

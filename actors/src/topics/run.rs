@@ -280,7 +280,7 @@ async fn pause(run: &Run, how_long: Duration) -> bool {
 
 /// The project's jittered backoff for the `failures`-th failure in a row, at most the poll.
 pub(crate) fn backoff(failures: u32, poll: Duration) -> Duration {
-    pgcoord::db::backoff(failures.saturating_sub(1)).min(poll)
+    pgcoord::__private::backoff(failures.saturating_sub(1)).min(poll)
 }
 
 /// A warning at the 1st, 2nd, 4th, 8th... failure in a row.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use pgcoord::Result;
-use pgcoord::statement::Statements;
+use pgcoord::Statements;
 
 use crate::LossReason;
 use crate::leases::Lease;

@@ -19,7 +19,7 @@ const SLACK: Duration = Duration::from_millis(100);
 /// A manager for `config` whose pool has `n` connections open and idle (all checked out at
 /// once, then given back): the connections its next statements get.
 async fn warm(config: pgcoord::Config, n: usize) -> Addr<LockManager> {
-    let pool = pgcoord::db::pool(&config);
+    let pool = pgcoord::Pool::new(&config);
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut open = Vec::new();
     for _ in 0..n {

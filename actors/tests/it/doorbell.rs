@@ -295,7 +295,7 @@ async fn listen(
     tokio_postgres::Client,
     tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
-    let (client, mut conn) = pgcoord::db::connect(config).await.unwrap();
+    let (client, mut conn) = pgcoord::__private::connect(config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {

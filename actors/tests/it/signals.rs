@@ -36,7 +36,7 @@ pub(super) fn config(
 }
 
 pub(super) fn store(config: &pgcoord::Config) -> Arc<PayloadTable> {
-    Arc::new(PayloadTable::new(config, pgcoord::db::pool(config)))
+    Arc::new(PayloadTable::new(config, pgcoord::Pool::new(config)))
 }
 
 /// A started listener on `pg` with the payload table as its store.
@@ -375,7 +375,7 @@ async fn a_missing_store_row_is_a_typed_error() {
         .payload_ttl(Duration::from_millis(1))
         .build()
         .unwrap();
-    let short = PayloadTable::new(&short, pgcoord::db::pool(&short));
+    let short = PayloadTable::new(&short, pgcoord::Pool::new(&short));
     let key = short.put(b"x".to_vec()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
@@ -459,14 +459,11 @@ struct Counting {
 }
 
 impl pgcoord::payload::PayloadStore for Counting {
-    fn put(&self, payload: Vec<u8>) -> pgcoord::statement::BoxFuture<'_, pgcoord::Result<String>> {
+    fn put(&self, payload: Vec<u8>) -> pgcoord::BoxFuture<'_, pgcoord::Result<String>> {
         self.inner.put(payload)
     }
 
-    fn get<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> pgcoord::statement::BoxFuture<'a, pgcoord::Result<Vec<u8>>> {
+    fn get<'a>(&'a self, key: &'a str) -> pgcoord::BoxFuture<'a, pgcoord::Result<Vec<u8>>> {
         use std::sync::atomic::Ordering::SeqCst;
         Box::pin(async move {
             let now = self.now.fetch_add(1, SeqCst) + 1;

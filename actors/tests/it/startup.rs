@@ -235,7 +235,7 @@ async fn a_busy_pool_is_waited_for_no_longer_than_the_pool_timeout() {
         .pool_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let pool = pgcoord::db::pool(&config);
+    let pool = pgcoord::Pool::new(&config);
     let coordinator = Coordinator::start_with_pool(config, pool.clone());
     let taken = pool
         .checkout(Instant::now() + Duration::from_secs(5))

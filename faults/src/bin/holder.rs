@@ -123,7 +123,7 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
     for _ in 0..args.rounds {
         // A connection black-holed since its last section is found before the lease is
         // taken, not inside the section while the lease waits.
-        stuck |= pgcoord::db::ping(&client, PING_BOUND).await.is_err();
+        stuck |= pgcoord::__private::ping(&client, PING_BOUND).await.is_err();
         reconnect(&config, &mut client, stuck).await;
         stuck = false;
         let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));

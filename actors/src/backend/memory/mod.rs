@@ -246,12 +246,14 @@ impl Topics for MemoryCoordinator {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoDatabase;
 
-impl pgcoord::statement::Statements for NoDatabase {
+impl pgcoord::__private::Sealed for NoDatabase {}
+
+impl pgcoord::Statements for NoDatabase {
     fn run<'a>(
         &'a self,
         sql: &'a str,
-        _: &'a [pgcoord::statement::Param<'a>],
-    ) -> pgcoord::statement::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
+        _: &'a [pgcoord::__private::Param<'a>],
+    ) -> pgcoord::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
         Box::pin(std::future::ready(Err(pgcoord::Error::new(
             pgcoord::ErrorKind::Other,
             format!("the in-memory backend has no database to run {sql:?} on"),

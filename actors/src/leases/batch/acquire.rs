@@ -95,7 +95,7 @@ impl RunBatch<AcquireItem> for AcquireRunner {
         let statements = self.pool.statements(None);
         let owner = self.table.owner(&self.owner).expect("a configured owner");
         let sent = Instant::now();
-        let granted = pgcoord::db::retry(|| {
+        let granted = pgcoord::__private::retry(|| {
             Counters::add(&self.counters.acquire_statements);
             owner.try_acquire_many(&statements, &requests, self.lease)
         })

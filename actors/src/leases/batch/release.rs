@@ -160,7 +160,7 @@ impl RunBatch<ReleaseItem> for ReleaseRunner {
             .collect();
         let statements = self.pool.statements(None);
         let owner = self.owner();
-        let released = pgcoord::db::retry(|| {
+        let released = pgcoord::__private::retry(|| {
             Counters::add(&self.counters.release_statements);
             owner.release_many(&statements, &requests)
         })
