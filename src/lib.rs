@@ -47,6 +47,8 @@
 //! - [`election`] — leaders as lease holders: the proclamation stored and announced at once.
 //! - [`signal`] — the notification envelope, its text encoding and measurement, NOTIFY.
 //! - [`payload`] — [`payload::PayloadStore`] and the [`payload::PayloadTable`] behind it.
+//! - [`rate`] — fleet-wide rate limits per key: [`rate::RateLimit`] and the one statement of
+//!   [`RateTable`] that takes from a key's bucket on the server's clock.
 //! - [`schedule`] — schedules: [`schedule::Timing`] (every period, or cron), the pure plan of
 //!   which tick is due, the runs table whose row per tick makes a tick that is done stay done.
 //! - [`topic`] — durable topics: append inside the caller's transaction, read in order without
@@ -62,6 +64,7 @@ pub mod error;
 pub mod ident;
 pub mod lease;
 pub mod payload;
+pub mod rate;
 pub mod schedule;
 pub mod schema;
 pub mod signal;
@@ -81,6 +84,7 @@ pub use config::{Config, ConfigBuilder};
 pub use db::Pool;
 pub use error::{Error, ErrorKind, Holder, Result};
 pub use lease::{LeaseInfo, LeaseTable};
+pub use rate::RateTable;
 pub use statement::{BoxFuture, Statements};
 pub use tls::{SslMode, Tls};
 pub use topic::TopicTable;

@@ -42,6 +42,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0007_schedules.sql",
         include_str!("../migrations/0007_schedules.sql"),
     ),
+    (
+        "0008_rate_limits.sql",
+        include_str!("../migrations/0008_rate_limits.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -146,6 +150,7 @@ fn render(text: &str, config: &Config) -> String {
         ("pgcoord_topics_cursors", config.topic_cursors().quoted()),
         ("pgcoord_topics_trimmed", config.topic_trimmed().quoted()),
         ("pgcoord_schedules", config.schedule_table.quoted()),
+        ("pgcoord_locks_rl", config.rate_table().quoted()),
     ];
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -293,7 +298,7 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
     let script = format!(
-        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
+        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
         config.lock_table.quoted(),
         config.lock_queue.quoted(),
         config.payload_table.quoted(),
@@ -301,6 +306,7 @@ pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
         config.topic_cursors().quoted(),
         config.topic_trimmed().quoted(),
         config.schedule_table.quoted(),
+        config.rate_table().quoted(),
         config.lock_sequence.quoted()
     );
     client.batch_execute(&script).await?;

@@ -153,6 +153,13 @@ impl Coordinator {
         .start())
     }
 
+    /// A [`RateLimiter`](crate::RateLimiter) at `rate`, on the actors' pool: fleet-wide rate
+    /// limits per key, each take one statement on the server's clock.
+    pub fn rate_limiter(&self, rate: pgcoord::rate::RateLimit) -> crate::RateLimiter {
+        let table = pgcoord::RateTable::new(&self.config);
+        crate::RateLimiter::new(table, self.pool.clone(), rate)
+    }
+
     /// Starts a [`ScheduleRunner`](crate::ScheduleRunner) in this process: with the same
     /// schedule started in every process of the fleet, each tick runs in one of them, once
     /// (see [`Schedule`](crate::Schedule)). Typed errors for a bad name or policy, before

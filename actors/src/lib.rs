@@ -40,6 +40,8 @@
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
 //!   commit). Appending in the caller's transaction is the core's
 //!   (`pgcoord::topic::TopicTable::append`).
+//! - `rates` — [`RateLimiter`]: fleet-wide rate limits per key, each take one statement on the
+//!   server's clock, a wait for room bounded by the caller's timeout.
 //! - `schedules` — [`Schedule`]: each tick runs once across the fleet on the server's clock,
 //!   under the schedule's lease; [`Tick::complete`] marks it done in the run's transaction.
 //! - [`coordinator`] — [`Coordinator`]: starts them all over one pool; [`Health`], what
@@ -81,6 +83,7 @@ pub mod leases;
 pub mod losses;
 pub mod metrics;
 pub mod payloads;
+mod rates;
 mod reply;
 mod schedules;
 mod session;
@@ -101,6 +104,7 @@ pub use leases::{
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
+pub use rates::RateLimiter;
 pub use schedules::{
     GetScheduleStats, Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler,
     TickResult,

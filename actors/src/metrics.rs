@@ -88,8 +88,12 @@ pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
 /// tick over before this run finished).
 pub const SCHEDULE_RUNS: &str = "pgcoord_schedule_runs_total";
 
+/// Counter: rate-limit takes, by `outcome` (`granted`: the permits granted; `refused`: takes
+/// granted nothing). No key label: keys are the application's and unbounded.
+pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 26] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -115,6 +119,7 @@ pub const ALL: [&str; 25] = [
     ROUTED,
     ROUTED_SECONDS,
     SCHEDULE_RUNS,
+    RATE_TAKES,
 ];
 
 /// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
@@ -227,6 +232,11 @@ pub(crate) fn describe() {
         SCHEDULE_RUNS,
         Unit::Count,
         "runs of a schedule's ticks, by outcome"
+    );
+    describe_counter!(
+        RATE_TAKES,
+        Unit::Count,
+        "rate-limit permits granted, and takes refused"
     );
 }
 

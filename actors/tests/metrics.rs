@@ -331,6 +331,20 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         stats.done
     );
 
+    // A rate limit: permits granted and takes refused.
+    let limiter =
+        me.rate_limiter(pgcoord::rate::RateLimit::new(2, Duration::from_secs(60)).unwrap());
+    assert_eq!(limiter.try_take("metered", 2).await.unwrap().granted, 2);
+    assert_eq!(limiter.try_take("metered", 1).await.unwrap().granted, 0);
+    assert_eq!(
+        seen.counter("pgcoord_rate_takes_total", "outcome=granted"),
+        2
+    );
+    assert_eq!(
+        seen.counter("pgcoord_rate_takes_total", "outcome=refused"),
+        1
+    );
+
     // No series is per process.
     let keys = (seen.0.get_counter_handles().into_keys())
         .chain(seen.0.get_gauge_handles().into_keys())

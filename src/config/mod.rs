@@ -24,6 +24,10 @@ pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
 /// [`SEQUENCE_SUFFIX`], for which the lock table's name leaves room).
 pub(crate) const QUEUE_SUFFIX: &str = "_wq";
 
+/// Suffix of the rate-limit table derived from the lock table's name (no longer than
+/// [`SEQUENCE_SUFFIX`]).
+pub(crate) const RATE_SUFFIX: &str = "_rl";
+
 /// Room the topic table's name leaves for the suffixes of its companions (`_cursors`,
 /// `_trimmed`).
 pub(crate) const TOPIC_SUFFIX_BYTES: usize = 8;
@@ -135,6 +139,12 @@ impl Config {
     /// The schedules' runs table.
     pub fn schedule_table(&self) -> &QualifiedName {
         &self.schedule_table
+    }
+    /// The rate limits' table, a row per key: the lock table's name with `_rl` appended.
+    pub fn rate_table(&self) -> QualifiedName {
+        self.lock_table
+            .suffixed(RATE_SUFFIX)
+            .expect("room left by the builder")
     }
     /// The topics' consumer cursors: the topic table's name with `_cursors` appended.
     pub fn topic_cursors(&self) -> QualifiedName {

@@ -9,6 +9,7 @@ mod embedded;
 mod errors;
 mod ident;
 mod lease;
+mod rate;
 mod release;
 
 mod schema;

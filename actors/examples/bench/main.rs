@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|schedules|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -18,6 +18,7 @@ mod host;
 mod leases;
 mod locks;
 mod placement;
+mod rates;
 mod report;
 mod routing;
 mod schedules;
@@ -137,6 +138,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("topics") {
         topics::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("rates") {
+        rates::run(&pg, &sizes, &mut report).await?;
     }
     if run("schedules") {
         schedules::run(&pg, &sizes, &mut report).await?;

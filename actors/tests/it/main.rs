@@ -18,6 +18,7 @@ mod memory_backend;
 mod own_cluster;
 mod pgbouncer;
 mod privileges;
+mod rates;
 mod reliability;
 mod routing;
 mod runtime;

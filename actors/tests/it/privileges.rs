@@ -13,7 +13,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     let role = unique_name("app");
     let (locks, queue, payloads, sequence) = (
         setup.quoted_table(),
-        format!("\"{}_wq\"", setup.table),
+        format!("\"{0}_wq\", \"{0}_rl\"", setup.table),
         format!("\"{}_p\"", setup.table),
         format!("\"{}_rvn\"", setup.table),
     );
@@ -130,6 +130,12 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     }
     let stats = runner.send(StopSchedule).await.unwrap();
     assert_eq!(stats.failed, 0, "{stats:?}");
+
+    // A rate limit: its key's bucket taken from.
+    let rates = pgcoord::RateTable::new(&config("rates"));
+    let rate = pgcoord::rate::RateLimit::per_second(10).unwrap();
+    let taken = rates.try_take(&own, "least", 1, &rate).await.unwrap();
+    assert_eq!(taken.granted, 1);
 
     // One grant fewer (the sequence's): a typed error that names what is missing.
     admin

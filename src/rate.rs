@@ -1,0 +1,198 @@
+//! Rate limits across the fleet: at most `limit` per `period` for each key, with a burst, decided
+//! by one statement on the server's clock.
+//!
+//! The algorithm is GCRA, the token bucket kept as one number per key: the *theoretical arrival
+//! time* (`tat`), when the bucket would be full again. A take of `n` from a key whose `tat` is
+//! `t` at server time `now` may use `burst - ceil((max(t, now) - now) / interval)` tokens, and
+//! moves `tat` to `max(t, now) + granted × interval`. The row is locked by the upsert and the
+//! arithmetic reads the locked row, so concurrent takes serialise on the key and never admit more
+//! than the limit, whatever the processes' clocks say. A key that was never taken from is full.
+//!
+//! Times are whole microseconds: the interval is `period / limit` rounded down, so a limit whose
+//! interval is not a whole number of microseconds admits at most 1 µs per take early (3 per second
+//! is 333,333 µs, 0.0001% above the limit).
+
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+use tracing::instrument;
+
+use crate::config::{Config, validate_name};
+use crate::error::{Error, ErrorKind, Result};
+use crate::statement::{Param, Statements};
+
+/// A rate: `limit` takes per `period` on average, at most `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    interval_micros: i64,
+    burst: u32,
+}
+
+impl RateLimit {
+    /// `limit` per `period`, with a burst of `limit` (a full bucket is one period's worth).
+    /// [`ErrorKind::InvalidConfig`] when `limit` is zero, or `period / limit` is shorter than 1 µs
+    /// or longer than a year.
+    pub fn new(limit: u32, period: Duration) -> Result<RateLimit> {
+        let invalid = |why: String| Error::new(ErrorKind::InvalidConfig, why);
+        if limit == 0 {
+            return Err(invalid("a rate limit of 0 admits nothing".into()));
+        }
+        let interval = period / limit;
+        if interval < Duration::from_micros(1) || interval > Duration::from_secs(366 * 86_400) {
+            return Err(invalid(format!(
+                "{limit} per {period:?} is one per {interval:?}: outside 1 µs to a year"
+            )));
+        }
+        Ok(RateLimit {
+            interval_micros: interval.as_micros() as i64,
+            burst: limit,
+        })
+    }
+
+    /// `limit` per second.
+    pub fn per_second(limit: u32) -> Result<RateLimit> {
+        RateLimit::new(limit, Duration::from_secs(1))
+    }
+
+    /// The same rate with at most `burst` at once (from a full bucket). Zero is
+    /// [`ErrorKind::InvalidConfig`].
+    pub fn burst(self, burst: u32) -> Result<RateLimit> {
+        if burst == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "a burst of 0 admits nothing",
+            ));
+        }
+        Ok(RateLimit { burst, ..self })
+    }
+
+    /// The time between two takes at the limit (the period divided by the limit).
+    pub fn interval(&self) -> Duration {
+        Duration::from_micros(self.interval_micros as u64)
+    }
+
+    /// The most one take can have at once.
+    pub fn burst_size(&self) -> u32 {
+        self.burst
+    }
+}
+
+/// What a take got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Taken {
+    /// How many were granted: all asked or none for [`RateTable::try_take`], up to the asked
+    /// for [`RateTable::take_up_to`].
+    pub granted: u32,
+    /// When not all were granted: how long until the rest would be (at the server's clock, if
+    /// nobody else takes meanwhile). Zero when all were granted.
+    pub retry_after: Duration,
+}
+
+/// The statement of one configuration's rate-limit table.
+#[derive(Debug, Clone)]
+pub struct RateTable {
+    take: String,
+}
+
+impl RateTable {
+    /// Renders the statement for `config`'s rate-limit table ([`Config::rate_table`]).
+    pub fn new(config: &Config) -> RateTable {
+        let t = config.rate_table().quoted();
+        // $1 key, $2 asked, $3 interval (µs), $4 burst, $5 all or nothing. `avail` is what the
+        // locked row's bucket holds now; a new key's bucket is full.
+        let granted = |avail: &str| {
+            format!(
+                "CASE WHEN $5 THEN CASE WHEN $2 <= {avail} THEN $2 ELSE 0 END ELSE least($2, {avail}) END"
+            )
+        };
+        let avail = "greatest(0, ($4 * $3 - (greatest(r.tat, c.now) - c.now)) / $3)";
+        RateTable {
+            take: format!(
+                "WITH c AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS now)
+                 INSERT INTO {t} AS r (key, tat, granted)
+                 SELECT $1, c.now + g.n * $3, g.n FROM c, LATERAL (SELECT {new} AS n) AS g
+                 ON CONFLICT (key) DO UPDATE
+                 SET (tat, granted) = (
+                     SELECT greatest(r.tat, c.now) + g.n * $3, g.n
+                     FROM c, LATERAL (SELECT {old} AS n) AS g
+                 )
+                 RETURNING r.granted, r.tat, (SELECT now FROM c)",
+                new = granted("$4"),
+                old = granted(avail),
+            ),
+        }
+    }
+
+    /// Takes `n` from `key` if all `n` fit, or nothing. [`ErrorKind::InvalidConfig`] when `n`
+    /// is more than the burst (it could never fit) or zero.
+    #[instrument(skip_all, fields(rate.key = key, n), level = "debug")]
+    pub async fn try_take(
+        &self,
+        client: &(impl Statements + ?Sized),
+        key: &str,
+        n: u32,
+        rate: &RateLimit,
+    ) -> Result<Taken> {
+        if n > rate.burst {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("{n} at once is more than the burst of {}", rate.burst),
+            ));
+        }
+        self.take(client, key, n, rate, true).await
+    }
+
+    /// Takes as many of `n` from `key` as fit now, perhaps none: how a batch of waiters on a hot
+    /// key shares one statement. [`ErrorKind::InvalidConfig`] when `n` is zero.
+    #[instrument(skip_all, fields(rate.key = key, n), level = "debug")]
+    pub async fn take_up_to(
+        &self,
+        client: &(impl Statements + ?Sized),
+        key: &str,
+        n: u32,
+        rate: &RateLimit,
+    ) -> Result<Taken> {
+        self.take(client, key, n, rate, false).await
+    }
+
+    async fn take(
+        &self,
+        client: &(impl Statements + ?Sized),
+        key: &str,
+        n: u32,
+        rate: &RateLimit,
+        all: bool,
+    ) -> Result<Taken> {
+        let key = validate_name("rate-limit key", key.to_owned())?;
+        if n == 0 {
+            return Err(Error::new(ErrorKind::InvalidConfig, "a take of 0"));
+        }
+        let (asked, interval, burst) = (i64::from(n), rate.interval_micros, i64::from(rate.burst));
+        let params: &[Param<'_>] = &[
+            (&key, Type::TEXT),
+            (&asked, Type::INT8),
+            (&interval, Type::INT8),
+            (&burst, Type::INT8),
+            (&all, Type::BOOL),
+        ];
+        let rows = client.run(&self.take, params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::Other, "the take returned no row"))?;
+        let (granted, tat, now): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        // The rest fits once the bucket has room for it: `tat` minus a full bucket plus the rest.
+        let rest = asked - granted;
+        let retry_after = if rest == 0 {
+            0
+        } else {
+            let need = if all { asked } else { 1 };
+            (tat + need * interval - burst * interval - now).max(0)
+        };
+        Ok(Taken {
+            granted: granted as u32,
+            retry_after: Duration::from_micros(retry_after as u64),
+        })
+    }
+}
