@@ -88,12 +88,15 @@ pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
 /// tick over before this run finished).
 pub const SCHEDULE_RUNS: &str = "pgcoord_schedule_runs_total";
 
-/// Counter: rate-limit takes, by `outcome` (`granted`: the permits granted; `refused`: takes
-/// granted nothing). No key label: keys are the application's and unbounded.
+/// Counter: rate-limit statements, by `outcome` (`granted`: something granted; `refused`:
+/// nothing). Waiters on one key share one per round. No key label: keys are unbounded.
 pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
 
+/// Counter: rate-limit permits granted.
+pub const RATE_PERMITS: &str = "pgcoord_rate_permits_total";
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -120,6 +123,7 @@ pub const ALL: [&str; 26] = [
     ROUTED_SECONDS,
     SCHEDULE_RUNS,
     RATE_TAKES,
+    RATE_PERMITS,
 ];
 
 /// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
@@ -236,8 +240,9 @@ pub(crate) fn describe() {
     describe_counter!(
         RATE_TAKES,
         Unit::Count,
-        "rate-limit permits granted, and takes refused"
+        "rate-limit statements, by whether they granted anything"
     );
+    describe_counter!(RATE_PERMITS, Unit::Count, "rate-limit permits granted");
 }
 
 /// One actor's share of a gauge that several actors of the process add to: setting it moves the

@@ -336,14 +336,20 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         me.rate_limiter(pgcoord::rate::RateLimit::new(2, Duration::from_secs(60)).unwrap());
     assert_eq!(limiter.try_take("metered", 2).await.unwrap().granted, 2);
     assert_eq!(limiter.try_take("metered", 1).await.unwrap().granted, 0);
-    assert_eq!(
-        seen.counter("pgcoord_rate_takes_total", "outcome=granted"),
-        2
-    );
-    assert_eq!(
-        seen.counter("pgcoord_rate_takes_total", "outcome=refused"),
-        1
-    );
+    let takes =
+        |outcome: &str| seen.counter("pgcoord_rate_takes_total", &format!("outcome={outcome}"));
+    assert_eq!((takes("granted"), takes("refused")), (1, 1));
+    assert_eq!(seen.counter("pgcoord_rate_permits_total", ""), 2);
+    // Fifty waiters on one key share statements: fewer than fifty for fifty permits.
+    let rate = pgcoord::rate::RateLimit::per_second(1_000).unwrap();
+    let hot = me.rate_limiter(rate.burst(5).unwrap());
+    let waiters = (0..50).map(|_| hot.take("hot", 1, Duration::from_secs(10)));
+    for taken in futures_util::future::join_all(waiters).await {
+        taken.unwrap();
+    }
+    assert_eq!(seen.counter("pgcoord_rate_permits_total", ""), 52);
+    let statements = takes("granted") + takes("refused") - 2;
+    assert!(statements < 50, "{statements} statements for 50 waiters");
 
     // No series is per process.
     let keys = (seen.0.get_counter_handles().into_keys())

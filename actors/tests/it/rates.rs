@@ -86,9 +86,10 @@ async fn a_take_answers_within_its_timeout_with_nothing_taken() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let took = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "it knew at once"
+        took >= Duration::from_millis(290) && took < Duration::from_millis(800),
+        "answered at its deadline: {took:?}"
     );
     // A wait that fits is waited: 10 per second, a burst of 1.
     let fast = coordinator.rate_limiter(RateLimit::per_second(10).unwrap().burst(1).unwrap());
