@@ -43,10 +43,28 @@ impl RateLimit {
                 "{limit} per {period:?} is one per {interval:?}: outside 1 µs to a year"
             )));
         }
-        Ok(RateLimit {
+        RateLimit {
             interval_micros: interval.as_micros() as i64,
             burst: limit,
-        })
+        }
+        .checked()
+    }
+
+    /// Refuses a bucket that takes longer than a century to fill: its arithmetic (µs in an
+    /// `int8`) would overflow on the server.
+    fn checked(self) -> Result<RateLimit> {
+        const CENTURY_MICROS: i64 = 100 * 366 * 86_400 * 1_000_000;
+        if self.interval_micros.saturating_mul(i64::from(self.burst)) > CENTURY_MICROS {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a burst of {} at one per {:?} takes more than a century to fill",
+                    self.burst,
+                    self.interval()
+                ),
+            ));
+        }
+        Ok(self)
     }
 
     /// `limit` per second.
@@ -63,7 +81,7 @@ impl RateLimit {
                 "a burst of 0 admits nothing",
             ));
         }
-        Ok(RateLimit { burst, ..self })
+        RateLimit { burst, ..self }.checked()
     }
 
     /// The time between two takes at the limit (the period divided by the limit).
@@ -188,7 +206,8 @@ impl RateTable {
             0
         } else {
             let need = if all { asked } else { 1 };
-            (tat + need * interval - burst * interval - now).max(0)
+            let need = need.saturating_mul(interval);
+            (tat.saturating_add(need) - burst * interval - now).max(0)
         };
         Ok(Taken {
             granted: granted as u32,

@@ -112,6 +112,9 @@ async fn bad_rates_and_takes_are_refused_and_write_nothing() {
         kind(RateLimit::per_second(5).unwrap().burst(0)),
         ErrorKind::InvalidConfig
     );
+    // A bucket whose arithmetic would overflow the server's int8 is refused, not sent.
+    let yearly = RateLimit::new(1, Duration::from_secs(365 * 86_400)).unwrap();
+    assert_eq!(kind(yearly.burst(u32::MAX)), ErrorKind::InvalidConfig);
     let rate = RateLimit::per_second(5).unwrap();
     let refused = [
         (
