@@ -11,14 +11,13 @@
 //! went away is dropped from the line at the next round.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pgcoord::rate::RateLimit;
-use pgcoord::{Pool, RateTable, Result};
+use pgcoord::Result;
 use tokio::sync::oneshot;
 
-use super::Counters;
+use super::RateLimiter;
 
 /// One waiter: what it asks for, until when, and where its answer goes.
 struct Waiter {
@@ -31,15 +30,6 @@ struct Waiter {
 /// task removes the line, under the lock joiners take, when it leaves it empty.
 #[derive(Default)]
 pub(super) struct Lines(Mutex<HashMap<String, VecDeque<Waiter>>>);
-
-/// What a round task needs; cloned from the limiter.
-pub(super) struct Round {
-    pub(super) table: RateTable,
-    pub(super) pool: Pool,
-    pub(super) rate: RateLimit,
-    pub(super) counters: Counters,
-    pub(super) lines: Arc<Lines>,
-}
 
 impl Lines {
     /// Puts a waiter in `key`'s line; true when it is the first, and must start the round task.
@@ -76,13 +66,14 @@ impl Lines {
     }
 
     /// Hands `granted` out in line order, whole requests only: what the first one left asks
-    /// for, or `None` when the line is served (and removed).
-    fn hand_out(&self, key: &str, mut granted: u64) -> Option<u32> {
+    /// for and the latest deadline in line, or `None` when the line is served (and removed).
+    fn hand_out(&self, key: &str, mut granted: u64) -> Option<(u32, Instant)> {
         let mut lines = self.0.lock().expect("rate lines");
         let line = lines.get_mut(key)?;
         while let Some(first) = line.front() {
             if u64::from(first.n) > granted {
-                return Some(first.n);
+                let latest = line.iter().map(|w| w.deadline).max().expect("a first");
+                return Some((first.n, latest));
             }
             granted -= u64::from(first.n);
             let waiter = line.pop_front().expect("a first");
@@ -102,31 +93,35 @@ impl Lines {
     }
 }
 
-impl Round {
-    /// Rounds for `key` until its line is empty.
-    pub(super) async fn run(self, key: String) {
-        while let Some(asked) = self.lines.asked(&key) {
-            // Asked is at most the line's sum of u32s; the statement takes a u32.
-            let asked = u32::try_from(asked).unwrap_or(u32::MAX);
-            let statements = self.pool.statements(None);
-            let taken = match self
-                .table
-                .take_up_to(&statements, &key, asked, &self.rate)
-                .await
-            {
-                Ok(taken) => taken,
-                Err(e) => {
-                    self.lines.fail(&key, &e);
-                    return;
-                }
-            };
-            self.counters.count(taken.granted);
-            let Some(next) = self.lines.hand_out(&key, u64::from(taken.granted)) else {
+/// Rounds for `key` until its line is empty: the task the first waiter on a key spawns, with a
+/// clone of its limiter.
+pub(super) async fn rounds(limiter: RateLimiter, key: String) {
+    let RateLimiter {
+        table,
+        pool,
+        rate,
+        counters,
+        lines,
+    } = limiter;
+    while let Some(asked) = lines.asked(&key) {
+        // Asked is at most the line's sum of u32s; the statement takes a u32.
+        let asked = u32::try_from(asked).unwrap_or(u32::MAX);
+        let statements = pool.statements(None);
+        let taken = match table.take_up_to(&statements, &key, asked, &rate).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                lines.fail(&key, &e);
                 return;
-            };
-            // The bucket is empty now: the next in line fits once it refilled by its `n`.
-            let wait = taken.retry_after + self.rate.interval() * next.saturating_sub(1);
-            tokio::time::sleep(wait.max(Duration::from_micros(1))).await;
-        }
+            }
+        };
+        counters.count(taken.granted);
+        let Some((next, latest)) = lines.hand_out(&key, u64::from(taken.granted)) else {
+            return;
+        };
+        // The bucket is empty now: the next in line fits once it refilled by its `n`. No later
+        // than the last deadline in line, so a slow rate's task does not outlive its waiters.
+        let wait = taken.retry_after + rate.interval() * next.saturating_sub(1);
+        let wake = (Instant::now() + wait.max(Duration::from_micros(1))).min(latest);
+        tokio::time::sleep_until(wake.into()).await;
     }
 }

@@ -84,9 +84,14 @@ impl RateLimiter {
     /// Takes `n` from `key` now if all fit, or none: one statement, bounded by the pool's
     /// statement timeout. [`Taken::retry_after`] says when they would fit.
     pub async fn try_take(&self, key: &str, n: u32) -> Result<Taken> {
-        self.once(key, n)
+        // Not retried on an unclear outcome: a take that may have happened is counted as taken,
+        // so a retry would admit less than the limit, never more, but for nothing.
+        let statements = self.pool.statements(None);
+        let taken = (self.table.try_take(&statements, key, n, &self.rate))
             .instrument(debug_span!("rate.try_take", rate.key = key, n))
-            .await
+            .await?;
+        self.counters.count(taken.granted);
+        Ok(taken)
     }
 
     /// Takes `n` from `key`, waiting for room until `timeout` has passed:
@@ -106,21 +111,9 @@ impl RateLimiter {
         pgcoord::config::validate_name("rate-limit key", key.to_owned())?;
         let (first, answer) = self.lines.join(key, n, deadline);
         if first {
-            let round = batch::Round {
-                table: self.table.clone(),
-                pool: self.pool.clone(),
-                rate: self.rate,
-                counters: self.counters.clone(),
-                lines: self.lines.clone(),
-            };
-            tokio::spawn(round.run(key.to_owned()).instrument(span.clone()));
+            let round = debug_span!("rate.rounds", rate.key = key);
+            tokio::spawn(batch::rounds(self.clone(), key.to_owned()).instrument(round));
         }
-        let timed_out = || {
-            Error::new(
-                ErrorKind::Timeout,
-                format!("{n} from {key:?} did not fit within {timeout:?}"),
-            )
-        };
         // Granted the instant the deadline passed is lost: less admitted, never more.
         match tokio::time::timeout_at(deadline.into(), answer)
             .instrument(span)
@@ -131,16 +124,10 @@ impl RateLimiter {
                 ErrorKind::Other,
                 "the rate limiter's round for this key stopped without answering",
             )),
-            Err(_) => Err(timed_out()),
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("{n} from {key:?} did not fit within {timeout:?}"),
+            )),
         }
-    }
-
-    async fn once(&self, key: &str, n: u32) -> Result<Taken> {
-        // Not retried on an unclear outcome: a take that may have happened is counted as taken,
-        // so a retry would admit less than the limit, never more, but for nothing.
-        let statements = self.pool.statements(None);
-        let taken = self.table.try_take(&statements, key, n, &self.rate).await?;
-        self.counters.count(taken.granted);
-        Ok(taken)
     }
 }
