@@ -1,14 +1,15 @@
 //! Group commit: what one actor has in flight at the same moment goes to the server as one
 //! statement, as renewals already do — a `LockManager`'s first acquire attempts and releases
-//! (`leases::batch`), a `ListenerActor`'s notifications (`signals::notify`).
+//! (`leases::batch`), a `TopicAppender`'s appends (`topics::append`), a `ListenerActor`'s
+//! notifications (`signals::notify`).
 //!
 //! A caller hands its item to a [`Batcher`] and waits for its own answer. The batcher takes
 //! whatever has queued while earlier batches were in flight (at most [`MAX_BATCH`], and at most
 //! [`IN_FLIGHT`] batches at once), so an idle manager sends a lone item at once and a busy one
 //! sends fewer, larger statements: one round trip and one commit for many callers. A batch of
 //! one goes as the single statement. A notification with nothing else under way skips the
-//! batching task ([`NOTIFY_BATCH_FROM`]); lease requests always take it
-//! ([`LEASES_BATCH_FROM`]). An item the batch could not settle (a row another transaction holds,
+//! batching task ([`NOTIFY_BATCH_FROM`]); lease requests and appends always take it
+//! ([`WRITES_BATCH_FROM`]). An item the batch could not settle (a row another transaction holds,
 //! say) is done alone by its caller, so every caller gets exactly the answer a single statement
 //! would give.
 
@@ -23,14 +24,15 @@ use tokio::sync::{Semaphore, mpsc};
 /// The most items in one statement (fewer for acquires: `pgcoord::lease::MAX_NAMES_PER_STATEMENT`).
 pub(crate) const MAX_BATCH: usize = 1000;
 
-/// How many items must be under way at once before they are batched, for leases: one, so every
-/// acquire attempt and release goes through the batching task, which sends a batch of one as
-/// the single statement. Callers woken together by the answer to one batch then queue together
+/// How many items must be under way at once before they are batched, for lease requests and
+/// topic appends: one, so every acquire attempt, release and append goes through the batching
+/// task, which sends a batch of one as the single statement. Callers woken together by the answer to one batch then queue together
 /// (see `collect`), so 8 closed-loop clients move in batches of 8 (measured, docs/BENCHMARKS.md:
 /// 0.6–0.7× the time of the unbatched floor on 8 connections, where sending a request alone
 /// whenever nothing else was under way made a third of them single statements and ran 1.2–1.5×
-/// slower than the floor). A lone caller pays one more task hop.
-pub(crate) const LEASES_BATCH_FROM: usize = 1;
+/// slower than the floor). Appends the same: 8 callers 2.5–3.0× the raw floor's rate, against
+/// 1.9–2.4× when a lone append went alone. A lone caller pays one more task hop.
+pub(crate) const WRITES_BATCH_FROM: usize = 1;
 
 /// The same for notifications: two, so a lone publish (a request, a reply) goes at once on its
 /// own connection, and only a burst is batched.
@@ -77,7 +79,7 @@ impl Drop for UnderWay {
 
 impl<I: Send + 'static> Batcher<I> {
     /// Starts the batching task on the current tokio runtime; below `batch_from` items under
-    /// way, items go alone ([`LEASES_BATCH_FROM`], [`NOTIFY_BATCH_FROM`]); at most `max` items
+    /// way, items go alone ([`WRITES_BATCH_FROM`], [`NOTIFY_BATCH_FROM`]); at most `max` items
     /// (at most [`MAX_BATCH`]) go in one batch.
     pub(crate) fn start(
         runner: Arc<impl RunBatch<I>>,

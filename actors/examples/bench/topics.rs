@@ -210,41 +210,49 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             &[&body, &(backlog as i64)],
         )
         .await?;
-    // The first scan after the bulk insert sets the rows' hint bits (writes): a pass for
-    // that, then the floor, so neither side pays it.
-    // Statistics for the new rows, or the floor's plan sorts the whole backlog for each page
-    // (seen: 10 ms a page); then a pass that sets the rows' hint bits, so neither side pays it.
-    let analyze = format!("ANALYZE {}", config.topic_table().quoted());
-    admin.batch_execute(&analyze).await?;
+    // Statistics for the new rows (or the floor's plan sorts the whole backlog for each page:
+    // seen, 10 ms a page), and a VACUUM now rather than autovacuum's during a round (it starts
+    // on its own after a million inserts and took the CPU of whichever side ran then); then a
+    // pass that sets the rows' hint bits, so neither side pays it.
+    let vacuum = format!("VACUUM ANALYZE {}", config.topic_table().quoted());
+    admin.batch_execute(&vacuum).await?;
     keyset(&admin, &config, backlog).await?;
-    // Interleaved rounds, the best of each: floor, consumer, floor, consumer (a consumer name
-    // of its own each, so each reads the whole backlog).
-    let (mut floor, mut ours) = (Duration::MAX, Duration::MAX);
+    // Interleaved rounds, floor then consumer (a consumer name of its own each, so each reads
+    // the whole backlog). Judged on the median of the rounds' ratios: one round's ratio moves
+    // by ±10% on a 2-core machine where the client, the read and the ack share the cores.
+    let rounds = if backlog >= 100_000 { 5 } else { 2 };
+    let (mut floor_total, mut ours_total, mut ratios) =
+        (Duration::ZERO, Duration::ZERO, Vec::new());
     let mut grown = 0;
-    for round in 0..2 {
-        floor = floor.min(keyset(&admin, &config, backlog).await?);
+    for round in 0..rounds {
+        let floor = keyset(&admin, &config, backlog).await?;
         let (took, peak) = catch_up(&coordinator, backlog, &format!("bench{round}")).await?;
-        ours = ours.min(took);
+        (floor_total, ours_total) = (floor_total + floor, ours_total + took);
+        ratios.push(floor.as_secs_f64() / took.as_secs_f64());
         grown = grown.max(peak);
     }
     report.note(
         &format!("topic catch-up: resident memory's peak growth while reading {backlog} events (window 1,000)"),
         format!("{:.1} MiB", grown as f64 / (1 << 20) as f64),
     );
-    let (ours_rate, floor_rate) = (
-        backlog as f64 / ours.as_secs_f64(),
-        backlog as f64 / floor.as_secs_f64(),
-    );
-    let ratio = report.rate(
-        &format!("topic catch-up: a consumer reading a backlog of {backlog} events (floor: keyset-paged SELECT, 1,000 a page)"),
-        ours_rate,
-        floor_rate,
+    let events = (backlog * rounds) as f64;
+    report.rate(
+        &format!("topic catch-up: a consumer reading a backlog of {backlog} events, {rounds} rounds (floor: keyset-paged SELECT, 1,000 a page)"),
+        events / ours_total.as_secs_f64(),
+        events / floor_total.as_secs_f64(),
         "events/s",
     );
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    let spread = format!("{:.3}–{:.3}", ratios[0], ratios[ratios.len() - 1]);
+    report.note(
+        "topic catch-up: each round's rate ÷ the floor's in the same round, lowest–highest",
+        format!("{spread}×"),
+    );
     report.target(
-        "topic catch-up: at least 0.8× the keyset-paged SELECT's rate",
-        format!("{:.3}×", 1.0 / ratio),
-        1.0 / ratio >= 0.8,
+        "topic catch-up: at least 0.8× the keyset-paged SELECT's rate (the median round's)",
+        format!("{median:.3}×"),
+        median >= 0.8,
     );
     Ok(())
 }

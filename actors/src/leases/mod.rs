@@ -218,7 +218,7 @@ impl Actor for LockManager {
                 counters: self.counters.clone(),
                 releaser: releaser.clone(),
             }),
-            crate::batch::LEASES_BATCH_FROM,
+            crate::batch::WRITES_BATCH_FROM,
             pgcoord::lease::MAX_NAMES_PER_STATEMENT,
         );
         self.context = Some(Arc::new(WaitContext {

@@ -1,6 +1,7 @@
 //! [`TopicAppender`]: appends through the runtime, in transactions of their own, batched: what
 //! the process appends at the same moment goes to the server as one statement and one commit
-//! (group commit, as for leases). A lone append goes at once as the single statement.
+//! (group commit, as for leases). Every append goes through the batching task, which sends a
+//! lone one as the single statement.
 //!
 //! Appending inside your own transaction (the outbox) is the core's
 //! [`TopicTable::append`](pgcoord::topic::TopicTable::append); this is for events that need no
@@ -15,7 +16,7 @@ use pgcoord::{Pool, Result};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::batch::{Batcher, NOTIFY_BATCH_FROM, RunBatch, shared_error};
+use crate::batch::{Batcher, RunBatch, WRITES_BATCH_FROM, shared_error};
 
 /// Append `body` to `topic`; answers the event's cursor.
 #[derive(Debug, Clone, Message)]
@@ -75,7 +76,12 @@ impl RunBatch<AppendItem> for AppendRunner {
             .map(|i| (i.append.topic.as_str(), i.append.body.as_slice()))
             .collect();
         let statements = self.pool.statements(None);
-        match self.table.append_many(&statements, &events).await {
+        let appended = match events[..] {
+            [] => return,
+            [(topic, body)] => (self.table.append(&statements, topic, body).await).map(|c| vec![c]),
+            _ => self.table.append_many(&statements, &events).await,
+        };
+        match appended {
             Ok(cursors) => {
                 for (item, cursor) in batch.into_iter().zip(cursors) {
                     let _ = item.reply.send(Ok(cursor));
@@ -118,7 +124,7 @@ impl Actor for TopicAppender {
         // Bursts of appends arrive faster than actix's default mailbox of 16.
         ctx.set_mailbox_capacity(4096);
         let max = MAX_EVENTS_PER_STATEMENT;
-        self.batcher = Some(Batcher::start(self.runner.clone(), NOTIFY_BATCH_FROM, max));
+        self.batcher = Some(Batcher::start(self.runner.clone(), WRITES_BATCH_FROM, max));
     }
 }
 
@@ -139,7 +145,7 @@ impl Handler<Append> for TopicAppender {
     }
 }
 
-/// One append: alone when nothing else is under way, else in the next batch.
+/// One append, in the next batch.
 async fn appended(
     runner: Arc<AppendRunner>,
     batcher: Option<Batcher<AppendItem>>,

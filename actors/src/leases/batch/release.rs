@@ -57,7 +57,7 @@ impl Releaser {
         Releaser {
             batcher: Batcher::start(
                 runner.clone(),
-                crate::batch::LEASES_BATCH_FROM,
+                crate::batch::WRITES_BATCH_FROM,
                 crate::batch::MAX_BATCH,
             ),
             runner,
