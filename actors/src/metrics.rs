@@ -70,6 +70,11 @@ pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
 /// reader back (no reader reads past what was appended since it began), by `topic` and
 /// `consumer`, as a caught-up consumer last looked (every ten polls, at most every 10 s).
 pub const TOPIC_HELD_BACK: &str = "pgcoord_topic_held_back_seconds";
+/// Gauge: the events a topic consumer could read now and has not handled, as its active
+/// instance last knew (exact after a read that was not full; counted, up to a million, at most
+/// every 10 s behind a full one), by `topic` and `consumer`. 0 while no instance of this process
+/// is active.
+pub const TOPIC_LAG_EVENTS: &str = "pgcoord_topic_lag_events";
 
 /// Gauge: keys a worker pool's process holds, by `pool`.
 pub const WORKER_KEYS: &str = "pgcoord_worker_keys_held";
@@ -96,7 +101,7 @@ pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
 pub const RATE_PERMITS: &str = "pgcoord_rate_permits_total";
 
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -117,6 +122,7 @@ pub const ALL: [&str; 27] = [
     TOPIC_REDELIVERIES,
     TOPIC_APPENDS,
     TOPIC_HELD_BACK,
+    TOPIC_LAG_EVENTS,
     WORKER_KEYS,
     WORKER_MOVES,
     ROUTED,
@@ -211,6 +217,11 @@ pub(crate) fn describe() {
         TOPIC_HELD_BACK,
         Unit::Seconds,
         "age of the oldest transaction, which holds topic readers back"
+    );
+    describe_gauge!(
+        TOPIC_LAG_EVENTS,
+        Unit::Count,
+        "events a consumer could read now and has not handled"
     );
     describe_gauge!(
         WORKER_KEYS,
@@ -417,6 +428,7 @@ pub(crate) struct TopicMetrics {
     pub(crate) lag: Histogram,
     pub(crate) redelivered: Counter,
     pub(crate) held_back: Share,
+    pub(crate) lag_events: Share,
 }
 
 impl TopicMetrics {
@@ -438,6 +450,7 @@ impl TopicMetrics {
             lag: histogram!(TOPIC_LAG, &labels),
             redelivered: counter!(TOPIC_REDELIVERIES, &labels),
             held_back: Share::new(gauge!(TOPIC_HELD_BACK, &labels)),
+            lag_events: Share::new(gauge!(TOPIC_LAG_EVENTS, &labels)),
         }
     }
 }

@@ -233,6 +233,43 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     tx.rollback().await.unwrap();
     consumer.send(StopConsuming).await.unwrap();
 
+    // The lag in events: a consumer reading 5 at a time, 300 events waiting, 50 ms an event:
+    // at least a window behind its full reads, counted ten seconds into its tenure (some 200
+    // events then: more than a window, fewer than were appended), 0 once all are handled.
+    let bodies: Vec<Vec<u8>> = (0..300u16).map(|i| i.to_be_bytes().to_vec()).collect();
+    let events: Vec<(&str, &[u8])> = bodies.iter().map(|b| ("lagging", &b[..])).collect();
+    let topic_table = pgcoord::topic::TopicTable::new(&config("admin"));
+    topic_table.append_many(&open, &events).await.unwrap();
+    let consume = Consume::new("lagging", "c", |_| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(())
+    });
+    let consumer = me.consume(consume.window(5)).unwrap();
+    let lagging = "consumer=c,topic=lagging";
+    let lag = |seen: &Recording| seen.gauge("pgcoord_topic_lag_events", lagging);
+    let started = std::time::Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    while lag(&seen) != 5.0 {
+        assert!(std::time::Instant::now() < deadline, "lag {}", lag(&seen));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    while lag(&seen) == 5.0 {
+        assert!(std::time::Instant::now() < deadline, "never counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let counted = lag(&seen);
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "counted early"
+    );
+    assert!(counted > 5.0 && counted < 300.0, "counted {counted}");
+    let handled = "consumer=c,result=handled,topic=lagging";
+    while seen.counter("pgcoord_topic_deliveries_total", handled) < 300 || lag(&seen) != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "lag {}", lag(&seen));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    consumer.send(StopConsuming).await.unwrap();
+
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let used = seen.gauge("pgcoord_pool_connections", "state=used");

@@ -107,6 +107,20 @@ pub(super) fn read_sql(t: &str, m: &str) -> String {
     )
 }
 
+/// $1 topic, $2 and $3 the cursor, $4 the most to count. The events a read after the cursor
+/// could read now (below the horizon, as `read_sql`), counted on the index only.
+pub(super) fn lag_sql(t: &str) -> String {
+    let (x, p) = (xid_param(2), "$3");
+    format!(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM {t} AS e
+             WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
+               AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+             LIMIT $4
+         ) AS behind"
+    )
+}
+
 /// The oldest running transaction that has a transaction id, cluster-wide.
 pub(super) const HELD_BACK: &str = "SELECT pid, datname::text,
         greatest(0, extract(epoch FROM clock_timestamp() - xact_start) * 1000)::int8
@@ -269,6 +283,31 @@ impl TopicTable {
             }
         }
         Ok(batch)
+    }
+
+    /// How many events of `topic` after `after` a read could read now (of transactions that
+    /// have all ended), counted up to `at_most`: a consumer's lag in events, when `after` is its
+    /// cursor. It reads that many index entries (≈ 0.1 s for a million).
+    pub async fn lag(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: &str,
+        after: Cursor,
+        at_most: u32,
+    ) -> Result<u64> {
+        check("topic", topic)?;
+        let at_most = i64::from(at_most);
+        let params: &[Param<'_>] = &[
+            (&topic, Type::TEXT),
+            (&after.xid, Type::INT8),
+            (&after.position, Type::INT8),
+            (&at_most, Type::INT8),
+        ];
+        let rows = client.run(&self.lag, params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::Other, "the count returned no row".to_owned()))?;
+        Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
     }
 
     /// Every topic that has events, by name. Counts every event: for operators, not hot paths.

@@ -114,6 +114,8 @@ async fn a_late_commit_is_never_skipped_and_holds_readers_back_until_it_ends() {
     late_tx.commit().await.unwrap();
     // "late" has committed, but reading it now would move the cursor past "early".
     nothing_after(&table, &client, "t", cursor).await;
+    // Nor is it counted in the lag: what a read could read now.
+    assert_eq!(table.lag(&client, "t", cursor, 100).await.unwrap(), 0);
     // The oldest transaction on the server is named: ours, once the other tests' moments
     // in a transaction have passed.
     let pid: i32 = early_tx
@@ -138,6 +140,9 @@ async fn a_late_commit_is_never_skipped_and_holds_readers_back_until_it_ends() {
         bodies(&table, &client, "t", cursor, 2).await,
         [b"early".to_vec(), b"late".to_vec()]
     );
+    // Both count now; a count stops at its bound.
+    assert_eq!(table.lag(&client, "t", cursor, 100).await.unwrap(), 2);
+    assert_eq!(table.lag(&client, "t", cursor, 1).await.unwrap(), 1);
 }
 
 #[tokio::test]

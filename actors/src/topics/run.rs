@@ -116,6 +116,8 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     let mut acked = cursor;
     let ended = read_on(run, lease, &mut cursor, &mut acked).await;
     ack(run, acked, cursor).await;
+    // Another instance, if any, tells the lag from now on.
+    run.metrics.lag_events.set(0.0);
     ended
 }
 
@@ -128,6 +130,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     let lost = lease.lost();
     tokio::pin!(lost);
     let mut prefetched: Option<Result<Batch>> = None;
+    let mut lag = Lag::new();
     loop {
         let batch = match prefetched.take() {
             Some(batch) => batch,
@@ -160,6 +163,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
                 continue;
             }
         };
+        note_lag(run, *cursor, batch.events.len(), &mut lag).await;
         if batch.events.is_empty() {
             ack(run, *acked, *cursor).await;
             *acked = *cursor;
@@ -238,6 +242,57 @@ async fn ack(run: &Run, from: Cursor, cursor: Cursor) {
         Err(e) => {
             warn!(error = %e, %cursor, "cannot ack; the events since the last ack come again")
         }
+    }
+}
+
+/// Behind full reads, the lag in events is counted at most this often (the first time this long
+/// into a tenure, so a short catch-up pays nothing), up to this many.
+const LAG_COUNT_EVERY: Duration = Duration::from_secs(10);
+const LAG_COUNT_MAX: u32 = 1_000_000;
+
+/// The consumer's lag in events, as the gauge shows it.
+struct Lag {
+    /// When it was last counted (or the tenure began).
+    counted: Instant,
+    /// What the gauge shows.
+    shown: u64,
+}
+
+impl Lag {
+    fn new() -> Lag {
+        Lag {
+            counted: Instant::now(),
+            shown: 0,
+        }
+    }
+
+    fn show(&mut self, run: &Run, lag: u64) {
+        self.shown = lag;
+        run.metrics.lag_events.set(lag as f64);
+    }
+}
+
+/// The lag gauge after a read of `read` events from `cursor`: exact when the read was not full
+/// (it read everything there is to read now); behind a full one, at least a window, and counted
+/// every `LAG_COUNT_EVERY` (a million index entries take 0.1–0.3 s of the server).
+async fn note_lag(run: &Run, cursor: Cursor, read: usize, lag: &mut Lag) {
+    if read < run.consume.window as usize {
+        return lag.show(run, read as u64);
+    }
+    if lag.counted.elapsed() < LAG_COUNT_EVERY {
+        return lag.show(run, lag.shown.max(read as u64));
+    }
+    lag.counted = Instant::now();
+    let statements = run.pool.idempotent(None);
+    let topic = &run.consume.topic;
+    match run
+        .table
+        .lag(&statements, topic, cursor, LAG_COUNT_MAX)
+        .await
+    {
+        Ok(counted) => lag.show(run, counted),
+        // The gauge keeps its last value; the next count is due in `LAG_COUNT_EVERY`.
+        Err(e) => debug!(error = %e, "cannot count the consumer's lag"),
     }
 }
 
