@@ -12,8 +12,13 @@ use crate::leases::Lease;
 /// One event handed to a consumer's handler, and the lease it is handled under.
 pub struct Delivery {
     pub(crate) event: Event,
-    pub(crate) topic: Arc<str>,
-    pub(crate) consumer: Arc<str>,
+    pub(crate) tenure: Arc<Tenure>,
+}
+
+/// What every delivery of one tenure shares: one reference per event, not one per field.
+pub(crate) struct Tenure {
+    pub(crate) topic: String,
+    pub(crate) consumer: String,
     pub(crate) acker: Acker,
     pub(crate) lease: Arc<Lease>,
 }
@@ -35,10 +40,10 @@ pub(crate) type MemoryAck = Arc<dyn Fn(&str, &str, pgcoord::topic::Cursor) -> bo
 impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Delivery")
-            .field("topic", &self.topic)
-            .field("consumer", &self.consumer)
+            .field("topic", &self.tenure.topic)
+            .field("consumer", &self.tenure.consumer)
             .field("cursor", &self.event.cursor)
-            .field("token", &self.lease.token())
+            .field("token", &self.tenure.lease.token())
             .finish_non_exhaustive()
     }
 }
@@ -56,7 +61,7 @@ impl Delivery {
 
     /// The fencing token of the consumer's lease, for fencing writes elsewhere.
     pub fn token(&self) -> i64 {
-        self.lease.token()
+        self.tenure.lease.token()
     }
 
     /// Acks the event inside `tx`, the transaction of the handler's effects, so effects and
@@ -65,22 +70,25 @@ impl Delivery {
     /// [`ErrorKind::AlreadyAcknowledged`] when the cursor is already past the event. On either,
     /// the transaction must not commit (`?` drops it, which rolls it back).
     pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
-        self.lease.fence(tx).await?;
+        let Tenure {
+            topic,
+            consumer,
+            acker,
+            lease,
+        } = &*self.tenure;
+        lease.fence(tx).await?;
         let cursor = self.event.cursor;
-        let moved = match &self.acker {
-            Acker::Table(table) => table.ack(tx, &self.topic, &self.consumer, cursor).await?,
+        let moved = match acker {
+            Acker::Table(table) => table.ack(tx, topic, consumer, cursor).await?,
             #[cfg(feature = "memory")]
-            Acker::Memory(ack) => ack(&self.topic, &self.consumer, cursor),
+            Acker::Memory(ack) => ack(topic, consumer, cursor),
         };
         if moved {
             return Ok(());
         }
         Err(pgcoord::Error::new(
             ErrorKind::AlreadyAcknowledged,
-            format!(
-                "event {cursor} of topic {:?} was acknowledged already",
-                self.topic
-            ),
+            format!("event {cursor} of topic {topic:?} was acknowledged already",),
         ))
     }
 }

@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::SystemTime;
 
 use pgcoord::topic::{Cursor, Event};
 use tracing::warn;
 
-use super::{Acker, ConsumeHandler, ConsumeResult, Delivery};
+use super::delivery::Tenure;
+use super::{ConsumeHandler, ConsumeResult, Delivery};
 use super::{Run, stats};
-use crate::leases::Lease;
 
 /// How handing over a page ended.
 pub(super) enum PageEnd {
@@ -31,59 +32,52 @@ pub(super) struct Page {
 }
 
 /// Hands `events` to the handler one at a time, in order, until one fails, the lease is lost
-/// or the consumer stops.
+/// or the consumer stops. The stats, the redelivery mark and the clock are read and written
+/// once a page, not once an event.
 pub(super) async fn deliver(
     run: &Run,
-    lease: &Arc<Lease>,
+    tenure: &Arc<Tenure>,
     events: Vec<Event>,
     from: Cursor,
     errors: &mut u32,
 ) -> Page {
-    let (topic, consumer): (Arc<str>, Arc<str>) = (
-        run.consume.topic.as_str().into(),
-        run.consume.consumer.as_str().into(),
-    );
     let mut page = Page {
         handled: from,
         end: PageEnd::Done,
     };
+    // Events at or before the furthest this process handed over come again.
+    let handed_through = *run.handed_through.lock().expect("cursor lock");
+    let (mut delivered, mut redelivered, mut failed) = (0u64, 0u64, 0u64);
+    let mut furthest = handed_through;
+    let now = SystemTime::now();
     for event in events {
         // A handler that never waits would hold this thread for the whole page: the read
         // ahead, the ack and the runtime's other actors (the heartbeat) get a turn now and
         // then.
         tokio::task::consume_budget().await;
-        if lease.loss().is_some() {
+        if tenure.lease.loss().is_some() {
             page.end = PageEnd::Lost;
-            return page;
+            break;
         }
         if run.stop_requested.load(Ordering::Relaxed) {
             page.end = PageEnd::Stopping;
-            return page;
+            break;
         }
         let at = event.cursor;
-        if let Ok(lag) = event.appended_at.elapsed() {
+        if let Ok(lag) = now.duration_since(event.appended_at) {
             run.metrics.lag.record(lag.as_secs_f64());
+        }
+        let again = at <= handed_through;
+        furthest = furthest.max(at);
+        delivered += 1;
+        if again {
+            redelivered += 1;
+            run.metrics.redelivered.increment(1);
         }
         let delivery = Delivery {
             event,
-            topic: topic.clone(),
-            consumer: consumer.clone(),
-            acker: Acker::Table(run.table.clone()),
-            lease: lease.clone(),
+            tenure: tenure.clone(),
         };
-        let again = {
-            let mut through = run.handed_through.lock().expect("cursor lock");
-            let again = at <= *through;
-            *through = (*through).max(at);
-            again
-        };
-        if again {
-            run.metrics.redelivered.increment(1);
-        }
-        stats(run, |s| {
-            s.delivered += 1;
-            s.redelivered += u64::from(again);
-        });
         match handle(&run.consume.handler, delivery).await {
             Ok(()) => {
                 run.metrics.handled.increment(1);
@@ -93,15 +87,24 @@ pub(super) async fn deliver(
             Err(why) => {
                 run.metrics.failed.increment(1);
                 *errors += 1;
-                stats(run, |s| s.handler_errors += 1);
+                failed += 1;
                 if errors.is_power_of_two() {
                     warn!(cursor = %at, error = %why, errors = *errors, "the handler failed; handing the event over again");
                 }
                 page.end = PageEnd::Failed;
-                return page;
+                break;
             }
         }
     }
+    {
+        let mut through = run.handed_through.lock().expect("cursor lock");
+        *through = (*through).max(furthest);
+    }
+    stats(run, |s| {
+        s.delivered += delivered;
+        s.redelivered += redelivered;
+        s.handler_errors += failed;
+    });
     page
 }
 

@@ -8,8 +8,9 @@ use pgcoord::topic::{Batch, Cursor};
 use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::delivery::Tenure;
 use super::handover::{PageEnd, deliver};
-use super::{Run, stats};
+use super::{Acker, Run, stats};
 use crate::Call;
 use crate::leases::{Acquire, Lease};
 
@@ -129,6 +130,12 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     let (mut last_look, mut warned) = (Instant::now(), None);
     let lost = lease.lost();
     tokio::pin!(lost);
+    let tenure = Arc::new(Tenure {
+        topic: topic.clone(),
+        consumer: consumer.clone(),
+        acker: Acker::Table(run.table.clone()),
+        lease: lease.clone(),
+    });
     let mut prefetched: Option<Result<Batch>> = None;
     let mut lag = Lag::new();
     loop {
@@ -202,7 +209,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
             biased;
             next,
             ack(run, *acked, *cursor),
-            deliver(run, lease, batch.events, *cursor, &mut errors),
+            deliver(run, &tenure, batch.events, *cursor, &mut errors),
         );
         *acked = (*cursor).max(*acked);
         *cursor = page.handled;

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use super::{MemoryCoordinator, Shared};
 use crate::backend::Locking;
 use crate::leases::{Acquire, Lease};
-use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery};
+use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery, Tenure};
 
 /// Every topic's log and every consumer's cursor of one in-memory backend.
 #[derive(Default)]
@@ -180,8 +180,12 @@ async fn tenure(
             },
         ))
     };
-    let (topic_arc, consumer_arc): (Arc<str>, Arc<str>) =
-        (topic.as_str().into(), consumer.as_str().into());
+    let tenure = Arc::new(Tenure {
+        topic: topic.clone(),
+        consumer: consumer.clone(),
+        acker,
+        lease: lease.clone(),
+    });
     let mut errors = 0u32;
     loop {
         // Registered before the read, so an append after it wakes the wait below.
@@ -209,10 +213,7 @@ async fn tenure(
             let at = event.cursor;
             let delivery = Delivery {
                 event,
-                topic: topic_arc.clone(),
-                consumer: consumer_arc.clone(),
-                acker: acker.clone(),
-                lease: lease.clone(),
+                tenure: tenure.clone(),
             };
             let again = errors > 0;
             running.update(|s| {
