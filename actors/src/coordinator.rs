@@ -28,6 +28,10 @@ pub struct Coordinator {
     config: Config,
     /// The pool they share.
     pool: Pool,
+    /// The thread they run on: the actors this handle starts later (consumers, retention,
+    /// schedules, observers) start there too, so a handle works from any thread (a tokio
+    /// service's, through [`Runtime`](crate::Runtime)).
+    arbiter: ArbiterHandle,
 }
 
 impl Coordinator {
@@ -104,6 +108,7 @@ impl Coordinator {
             signals,
             config,
             pool,
+            arbiter: Arbiter::current(),
         }
     }
 
@@ -132,8 +137,9 @@ impl Coordinator {
             ));
         }
         let table = pgcoord::TopicTable::new(&self.config);
-        let pool = self.pool.clone();
-        Ok(crate::TopicRetention::new(table, pool, topic, retention, every).start())
+        let retention =
+            crate::TopicRetention::new(table, self.pool.clone(), topic, retention, every);
+        Ok(Actor::start_in_arbiter(&self.arbiter, |_| retention))
     }
 
     /// Starts a [`TopicConsumer`](crate::TopicConsumer) of durable topic events in this
@@ -143,14 +149,14 @@ impl Coordinator {
     /// (dropping the address does not stop it: the listener holds it for the doorbell).
     pub fn consume(&self, consume: crate::Consume) -> pgcoord::Result<Addr<crate::TopicConsumer>> {
         consume.check()?;
-        Ok(crate::TopicConsumer::new(
+        let consumer = crate::TopicConsumer::new(
             consume,
             pgcoord::TopicTable::new(&self.config),
             self.pool.clone(),
             self.locks.clone(),
             self.signals.clone(),
-        )
-        .start())
+        );
+        Ok(Actor::start_in_arbiter(&self.arbiter, |_| consumer))
     }
 
     /// A [`RateLimiter`](crate::RateLimiter) at `rate`, on the actors' pool: fleet-wide rate
@@ -170,20 +176,28 @@ impl Coordinator {
         schedule: crate::Schedule,
     ) -> pgcoord::Result<Addr<crate::ScheduleRunner>> {
         schedule.check()?;
-        Ok(crate::ScheduleRunner::new(
+        let runner = crate::ScheduleRunner::new(
             schedule,
             pgcoord::schedule::ScheduleTable::new(&self.config),
             self.pool.clone(),
             self.locks.clone(),
             self.config.owner().to_owned(),
-        )
-        .start())
+        );
+        Ok(Actor::start_in_arbiter(&self.arbiter, |_| runner))
     }
 
     /// The election `name` run by this process's actors (see [`Election`]).
     /// [`pgcoord::ErrorKind::InvalidName`] for a name a lease could not have.
     pub fn election(&self, name: impl Into<String>) -> pgcoord::Result<Election> {
         Election::new(&self.config, name, self.locks.clone(), self.signals.clone())
+            .map(|election| election.on(self.arbiter.clone()))
+    }
+
+    /// The thread the actors run on: start an actor of your own there with
+    /// `Actor::start_in_arbiter(&coordinator.arbiter(), ..)` (a [`WorkerPool`](crate::WorkerPool),
+    /// say) from any thread.
+    pub fn arbiter(&self) -> ArbiterHandle {
+        self.arbiter.clone()
     }
 
     /// The configuration the actors were started with.

@@ -86,14 +86,25 @@ impl Runtime {
     /// Stops gracefully within `within`: [`Coordinator::shutdown`] (every lease and advisory
     /// lock released on the server, the listener stopped; the count of leases released), then
     /// the System and its thread.
-    /// [`ErrorKind::Timeout`] when the release did not finish in time; the thread is stopped
-    /// all the same.
+    /// [`ErrorKind::Timeout`] when the release did not finish in time, or the thread did not
+    /// end within `within` (an actor or a handler blocks it: it ends when that returns); the
+    /// thread is told to stop all the same.
     pub async fn shutdown(mut self, within: Duration) -> Result<usize> {
+        let deadline = tokio::time::Instant::now() + within;
         let released = self.coordinator.shutdown(within).await;
         self.system.stop();
         if let Some(thread) = self.thread.take() {
-            // The System is stopping: the join is short, but it blocks, so off this task.
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            // The join blocks, so off this task; and only as long as the caller gave.
+            let joined = tokio::task::spawn_blocking(move || thread.join());
+            if tokio::time::timeout_at(deadline, joined).await.is_err() {
+                return Err(pgcoord::Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the runtime's thread did not end within {within:?}: something on it \
+                         blocks; it ends when that returns"
+                    ),
+                ));
+            }
         }
         released
     }

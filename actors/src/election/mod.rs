@@ -34,6 +34,8 @@ pub struct Election {
     locks: Addr<LockManager>,
     signals: Addr<ListenerActor>,
     config: Config,
+    /// Where observers start: the coordinator's thread, or else the caller's.
+    arbiter: Option<ArbiterHandle>,
 }
 
 /// Who leads an election.
@@ -64,7 +66,16 @@ impl Election {
             locks,
             signals,
             config: config.clone(),
+            arbiter: None,
         })
+    }
+
+    /// Observers of this election start on `arbiter`.
+    pub(crate) fn on(self, arbiter: ArbiterHandle) -> Election {
+        Election {
+            arbiter: Some(arbiter),
+            ..self
+        }
     }
 
     /// The election's name (its lease's name).
@@ -111,9 +122,15 @@ impl Election {
         leader_of(&self.locks, &self.name).await
     }
 
-    /// Starts a [`LeaderObserver`] telling `recipient` of every change of leader.
+    /// Starts a [`LeaderObserver`] telling `recipient` of every change of leader: on the
+    /// coordinator's thread for an election from [`Coordinator::election`](crate::Coordinator::election),
+    /// else in the current actix System.
     pub fn observe(&self, recipient: Recipient<LeaderChanged>) -> Addr<LeaderObserver> {
-        LeaderObserver::new(self, recipient).start()
+        let observer = LeaderObserver::new(self, recipient);
+        match &self.arbiter {
+            Some(arbiter) => Actor::start_in_arbiter(arbiter, |_| observer),
+            None => observer.start(),
+        }
     }
 }
 

@@ -64,6 +64,36 @@ async fn a_tokio_service_holds_leases_and_exchanges_messages_through_the_threade
     assert_eq!(checked.loss(), Some(LossReason::Shutdown));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_answers_within_its_bound_while_a_handler_blocks_the_runtimes_thread() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let runtime = Runtime::connect(setup.builder("blocked").build().unwrap())
+        .await
+        .unwrap();
+    let topic = unique_name("blocked");
+    let (entered, mut blocking) = tokio::sync::mpsc::unbounded_channel();
+    // A handler that blocks the thread it runs on (a mistake, but one users make).
+    let consume = Consume::new(topic.clone(), "c", move |_| {
+        let _ = entered.send(());
+        std::thread::sleep(Duration::from_secs(4));
+        async { Ok(()) }
+    });
+    runtime.coordinator().consume(consume).unwrap();
+    let append = Append::new(topic, b"x".to_vec());
+    runtime.coordinator().topics.call(append).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), blocking.recv())
+        .await
+        .expect("the handler runs");
+    let started = std::time::Instant::now();
+    let stopped = runtime.shutdown(Duration::from_millis(500)).await;
+    let took = started.elapsed();
+    assert_eq!(stopped.unwrap_err().kind(), pgcoord::ErrorKind::Timeout);
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_threaded_runtime_that_cannot_start_says_why() {
     let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
