@@ -1,0 +1,204 @@
+//! `migrate`, `locks`, `lock show`, `lock release`, `advisory` and `status`: listings and what they show.
+
+use super::*;
+
+#[tokio::test]
+async fn migrate_list_show_and_force_release_a_lease() {
+    let table = unique_name("cli");
+    let out = pgcoord(&table, &["migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    let Attempt::Granted(grant) = leases
+        .owner("worker-1")
+        .unwrap()
+        .try_acquire(
+            &client,
+            &AcquireRequest::new("job").data(b"node-a"),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+
+    let out = pgcoord(&table, &["locks"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.starts_with("job ")).expect(&text);
+    assert!(
+        line.contains("worker-1") && line.contains(&grant.token.to_string()),
+        "{line}"
+    );
+    assert!(line.ends_with("  node-a"), "the data, as text: {line}");
+
+    let out = pgcoord(&table, &["lock", "show", "job"]);
+    assert!(stdout(&out).contains("held:    true"), "{out:?}");
+    // Missing: exit code 3; without --force: 2, and nothing changes.
+    assert_eq!(
+        pgcoord(&table, &["lock", "show", "nope"]).status.code(),
+        Some(3)
+    );
+    assert_eq!(
+        pgcoord(&table, &["lock", "release", "job"]).status.code(),
+        Some(2)
+    );
+    assert!(leases.get(&client, "job").await.unwrap().is_held());
+
+    let out = pgcoord(&table, &["lock", "release", "job", "--force"]);
+    assert!(out.status.success(), "{out:?}");
+    // The holder's next renewal finds nothing: the loss it reports.
+    let renewed = leases
+        .owner("worker-1")
+        .unwrap()
+        .renew(&client, &[("job", grant.token)], Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(renewed.is_empty());
+    assert_eq!(
+        pgcoord(&table, &["lock", "release", "job", "--force"])
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
+#[tokio::test]
+async fn listings_fit_their_data_decode_it_show_waiters_and_speak_json() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    // A name longer than any fixed column, and MessagePack data as the runtime stores a value.
+    let long = format!(
+        "tenant:{}:nightly-report-for-the-whole-region",
+        "x".repeat(40)
+    );
+    let packed = rmp_serde::to_vec_named(&serde_json::json!({"job": 42})).unwrap();
+    let request = AcquireRequest::new(&long).data(&packed);
+    let owner = leases.owner("worker-1").unwrap();
+    let Attempt::Granted(grant) = owner
+        .try_acquire(&client, &request, Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    // Someone in line for it.
+    let waiter = leases.owner("worker-2").unwrap();
+    let queued = waiter
+        .try_acquire_or_queue(
+            &client,
+            &AcquireRequest::new(&long),
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(queued, Attempt::Held(_)), "{queued:?}");
+
+    let text = stdout(&pgcoord(&table, &["locks"]));
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let row = lines.next().unwrap();
+    // Each column starts where its header does: widths come from the data.
+    for column in ["OWNER", "WAITERS", "DATA"] {
+        let at = header.find(column).unwrap();
+        assert!(
+            row.len() > at && &row[at - 2..at] == "  ",
+            "{column}:\n{text}"
+        );
+    }
+    assert!(row.starts_with(&long), "{text}");
+    assert!(row.ends_with(r#"{"job":42}"#), "decoded: {text}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "locks"]).stdout).unwrap();
+    let lease = &json.as_array().unwrap()[0];
+    assert_eq!(lease["name"], long.as_str());
+    assert_eq!(lease["owner"], "worker-1");
+    assert_eq!(lease["token"], grant.token);
+    assert_eq!(lease["waiters"], 1);
+    assert_eq!(lease["data"]["job"], 42);
+    assert!(lease["left"].as_f64().unwrap() > 20.0, "{lease}");
+
+    let shown: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "lock", "show", &long]).stdout)
+            .unwrap();
+    assert_eq!(shown["waiters"][0]["waiter"], "worker-2");
+    let text = stdout(&pgcoord(&table, &["lock", "show", &long]));
+    assert!(text.contains("waiters: 1\n  worker-2 ("), "{text}");
+
+    // Advisory locks by one bigint key and by two int keys, negative ones included.
+    client
+        .execute("SELECT pg_advisory_lock($1::int8)", &[&-5_000_000_000_i64])
+        .await
+        .unwrap();
+    client
+        .execute("SELECT pg_advisory_lock(3, -4)", &[])
+        .await
+        .unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "advisory"]).stdout).unwrap();
+    let keys: Vec<&str> = (json.as_array().unwrap().iter())
+        .map(|l| l["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"-5000000000"), "{json}");
+    assert!(keys.contains(&"3,-4"), "{json}");
+
+    let status: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "status"]).stdout).unwrap();
+    assert_eq!(status["leases"]["held"], 1, "{status}");
+}
+
+#[tokio::test]
+async fn advisory_and_status_show_sessions_and_clear_errors_for_a_bad_database() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let mut pg = test_pg_config().unwrap();
+    pg.application_name("holder-app");
+    let (holder, connection) = pg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    holder
+        .execute("SELECT pg_advisory_lock(-77)", &[])
+        .await
+        .unwrap();
+    let out = pgcoord(&table, &["advisory"]);
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.contains("holder-app"))
+        .expect(&text);
+    assert!(line.contains("-77") && line.contains("held"), "{line}");
+
+    let out = pgcoord(&table, &["status"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("holder-app"), "{text}");
+    assert!(text.contains("leases: 0 held"), "{text}");
+
+    // An unreachable database: exit 1 and the cause; no DSN at all: 2.
+    let out = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .args([
+            "--dsn",
+            "host=127.0.0.1 port=1 user=x connect_timeout=1",
+            "locks",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{out:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_pgcoord"))
+        .arg("locks")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,144 @@
+//! `lock run` and `elect`: a command run while the lease or leadership is held.
+
+use super::*;
+
+#[test]
+fn lock_run_holds_the_lease_while_its_command_runs_and_exits_with_its_code() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let script =
+        r#"echo "$PGCOORD_LEASE_NAME $PGCOORD_LEASE_TOKEN $PGCOORD_LEASE_OWNER"; sleep 1; exit 7"#;
+    let first = pgcoord_command(&table, &["lock", "run", "job", "--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    wait_until_held(&table, "job");
+    // While the first holds it, a second run that waits 200 ms gives up, its command not run.
+    let args = [
+        "--timeout",
+        "200ms",
+        "lock",
+        "run",
+        "job",
+        "--",
+        "echo",
+        "ran",
+    ];
+    let second = pgcoord(&table, &args);
+    assert_eq!(second.status.code(), Some(6), "{second:?}");
+    assert!(!stdout(&second).contains("ran"), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("held"),
+        "{second:?}"
+    );
+    // The first's command saw its lease, and its exit code is pgcoord's.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(7), "{first:?}");
+    let seen = stdout(&first);
+    let [name, token, owner]: [&str; 3] = (seen.split_whitespace().collect::<Vec<_>>())
+        .try_into()
+        .unwrap_or_else(|_| panic!("{seen}"));
+    assert_eq!(name, "job");
+    assert!(token.parse::<i64>().unwrap() > 0, "{seen}");
+    // Each run its own identity (host, pid, random): two runs never share one.
+    assert!(
+        owner.len() > "pgcoord-cli".len() && owner != "pgcoord-cli",
+        "{seen}"
+    );
+    // Released at once when the command exited, not left to expire.
+    let show = pgcoord(&table, &["lock", "show", "job"]);
+    assert_eq!(show.status.code(), Some(3), "{show:?}");
+    let third = pgcoord(
+        &table,
+        &["--timeout", "1s", "lock", "run", "job", "--", "true"],
+    );
+    assert_eq!(third.status.code(), Some(0), "{third:?}");
+    // No command: a usage error.
+    let none = pgcoord(&table, &["lock", "run", "job"]);
+    assert_eq!(none.status.code(), Some(2), "{none:?}");
+}
+
+#[test]
+fn lock_run_stops_its_command_when_the_lease_is_lost() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    // A command that runs until told to stop, and says it was.
+    let script = r#"trap 'echo stopped; exit 0' TERM; while true; do sleep 0.1; done"#;
+    let args = [
+        "lock", "run", "--lease", "3s", "job", "--", "sh", "-c", script,
+    ];
+    let holder = pgcoord_command(&table, &args).spawn().unwrap();
+    wait_until_held(&table, "job");
+    let freed = pgcoord(&table, &["lock", "release", "job", "--force"]);
+    assert!(freed.status.success(), "{freed:?}");
+    let started = std::time::Instant::now();
+    let holder = holder.wait_with_output().unwrap();
+    // Seen at the next renewal (a third of the lease): well within one lease.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "stopped after {took:?}");
+    assert_eq!(holder.status.code(), Some(5), "{holder:?}");
+    assert!(stdout(&holder).contains("stopped"), "{holder:?}");
+    let said = String::from_utf8_lossy(&holder.stderr);
+    assert!(said.contains("lost"), "{said}");
+}
+
+#[test]
+fn elect_runs_its_command_while_leader_and_the_next_candidate_after() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let script = r#"echo "term $PGCOORD_LEASE_TOKEN"; sleep 1; exit 3"#;
+    let first = [
+        "elect",
+        "primary",
+        "--value",
+        "host-a:5432",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ];
+    let first = pgcoord_command(&table, &first).spawn().unwrap();
+    wait_until_held(&table, "primary");
+    // The leader's value is the election's data.
+    let show = stdout(&pgcoord(&table, &["lock", "show", "primary"]));
+    assert!(show.contains("host-a:5432"), "{show}");
+    // A candidate waits until elected (by default as long as it takes) ...
+    let second = [
+        "elect",
+        "primary",
+        "--value",
+        "host-b",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "term $PGCOORD_LEASE_TOKEN""#,
+    ];
+    let second = pgcoord_command(&table, &second).spawn().unwrap();
+    // ... unless told to give up: exit 6, its command not run.
+    let args = ["elect", "primary", "--wait", "200ms", "--", "echo", "ran"];
+    let quitter = pgcoord(&table, &args);
+    assert_eq!(quitter.status.code(), Some(6), "{quitter:?}");
+    assert!(!stdout(&quitter).contains("ran"), "{quitter:?}");
+    // The first term ends with its command (pgcoord exits with its code); the second starts.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(3), "{first:?}");
+    let second = second.wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(0), "{second:?}");
+    let term = |out: &std::process::Output| -> i64 {
+        let text = stdout(out);
+        text.trim()
+            .strip_prefix("term ")
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        term(&second) > term(&first),
+        "terms are ordered by their tokens"
+    );
+    let free = pgcoord(&table, &["lock", "show", "primary"]);
+    assert_eq!(
+        free.status.code(),
+        Some(3),
+        "released after the last term: {free:?}"
+    );
+}
