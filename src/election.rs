@@ -84,7 +84,51 @@ impl LeaseOwner<'_> {
     }
 }
 
+impl LeaseOwner<'_> {
+    /// Whether the term of `election` held with `token` was asked to step down
+    /// ([`LeaseTable::request_resign`]). A request for an earlier term never matches a later
+    /// one: tokens only grow.
+    pub async fn resign_requested(
+        &self,
+        client: &(impl Statements + ?Sized),
+        election: &str,
+        token: i64,
+    ) -> Result<bool> {
+        check_name(election)?;
+        let params: &[crate::statement::Param<'_>] =
+            &[(&election, Type::TEXT), (&token, Type::INT8)];
+        let rows = client.run(&self.table.resign_requested, params).await?;
+        Ok(rows
+            .first()
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .unwrap_or(false))
+    }
+}
+
 impl LeaseTable {
+    /// Asks the leader of `election` to step down, as `requested_by` (a name for the record):
+    /// stores a request for the term holding the lease now, which its leader finds at its next
+    /// look and honours by resigning when its work is done. The term asked (its token), or `None`
+    /// when no one leads. Not a release: the lease stays held until its leader lets it go.
+    #[instrument(skip(self, client), level = "debug")]
+    pub async fn request_resign(
+        &self,
+        client: &(impl Statements + ?Sized),
+        election: &str,
+        requested_by: &str,
+    ) -> Result<Option<i64>> {
+        check_name(election)?;
+        check_name(requested_by)?;
+        let params: &[crate::statement::Param<'_>] =
+            &[(&election, Type::TEXT), (&requested_by, Type::TEXT)];
+        let rows = client.run(&self.request_resign, params).await?;
+        rows.first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(Into::into)
+    }
+
     /// The channel on which [`LeaseOwner::proclaim`] announces leaders.
     pub fn election_channel(&self) -> &str {
         &self.election_channel

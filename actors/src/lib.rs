@@ -96,7 +96,9 @@ pub mod workers;
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
-pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
+pub use election::{
+    Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim, RequestResign,
+};
 pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, AcquireResponse, Claim, Get, Lease, List, ListPrefix, LockManager,

@@ -12,7 +12,10 @@
 //!
 //! `pgcoord elect NAME -- COMMAND…` is the same with the lease as an election's (the runtime's
 //! `Election` of that name): once elected it proclaims `--value` (observers hear of the new
-//! leader and its value), and the term's end is announced even when no candidate waits.
+//! leader and its value), and the term's end is announced even when no candidate waits. It looks
+//! for a resign request (`pgcoord resign NAME`, `Election::request_resign`) at each renewal: when
+//! asked, the command gets SIGTERM (SIGKILL after `--kill-after`), the term ends when it exits,
+//! and `pgcoord` exits with the command's code.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -139,6 +142,8 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io)?;
     let heartbeat = config.heartbeat().unwrap_or(lease / 3);
     let mut next_renewal = Instant::now() + heartbeat;
+    // When asked to resign: when the command gets SIGKILL if it has not ended.
+    let mut kill_at: Option<Instant> = None;
     let lost = loop {
         tokio::select! {
             status = child.wait() => {
@@ -148,6 +153,11 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
             }
             _ = terminate.recv() => send(pid, libc::SIGTERM),
             _ = interrupt.recv() => send(pid, libc::SIGINT),
+            _ = sleep_until(kill_at.unwrap_or(valid_until)), if kill_at.is_some() => {
+                eprintln!("pgcoord: the command outlived --kill-after: SIGKILL");
+                kill_at = None;
+                let _ = child.start_kill();
+            }
             _ = sleep_until(valid_until) => break "its deadline passed unrenewed",
             _ = sleep_until(next_renewal) => {
                 if client.is_closed() {
@@ -164,6 +174,17 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                     Ok(Ok(renewed)) if renewed.contains(&token) => {
                         valid_until = sent + lease;
                         next_renewal = sent + heartbeat;
+                        if announce && kill_at.is_none() {
+                            let asked = owner.resign_requested(&client, &hold.name, token);
+                            if let Ok(Ok(true)) = timeout_at(valid_until, asked).await {
+                                eprintln!(
+                                    "pgcoord: asked to step down from {:?}: stopping the command",
+                                    hold.name
+                                );
+                                send(pid, libc::SIGTERM);
+                                kill_at = Some(Instant::now() + hold.kill_after);
+                            }
+                        }
                     }
                     Ok(Ok(_)) => break "it was taken or freed",
                     // Tried again soon, until the deadline says it is lost.

@@ -96,6 +96,21 @@ async fn waiters(config: &Config, client: &Client) -> Result<Vec<(String, String
 
 /// `lock release NAME --force`: ends the current tenure as its holder's release would (the
 /// waiter first in line woken), matched on the owner and token just read.
+/// Asks the leader of election `name` to step down.
+pub async fn resign(config: &Config, client: &Client, name: &str) -> Result<()> {
+    let table = LeaseTable::new(config);
+    match table.request_resign(client, name, config.owner()).await? {
+        Some(token) => {
+            println!("asked the leader of {name:?} (term {token}) to step down");
+            Ok(())
+        }
+        None => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no one leads {name:?}"),
+        )),
+    }
+}
+
 pub async fn release(config: &Config, client: &Client, name: &str, force: bool) -> Result<()> {
     if !force {
         return Err(Error::new(

@@ -110,6 +110,13 @@ enum Command {
         #[command(flatten)]
         held: Held,
     },
+    /// Ask the leader of the election NAME to step down: it hears of it within a heartbeat and
+    /// resigns once its work is wound down (`pgcoord elect` stops its command with SIGTERM).
+    /// Not a release: the term lasts until then. Exit 3 when no one leads.
+    Resign {
+        /// The election's name.
+        name: String,
+    },
     /// Durable topics: every topic, or one topic's consumers, last events, a cursor reset.
     Topics {
         #[command(subcommand)]
@@ -366,6 +373,7 @@ async fn command(
                 "lock run and elect are started by `run`: they have no deadline of their own"
             )
         }
+        Command::Resign { name } => inspect::resign(config, client, &name).await,
         Command::Advisory => inspect::advisory(client, json).await,
         Command::Status => inspect::status(config, client, json).await,
         // Started (bounded) and run by `run`: it has no end of its own.

@@ -28,6 +28,10 @@ pub(crate) const QUEUE_SUFFIX: &str = "_wq";
 /// [`SEQUENCE_SUFFIX`]).
 pub(crate) const RATE_SUFFIX: &str = "_rl";
 
+/// Suffix of the resign requests' table derived from the lock table's name (no longer than
+/// [`SEQUENCE_SUFFIX`]).
+pub(crate) const RESIGN_SUFFIX: &str = "_rr";
+
 /// Room the topic table's name leaves for the suffixes of its companions (`_cursors`,
 /// `_trimmed`).
 pub(crate) const TOPIC_SUFFIX_BYTES: usize = 8;
@@ -144,6 +148,13 @@ impl Config {
     pub fn rate_table(&self) -> QualifiedName {
         self.lock_table
             .suffixed(RATE_SUFFIX)
+            .expect("room left by the builder")
+    }
+    /// The elections' resign requests, a row per election: the lock table's name with `_rr`
+    /// appended.
+    pub fn resign_table(&self) -> QualifiedName {
+        self.lock_table
+            .suffixed(RESIGN_SUFFIX)
             .expect("room left by the builder")
     }
     /// The topics' consumer cursors: the topic table's name with `_cursors` appended.

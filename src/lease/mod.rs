@@ -116,6 +116,8 @@ pub struct LeaseTable {
     list_prefix: String,
     fence: String,
     pub(crate) proclaim: String,
+    pub(crate) request_resign: String,
+    pub(crate) resign_requested: String,
     sequence: String,
     channel: String,
     pub(crate) election_channel: String,

@@ -291,6 +291,23 @@ impl LeaseTable {
                    AND expires_at > clock_timestamp()
                  FOR KEY SHARE"
             ),
+            // $1 name, $2 requester. A request for the term that holds the lease now (its
+            // token), replacing an earlier one; nothing when no one holds it.
+            request_resign: format!(
+                "INSERT INTO {r} AS r (name, token, requested_by)
+                 SELECT name, token, $2 FROM {t}
+                 WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()
+                 ON CONFLICT (name) DO UPDATE
+                 SET token = EXCLUDED.token, requested_by = EXCLUDED.requested_by,
+                     requested_at = clock_timestamp()
+                 RETURNING r.token",
+                r = config.resign_table().quoted(),
+            ),
+            // $1 name, $2 token. Whether this term was asked to step down.
+            resign_requested: format!(
+                "SELECT EXISTS (SELECT 1 FROM {r} WHERE name = $1 AND token = $2)",
+                r = config.resign_table().quoted(),
+            ),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
             election_channel: config.election_channel.as_str().to_owned(),

@@ -48,6 +48,7 @@ fn default_rendering_is_exactly_the_files() {
         "0006_topics.sql",
         "0007_schedules.sql",
         "0008_rate_limits.sql",
+        "0009_resign_requests.sql",
     ]
     .iter()
     .map(|f| {
@@ -81,6 +82,8 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
             "pgcoord_locks_pkey",
             "pgcoord_locks_rl",
             "pgcoord_locks_rl_pkey",
+            "pgcoord_locks_rr",
+            "pgcoord_locks_rr_pkey",
             "pgcoord_locks_rvn",
             "pgcoord_locks_token_key",
             "pgcoord_locks_wq",
@@ -144,6 +147,8 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             "Leases_pkey",
             "Leases_rl",
             "Leases_rl_pkey",
+            "Leases_rr",
+            "Leases_rr_pkey",
             "Leases_rvn",
             "Leases_token_key",
             "Leases_wq",
@@ -178,10 +183,10 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             .kind(),
         ErrorKind::AlreadyExists
     );
-    assert_eq!(objects(&client, &schema_name).await.len(), 17);
+    assert_eq!(objects(&client, &schema_name).await.len(), 19);
     // ...while try_create_tables fills in what is missing.
     schema::try_create_tables(&client, &config).await.unwrap();
-    assert_eq!(objects(&client, &schema_name).await.len(), 19);
+    assert_eq!(objects(&client, &schema_name).await.len(), 21);
 
     schema::drop_tables(&client, &config).await.unwrap();
     assert!(objects(&client, &schema_name).await.is_empty());

@@ -23,9 +23,12 @@ use crate::signals::ListenerActor;
 
 mod observe;
 mod proclaim;
+mod resign;
 
 pub use observe::{LeaderChanged, LeaderObserver};
 pub use proclaim::Proclaim;
+pub use resign::RequestResign;
+use resign::ResignRequested;
 
 /// One election: a name, and the actors that run it. Cheap to clone.
 #[derive(Clone)]
@@ -105,6 +108,8 @@ impl Election {
             lease,
             value,
             locks: self.locks.clone(),
+            // Heartbeats off (renewed by hand): as often as a heartbeat would be.
+            look_every: self.config.heartbeat().unwrap_or(self.config.lease() / 4),
         };
         // The value is stored already (the grant's data); this announces it.
         match leadership.send_proclamation(leadership.value.clone()).await {
@@ -115,6 +120,17 @@ impl Election {
             }
             Ok(()) => Ok(leadership),
         }
+    }
+
+    /// Asks the leader to step down (River's `RequestResign`; `pgcoord resign NAME`): a request
+    /// for the term leading now, which its leader finds within a heartbeat
+    /// ([`Leadership::resign_requested`]) and honours by resigning once its work is wound down.
+    /// The term asked (its token), `None` when no one leads. Not a release: the term lasts until
+    /// its leader resigns (or loses it), so two leaders' work never overlaps.
+    pub async fn request_resign(&self) -> Result<Option<i64>> {
+        self.locks
+            .call(RequestResign::new(self.name.as_str()))
+            .await
     }
 
     /// Who leads now, as far as the database says; `None` between terms.
@@ -166,6 +182,8 @@ pub struct Leadership {
     lease: Lease,
     value: Vec<u8>,
     locks: Addr<LockManager>,
+    /// How often [`resign_requested`](Self::resign_requested) looks: the heartbeat.
+    look_every: Duration,
 }
 
 impl Leadership {
@@ -189,6 +207,46 @@ impl Leadership {
     /// [`resign`](Self::resign) (no loss). Pending while it lasts.
     pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
         self.lease.lost()
+    }
+
+    /// Resolves `true` once someone asked this term to step down ([`Election::request_resign`],
+    /// `pgcoord resign`), `false` when the term ended first. It looks every heartbeat (one small
+    /// statement), so a request is seen within a heartbeat. Select on it beside the leader's work;
+    /// wind the work down, then [`resign`](Self::resign):
+    ///
+    /// ```ignore
+    /// tokio::select! {
+    ///     _ = lead(&leadership) => {}
+    ///     true = leadership.resign_requested() => {} // stop the work first
+    /// }
+    /// leadership.resign().await?;
+    /// ```
+    pub fn resign_requested(&self) -> impl Future<Output = bool> + Send + 'static {
+        let (locks, every, ended) = (self.locks.clone(), self.look_every, self.lease.lost());
+        let asked = ResignRequested {
+            name: self.lease.name().to_owned(),
+            token: self.token(),
+        };
+        async move {
+            tokio::pin!(ended);
+            let mut failures = 0u32;
+            loop {
+                tokio::select! {
+                    _ = &mut ended => return false,
+                    () = tokio::time::sleep(every) => {}
+                }
+                match locks.call(asked.clone()).await {
+                    Ok(true) => return true,
+                    Ok(false) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        if failures.is_power_of_two() {
+                            warn!(election.name = %asked.name, error = %e, failures, "cannot look for a resign request; looking again");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// A new value for this term, stored and announced at once, without a new election.

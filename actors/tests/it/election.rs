@@ -267,3 +267,60 @@ async fn a_resignation_is_no_loss() {
     let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
     assert_eq!(ended, Ok(None));
 }
+
+#[actix_rt::test]
+async fn a_leader_asked_to_resign_hears_of_it_within_a_heartbeat_and_hands_over() {
+    // Heartbeat 500 ms: the leader looks for a request that often.
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_millis(500)).await;
+    let coordinator = |owner: &str| Coordinator::start(setup.builder(owner).build().unwrap());
+    let (a, b, ops) = (coordinator("a"), coordinator("b"), coordinator("ops"));
+    let name = unique_name("resign");
+    // No leader: nothing to ask.
+    let election = ops.election(&name).unwrap();
+    assert_eq!(election.request_resign().await.unwrap(), None);
+
+    let first = a
+        .election(&name)
+        .unwrap()
+        .campaign("a", None)
+        .await
+        .unwrap();
+    let asked = first.resign_requested();
+    let second = actix_rt::spawn({
+        let election = b.election(&name).unwrap();
+        async move { election.campaign("b", None).await.unwrap() }
+    });
+    // Not asked yet: two heartbeats pass without a word.
+    let quiet = tokio::time::timeout(Duration::from_millis(1100), first.resign_requested());
+    assert!(quiet.await.is_err(), "heard a request nobody made");
+    let sent = Instant::now();
+    let term = election.request_resign().await.unwrap();
+    assert_eq!(term, Some(first.token()));
+    assert!(asked.await, "the term ended before the request was heard");
+    let heard = sent.elapsed();
+    // Within a heartbeat and its statement; a second of slack for a busy machine.
+    assert!(
+        heard < Duration::from_millis(500 + 1000),
+        "heard after {heard:?}"
+    );
+    // Asked, not released: the leader still leads until it resigns.
+    assert!(first.lease().loss().is_none());
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(leader.token, first.token());
+    first.resign().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the next candidate elected")
+        .unwrap();
+    assert!(next.token() > term.unwrap());
+    // The request was for the last term: the new leader is not asked, and hears of the end of
+    // its own term as `false`.
+    let quiet = tokio::time::timeout(Duration::from_millis(1100), next.resign_requested());
+    assert!(
+        quiet.await.is_err(),
+        "the new term heard the old term's request"
+    );
+    let ended = next.resign_requested();
+    next.resign().await.unwrap();
+    assert!(!ended.await, "a term that ended was not asked");
+}

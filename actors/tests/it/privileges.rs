@@ -13,7 +13,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     let role = unique_name("app");
     let (locks, queue, payloads, sequence) = (
         setup.quoted_table(),
-        format!("\"{0}_wq\", \"{0}_rl\"", setup.table),
+        format!("\"{0}_wq\", \"{0}_rl\", \"{0}_rr\"", setup.table),
         format!("\"{}_p\"", setup.table),
         format!("\"{}_rvn\"", setup.table),
     );
@@ -86,12 +86,10 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     // Advisory locks, an election, a semaphore.
     let guard = one.advisory.call(AdvisoryLock::new(5)).await.unwrap();
     guard.release().await.unwrap();
-    let term = one
-        .election("leader")
-        .unwrap()
-        .campaign("v", None)
-        .await
-        .unwrap();
+    let election = one.election("leader").unwrap();
+    let term = election.campaign("v", None).await.unwrap();
+    assert_eq!(election.request_resign().await.unwrap(), Some(term.token()));
+    assert!(term.resign_requested().await);
     term.resign().await.unwrap();
     let permit = one.locks.call(AcquirePermit::new("sem", 2)).await.unwrap();
     permit.release().await.unwrap();

@@ -142,3 +142,40 @@ fn elect_runs_its_command_while_leader_and_the_next_candidate_after() {
         "released after the last term: {free:?}"
     );
 }
+
+#[test]
+fn resign_asks_the_leader_to_step_down_and_elect_stops_its_command() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    // No leader: nothing to ask, exit 3.
+    let nobody = pgcoord(&table, &["resign", "primary"]);
+    assert_eq!(nobody.status.code(), Some(3), "{nobody:?}");
+    // A 3 s term renewed (and looked at) every second.
+    let args = [
+        "elect",
+        "primary",
+        "--lease",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        "exec sleep 60",
+    ];
+    let leader = pgcoord_command(&table, &args).spawn().unwrap();
+    wait_until_held(&table, "primary");
+    let asked = std::time::Instant::now();
+    let resign = pgcoord(&table, &["resign", "primary"]);
+    assert!(resign.status.success(), "{resign:?}");
+    assert!(stdout(&resign).contains("to step down"), "{resign:?}");
+    // The command gets SIGTERM at the next look; the term ends with it, released at once.
+    let out = leader.wait_with_output().unwrap();
+    let took = asked.elapsed();
+    assert_eq!(out.status.code(), Some(128 + 15), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("asked to step down"),
+        "{out:?}"
+    );
+    assert!(took < Duration::from_secs(3), "stepped down after {took:?}");
+    let free = pgcoord(&table, &["lock", "show", "primary"]);
+    assert_eq!(free.status.code(), Some(3), "{free:?}");
+}
