@@ -32,8 +32,8 @@ pub(super) struct Page {
 }
 
 /// Hands `events` to the handler one at a time, in order, until one fails, the lease is lost
-/// or the consumer stops. The stats, the redelivery mark and the clock are read and written
-/// once a page, not once an event.
+/// or the consumer stops. The stats and the redelivery mark are read and written once a page,
+/// not once an event.
 pub(super) async fn deliver(
     run: &Run,
     tenure: &Arc<Tenure>,
@@ -49,7 +49,6 @@ pub(super) async fn deliver(
     let handed_through = *run.handed_through.lock().expect("cursor lock");
     let (mut delivered, mut redelivered, mut failed) = (0u64, 0u64, 0u64);
     let mut furthest = handed_through;
-    let now = SystemTime::now();
     for event in events {
         // A handler that never waits would hold this thread for the whole page: the read
         // ahead, the ack and the runtime's other actors (the heartbeat) get a turn now and
@@ -64,7 +63,8 @@ pub(super) async fn deliver(
             break;
         }
         let at = event.cursor;
-        if let Ok(lag) = now.duration_since(event.appended_at) {
+        // The clock at each handover: a slow handler's later events waited longer.
+        if let Ok(lag) = SystemTime::now().duration_since(event.appended_at) {
             run.metrics.lag.record(lag.as_secs_f64());
         }
         let again = at <= handed_through;
