@@ -42,8 +42,10 @@ mod retention;
 mod run;
 
 pub use append::{Append, TopicAppender};
+pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
-pub(crate) use delivery::{Acker, Tenure};
+#[cfg(feature = "memory")]
+pub(crate) use delivery::Tenure;
 // The in-memory backend's consumer hands over and backs off as this one does.
 #[cfg(feature = "memory")]
 pub(crate) use handover::handle;
