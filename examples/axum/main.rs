@@ -3,7 +3,8 @@
 //!
 //! `POST /jobs/{name}` runs a job while holding the job's lease, fail-if-locked: a second run
 //! of the same job, from this process or any other, answers 409 Conflict. `GET /ready` answers
-//! 200 while the runtime's actors answer. On ctrl-c (or when the demo below is done) the server
+//! 200 while the runtime's actors answer. `GET /metrics` is pgcoord's metrics for Prometheus
+//! (`metrics-exporter-prometheus`, its HELP text and units included). On ctrl-c (or when the demo below is done) the server
 //! stops taking requests and the runtime's shutdown releases every lease at once.
 //!
 //! Run with `cargo run --example axum`. It uses `DATABASE_URL` when set, and otherwise starts a
@@ -29,10 +30,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     pgcoord::schema::migrate(&pgcoord::db::connect_spawned(&config).await?, &config).await?;
 
+    // Before the actors start: they register their metrics with the recorder installed then.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let runtime = Runtime::connect(config).await?;
     let app = Router::new()
         .route("/jobs/{name}", post(run_job))
         .route("/ready", get(ready))
+        .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(runtime.coordinator().clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
@@ -69,6 +73,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         200,
         "a run after it",
     )?;
+    // What Prometheus scrapes: the two grants, described (the refusal was this process's own
+    // lease: `AlreadyHeld`, answered before any statement).
+    let metrics = get_text(address, "/metrics").await?;
+    for line in [
+        "# HELP pgcoord_acquires_total",
+        "pgcoord_acquires_total{outcome=\"granted\"} 2",
+        "pgcoord_listener_connected 1",
+    ] {
+        if !metrics.lines().any(|l| l.starts_with(line)) {
+            return Err(format!("/metrics has no line {line:?}:\n{metrics}").into());
+        }
+    }
+    println!("/metrics: {} lines", metrics.lines().count());
 
     let _ = stop.send(());
     server.await??;
@@ -127,6 +144,19 @@ async fn request(address: std::net::SocketAddr, method: &str, path: &str) -> std
     (answer.split(' ').nth(1))
         .and_then(|code| code.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {answer:?}")))
+}
+
+/// The body of a GET of `path`.
+async fn get_text(address: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let (_, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no body"))?;
+    Ok(body.to_owned())
 }
 
 fn expect(status: u16, expected: u16, what: &str) -> Result<(), Box<dyn std::error::Error>> {
