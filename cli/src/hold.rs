@@ -142,7 +142,8 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io)?;
     let heartbeat = config.heartbeat().unwrap_or(lease / 3);
     let mut next_renewal = Instant::now() + heartbeat;
-    // When asked to resign: when the command gets SIGKILL if it has not ended.
+    // Asked to resign (looked for no more), and when the command gets SIGKILL if it has not ended.
+    let mut asked = false;
     let mut kill_at: Option<Instant> = None;
     let lost = loop {
         tokio::select! {
@@ -174,9 +175,10 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                     Ok(Ok(renewed)) if renewed.contains(&token) => {
                         valid_until = sent + lease;
                         next_renewal = sent + heartbeat;
-                        if announce && kill_at.is_none() {
-                            let asked = owner.resign_requested(&client, &hold.name, token);
-                            if let Ok(Ok(true)) = timeout_at(valid_until, asked).await {
+                        if announce && !asked {
+                            let look = owner.resign_requested(&client, &hold.name, token);
+                            if let Ok(Ok(true)) = timeout_at(valid_until, look).await {
+                                asked = true;
                                 eprintln!(
                                     "pgcoord: asked to step down from {:?}: stopping the command",
                                     hold.name

@@ -5,6 +5,7 @@ mod actix_web;
 mod batch;
 mod batch_plans;
 mod config;
+mod election;
 mod embedded;
 mod errors;
 mod ident;

@@ -154,14 +154,8 @@ async fn appended(
     // A bad event is its caller's error, before it can fail a batch of others.
     append.check()?;
     let batcher = batcher.expect("started");
-    let (_under_way, alone) = batcher.enter();
-    if alone {
-        let statements = runner.pool.statements(None);
-        return runner
-            .table
-            .append(&statements, &append.topic, &append.body)
-            .await;
-    }
+    // Never alone (`WRITES_BATCH_FROM`): a lone append is the batch of one.
+    let (_under_way, _) = batcher.enter();
     let (reply, answer) = oneshot::channel();
     if let Err(item) = batcher.submit(AppendItem { append, reply }) {
         let statements = runner.pool.statements(None);
