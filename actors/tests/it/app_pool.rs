@@ -10,7 +10,7 @@ use pgcoord_actors::*;
 use pgcoord_testkit::{backend_pids, unique_name};
 use tokio_postgres::NoTls;
 
-use super::own_cluster::{backend_of, cut_off_at_the_bound, own_cluster};
+use super::own_cluster::{cut_off_at_the_bound, only_backend_of, own_cluster};
 use super::{Collector, Setup};
 
 /// The application's pool: at most `max_size` connections named `app`, a borrower waiting at
@@ -125,7 +125,7 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
     let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
     let manager = LockManager::with_pool(config, pool, None).start();
     manager.send(List).await.unwrap().unwrap();
-    let pooled = backend_of(&admin, &app).await;
+    let pooled = only_backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
     cut_off_at_the_bound(&manager, bound).await;

@@ -11,7 +11,8 @@ use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, TempPostgres, backend_pids, unique_name};
 
 use super::own_cluster::{
-    HEARTBEAT, LEASE, backend_of, cut_off_at_the_bound, freeze_while_idle, on_server, own_cluster,
+    HEARTBEAT, LEASE, backend_of, cut_off_at_the_bound, freeze_while_idle, on_server,
+    only_backend_of, own_cluster,
 };
 use super::{Collector, Setup};
 
@@ -79,7 +80,7 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
         .unwrap();
     let manager = LockManager::new(config).start();
     manager.send(List).await.unwrap().unwrap();
-    let pooled = backend_of(&admin, &app).await;
+    let pooled = only_backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
     cut_off_at_the_bound(&manager, bound).await;

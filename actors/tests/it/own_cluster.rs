@@ -75,6 +75,23 @@ pub(super) async fn backend_of(admin: &Client, application_name: &str) -> u32 {
     }
 }
 
+/// Waits until `application_name` has exactly one backend, and returns its pid. A pooled
+/// connection whose connect timed out on a busy machine leaves a backend that lingers for a
+/// moment; freezing that one instead of the live one would test nothing.
+pub(super) async fn only_backend_of(admin: &Client, application_name: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let [pid] = backend_pids(admin, application_name).await.unwrap()[..] {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single backend for {application_name}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Freezes backend `pid` between two statements. A backend stopped in the middle of its
 /// renewal would hold the leases' row locks: every renewal, the holder's included, would then
 /// wait on it and the leases would rightly be lost — a different test from a connection that
