@@ -106,15 +106,8 @@ pub async fn reset(
     let table = TopicTable::new(config);
     let cursor = match to {
         "oldest" => table.trimmed(client, topic).await?.unwrap_or(Cursor::START),
-        "now" => {
-            // After every event whose transaction has ended; read from what retention kept.
-            let kept = table.trimmed(client, topic).await?.unwrap_or(Cursor::START);
-            let horizon = table.read(client, topic, kept, 1).await?.horizon;
-            Cursor {
-                xid: horizon,
-                position: 0,
-            }
-        }
+        // After every event whose transaction has ended.
+        "now" => table.horizon(client).await?,
         cursor => cursor.parse()?,
     };
     let before = table.cursor(client, topic, consumer).await?;

@@ -13,12 +13,10 @@ use crate::statement::{Param, Statements};
 
 /// What one [`TopicTable::read`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Batch {
     /// The events after the cursor, in order; at most the limit.
     pub events: Vec<Event>,
-    /// The horizon the read saw: the oldest transaction still running. Events of transactions
-    /// from it on may still commit, and are left for a later read.
-    pub horizon: i64,
 }
 
 /// The oldest transaction still running with a transaction id: until it ends, no reader reads
@@ -81,31 +79,34 @@ pub(super) fn append_many_sql(t: &str) -> String {
     )
 }
 
-/// $1 topic, $2 and $3 the cursor, $4 limit. Rows: 'e' events; 'h' the horizon; 'c' the
-/// retention mark when it is past the cursor (the cursor missed events: the read is an error).
+/// $1 topic, $2 and $3 the cursor, $4 limit. The events after the cursor, unless retention's
+/// mark is past it (then none: the caller asks the mark why).
 ///
 /// Gap-free: an event is read only when its transaction is older than the read's snapshot's
 /// xmin, the oldest transaction still running. Every such transaction has ended, so the events
 /// below the horizon are all there, and none can be added below it later: a reader that moves
-/// its cursor through them skips nothing. `pg_current_snapshot()` is the statement's snapshot,
-/// the same in each branch. Trimming and the mark are one transaction, so a read sees both or
-/// neither.
+/// its cursor through them skips nothing. Trimming and the mark are one transaction, so a read
+/// sees both or neither: no event is read past a cursor that retention left behind.
+///
+/// One plain scan, so a page costs what a keyset-paged SELECT does: the mark is a one-time
+/// filter (`NOT (SELECT EXISTS …)` is evaluated once; a bare `NOT EXISTS` would be an anti-join
+/// probing the mark for every row), and the horizon is not returned.
 pub(super) fn read_sql(t: &str, m: &str) -> String {
     let (x, p) = (xid_param(2), "$3");
     format!(
-        "(SELECT 'e'::text, e.xid{XID}, e.position, e.appended_at, e.body
-          FROM {t} AS e
-          WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
-            AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-          ORDER BY e.xid, e.position
-          LIMIT $4)
-         UNION ALL
-         SELECT 'h', pg_snapshot_xmin(pg_current_snapshot()){XID}, NULL, NULL, NULL
-         UNION ALL
-         SELECT 'c', xid{XID}, position, NULL, NULL
-         FROM {m} WHERE topic = $1 AND (xid, position) > ({x}, {p})"
+        "SELECT e.xid{XID}, e.position, e.appended_at, e.body
+         FROM {t} AS e
+         WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
+           AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+           AND NOT (SELECT EXISTS (
+               SELECT FROM {m} AS m WHERE m.topic = $1 AND (m.xid, m.position) > ({x}, {p})))
+         ORDER BY e.xid, e.position
+         LIMIT $4"
     )
 }
+
+/// The horizon: the oldest transaction still running (with an xid), as an `int8`.
+pub(super) const HORIZON: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
 
 /// $1 topic, $2 and $3 the cursor, $4 the most to count. The events a read after the cursor
 /// could read now (below the horizon, as `read_sql`), counted on the index only.
@@ -258,31 +259,45 @@ impl TopicTable {
             (&limit, Type::INT8),
         ];
         let rows = client.run(&self.read, params).await?;
-        let mut batch = Batch {
-            events: Vec::with_capacity(rows.len()),
-            horizon: 0,
-        };
-        for row in &rows {
-            match row.try_get::<_, &str>(0)? {
-                "e" => batch.events.push(Event {
-                    cursor: cursor_at(row, 1)?,
-                    appended_at: row.try_get(3)?,
-                    body: row.try_get(4)?,
-                }),
-                "h" => batch.horizon = row.try_get(1)?,
-                _ => {
-                    let mark = cursor_at(row, 1)?;
-                    return Err(Error::new(
-                        ErrorKind::Compacted,
-                        format!(
-                            "topic {topic:?} was trimmed through {mark} (retention), past cursor \
-                             {after}: events after the cursor are gone; resume from {mark} or later"
-                        ),
-                    ));
-                }
+        if rows.is_empty() {
+            // Nothing after the cursor yet, or retention's mark past it (the read's guard):
+            // the mark tells which. Marks only move forward, so one past the cursor now was
+            // past it at the read too, or trimmed events the cursor never read since.
+            if let Some(mark) = self.trimmed(client, topic).await?
+                && mark > after
+            {
+                return Err(Error::new(
+                    ErrorKind::Compacted,
+                    format!(
+                        "topic {topic:?} was trimmed through {mark} (retention), past cursor \
+                         {after}: events after the cursor are gone; resume from {mark} or later"
+                    ),
+                ));
             }
         }
-        Ok(batch)
+        let events = (rows.iter())
+            .map(|row| {
+                Ok(Event {
+                    cursor: cursor_at(row, 0)?,
+                    appended_at: row.try_get(2)?,
+                    body: row.try_get(3)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Batch { events })
+    }
+
+    /// A cursor at the horizon, the oldest transaction still running: after every event of
+    /// transactions that have ended, before any that may still commit. Where a consumer opened
+    /// [`Start::Now`](super::Start::Now) begins.
+    pub async fn horizon(&self, client: &(impl Statements + ?Sized)) -> Result<Cursor> {
+        let rows = client.run(HORIZON, &[]).await?;
+        let row = (rows.first())
+            .ok_or_else(|| Error::new(ErrorKind::Other, "the horizon returned no row"))?;
+        Ok(Cursor {
+            xid: row.try_get(0)?,
+            position: 0,
+        })
     }
 
     /// How many events of `topic` after `after` a read could read now (of transactions that

@@ -4,7 +4,8 @@
 //! - [`TopicTable`] — the statements of the configured tables, rendered once.
 //! - `log` — [`append`](TopicTable::append) inside the caller's transaction (the event exists
 //!   if and only if that transaction commits), [`append_many`](TopicTable::append_many), [`read`](TopicTable::read) in order,
-//!   [`held_back`](TopicTable::held_back): what holds readers back; [`topics`](TopicTable::topics).
+//!   [`horizon`](TopicTable::horizon) and [`held_back`](TopicTable::held_back): where readers stop and
+//!   what holds them there; [`topics`](TopicTable::topics).
 //! - `consumer` — a consumer's cursor: [`open`](TopicTable::open_consumer) from a [`Start`],
 //!   [`ack`](TopicTable::ack) forward only (in the consumer's own transaction, next to its
 //!   effects and its lease's fence), [`reset`](TopicTable::reset_consumer), lag.

@@ -68,6 +68,14 @@ async fn retention_trims_in_bounded_batches_and_a_cursor_behind_it_is_compacted(
     open_tx.commit().await.unwrap();
     next_n(&table, &client, "t", events[9].cursor, 1).await;
     assert_eq!(table.trim(&client, "t", by_age, 100).await.unwrap(), 1);
+    // Nothing is left: a cursor behind the mark is still told, not handed an empty page.
+    let err = table
+        .read(&client, "t", events[9].cursor, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Compacted, "{err}");
+    let mark = table.trimmed(&client, "t").await.unwrap().unwrap();
+    nothing_after(&table, &client, "t", mark).await;
     let err = table.trim(&client, "t", by_age, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     let zero = Retention {
