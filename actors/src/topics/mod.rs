@@ -91,6 +91,7 @@ pub struct Consume {
     pub(crate) start: Start,
     pub(crate) window: u32,
     pub(crate) poll: Duration,
+    pub(crate) held_back_warning: Duration,
     pub(crate) handler: ConsumeHandler,
 }
 
@@ -102,6 +103,7 @@ impl std::fmt::Debug for Consume {
             .field("start", &self.start)
             .field("window", &self.window)
             .field("poll", &self.poll)
+            .field("held_back_warning", &self.held_back_warning)
             .finish_non_exhaustive()
     }
 }
@@ -109,7 +111,8 @@ impl std::fmt::Debug for Consume {
 impl Consume {
     /// Consumer `consumer` of `topic`, handing each event to `handler`. Starts, the first
     /// time this consumer is opened, from the oldest event kept; 100 events per read; polls
-    /// every second when no doorbell rings.
+    /// every second when no doorbell rings; warns of a transaction that held readers back for a
+    /// minute.
     pub fn new<F, Fut>(topic: impl Into<String>, consumer: impl Into<String>, handler: F) -> Consume
     where
         F: Fn(Delivery) -> Fut + Send + Sync + 'static,
@@ -121,6 +124,7 @@ impl Consume {
             start: Start::Oldest,
             window: 100,
             poll: Duration::from_secs(1),
+            held_back_warning: Duration::from_secs(60),
             handler: Arc::new(move |delivery| Box::pin(handler(delivery))),
         }
     }
@@ -138,6 +142,17 @@ impl Consume {
     /// How often to look for events when no doorbell rings (at least 10 ms).
     pub fn poll(self, poll: Duration) -> Consume {
         Consume { poll, ..self }
+    }
+
+    /// How long a transaction may hold readers back before the caught-up consumer warns of it
+    /// (naming its backend and age; at most one warning a minute). Until it ends, no reader
+    /// reads past the events appended since it began. The gauge
+    /// `pgcoord_topic_held_back_seconds` shows its age whatever this is. Default 60 s.
+    pub fn held_back_warning(self, after: Duration) -> Consume {
+        Consume {
+            held_back_warning: after,
+            ..self
+        }
     }
 
     /// The consumer's lease: `"{topic}/consumers/{consumer}"`.
@@ -158,6 +173,12 @@ impl Consume {
                     "a consumer's window is 1 to 10000 events, not {}",
                     self.window
                 ),
+            ));
+        }
+        if self.held_back_warning.is_zero() {
+            return Err(Error::new(
+                ErrorKind::DurationTooSmall,
+                "a consumer's held-back warning comes after a transaction's age above zero",
             ));
         }
         if self.poll < Duration::from_millis(10) {

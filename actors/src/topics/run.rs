@@ -306,12 +306,12 @@ async fn note_lag(run: &Run, cursor: Cursor, read: usize, lag: &mut Lag) {
 /// How often, at most, a caught-up consumer looks for the transaction holding readers back.
 const HELD_BACK_LOOK: Duration = Duration::from_secs(10);
 
-/// A transaction open this long is warned about, at most once per this long.
-const HELD_BACK_WARN: Duration = Duration::from_secs(60);
+/// At most one held-back warning this often.
+const HELD_BACK_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Looks for the oldest transaction on the server: its age is the held-back gauge, and one open
-/// for longer than a minute is warned about (at most once a minute): readers read nothing
-/// appended since it began until it ends (docs/DESIGN.md, "Durable topics").
+/// for longer than the consumer's `held_back_warning` is warned about (at most once a minute):
+/// readers read nothing appended since it began until it ends (docs/DESIGN.md, "Durable topics").
 async fn look_for_held_back(run: &Run, warned: &mut Option<Instant>) {
     let Ok(held) = run.table.held_back(&run.pool.idempotent(None)).await else {
         return;
@@ -319,14 +319,14 @@ async fn look_for_held_back(run: &Run, warned: &mut Option<Instant>) {
     let age = held.as_ref().map_or(Duration::ZERO, |h| h.age);
     run.metrics.held_back.set(age.as_secs_f64());
     if let Some(held) = held
-        && held.age >= HELD_BACK_WARN
-        && warned.is_none_or(|at| at.elapsed() >= HELD_BACK_WARN)
+        && held.age >= run.consume.held_back_warning
+        && warned.is_none_or(|at| at.elapsed() >= HELD_BACK_WARN_EVERY)
     {
         *warned = Some(Instant::now());
         warn!(
             pid = held.pid,
             database = held.database.as_deref().unwrap_or("?"),
-            age_s = held.age.as_secs(),
+            age = ?held.age,
             "a transaction open this long holds every topic reader back until it ends"
         );
     }

@@ -47,6 +47,42 @@ use pgcoord_testkit::{Proxy, test_pg_config, unique_name};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
+/// Log lines written while it is the thread's subscriber (the actors of an actix test run on
+/// the test's thread).
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    pub fn lines_containing(&self, needle: &str) -> usize {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+/// Warnings and errors logged on this thread until the guard drops, captured.
+pub fn capture_warnings() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let log = Captured::default();
+    let writer = log.clone();
+    let guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    (log, guard)
+}
+
 /// Names shared by the managers of one test: its own lock table and channel.
 #[derive(Clone)]
 pub struct Setup {

@@ -272,38 +272,9 @@ async fn callers_in_flight_complete_across_a_killed_listener_connection() {
     );
 }
 
-/// Log lines written while it is the thread's subscriber (the actors of an actix test run on
-/// the test's thread).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines_containing(&self, needle: &str) -> usize {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines().filter(|l| l.contains(needle)).count()
-    }
-}
-
 #[actix_rt::test]
 async fn a_garbage_flood_is_counted_and_served_traffic_goes_on() {
-    let log = Captured::default();
-    let writer = log.clone();
-    let _capture = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let (log, _capture) = super::capture_warnings();
     let (setup, admin) = setup().await;
     let listener = listener(&setup);
     let channel = unique_name("flooded");

@@ -330,3 +330,51 @@ async fn a_consumer_goes_on_long_past_the_statement_timeout() {
     assert_eq!(until_seen(&seen, 25).await, bodies(0..25));
     assert_eq!(stats(&consumer).await.tenures, 1);
 }
+
+/// A transaction left open holds the caught-up consumer back: nothing appended after it began is
+/// delivered until it ends, and the consumer warns, once, naming its backend. Then everything
+/// comes, in order. (A cluster of its own: the open transaction would hold back every other
+/// test's readers.)
+#[actix_rt::test]
+async fn a_transaction_left_open_is_warned_of_by_its_backend_and_holds_events_back_until_it_ends() {
+    let (log, _capture) = super::capture_warnings();
+    let (_server, setup, admin) = super::own_cluster::own_cluster().await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    let one = Coordinator::connect(config.clone()).await.unwrap();
+    let seen = Seen::default();
+    let consume = recording(&seen)
+        .poll(Duration::from_millis(50))
+        .held_back_warning(Duration::from_millis(500));
+    let consumer = one.consume(consume).unwrap();
+    until_active(&consumer).await;
+
+    let mut open = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let tx = open.transaction().await.unwrap();
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid() FROM pg_current_xact_id()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    append(&table, &admin, 0..3).await;
+    let warning = "holds every topic reader back";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.lines_containing(warning) == 0 {
+        assert!(Instant::now() < deadline, "no warning");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(log.lines_containing(&format!("pid={pid}")), 1, "names it");
+    assert!(seen.lock().unwrap().is_empty(), "read past an open one");
+    // Still open a while later: no second warning within the minute.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(log.lines_containing(warning), 1);
+    assert!(seen.lock().unwrap().is_empty());
+
+    tx.rollback().await.unwrap();
+    assert_eq!(until_seen(&seen, 3).await, bodies(0..3));
+    // A held-back warning after no time at all is refused, as every bad setting is.
+    let err = one
+        .consume(recording(&seen).held_back_warning(Duration::ZERO))
+        .unwrap_err();
+    assert_eq!(err.kind(), pgcoord::ErrorKind::DurationTooSmall);
+}
