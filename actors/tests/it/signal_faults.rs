@@ -1,7 +1,6 @@
 //! Signals under faults: a terminated or black-holed listener connection, garbage on a channel,
 //! a slow subscriber, a panicking handler.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
