@@ -11,6 +11,8 @@
 //!   effects and its lease's fence), [`reset`](TopicTable::reset_consumer), lag.
 //! - `retention` — [`trim`](TopicTable::trim) by age and count in bounded batches; a cursor
 //!   behind what was trimmed is [`ErrorKind::Compacted`](crate::ErrorKind::Compacted).
+//! - `pending` — [`read_pending`](TopicTable::read_pending): many topics for one consumer at once,
+//!   each from its stored cursor (a worker pool reads its keys' mail so).
 //!
 //! The order is [`Cursor`]'s: the appending transaction's id, then the number its event drew. A
 //! read returns only events of transactions older than every transaction still running, so an
@@ -28,10 +30,12 @@ use crate::error::Result;
 
 mod consumer;
 mod log;
+mod pending;
 mod retention;
 
 pub use consumer::ConsumerInfo;
 pub use log::{Batch, HeldBack, MAX_BODY_BYTES, MAX_EVENTS_PER_STATEMENT, TopicInfo};
+pub use pending::Pending;
 
 /// A place in a topic's order: the appending transaction's id and the event's position. A
 /// cursor stands *after* the event it names; [`Cursor::START`] is before every event.
@@ -133,6 +137,7 @@ pub struct TopicTable {
     ack: String,
     reset: String,
     consumers: String,
+    pending: String,
     trim: String,
     trimmed: String,
     channel: String,
@@ -155,6 +160,7 @@ impl TopicTable {
             ack: consumer::ack_sql(&c),
             reset: consumer::reset_sql(&c),
             consumers: consumer::consumers_sql(&t, &c),
+            pending: pending::pending_sql(&t, &c, &m),
             trim: retention::trim_sql(&t, &m),
             trimmed: retention::trimmed_sql(&m),
             channel: config.topic_table.name().as_str().to_owned(),

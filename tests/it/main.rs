@@ -18,6 +18,7 @@ mod standby;
 mod tls;
 mod tokens;
 mod topic;
+mod topic_pending;
 mod topic_retention;
 
 use std::time::Duration;
