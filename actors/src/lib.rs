@@ -34,7 +34,8 @@
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
 //! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
 //!   by leases, each worker given its key's lease to fence with; [`KeyRouter`]: a message to a
-//!   key's worker wherever it runs (at most once).
+//!   key's worker wherever it runs (at most once); [`Mail`]: a key's durable mail, appended in
+//!   the sender's transaction, handed to its worker at least once and in order.
 //! - [`topics`] — [`TopicConsumer`]: a durable topic's named consumer, one active instance
 //!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
@@ -124,6 +125,6 @@ pub use topics::{
     StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{
-    AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, MembersChanged, Routed, SetKeys,
-    StopWorker, SubscribeMembers, WorkerKey, WorkerPool,
+    AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,
+    SetKeys, StopWorker, SubscribeMembers, WorkerKey, WorkerPool, mail_topic,
 };

@@ -44,7 +44,6 @@ mod run;
 pub use append::{Append, TopicAppender};
 pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
-#[cfg(feature = "memory")]
 pub(crate) use delivery::Tenure;
 // The in-memory backend's consumer hands over and backs off as this one does.
 #[cfg(feature = "memory")]

@@ -66,32 +66,9 @@ where
 
     fn handle(&mut self, Deliver(routed, within): Deliver, _: &mut Context<Self>) -> Self::Result {
         let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
-        let Some(running) = self.running.get(&routed.key) else {
+        let Some(worker) = self.awake_worker(&routed.key) else {
             return not_here();
         };
-        // Held, not lost: the key's only worker is here, or one is started for it.
-        if running.lease.loss().is_some() {
-            return not_here();
-        }
-        if running.passive {
-            // The idle worker has not stopped yet: nothing delivered; the router looks again.
-            if running.worker.connected() {
-                return not_here();
-            }
-            let worker = self.start_worker(&routed.key, &running.lease.clone());
-            if let Some(running) = self.running.get_mut(&routed.key) {
-                running.worker = worker;
-                running.passive = false;
-            }
-        }
-        let Some(running) = self.running.get_mut(&routed.key) else {
-            return not_here();
-        };
-        if !running.worker.connected() {
-            return not_here();
-        }
-        running.used = std::time::Instant::now();
-        let worker = running.worker.clone();
         let handled = worker.send(routed);
         Box::pin(async move {
             // Bounded by the sender's own wait: past it nobody listens for the answer.

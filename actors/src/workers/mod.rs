@@ -35,6 +35,7 @@ use crate::signals::StopServing;
 
 mod deliver;
 mod drain;
+mod mail;
 mod members;
 mod messages;
 mod rebalance;
@@ -42,6 +43,7 @@ pub mod route;
 
 use deliver::Routing;
 use drain::Draining;
+pub use mail::{Mail, mail_topic};
 pub use members::{MembersChanged, SubscribeMembers};
 pub use messages::{AssignedKey, Assignment, Drain, GetAssignment, SetKeys, StopWorker, WorkerKey};
 pub use route::{KeyRouter, Routed};
@@ -89,6 +91,8 @@ where
     /// Key sets to follow, each replacing the last (see [`WorkerPool::follow`]).
     key_stream: Option<std::pin::Pin<Box<dyn futures_util::Stream<Item = Vec<String>>>>>,
     routing: Option<Routing<W>>,
+    /// Set by [`WorkerPool::durable`]: each key's durable mail goes to its worker.
+    mailing: Option<mail::Mailing<W>>,
 }
 
 impl<W> WorkerPool<W>
@@ -126,6 +130,7 @@ where
             drain: None,
             key_stream: None,
             routing: None,
+            mailing: None,
         }
     }
 
@@ -189,6 +194,31 @@ where
             lease: lease.clone(),
         })
         .start()
+    }
+
+    /// The worker of `key` to hand a message to, when this process holds the key (not lost):
+    /// started again if it was passivated and has stopped. None while a passivated worker is
+    /// still stopping (nothing is delivered; the caller tries again), or when not held here.
+    fn awake_worker(&mut self, key: &str) -> Option<Addr<W>> {
+        let running = self.running.get(key)?;
+        if running.lease.loss().is_some() {
+            return None;
+        }
+        if running.passive {
+            if running.worker.connected() {
+                return None;
+            }
+            let worker = self.start_worker(key, &running.lease.clone());
+            let running = self.running.get_mut(key)?;
+            running.worker = worker;
+            running.passive = false;
+        }
+        let running = self.running.get_mut(key)?;
+        if !running.worker.connected() {
+            return None;
+        }
+        running.used = std::time::Instant::now();
+        Some(running.worker.clone())
     }
 
     /// Stops `key`'s worker, waits until it has stopped and dropped its copy of the lease (its
@@ -272,6 +302,7 @@ where
                 }
             }));
         }
+        self.start_mail(ctx);
         self.rebalance(ctx);
         ctx.run_interval(self.tick, |act, ctx| act.rebalance(ctx));
     }

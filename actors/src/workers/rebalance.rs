@@ -58,6 +58,9 @@ where
                 running.worker = worker;
             }
         }
+        // Mail a doorbell did not announce (a lost one, or sent while no one held the key).
+        let held: Vec<String> = self.running.keys().cloned().collect();
+        self.read_mail(ctx, held);
         let member_lease = format!("{}/members/{}", self.name, self.owner);
         let needs_membership =
             self.drain.is_none() && (self.membership.as_ref()).is_none_or(|m| m.loss().is_some());
@@ -145,6 +148,7 @@ where
             ctx.spawn(claim.into_actor(act).map(|result, act, ctx| match result {
                 Ok(Ok(leases)) => {
                     let prefix = format!("{}/keys/", act.name);
+                    let mut claimed = Vec::new();
                     for lease in leases {
                         let key = lease.name()[prefix.len()..].to_owned();
                         if !act.keys.contains(&key) {
@@ -158,8 +162,11 @@ where
                         act.running.insert(key.clone(), Running { lease, worker, passive, used });
                         act.metrics.claimed.increment(1);
                         act.metrics.keys.set(act.running.len() as f64);
+                        claimed.push(key.clone());
                         ctx.spawn(lost.into_actor(act).map(move |_, act, _| act.lost(&key, token)));
                     }
+                    // What waited for these keys while no one held them.
+                    act.read_mail(ctx, claimed);
                 }
                 Ok(Err(e)) => warn!(pool.name = %act.name, error = %e, "cannot claim keys"),
                 Err(e) => warn!(pool.name = %act.name, error = %e, "lock manager gone"),

@@ -14,6 +14,7 @@ mod health;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
+mod mail;
 mod memory_backend;
 mod own_cluster;
 mod pgbouncer;
