@@ -6,6 +6,10 @@
 //! sent: each increment answered as handled is counted once, none answered "not delivered" is,
 //! and "may or may not have been handled" went either way — at most once, never twice.
 //!
+//! Beside them, increments sent as durable mail (an event of the key's mail topic, appended in
+//! this process's transaction) go to the same workers, which apply each in a transaction that
+//! also acks it: every one of those is counted exactly once, killed member or not.
+//!
 //! Run with `cargo run --example sharded_counter`. It uses `DATABASE_URL` when set, and
 //! otherwise starts a throwaway PostgreSQL from the locally installed server binaries (removed
 //! on exit). The members are this program again, started with `member DSN OWNER`.
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::{
-    Drain, KeyRouter, ListenerActor, LockManager, Routed, StopWorker, WorkerKey, WorkerPool,
+    Coordinator, Drain, KeyRouter, Mail, Routed, StopWorker, WorkerKey, WorkerPool, mail_topic,
 };
 
 const KEYS: usize = 1_000;
@@ -75,6 +79,31 @@ impl Handler<Routed> for Counter {
     }
 }
 
+/// A durable increment: added to `mailed` and acked in one transaction fenced by the key's
+/// lease, so it counts exactly once however often it is handed over.
+impl Handler<Mail> for Counter {
+    type Result = ResponseActFuture<Self, Result<(), String>>;
+    fn handle(&mut self, mail: Mail, _: &mut Context<Self>) -> Self::Result {
+        let (key, client) = (self.key.clone(), self.client.clone());
+        Box::pin(
+            async move {
+                let mut client = client.lock().await;
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                tx.execute(
+                    "INSERT INTO counters (key, n, mailed) VALUES ($1, 0, 1)
+                     ON CONFLICT (key) DO UPDATE SET mailed = counters.mailed + 1",
+                    &[&key.key],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                mail.ack(&tx).await.map_err(|e| e.to_string())?; // fenced: still this key's holder?
+                tx.commit().await.map_err(|e| e.to_string())
+            }
+            .into_actor(self),
+        )
+    }
+}
+
 /// A member process: serves the pool until its standard input says `drain`, then hands its
 /// keys over and exits.
 async fn member(dsn: &str, owner: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -82,16 +111,22 @@ async fn member(dsn: &str, owner: &str) -> Result<(), Box<dyn std::error::Error>
     let client = Arc::new(tokio::sync::Mutex::new(
         pgcoord::db::connect_spawned(&config).await?,
     ));
-    let locks = LockManager::new(config.clone()).start();
-    let listener = ListenerActor::new(config.clone(), None).start_supervised();
+    let coordinator = Coordinator::connect(config.clone()).await?;
     let keys: Vec<String> = (0..KEYS).map(|i| format!("counter-{i}")).collect();
     let factory = move |key: WorkerKey| Counter {
         key,
         client: client.clone(),
     };
-    let pool = WorkerPool::new(&config, locks, "counters", keys, factory)
-        .routed(listener)
-        .start();
+    let pool = WorkerPool::new(
+        &config,
+        coordinator.locks.clone(),
+        "counters",
+        keys,
+        factory,
+    )
+    .routed(coordinator.signals.clone())
+    .durable(&coordinator)
+    .start();
     println!("READY");
     let line = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -148,7 +183,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     admin
         .batch_execute(
             "DROP TABLE IF EXISTS counters;
-             CREATE TABLE counters (key text PRIMARY KEY, n int8 NOT NULL)",
+             CREATE TABLE counters (key text PRIMARY KEY, n int8 NOT NULL,
+                                    mailed int8 NOT NULL DEFAULT 0)",
         )
         .await?;
     let mut members: HashMap<&str, Child> = HashMap::new();
@@ -159,12 +195,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The sender: this process, a member of nothing.
     let sender = config(&dsn, "sender")?;
+    let coordinator = Coordinator::connect(sender.clone()).await?;
     let router = KeyRouter::new(
         "counters",
-        LockManager::new(sender.clone()).start(),
-        ListenerActor::new(sender, None).start_supervised(),
+        coordinator.locks.clone(),
+        coordinator.signals.clone(),
     );
     let started = Instant::now();
+    // Durable increments: each its own transaction of this process's (an outbox).
+    let mailer = {
+        let (client, topics) = (
+            pgcoord::db::connect_spawned(&sender).await?,
+            pgcoord::TopicTable::new(&sender),
+        );
+        actix::spawn(async move {
+            let mut mailed: HashMap<String, u64> = HashMap::new();
+            let mut i = 0;
+            while started.elapsed() < Duration::from_secs(10) {
+                let key = format!("counter-{}", (i * 104_729) % KEYS);
+                i += 1;
+                topics
+                    .append(&client, &mail_topic("counters", &key), b"+1")
+                    .await?;
+                *mailed.entry(key).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<_, pgcoord::Error>(mailed)
+        })
+    };
     let senders: Vec<_> = (0..16)
         .map(|s| {
             let router = router.clone();
@@ -240,6 +298,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "counted {}: every counter within what was sent (handled ≤ count ≤ handled + maybe)",
         counted.values().sum::<i64>()
     );
+    // Durable increments: all counted, each once, once the mail left is read (by member-c).
+    let mailed = mailer.await??;
+    let total: u64 = mailed.values().sum();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = admin
+            .query_one("SELECT sum(mailed)::int8 FROM counters", &[])
+            .await?;
+        let counted: Option<i64> = row.get(0);
+        if counted.unwrap_or(0) as u64 >= total {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{counted:?} of {total} mailed increments counted").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rows = admin.query("SELECT key, mailed FROM counters", &[]).await?;
+    for row in &rows {
+        let (key, n): (String, i64) = (row.get(0), row.get(1));
+        let sent = mailed.get(&key).copied().unwrap_or(0);
+        assert_eq!(
+            n as u64, sent,
+            "{key}: mailed increments counted exactly once"
+        );
+    }
+    println!("mailed {total} increments durably: every one counted exactly once");
     for (_, mut child) in members {
         let _ = child.kill();
         let _ = child.wait();
