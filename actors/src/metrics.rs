@@ -87,6 +87,11 @@ pub const WORKER_MOVES: &str = "pgcoord_worker_key_moves_total";
 pub const ROUTED: &str = "pgcoord_routed_messages_total";
 /// Histogram, seconds: a routed ask from the call to its answer, by `pool`.
 pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
+/// Counter: a durable pool's mail handed to its workers, by `pool` and `result` (`handled`,
+/// `failed`: the worker's `Err` or a stopped worker; it comes again).
+pub const WORKER_MAIL: &str = "pgcoord_worker_mail_total";
+/// Histogram, seconds: from a mail's append to its handover to the key's worker, by `pool`.
+pub const WORKER_MAIL_LAG: &str = "pgcoord_worker_mail_lag_seconds";
 
 /// Counter: runs of a schedule's ticks in this process, by `schedule` and `outcome` (`done`,
 /// `failed`: to be retried or abandoned, `abandoned`, `taken_over`: another process took the
@@ -101,7 +106,7 @@ pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
 pub const RATE_PERMITS: &str = "pgcoord_rate_permits_total";
 
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 30] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -127,6 +132,8 @@ pub const ALL: [&str; 28] = [
     WORKER_MOVES,
     ROUTED,
     ROUTED_SECONDS,
+    WORKER_MAIL,
+    WORKER_MAIL_LAG,
     SCHEDULE_RUNS,
     RATE_TAKES,
     RATE_PERMITS,
@@ -242,6 +249,16 @@ pub(crate) fn describe() {
         ROUTED_SECONDS,
         Unit::Seconds,
         "a routed ask from the call to its answer"
+    );
+    describe_counter!(
+        WORKER_MAIL,
+        Unit::Count,
+        "a durable pool's mail handed to its workers, by result"
+    );
+    describe_histogram!(
+        WORKER_MAIL_LAG,
+        Unit::Seconds,
+        "from a mail's append to its handover to the key's worker"
     );
     describe_counter!(
         SCHEDULE_RUNS,
@@ -504,6 +521,15 @@ pub(crate) struct WorkerMetrics {
     pub(crate) keys: Share,
     pub(crate) claimed: Counter,
     pub(crate) released: Counter,
+    pub(crate) mail: MailMetrics,
+}
+
+/// A durable worker pool's mail handles, shared by its deliveries.
+#[derive(Clone)]
+pub(crate) struct MailMetrics {
+    pub(crate) handled: Counter,
+    pub(crate) failed: Counter,
+    pub(crate) lag: Histogram,
 }
 
 impl WorkerMetrics {
@@ -514,6 +540,11 @@ impl WorkerMetrics {
             keys: Share::new(gauge!(WORKER_KEYS, "pool" => pool.to_owned())),
             claimed: moves("claimed"),
             released: moves("released"),
+            mail: MailMetrics {
+                handled: counter!(WORKER_MAIL, "pool" => pool.to_owned(), "result" => "handled"),
+                failed: counter!(WORKER_MAIL, "pool" => pool.to_owned(), "result" => "failed"),
+                lag: histogram!(WORKER_MAIL_LAG, "pool" => pool.to_owned()),
+            },
         }
     }
 }

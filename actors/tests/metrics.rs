@@ -316,16 +316,18 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     let timed_out = "result=timed_out";
     assert_eq!(seen.counter("pgcoord_pool_gets_total", timed_out), 0);
 
-    // A routed worker pool: its key claimed, a message routed and answered, one to a key
-    // nobody holds not delivered.
+    // A routed, durable worker pool: its key claimed, a message routed and answered, one to a
+    // key nobody holds not delivered; a mail refused once, then handled.
+    let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pool = WorkerPool::new(
         &config("me"),
         me.locks.clone(),
         "metered",
         vec!["k".into()],
-        |_: WorkerKey| Echo,
+        move |_: WorkerKey| Echo(refused.clone()),
     )
     .routed(me.signals.clone())
+    .durable(&me)
     .start();
     let router = KeyRouter::new("metered", other.locks.clone(), other.signals.clone());
     let answer = router
@@ -344,6 +346,23 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(now.counter(routed, "outcome=handled,pool=metered"), 1);
     assert_eq!(now.counter(routed, "outcome=not_delivered,pool=metered"), 1);
     assert_eq!(now.samples("pgcoord_routed_seconds", "pool=metered"), 2);
+    let mail = Append::new(mail_topic("metered", "k"), b"m".to_vec());
+    me.topics.call(mail).await.unwrap();
+    let mail = |result: &str| {
+        seen.counter(
+            "pgcoord_worker_mail_total",
+            &format!("pool=metered,result={result}"),
+        )
+    };
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the mail handled", async || {
+        mail("handled") == 1
+    })
+    .await;
+    assert_eq!(mail("failed"), 1);
+    assert_eq!(
+        seen.samples("pgcoord_worker_mail_lag_seconds", "pool=metered"),
+        2
+    );
     pool.send(Shutdown).await.unwrap();
     // The pool lets its keys go as it stops, just after it answered.
     pgcoord_testkit::eventually(Duration::from_secs(5), "the key let go", async || {
@@ -418,8 +437,8 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(unit("pgcoord_acquire_wait_seconds"), Some(Unit::Seconds));
 }
 
-/// A routed pool's worker that answers what it is sent.
-struct Echo;
+/// A routed pool's worker that answers what it is sent; refuses the first mail.
+struct Echo(Arc<std::sync::atomic::AtomicBool>);
 
 impl actix::Actor for Echo {
     type Context = actix::Context<Self>;
@@ -429,6 +448,16 @@ impl actix::Handler<StopWorker> for Echo {
     type Result = ();
     fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
         actix::ActorContext::stop(ctx);
+    }
+}
+
+impl actix::Handler<Mail> for Echo {
+    type Result = Result<(), String>;
+    fn handle(&mut self, _: Mail, _: &mut actix::Context<Self>) -> Self::Result {
+        match self.0.swap(true, Ordering::SeqCst) {
+            false => Err("refused once".to_owned()),
+            true => Ok(()),
+        }
     }
 }
 

@@ -255,6 +255,7 @@ where
             mailing.db.clone(),
             mailing.send.clone(),
         );
+        let metrics = self.metrics.mail.clone();
         let open = !mailing.opened.contains(key);
         let tenure = Arc::new(Tenure {
             topic: topic.clone(),
@@ -292,6 +293,10 @@ where
                         break;
                     }
                     let cursor = event.cursor;
+                    if let Ok(lag) = std::time::SystemTime::now().duration_since(event.appended_at)
+                    {
+                        metrics.lag.record(lag.as_secs_f64());
+                    }
                     let mail = Mail {
                         key: key.clone(),
                         delivery: Delivery {
@@ -300,8 +305,12 @@ where
                         },
                     };
                     match send(&worker, mail).await {
-                        Ok(()) => handled = Some(cursor),
+                        Ok(()) => {
+                            metrics.handled.increment(1);
+                            handled = Some(cursor);
+                        }
                         Err(why) => {
+                            metrics.failed.increment(1);
                             debug!(worker.key = %key, %cursor, error = %why, "mail not handled; it comes again");
                             ended = Delivered::Failed;
                             break;
