@@ -50,6 +50,7 @@ mod with_lock;
 pub(crate) use acquire::already_held;
 #[cfg(feature = "memory")]
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
+pub(crate) use listing::LockTableName;
 
 pub use acquire::AcquireResponse;
 pub use lease::Lease;

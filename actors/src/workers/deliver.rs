@@ -30,7 +30,7 @@ where
     /// answering on this member's channel through `listener`. Every process's pool of the name
     /// should be routed, or messages to the keys of one that is not time out.
     pub fn routed(mut self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
-        let channel = route::channel(&self.name, &self.owner);
+        let channel = route::channel(&self.lock_table, &self.name, &self.owner);
         let served = channel.clone();
         let serve = move |pool: Addr<WorkerPool<W>>| {
             Serve::new(served, move |request: Vec<u8>| {

@@ -68,6 +68,8 @@ where
     name: String,
     keys: Vec<String>,
     locks: Addr<LockManager>,
+    /// The lock table's name (routed requests' channels are scoped to it).
+    lock_table: String,
     owner: String,
     tick: Duration,
     factory: Box<dyn Fn(WorkerKey) -> W>,
@@ -114,6 +116,7 @@ where
             name,
             keys,
             locks,
+            lock_table: config.lock_table().quoted(),
             owner: config.owner().to_owned(),
             tick: (config.lease() / 4).max(Duration::from_millis(10)),
             factory: Box::new(factory),

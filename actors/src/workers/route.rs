@@ -14,6 +14,7 @@
 //! database can NOTIFY a member's channel: a worker takes routed messages as a signal's
 //! subscriber takes signals, from the database's users, not from an authenticated peer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -23,7 +24,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 
 use crate::Call;
-use crate::leases::{Get, LockManager};
+use crate::leases::{Get, LockManager, LockTableName};
 use crate::signals::{Ask, ListenerActor};
 
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
@@ -56,10 +57,12 @@ impl Routed {
     }
 }
 
-/// The channel the member `owner` of pool `pool` answers routed requests on: a hash, so any
-/// pool name and owner fit NOTIFY's 63 bytes.
-pub(super) fn channel(pool: &str, owner: &str) -> String {
-    let hash = pgcoord::advisory::key_for_name(&format!("{pool}\0{owner}"));
+/// The channel the member `owner` of pool `pool` on lock table `table` answers routed requests
+/// on: a hash, so any names fit NOTIFY's 63 bytes. The table is in it so that two deployments
+/// sharing a database (each its own lock table) never answer each other's requests, whatever
+/// their pools and owners are called.
+pub(super) fn channel(table: &str, pool: &str, owner: &str) -> String {
+    let hash = pgcoord::advisory::key_for_name(&format!("{table}\0{pool}\0{owner}"));
     format!("pgcoord.route.{:016x}", hash as u64)
 }
 
@@ -135,13 +138,15 @@ impl Reply {
 
 /// Sends messages to the workers of a routed [`WorkerPool`](super::WorkerPool)'s keys,
 /// wherever they run. Any process of the fleet can make one, a member of the pool or not; it
-/// needs the lock manager (to read who holds a key) and the listener (to ask). Clones share
-/// nothing but the two addresses.
+/// needs the lock manager (to read who holds a key, on its lock table) and the listener (to
+/// ask). Clones share the two addresses and the lock table's name.
 #[derive(Clone)]
 pub struct KeyRouter {
     pool: String,
     locks: Addr<LockManager>,
     listener: Addr<ListenerActor>,
+    /// The lock table's name, asked of `locks` once.
+    table: Arc<tokio::sync::OnceCell<String>>,
 }
 
 impl std::fmt::Debug for KeyRouter {
@@ -177,6 +182,7 @@ impl KeyRouter {
             pool: pool.into(),
             locks,
             listener,
+            table: Arc::default(),
         }
     }
 
@@ -273,7 +279,13 @@ impl KeyRouter {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     // The member waits for its worker no longer than this sender waits.
                     let request = encode_request(key, left, &payload);
-                    let ask = Ask::new(channel(&self.pool, &owner), request).timeout(left);
+                    let table = (self.table)
+                        .get_or_try_init(|| self.locks.send(LockTableName))
+                        .await
+                        .map_err(|_| {
+                            Error::new(ErrorKind::Unavailable, "the lock manager stopped")
+                        })?;
+                    let ask = Ask::new(channel(table, &self.pool, &owner), request).timeout(left);
                     // From here a worker may handle it: never sent again.
                     *sent = true;
                     let answer = self.listener.call(ask).await?;
@@ -348,10 +360,11 @@ mod tests {
     #[test]
     fn channels_fit_notify_and_differ_by_pool_and_owner() {
         let long = "x".repeat(500);
-        let a = channel(&long, "host-1");
+        let a = channel("t", &long, "host-1");
         assert!(a.len() <= 63);
-        assert_ne!(a, channel(&long, "host-2"));
-        assert_ne!(channel("a", "bc"), channel("ab", "c"));
-        assert_eq!(channel("p", "o"), channel("p", "o"));
+        assert_ne!(a, channel("t", &long, "host-2"));
+        assert_ne!(channel("t", "a", "bc"), channel("t", "ab", "c"));
+        assert_ne!(channel("t", "p", "o"), channel("u", "p", "o"));
+        assert_eq!(channel("t", "p", "o"), channel("t", "p", "o"));
     }
 }

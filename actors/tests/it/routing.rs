@@ -414,3 +414,37 @@ async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
     let awake = pool.send(GetAssignment).await.unwrap();
     assert_eq!((awake.passive, awake.keys[0].token), (0, token));
 }
+
+/// Two deployments share a database, each with its own lock table, and name their pools and
+/// members alike: a router reaches only its own deployment's workers (a route channel is
+/// scoped to the lock table, not only to the pool's and owner's names).
+#[actix_rt::test]
+async fn deployments_on_one_database_never_answer_each_others_routed_messages() {
+    let (one, _) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let (two, _) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    let (got_one, got_two) = (Received::default(), Received::default());
+    let a_one = start(&one, "a", &keys, &got_one, true);
+    let a_two = start(&two, "a", &keys, &got_two, true);
+    for process in [&a_one, &a_two] {
+        pgcoord_testkit::eventually(Duration::from_secs(6), "every key held", async || {
+            held(process).await.len() == 4
+        })
+        .await;
+    }
+    let router = router(&one, "sender");
+    for n in 0..20u64 {
+        let key = &keys[n as usize % 4];
+        let answer = router.ask_value::<_, (String, i64, u64)>(key, &n, Duration::from_secs(5));
+        assert_eq!(answer.await.unwrap().2, n);
+    }
+    let handled: usize = got_one.lock().unwrap().values().map(Vec::len).sum();
+    assert_eq!(
+        handled, 20,
+        "every message handled by its own deployment's worker"
+    );
+    assert!(
+        got_two.lock().unwrap().is_empty(),
+        "the other deployment's workers got none"
+    );
+}
