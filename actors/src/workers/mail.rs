@@ -104,6 +104,9 @@ pub(super) struct Mailing<W: Actor> {
     /// Keys read or delivered now: a read skips them, so a worker never gets a message twice at
     /// once, and a key's messages go one at a time, in order.
     busy: HashSet<String>,
+    /// Busy keys asked for again meanwhile (a doorbell rang during their read, whose snapshot
+    /// may have missed its mail): read again once idle, not a tick later.
+    rang: HashSet<String>,
     /// Keys whose cursor row this process made sure of (an ack needs it).
     opened: HashSet<String>,
     /// Keys warned of as behind retention (once each).
@@ -133,6 +136,7 @@ where
             listener: coordinator.signals.clone(),
             send,
             busy: HashSet::new(),
+            rang: HashSet::new(),
             opened: HashSet::new(),
             compacted: HashSet::new(),
         });
@@ -172,10 +176,10 @@ where
             return;
         };
         let running = &self.running;
-        let keys: Vec<String> = (keys.into_iter())
+        let (keys, busy): (Vec<String>, Vec<String>) = (keys.into_iter())
             .filter(|k| running.get(k).is_some_and(|r| r.lease.loss().is_none()))
-            .filter(|k| !mailing.busy.contains(k))
-            .collect();
+            .partition(|k| !mailing.busy.contains(k));
+        mailing.rang.extend(busy);
         mailing.busy.extend(keys.iter().cloned());
         let (table, db) = (mailing.table.clone(), mailing.db.clone());
         for keys in keys.chunks(KEYS_PER_READ) {
@@ -226,10 +230,26 @@ where
                 }
             }
         }
-        if let Some(mailing) = self.mailing.as_mut() {
-            for key in keys.iter().filter(|k| !delivering.contains(*k)) {
-                mailing.busy.remove(key);
+        let idle: Vec<String> = (keys.into_iter())
+            .filter(|k| !delivering.contains(k))
+            .collect();
+        self.idle_mail(ctx, idle);
+    }
+
+    /// `keys` are read and delivered for now; those asked for meanwhile are read again.
+    fn idle_mail(&mut self, ctx: &mut Context<Self>, keys: Vec<String>) {
+        let Some(mailing) = self.mailing.as_mut() else {
+            return;
+        };
+        let mut again = Vec::new();
+        for key in keys {
+            mailing.busy.remove(&key);
+            if mailing.rang.remove(&key) {
+                again.push(key);
             }
+        }
+        if !again.is_empty() {
+            self.read_mail(ctx, again);
         }
     }
 
@@ -335,6 +355,8 @@ where
                         return;
                     };
                     mailing.busy.remove(&key);
+                    // Read again now or after the pause below: a doorbell meanwhile is covered.
+                    mailing.rang.remove(&key);
                     if opened {
                         mailing.opened.insert(key.clone());
                     }
