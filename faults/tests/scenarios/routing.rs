@@ -37,8 +37,6 @@ fn member(workload: &super::Workload, applied: &str, owner: &str, extra: &[&str]
         applied,
         "--owner",
         owner,
-        "--keys",
-        "20",
     ]
     .iter()
     .chain(extra)
@@ -60,7 +58,7 @@ async fn routed_messages_survive_a_killed_and_a_drained_member_at_most_once() {
         .unwrap();
     let mut members = HashMap::new();
     for owner in ["a", "b", "c"] {
-        let mut process = member(&workload, &applied, owner, &[]);
+        let mut process = member(&workload, &applied, owner, &["--keys", "20"]);
         process.expect("READY", Duration::from_secs(30)).await;
         members.insert(owner, process);
     }
@@ -212,47 +210,43 @@ async fn durable_mail_survives_a_killed_and_a_drained_member_exactly_once() {
     // Owners of their own: a routed pool's channel is its name's and owner's, so members named
     // as the routed scenario's would also answer that scenario's senders on this server.
     for owner in ["mail-a", "mail-b", "mail-c"] {
-        let extra = ["--mail", "--topic-table", &topic_table];
+        let extra = ["--keys", "200", "--mail", "--topic-table", &topic_table];
         let mut process = member(&workload, &applied, owner, &extra);
         process.expect("READY", Duration::from_secs(30)).await;
         members.insert(owner, process);
     }
-    // Each key's messages numbered in order, each in a transaction of its own, for 10 s.
+    // 10,000 messages: each of 200 keys' numbered in order, each in a transaction of its own.
     let table = pgcoord::topic::TopicTable::new(&topics);
     let sender = pgcoord::db::connect_spawned(&topics).await.unwrap();
-    let keys: Vec<String> = (0..20).map(|k| format!("k{k}")).collect();
-    let started = Instant::now();
-    let mut sent = 0u64;
-    let mut killed = false;
-    while started.elapsed() < Duration::from_secs(10) {
+    let keys: Vec<String> = (0..200).map(|k| format!("k{k}")).collect();
+    let sent = 50u64;
+    for n in 0..sent {
         for key in &keys {
             let topic = pgcoord_actors::mail_topic("routed", key);
-            table.append_value(&sender, &topic, &sent).await.unwrap();
+            table.append_value(&sender, &topic, &n).await.unwrap();
         }
-        sent += 1;
-        if !killed && started.elapsed() > Duration::from_secs(3) {
+        if n == 15 {
             members.get_mut("mail-a").unwrap().kill();
-            killed = true;
         }
-        if started.elapsed() > Duration::from_secs(6) && members.contains_key("mail-b") {
+        if n == 30 {
             let mut b = members.remove("mail-b").unwrap();
             b.terminate();
-            actix::spawn(async move { b.expect("DRAINED", Duration::from_secs(20)).await });
+            actix::spawn(async move { b.expect("DRAINED", Duration::from_secs(30)).await });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Every message applied once: mail-c holds every key by now and reads what is left.
     let count = format!("SELECT count(*) FROM {applied}");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let applied: i64 = workload.admin.query_one(&count, &[]).await.unwrap().get(0);
-        if applied as u64 >= sent * 20 {
+        if applied as u64 >= sent * 200 {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "{applied} of {} applied",
-            sent * 20
+            sent * 200
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
