@@ -45,6 +45,33 @@ fn member(workload: &super::Workload, applied: &str, owner: &str, extra: &[&str]
     HolderProcess::spawn(env!("CARGO_BIN_EXE_member"), &args)
 }
 
+/// What the members applied, in the order they did: every row, and `(n, owner, token)` by key.
+async fn applied_by_key(
+    workload: &super::Workload,
+    applied: &str,
+) -> (
+    Vec<tokio_postgres::Row>,
+    HashMap<String, Vec<(u64, String, i64)>>,
+) {
+    let rows = (workload.admin)
+        .query(
+            &format!("SELECT key, n, owner, token FROM {applied} ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut by_key: HashMap<String, Vec<(u64, String, i64)>> = HashMap::new();
+    for row in &rows {
+        let (key, n, owner, token): (String, i64, String, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        by_key
+            .entry(key)
+            .or_default()
+            .push((n as u64, owner, token));
+    }
+    (rows, by_key)
+}
+
 #[actix_rt::test]
 async fn routed_messages_survive_a_killed_and_a_drained_member_at_most_once() {
     let workload = super::Workload::shared_server().await;
@@ -122,23 +149,7 @@ async fn routed_messages_survive_a_killed_and_a_drained_member_at_most_once() {
         sent.insert(key, outcomes);
     }
 
-    // What was applied, in the order it was.
-    let rows = (workload.admin)
-        .query(
-            &format!("SELECT key, n, owner, token FROM {applied} ORDER BY id"),
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut by_key: HashMap<String, Vec<(u64, String, i64)>> = HashMap::new();
-    for row in &rows {
-        let (key, n, owner, token): (String, i64, String, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
-        by_key
-            .entry(key)
-            .or_default()
-            .push((n as u64, owner, token));
-    }
+    let (rows, by_key) = applied_by_key(&workload, &applied).await;
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for (key, outcomes) in &sent {
         let rows = by_key.get(key).cloned().unwrap_or_default();
@@ -251,22 +262,7 @@ async fn durable_mail_survives_a_killed_and_a_drained_member_exactly_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rows = (workload.admin)
-        .query(
-            &format!("SELECT key, n, owner, token FROM {applied} ORDER BY id"),
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut by_key: HashMap<String, Vec<(u64, String, i64)>> = HashMap::new();
-    for row in &rows {
-        let (key, n, owner, token): (String, i64, String, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
-        by_key
-            .entry(key)
-            .or_default()
-            .push((n as u64, owner, token));
-    }
+    let (rows, by_key) = applied_by_key(&workload, &applied).await;
     let mut owners: HashMap<String, usize> = HashMap::new();
     for key in &keys {
         let rows = &by_key[key];
