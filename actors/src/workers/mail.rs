@@ -19,72 +19,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
+use pgcoord::Result;
 use pgcoord::topic::{Cursor, Event, Pending, Start, TopicTable};
-use pgcoord::{Result, Statements};
 use tracing::{debug, warn};
 
-use super::{StopWorker, WorkerPool};
+use super::{Mail, StopWorker, WorkerPool, mail_topic};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 use crate::topics::{Acker, Delivery, Tenure};
-
-/// The durable topic of the mail to `key`'s worker in pool `pool`: `"{pool}/mail/{key}"`.
-/// Append to it to send the worker a message that outlives crashes (see [`WorkerPool::durable`]).
-pub fn mail_topic(pool: &str, key: &str) -> String {
-    format!("{pool}/mail/{key}")
-}
-
-/// A message from a key's durable mail, handed to the key's worker (in a pool made
-/// [`durable`](WorkerPool::durable)). Answer `Ok` once it is handled (the pool acks it then) or
-/// `Err` to have it handed over again; or ack it in the transaction of its effects with
-/// [`ack`](Self::ack).
-pub struct Mail {
-    key: String,
-    delivery: Delivery,
-}
-
-impl Message for Mail {
-    type Result = std::result::Result<(), String>;
-}
-
-impl std::fmt::Debug for Mail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mail")
-            .field("key", &self.key)
-            .field("delivery", &self.delivery)
-            .finish()
-    }
-}
-
-impl Mail {
-    /// The key it was sent to.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The event: its cursor in the key's mail, when it was appended, its bytes.
-    pub fn event(&self) -> &Event {
-        self.delivery.event()
-    }
-
-    /// The body decoded from MessagePack (as [`TopicTable::append_value`] encodes it).
-    pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        self.delivery.value()
-    }
-
-    /// The fencing token of the key's lease.
-    pub fn token(&self) -> i64 {
-        self.delivery.token()
-    }
-
-    /// Acks the message inside `tx`, the transaction of its effects, fenced by the key's lease:
-    /// effects and ack commit together or not at all, so each message's effects are applied
-    /// once. [`LockLost`](pgcoord::ErrorKind::LockLost) once the key moved on,
-    /// [`AlreadyAcknowledged`](pgcoord::ErrorKind::AlreadyAcknowledged) when it was acked
-    /// before; on either, `tx` must not commit.
-    pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
-        self.delivery.ack(tx).await
-    }
-}
 
 /// The most events of one key read at once.
 const WINDOW: u32 = 100;

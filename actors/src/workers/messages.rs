@@ -9,6 +9,8 @@ use pgcoord::Statements;
 
 use crate::LossReason;
 use crate::leases::Lease;
+use crate::topics::Delivery;
+use pgcoord::topic::Event;
 
 /// What a worker is for: its key, and the lease that makes it the key's only worker across the
 /// fleet. The pool keeps the lease (renewed, released after the worker stopped); the worker
@@ -97,3 +99,62 @@ pub struct SetKeys(pub Vec<String>);
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
 pub struct Drain;
+
+/// The durable topic of the mail to `key`'s worker in pool `pool`: `"{pool}/mail/{key}"`.
+/// Append to it to send the worker a message that outlives crashes (see [`WorkerPool::durable`](super::WorkerPool::durable)).
+pub fn mail_topic(pool: &str, key: &str) -> String {
+    format!("{pool}/mail/{key}")
+}
+
+/// A message from a key's durable mail, handed to the key's worker (in a pool made
+/// [`durable`](super::WorkerPool::durable)). Answer `Ok` once it is handled (the pool acks it then) or
+/// `Err` to have it handed over again; or ack it in the transaction of its effects with
+/// [`ack`](Self::ack).
+pub struct Mail {
+    pub(super) key: String,
+    pub(super) delivery: Delivery,
+}
+
+impl Message for Mail {
+    type Result = std::result::Result<(), String>;
+}
+
+impl std::fmt::Debug for Mail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mail")
+            .field("key", &self.key)
+            .field("delivery", &self.delivery)
+            .finish()
+    }
+}
+
+impl Mail {
+    /// The key it was sent to.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The event: its cursor in the key's mail, when it was appended, its bytes.
+    pub fn event(&self) -> &Event {
+        self.delivery.event()
+    }
+
+    /// The body decoded from MessagePack (as [`TopicTable::append_value`](pgcoord::TopicTable::append_value) encodes it).
+    pub fn value<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        self.delivery.value()
+    }
+
+    /// The fencing token of the key's lease.
+    pub fn token(&self) -> i64 {
+        self.delivery.token()
+    }
+
+    /// Acks the message inside `tx`, the transaction of its effects, fenced by the key's lease:
+    /// effects and ack commit together or not at all, so each message's effects are applied
+    /// once. [`LockLost`](pgcoord::ErrorKind::LockLost) once the key moved on,
+    /// [`AlreadyAcknowledged`](pgcoord::ErrorKind::AlreadyAcknowledged) when it was acked
+    /// before; on either, `tx` must not commit.
+    pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
+        self.delivery.ack(tx).await
+    }
+}

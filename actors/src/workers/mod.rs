@@ -20,7 +20,10 @@
 //!
 //! A pool made [`routed`](WorkerPool::routed) also delivers messages to its workers by key: a
 //! [`KeyRouter`] in any process of the fleet sends to the key's worker wherever it runs, at
-//! most once ([`route`] says how, and what a caller can know).
+//! most once ([`route`] says how, and what a caller can know). A pool made
+//! [`durable`](WorkerPool::durable) also hands each key's durable mail ([`mail_topic`], appended
+//! in the sender's transaction) to its worker as [`Mail`], at least once and in order, across
+//! crashes and moves (`mail` says how).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,9 +46,10 @@ pub mod route;
 
 use deliver::Routing;
 use drain::Draining;
-pub use mail::{Mail, mail_topic};
 pub use members::{MembersChanged, SubscribeMembers};
-pub use messages::{AssignedKey, Assignment, Drain, GetAssignment, SetKeys, StopWorker, WorkerKey};
+pub use messages::{
+    AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, StopWorker, WorkerKey, mail_topic,
+};
 pub use route::{KeyRouter, Routed};
 
 struct Running<W: Actor> {
