@@ -1,14 +1,19 @@
 //! Durable topic workloads: appends (1 and 8 appenders) against a raw INSERT of the same row,
-//! append committed → handler called against a raw INSERT + NOTIFY → LISTEN + SELECT, and a
-//! consumer reading a backlog against a raw keyset-paged SELECT.
+//! append committed → handler called (a topic's consumer, and a durable worker pool's worker
+//! for its key's mail) against a raw INSERT + NOTIFY → LISTEN + SELECT, and a consumer reading
+//! a backlog against a raw keyset-paged SELECT.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix::prelude::*;
 use futures_util::future::poll_fn;
 use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord::{Config, ErrorKind};
-use pgcoord_actors::{Append, Consume, Coordinator, Delivery};
+use pgcoord_actors::{
+    Append, Consume, Coordinator, Delivery, GetAssignment, Mail, StopWorker, WorkerKey, WorkerPool,
+    mail_topic,
+};
 use tokio_postgres::{AsyncMessage, Client};
 
 use crate::Sizes;
@@ -89,6 +94,19 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
 
     // Appends through the runtime, batched: 8 callers in closed loops.
     let coordinator = Coordinator::connect(config.clone()).await?;
+    // A durable worker pool of one key, started now: its first ticks claim the key meanwhile.
+    let (mailed, mut mail_arrivals) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let keys = vec!["k".to_owned()];
+    let factory = move |_: WorkerKey| Handed(mailed.clone());
+    let pool = WorkerPool::new(
+        &config,
+        coordinator.locks.clone(),
+        "bench_mail",
+        keys,
+        factory,
+    )
+    .durable(&coordinator)
+    .start();
     let per = sizes.pairs * 2 / 8;
     let started = Instant::now();
     let loops = (0..8).map(|_| {
@@ -163,27 +181,26 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let rounds = sizes.requests.min(500);
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
     tokio::time::sleep(Duration::from_millis(300)).await; // the consumer is reading
+    let claimed = Instant::now();
+    while pool.send(GetAssignment).await?.keys.is_empty() {
+        if claimed.elapsed() > Duration::from_secs(60) {
+            return Err("the mail pool's key was not claimed within a minute".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut mail = Vec::new();
     for _ in 0..rounds {
+        let committed = Instant::now();
+        table
+            .append(&admin, &mail_topic("bench_mail", "k"), &body)
+            .await?;
+        let at = tokio::time::timeout(Duration::from_secs(10), mail_arrivals.recv()).await?;
+        mail.push(at.ok_or("worker gone")? - committed);
         let committed = Instant::now();
         table.append(&admin, "latency", &body).await?;
         let at = tokio::time::timeout(Duration::from_secs(10), arrivals.recv()).await?;
         ours.push(at.ok_or("consumer gone")? - committed);
-        let sent = Instant::now();
-        admin
-            .batch_execute(
-                "BEGIN; INSERT INTO bench_raw_events (topic, body) VALUES ('latency', '\\x00');
-                 NOTIFY bench_raw_events, 'latency'; COMMIT",
-            )
-            .await?;
-        tokio::time::timeout(Duration::from_secs(10), floor_arrivals.recv()).await?;
-        floor_listener
-            .query(
-                "SELECT body FROM bench_raw_events WHERE topic = 'latency'
-                 ORDER BY xid DESC, position DESC LIMIT 1",
-                &[],
-            )
-            .await?;
-        floor.push(sent.elapsed());
+        floor.push(raw_round_trip(&admin, &floor_listener, &mut floor_arrivals).await?);
     }
     let (ours, floor) = (Samples::new(ours), Samples::new(floor));
     let p50 = report.time(
@@ -192,6 +209,28 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         floor.p(0.5),
     );
     report.time("topic append → handler, p99", ours.p(0.99), floor.p(0.99));
+    // The same for a durable pool's mail, in rounds of their own: after each, the pool acks
+    // and reads the key again, which must not overlap the next measurement.
+    let (mut mail, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let committed = Instant::now();
+        table
+            .append(&admin, &mail_topic("bench_mail", "k"), &body)
+            .await?;
+        let at = tokio::time::timeout(Duration::from_secs(10), mail_arrivals.recv()).await?;
+        mail.push(at.ok_or("worker gone")? - committed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        floor.push(raw_round_trip(&admin, &floor_listener, &mut floor_arrivals).await?);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (mail, floor) = (Samples::new(mail), Samples::new(floor));
+    report.time(
+        "durable mail committed → the key's worker handed it, p50 (floor: INSERT + NOTIFY → LISTEN + SELECT)",
+        mail.p(0.5),
+        floor.p(0.5),
+    );
+    report.time("durable mail → worker, p99", mail.p(0.99), floor.p(0.99));
+    pool.send(pgcoord_actors::Shutdown).await?;
     report.target(
         "topic end to end p50: at most 1.5× INSERT + NOTIFY → LISTEN + SELECT",
         format!("{p50:.3}×"),
@@ -320,6 +359,31 @@ where
     Ok((per * clients.len()) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The end-to-end floor, once: INSERT + NOTIFY committed, heard on the raw LISTEN connection,
+/// the row SELECTed.
+async fn raw_round_trip(
+    admin: &Client,
+    listener: &Client,
+    arrivals: &mut tokio::sync::mpsc::UnboundedReceiver<Instant>,
+) -> Res<Duration> {
+    let sent = Instant::now();
+    admin
+        .batch_execute(
+            "BEGIN; INSERT INTO bench_raw_events (topic, body) VALUES ('latency', '\\x00');
+             NOTIFY bench_raw_events, 'latency'; COMMIT",
+        )
+        .await?;
+    tokio::time::timeout(Duration::from_secs(10), arrivals.recv()).await?;
+    listener
+        .query(
+            "SELECT body FROM bench_raw_events WHERE topic = 'latency'
+             ORDER BY xid DESC, position DESC LIMIT 1",
+            &[],
+        )
+        .await?;
+    Ok(sent.elapsed())
+}
+
 /// A raw LISTEN connection on the floor's channel, and its arrivals.
 async fn raw_listener(
     config: &Config,
@@ -374,4 +438,26 @@ async fn keyset(
         read += rows.len();
     }
     Ok(started.elapsed())
+}
+
+/// A durable pool's worker that tells when each mail reached it.
+struct Handed(tokio::sync::mpsc::UnboundedSender<Instant>);
+
+impl Actor for Handed {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Handed {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Mail> for Handed {
+    type Result = Result<(), String>;
+    fn handle(&mut self, _: Mail, _: &mut Context<Self>) -> Self::Result {
+        let _ = self.0.send(Instant::now());
+        Ok(())
+    }
 }
