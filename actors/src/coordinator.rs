@@ -32,6 +32,8 @@ pub struct Coordinator {
     /// schedules, observers) start there too, so a handle works from any thread (a tokio
     /// service's, through [`Runtime`](crate::Runtime)).
     arbiter: ArbiterHandle,
+    /// Worker pools drained by [`shutdown`](Self::shutdown) before anything is released.
+    drained: std::sync::Arc<std::sync::Mutex<Vec<Recipient<crate::Drain>>>>,
 }
 
 impl Coordinator {
@@ -109,6 +111,7 @@ impl Coordinator {
             config,
             pool,
             arbiter: Arbiter::current(),
+            drained: Default::default(),
         }
     }
 
@@ -205,7 +208,18 @@ impl Coordinator {
         &self.config
     }
 
-    /// Stops this process's pgcoord gracefully, within `within`: every lease it holds is
+    /// Has [`shutdown`](Self::shutdown) drain `pool` first (a
+    /// [`WorkerPool`](crate::WorkerPool)'s address as `pool.recipient()`): each of its workers
+    /// stopped before its key's lease is released, as [`Drain`](crate::Drain) does, before the
+    /// rest of the process's leases go. Without it the shutdown releases the keys' leases with
+    /// the others while their workers are being told to stop.
+    pub fn drain_on_shutdown(&self, pool: Recipient<crate::Drain>) {
+        self.drained.lock().expect("pools lock").push(pool);
+    }
+
+    /// Stops this process's pgcoord gracefully, within `within`: the worker pools given to
+    /// [`drain_on_shutdown`](Self::drain_on_shutdown) drain (their workers stopped, then their keys
+    /// released), then every lease it holds is
     /// released on the server (each holder told [`LossReason::Shutdown`](crate::LossReason);
     /// an election this process leads sees its leader go, a consumer of a durable topic stops),
     /// every advisory lock's session is closed (its locks with it), then the lock manager, the
@@ -215,6 +229,11 @@ impl Coordinator {
     /// process that just exits leaves its leases to expire.
     pub async fn shutdown(&self, within: std::time::Duration) -> pgcoord::Result<usize> {
         let deadline = tokio::time::Instant::now() + within;
+        let pools = std::mem::take(&mut *self.drained.lock().expect("pools lock"));
+        let drains = pools.iter().map(|pool| pool.send(crate::Drain));
+        // A pool that stopped already answers at once; one that cannot drain in time is
+        // released with the rest below.
+        let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(drains)).await;
         let released = tokio::time::timeout_at(deadline, self.locks.send(crate::ReleaseAll)).await;
         // Sessions closed by the actor: its locks go with them, at once.
         let _ = tokio::time::timeout_at(deadline, self.advisory.send(crate::Shutdown)).await;

@@ -50,7 +50,7 @@ where
 {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: Drain, ctx: &mut Context<Self>) -> Self::Result {
         let (told, drained) = tokio::sync::oneshot::channel();
         let first = self.drain.is_none();
         self.drain
@@ -65,6 +65,8 @@ where
                     let _ = membership.release().await;
                 });
             }
+            // The first keys go now, the rest at the next ticks (at most `max_moves` each).
+            self.drain_some(ctx);
         }
         // Resolves also when the pool stopped another way (its keys are then released too).
         Box::pin(async move {

@@ -93,7 +93,7 @@ pub struct SetKeys(pub Vec<String>);
 
 /// Hand every key over, then stop — for rolling deploys: drain, then exit. The pool leaves the
 /// membership at once (the other members' shares grow to cover its keys), then lets its keys go
-/// at its ticks, at most [`max_moves`](super::WorkerPool::max_moves) a tick, each worker stopped
+/// at once and at its ticks, at most [`max_moves`](super::WorkerPool::max_moves) each time, each worker stopped
 /// before its key's lease is released; another member claims each at its next tick. Resolves
 /// once every key is released and the pool stopped (or the pool stopped another way).
 #[derive(Debug, Clone, Copy, Message)]

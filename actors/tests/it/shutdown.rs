@@ -83,3 +83,76 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     let stats = consumer.send(GetConsumerStats).await.unwrap();
     assert_eq!((stats.active, stats.tenures), (false, 1), "{stats:?}");
 }
+
+/// What a pool's worker saw when it was told to stop: whether its key's lease was still held.
+type Stops = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<LossReason>)>>>;
+
+struct Stopping {
+    key: WorkerKey,
+    stops: Stops,
+}
+
+impl actix::Actor for Stopping {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<StopWorker> for Stopping {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+        let seen = (self.key.key.clone(), self.key.loss());
+        self.stops.lock().unwrap().push(seen);
+        actix::ActorContext::stop(ctx);
+    }
+}
+
+/// A shutdown drains the worker pools it was given first: each worker is told to stop while
+/// its key's lease is still held (released only after it stopped), then the rest goes.
+#[actix_rt::test]
+async fn a_shutdown_drains_its_worker_pools_before_it_releases_their_keys() {
+    use actix::Actor as _;
+    let (setup, admin) = Setup::new(Duration::from_secs(4), Duration::from_secs(1)).await;
+    let config = setup.builder("one").build().unwrap();
+    let one = Coordinator::connect(config.clone()).await.unwrap();
+    let stops = Stops::default();
+    let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+    let factory = {
+        let stops = stops.clone();
+        move |key: WorkerKey| Stopping {
+            key,
+            stops: stops.clone(),
+        }
+    };
+    let pool = WorkerPool::new(&config, one.locks.clone(), "drained", keys, factory).start();
+    one.drain_on_shutdown(pool.clone().recipient());
+    pgcoord_testkit::eventually(Duration::from_secs(10), "every key held", async || {
+        pool.send(GetAssignment).await.unwrap().keys.len() == 5
+    })
+    .await;
+
+    let started = Instant::now();
+    one.shutdown(Duration::from_secs(3)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let stops = stops.lock().unwrap().clone();
+    assert_eq!(stops.len(), 5, "{stops:?}");
+    assert!(
+        stops.iter().all(|(_, loss)| loss.is_none()),
+        "told to stop after its key was released: {stops:?}"
+    );
+    // Released, not expired (the lease is 4 s): nothing of this owner is held.
+    let held: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE owner = 'one' AND expires_at > clock_timestamp()",
+                setup.quoted_table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0);
+}
