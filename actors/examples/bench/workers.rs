@@ -89,6 +89,15 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         "worker pool: a second process joins → it serves half the keys (tick: 1 s)",
         ms(joined),
     );
+    // Moved: what the first process let go (the joiner's share, ⌈keys ÷ 2⌉, is the least).
+    let moved = keys.len() - held(&a).await;
+    report.note(
+        &format!(
+            "worker pool: keys moved when the second process joins (of {})",
+            keys.len()
+        ),
+        format!("{moved}"),
+    );
     a.send(Shutdown).await?;
     let left = until(&b, keys.len()).await;
     report.note(
