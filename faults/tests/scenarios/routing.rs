@@ -45,6 +45,19 @@ fn member(workload: &super::Workload, applied: &str, owner: &str, extra: &[&str]
     HolderProcess::spawn(env!("CARGO_BIN_EXE_member"), &args)
 }
 
+/// A table of the test's own for what the members apply (`src/bin/member.rs`).
+async fn applied_table(workload: &super::Workload, prefix: &str) -> String {
+    let applied = unique_name(prefix);
+    (workload.admin)
+        .batch_execute(&format!(
+            "CREATE TABLE {applied} (id bigserial PRIMARY KEY, key text NOT NULL, n int8 NOT NULL,
+             owner text NOT NULL, token int8 NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    applied
+}
+
 /// What the members applied, in the order they did: every row, and `(n, owner, token)` by key.
 async fn applied_by_key(
     workload: &super::Workload,
@@ -75,14 +88,7 @@ async fn applied_by_key(
 #[actix_rt::test]
 async fn routed_messages_survive_a_killed_and_a_drained_member_at_most_once() {
     let workload = super::Workload::shared_server().await;
-    let applied = unique_name("routed");
-    (workload.admin)
-        .batch_execute(&format!(
-            "CREATE TABLE {applied} (id bigserial PRIMARY KEY, key text NOT NULL, n int8 NOT NULL,
-             owner text NOT NULL, token int8 NOT NULL)"
-        ))
-        .await
-        .unwrap();
+    let applied = applied_table(&workload, "routed").await;
     let mut members = HashMap::new();
     for owner in ["a", "b", "c"] {
         let mut process = member(&workload, &applied, owner, &["--keys", "20"]);
@@ -208,14 +214,7 @@ async fn durable_mail_survives_a_killed_and_a_drained_member_exactly_once() {
     pgcoord::schema::migrate(&workload.admin, &topics)
         .await
         .unwrap();
-    let applied = unique_name("mailed");
-    (workload.admin)
-        .batch_execute(&format!(
-            "CREATE TABLE {applied} (id bigserial PRIMARY KEY, key text NOT NULL, n int8 NOT NULL,
-             owner text NOT NULL, token int8 NOT NULL)"
-        ))
-        .await
-        .unwrap();
+    let applied = applied_table(&workload, "mailed").await;
     let topic_table = topics.topic_table().name().as_str().to_owned();
     let mut members = HashMap::new();
     // Owners of their own: a routed pool's channel is its name's and owner's, so members named
