@@ -106,7 +106,7 @@ pub(super) fn read_sql(t: &str, m: &str) -> String {
 }
 
 /// The horizon: the oldest transaction still running (with an xid), as an `int8`.
-pub(super) const HORIZON: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
+const HORIZON: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8";
 
 /// $1 topic, $2 and $3 the cursor, $4 the most to count. The events a read after the cursor
 /// could read now (below the horizon, as `read_sql`), counted on the index only.
