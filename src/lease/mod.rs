@@ -5,7 +5,8 @@
 //! `LockManager` in `pgcoord-actors`.
 //!
 //! - [`LeaseTable`] — the statements of one configured table, rendered once; inspection
-//!   ([`get`](LeaseTable::get), [`list`](LeaseTable::list), [`holder`](LeaseTable::holder)).
+//!   ([`get`](LeaseTable::get), [`list`](LeaseTable::list), [`holder`](LeaseTable::holder));
+//!   reaching a lease's holder ([`notify_holder`](LeaseTable::notify_holder), [`holder_channel`]).
 //! - [`LeaseOwner`] — the table bound to one owner ([`LeaseTable::owner`]): everything that
 //!   grants, renews, releases or fences.
 //! - [`AcquireRequest`], [`ReleaseRequest`] — one lease's request, alone or in a batch.
@@ -31,6 +32,7 @@ use crate::error::{Error, ErrorKind, Holder, Result};
 use crate::statement::Statements;
 
 mod batch;
+mod holder_channel;
 mod owner;
 mod release;
 mod semaphore;
@@ -38,6 +40,8 @@ mod sql;
 mod statements;
 
 pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
+use holder_channel::HOLDER_CHANNEL_PREFIX;
+pub use holder_channel::holder_channel;
 pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
@@ -114,6 +118,7 @@ pub struct LeaseTable {
     get: String,
     list: String,
     list_prefix: String,
+    notify_holder: String,
     fence: String,
     pub(crate) proclaim: String,
     pub(crate) request_resign: String,

@@ -4,8 +4,8 @@
 //! owner as well as its token. Grants happen only where the row is free or expired on the
 //! server's clock and the grantee may go as far as the waiters' line says.
 
-use super::LeaseTable;
 use super::sql::*;
+use super::{HOLDER_CHANNEL_PREFIX, LeaseTable};
 use crate::config::Config;
 
 impl LeaseTable {
@@ -307,6 +307,15 @@ impl LeaseTable {
             resign_requested: format!(
                 "SELECT EXISTS (SELECT 1 FROM {r} WHERE name = $1 AND token = $2)",
                 r = config.resign_table().quoted(),
+            ),
+            // $1 name, $2 scope, $3 text. The holder's channel is computed here, from the row,
+            // so reading the holder and reaching it are one statement (see `holder_channel`).
+            notify_holder: format!(
+                "SELECT l.owner, pg_notify(
+                     '{HOLDER_CHANNEL_PREFIX}' || left(encode(sha256(convert_to($2 || l.owner, 'UTF8')), 'hex'), 16),
+                     $3)::text
+                 FROM {t} AS l
+                 WHERE l.name = $1 AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()"
             ),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),

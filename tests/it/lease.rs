@@ -385,3 +385,92 @@ async fn release_orphans_frees_the_owners_grants_among_the_names_and_nothing_els
     let err = me.fence(&client, "mine", mine.token).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
 }
+
+#[tokio::test]
+async fn notify_holder_reaches_the_holders_channel_as_computed_here_and_nobody_else() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    // A non-ASCII owner: the server hashes its UTF-8 bytes, as `holder_channel` does.
+    let (owner, scope) = ("hôte-1", "lock table 7:pool");
+    let (listening, mut heard) = pgcoord::__private::connect(&config).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| heard.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    let channel = pgcoord::lease::holder_channel(scope, owner);
+    listening
+        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .await
+        .unwrap();
+    // Nobody holds it yet: nothing sent.
+    assert_eq!(
+        table
+            .notify_holder(&client, "k", scope, "early")
+            .await
+            .unwrap(),
+        None
+    );
+    let g = grant(&table, &client, "k", owner, LEASE).await;
+    let sent = table
+        .notify_holder(&client, "k", scope, "hello")
+        .await
+        .unwrap();
+    assert_eq!(sent.as_deref(), Some(owner));
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
+    assert_eq!(got, Some((channel.clone(), "hello".to_owned())));
+    // Another scope is another channel: sent, but not here.
+    assert!(
+        table
+            .notify_holder(&client, "k", "other", "x")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // Released: nobody holds it, nothing sent.
+    table
+        .owner(owner)
+        .unwrap()
+        .release(
+            &client,
+            &ReleaseRequest {
+                name: "k",
+                token: g.token,
+                keep: false,
+                announce_always: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        table
+            .notify_holder(&client, "k", scope, "late")
+            .await
+            .unwrap(),
+        None
+    );
+    // An expired lease has no holder either.
+    grant(&table, &client, "short", owner, Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(
+        table
+            .notify_holder(&client, "short", scope, "late")
+            .await
+            .unwrap(),
+        None
+    );
+    // The marker on our channel comes next: nothing else was heard in between.
+    listening
+        .execute("SELECT pg_notify($1, 'marker')::text", &[&channel])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap();
+    assert_eq!(got, Some((channel, "marker".to_owned())));
+}
