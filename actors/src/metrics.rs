@@ -81,11 +81,11 @@ pub const WORKER_KEYS: &str = "pgcoord_worker_keys_held";
 /// Counter: keys a worker pool's process claimed or let go, by `pool` and `direction`
 /// (`claimed`, `released`).
 pub const WORKER_MOVES: &str = "pgcoord_worker_key_moves_total";
-/// Counter: messages a `KeyRouter` sent to a key's worker, by `pool` and `outcome` (`handled`,
-/// `failed`: the worker's error or the runtime's, `timeout`: may have been handled, `not_delivered`: no holder in
-/// time).
+/// Counter: messages a `KeyRouter` sent to a key's worker, by `pool` and `outcome` (`handled`:
+/// an ask answered, `accepted`: a tell in the worker's mailbox, `failed`: the worker's error or
+/// the runtime's, `timeout`: may have been handled, `not_delivered`: no holder in time).
 pub const ROUTED: &str = "pgcoord_routed_messages_total";
-/// Histogram, seconds: a routed ask from the call to its answer, by `pool`.
+/// Histogram, seconds: a routed ask or tell from the call to its answer, by `pool`.
 pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
 /// Counter: a durable pool's mail handed to its workers, by `pool` and `result` (`handled`,
 /// `failed`: the worker's `Err` or a stopped worker; it comes again).

@@ -59,6 +59,36 @@ impl LeaseTable {
             .transpose()
             .map_err(Into::into)
     }
+
+    /// [`notify_holder`](Self::notify_holder) for each `(name, scope, text)`, in one statement
+    /// and one transaction (a NOTIFYing commit is serialised database-wide: one for many is
+    /// what lets many senders through). Answers each item's holder, in order; `None` where
+    /// nobody held the lease (nothing was sent for it). Not to be retried after an error.
+    pub async fn notify_holders(
+        &self,
+        client: &(impl Statements + ?Sized),
+        items: &[(&str, &str, &str)],
+    ) -> Result<Vec<Option<String>>> {
+        for (name, _, _) in items {
+            check_name(name)?;
+        }
+        let names: Vec<&str> = items.iter().map(|i| i.0).collect();
+        let scopes: Vec<&str> = items.iter().map(|i| i.1).collect();
+        let texts: Vec<&str> = items.iter().map(|i| i.2).collect();
+        let rows = client
+            .run(
+                &self.notify_holders,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&scopes, Type::TEXT_ARRAY),
+                    (&texts, Type::TEXT_ARRAY),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| row.try_get(0).map_err(Into::into))
+            .collect()
+    }
 }
 
 #[cfg(test)]

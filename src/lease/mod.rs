@@ -119,6 +119,7 @@ pub struct LeaseTable {
     list: String,
     list_prefix: String,
     notify_holder: String,
+    notify_holders: String,
     fence: String,
     pub(crate) proclaim: String,
     pub(crate) request_resign: String,

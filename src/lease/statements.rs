@@ -317,6 +317,22 @@ impl LeaseTable {
                  FROM {t} AS l
                  WHERE l.name = $1 AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()"
             ),
+            // $1 names, $2 scopes, $3 texts. `notify_holder` for many, in one transaction (one
+            // commit: NOTIFYing commits are serialised database-wide); a row per item, in order.
+            // LATERAL: one index probe per item, whatever the table's size.
+            notify_holders: format!(
+                "SELECT h.owner, CASE WHEN h.owner IS NOT NULL THEN pg_notify(
+                     '{HOLDER_CHANNEL_PREFIX}' || left(encode(sha256(convert_to(r.scope || h.owner, 'UTF8')), 'hex'), 16),
+                     r.text)::text END
+                 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
+                      AS r(name, scope, text, position)
+                 LEFT JOIN LATERAL (
+                     SELECT l.owner FROM {t} AS l
+                     WHERE l.name = r.name AND l.owner IS NOT NULL
+                       AND l.expires_at > clock_timestamp()
+                 ) AS h ON true
+                 ORDER BY r.position"
+            ),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
             election_channel: config.election_channel.as_str().to_owned(),

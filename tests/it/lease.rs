@@ -424,6 +424,23 @@ async fn notify_holder_reaches_the_holders_channel_as_computed_here_and_nobody_e
         .await
         .unwrap();
     assert_eq!(got, Some((channel.clone(), "hello".to_owned())));
+    // Many in one statement: each to its holder, in order; nothing for a lease nobody holds.
+    let items = [
+        ("k", scope, "b1"),
+        ("nobody", scope, "b2"),
+        ("k", scope, "b3"),
+    ];
+    let sent = table.notify_holders(&client, &items).await.unwrap();
+    assert_eq!(
+        sent,
+        vec![Some(owner.to_owned()), None, Some(owner.to_owned())]
+    );
+    for text in ["b1", "b3"] {
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap();
+        assert_eq!(got, Some((channel.clone(), text.to_owned())));
+    }
     // Another scope is another channel: sent, but not here.
     assert!(
         table

@@ -14,8 +14,8 @@ use crate::Sizes;
 use crate::leases::Res;
 use crate::report::{Report, Samples};
 
-/// Answers what it is sent.
-struct Echo;
+/// Answers what it is sent, and says when it got it.
+struct Echo(tokio::sync::mpsc::UnboundedSender<Instant>);
 impl Actor for Echo {
     type Context = Context<Self>;
 }
@@ -28,6 +28,7 @@ impl Handler<StopWorker> for Echo {
 impl Handler<Routed> for Echo {
     type Result = Result<Vec<u8>, String>;
     fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        let _ = self.0.send(Instant::now());
         Ok(routed.payload().to_vec())
     }
 }
@@ -49,12 +50,15 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     pgcoord::schema::migrate(&admin, &admin_cfg).await?;
     let keys: Vec<String> = (0..1_000).map(|i| format!("k{i}")).collect();
     // Two members, as two processes; each key's worker answers from one of them.
+    let (handled, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
     let member = |owner: &str| -> Res<(Addr<WorkerPool<Echo>>, Addr<ListenerActor>)> {
         let config = config(owner)?;
         let locks = LockManager::new(config.clone()).start();
         let listener = ListenerActor::new(config.clone(), None).start_supervised();
-        let pool = WorkerPool::new(&config, locks, "bench", keys.clone(), |_: WorkerKey| Echo)
-            .routed(listener.clone());
+        let handled = handled.clone();
+        let echo = move |_: WorkerKey| Echo(handled.clone());
+        let pool =
+            WorkerPool::new(&config, locks, "bench", keys.clone(), echo).routed(listener.clone());
         Ok((pool.start(), listener))
     };
     let (a, a_listener) = member("a")?;
@@ -114,6 +118,59 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         "routed ask p50: at most 1.2× the request/reply round trip",
         format!("{p50:.3}×"),
         p50 <= 1.2,
+    );
+
+    // A tell: from the call until the key's worker has the message, against one raw NOTIFY
+    // hop (a NOTIFY's statement until a LISTENing connection has it). Also the call's own
+    // time: it answers once the message is in the worker's mailbox.
+    let (raw, mut connection) = pgcoord::__private::connect(&admin_cfg).await?;
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures_util::future::poll_fn;
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    raw.batch_execute("LISTEN bench_route_hop").await?;
+    let notify = admin
+        .prepare("SELECT pg_notify('bench_route_hop', $1)")
+        .await?;
+    while arrivals.try_recv().is_ok() {}
+    let (mut told, mut calls, mut hops) = (Vec::new(), Vec::new(), Vec::new());
+    for block in 0..sizes.requests.div_ceil(20) {
+        for side in [block % 2, 1 - block % 2] {
+            for i in block * 20..(block + 1) * 20 {
+                let t = Instant::now();
+                if side == 0 {
+                    admin.query_one(&notify, &[&i.to_string()]).await?;
+                    hops.push(heard.recv().await.ok_or("the raw listener")? - t);
+                } else {
+                    let key = &keys[i % keys.len()];
+                    router.tell(key, b"t".to_vec(), timeout).await?;
+                    calls.push(t.elapsed());
+                    told.push(arrivals.recv().await.ok_or("the workers")? - t);
+                }
+            }
+        }
+    }
+    let (told, calls, hops) = (Samples::new(told), Samples::new(calls), Samples::new(hops));
+    let p50 = report.time(
+        "routed tell, call → the key's worker has it, p50 (floor: one raw NOTIFY→LISTEN hop)",
+        told.p(0.5),
+        hops.p(0.5),
+    );
+    report.time("routed tell, p99", told.p(0.99), hops.p(0.99));
+    report.target(
+        "routed tell p50: at most 2× one NOTIFY hop",
+        format!("{p50:.3}×"),
+        p50 <= 2.0,
+    );
+    report.time(
+        "routed tell, the call until it answers (in the mailbox), p50 (floor: one raw NOTIFY hop)",
+        calls.p(0.5),
+        hops.p(0.5),
     );
 
     // Many senders at once: 64 loops, each one ask after another, over 1,000 keys on two

@@ -33,17 +33,3 @@ impl Handler<ListPrefix> for LockManager {
         Box::pin(async move { table.list_prefix(&pool.idempotent(None), &prefix).await })
     }
 }
-
-/// The lock table's name, quoted and qualified as the statements use it: what scopes a routed
-/// pool's channels to the deployment whose leases they serve.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "String")]
-pub(crate) struct LockTableName;
-
-impl Handler<LockTableName> for LockManager {
-    type Result = String;
-
-    fn handle(&mut self, _: LockTableName, _: &mut Context<Self>) -> String {
-        self.config.lock_table().quoted()
-    }
-}

@@ -41,6 +41,7 @@ mod listing;
 mod messages;
 mod permit;
 mod queues;
+mod reach;
 mod release;
 mod settle;
 mod wait;
@@ -50,7 +51,7 @@ mod with_lock;
 pub(crate) use acquire::already_held;
 #[cfg(feature = "memory")]
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
-pub(crate) use listing::LockTableName;
+pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use acquire::AcquireResponse;
 pub use lease::Lease;
@@ -83,6 +84,8 @@ pub struct LockManager {
     own_listener: bool,
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
+    /// Sends to leases' holders (for routers); made on first use.
+    reach: Option<HolderReach>,
 }
 
 impl LockManager {
@@ -102,6 +105,7 @@ impl LockManager {
             listener: None,
             own_listener: true,
             metrics: None,
+            reach: None,
             config,
         }
     }

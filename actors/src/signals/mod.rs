@@ -31,6 +31,7 @@ mod ordered;
 mod round_trip;
 
 pub use messages::*;
+pub(crate) use round_trip::AskThrough;
 pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 
 /// One channel this process listens on.

@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
-use pgcoord::signal::{Envelope, Kind};
+use pgcoord::ident::Ident;
+use pgcoord::signal::{Envelope, Kind, seal};
 use pgcoord::{Error, ErrorKind, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
@@ -31,9 +32,37 @@ pub struct RoundTrip {
     send: std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
 }
 
+/// How a request goes out: NOTIFY on a channel (through the listener's batching notifier), or
+/// a sender of the caller's.
+enum Via {
+    Channel(Ident),
+    Through(SendThrough),
+}
+
+/// A sender of a sealed request's text: it NOTIFYs it where it must (a lease's holder, say).
+/// Its error ends the round trip; whether anything was sent is the sender's to know.
+pub(crate) type SendThrough =
+    Box<dyn FnOnce(String) -> crate::backend::BoxFuture<Result<()>> + Send>;
+
+/// An [`Ask`] sent by `send` instead of on a channel of the caller's naming; the reply comes
+/// back to this listener as any reply does. Bounded by `timeout`.
+pub(crate) struct AskThrough {
+    pub(crate) send: SendThrough,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) timeout: std::time::Duration,
+}
+
+impl Message for AskThrough {
+    type Result = Result<Vec<u8>>;
+}
+
 impl ListenerActor {
-    fn start_round_trip(&mut self, request: Ask) -> Result<RoundTrip> {
-        let channel = channel_ident(&request.channel)?;
+    fn start_round_trip(
+        &mut self,
+        via: Via,
+        payload: Vec<u8>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<RoundTrip> {
         let mut envelope = Envelope::new(Kind::Request, Vec::new());
         envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
         let id = envelope.id;
@@ -46,17 +75,22 @@ impl ListenerActor {
             self.store.clone(),
             self.config.inline_limit(),
         );
-        let payload = request.payload;
         let send = Box::pin(async move {
             ready.await;
-            notifier
-                .send(store.as_deref(), channel, envelope, payload, limit)
-                .await
+            match via {
+                Via::Channel(channel) => {
+                    (notifier.send(store.as_deref(), channel, envelope, payload, limit)).await
+                }
+                Via::Through(send) => {
+                    let text = seal(envelope, payload, store.as_deref(), limit).await?;
+                    send(text).await
+                }
+            }
         });
         Ok(RoundTrip {
             id,
             pending: self.pending.clone(),
-            deadline: request.timeout.map(|t| Instant::now() + t),
+            deadline: timeout.map(|t| Instant::now() + t),
             reply: rx,
             send,
         })
@@ -129,7 +163,27 @@ impl Handler<Ask> for ListenerActor {
     type Result = RequestResponse;
 
     fn handle(&mut self, request: Ask, _: &mut Context<Self>) -> RequestResponse {
-        RequestResponse(self.start_round_trip(request))
+        RequestResponse(channel_ident(&request.channel).and_then(|channel| {
+            self.start_round_trip(Via::Channel(channel), request.payload, request.timeout)
+        }))
+    }
+}
+
+impl Handler<AskThrough> for ListenerActor {
+    type Result = RequestResponse;
+
+    fn handle(&mut self, request: AskThrough, _: &mut Context<Self>) -> RequestResponse {
+        RequestResponse(self.start_round_trip(
+            Via::Through(request.send),
+            request.payload,
+            Some(request.timeout),
+        ))
+    }
+}
+
+impl MessageResponse<ListenerActor, AskThrough> for RequestResponse {
+    fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
+        spawn(self.0, reply, Ok);
     }
 }
 
@@ -146,7 +200,11 @@ impl<R: DeserializeOwned + Send + 'static> Handler<TypedRequest<R>> for Listener
     type Result = TypedResponse<R>;
 
     fn handle(&mut self, typed: TypedRequest<R>, _: &mut Context<Self>) -> TypedResponse<R> {
-        TypedResponse(self.start_round_trip(typed.request), PhantomData)
+        let request = typed.request;
+        let trip = channel_ident(&request.channel).and_then(|channel| {
+            self.start_round_trip(Via::Channel(channel), request.payload, request.timeout)
+        });
+        TypedResponse(trip, PhantomData)
     }
 }
 

@@ -2,9 +2,11 @@
 //! key's worker — only while the key's lease is held here (otherwise "not here": nothing was
 //! delivered, and the router looks again). See [`route`](super::route) for the sender's side.
 
+use std::sync::atomic::Ordering;
+
 use actix::prelude::*;
 
-use super::route::{self, Reply, Routed};
+use super::route::{self, Reply, Routed, Wait};
 use super::{StopWorker, WorkerPool};
 use crate::signals::{ListenerActor, Serve};
 
@@ -36,9 +38,9 @@ where
             Serve::new(served, move |request: Vec<u8>| {
                 let pool = pool.clone();
                 async move {
-                    let (routed, within) = route::decode_request(request)?;
+                    let (routed, wait, within) = route::decode_request(request)?;
                     // A pool that stopped holds no key.
-                    let delivered = pool.send(Deliver(routed, within));
+                    let delivered = pool.send(Deliver(routed, wait, within));
                     let reply = delivered.await.unwrap_or(Reply::NotHere);
                     Ok(reply.encode())
                 }
@@ -53,10 +55,14 @@ where
     }
 }
 
+/// At most this many told messages wait for a worker; a tell beyond is not delivered, and its
+/// sender tries again until its deadline.
+const TOLD_AT_MOST: usize = 16;
+
 /// A routed message arrived for a key: to its worker, if this process holds the key.
 #[derive(Message)]
 #[rtype(result = "Reply")]
-struct Deliver(Routed, std::time::Duration);
+struct Deliver(Routed, Wait, std::time::Duration);
 
 impl<W> Handler<Deliver> for WorkerPool<W>
 where
@@ -64,11 +70,33 @@ where
 {
     type Result = ResponseFuture<Reply>;
 
-    fn handle(&mut self, Deliver(routed, within): Deliver, _: &mut Context<Self>) -> Self::Result {
-        let not_here = || -> Self::Result { Box::pin(async { Reply::NotHere }) };
+    fn handle(
+        &mut self,
+        Deliver(routed, wait, within): Deliver,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
+        let answer = |reply: Reply| -> Self::Result { Box::pin(async move { reply }) };
         let Some(worker) = self.awake_worker(&routed.key) else {
-            return not_here();
+            return answer(Reply::NotHere);
         };
+        if wait == Wait::Mailbox {
+            // At most `TOLD_AT_MOST` waiting: past it, not delivered (the sender tries again).
+            // An actix mailbox would not say no (each sender has a slot of its own).
+            let Some(told) = self.running.get(&routed.key).map(|r| r.told.clone()) else {
+                return answer(Reply::NotHere);
+            };
+            if told.fetch_add(1, Ordering::AcqRel) >= TOLD_AT_MOST {
+                told.fetch_sub(1, Ordering::AcqRel);
+                return answer(Reply::NotHere);
+            }
+            // In the mailbox now; its answer goes nowhere.
+            let handled = worker.send(routed);
+            actix::spawn(async move {
+                let _ = handled.await;
+                told.fetch_sub(1, Ordering::AcqRel);
+            });
+            return answer(Reply::Accepted);
+        }
         let handled = worker.send(routed);
         Box::pin(async move {
             // Bounded by the sender's own wait: past it nobody listens for the answer.

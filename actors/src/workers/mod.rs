@@ -61,6 +61,8 @@ struct Running<W: Actor> {
     passive: bool,
     /// The worker's start or its last routed message.
     used: std::time::Instant,
+    /// Told messages ([`KeyRouter::tell`]) handed to the worker and not yet handled.
+    told: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One process's part of a worker pool. Start it with [`WorkerPool::new`] and `.start()`;

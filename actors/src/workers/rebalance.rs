@@ -159,7 +159,7 @@ where
                         let worker = act.start_worker(&key, &lease);
                         let used = std::time::Instant::now();
                         let passive = false;
-                        act.running.insert(key.clone(), Running { lease, worker, passive, used });
+                        act.running.insert(key.clone(), Running { lease, worker, passive, used, told: Arc::default() });
                         act.metrics.claimed.increment(1);
                         act.metrics.keys.set(act.running.len() as f64);
                         claimed.push(key.clone());

@@ -1,18 +1,23 @@
 //! Routing: a message to a key's worker in whichever process of the fleet holds the key now.
 //!
-//! A routed pool's member answers requests on a channel of its own (`pgcoord.route.` and a hash
-//! of the pool's name and the member's owner). A [`KeyRouter`] reads who holds the key's lease — the
-//! lease table's row, by the server's clock, never a notification's word — and asks that
-//! member. The member hands the message to the key's worker only while it holds the key's
-//! lease, and otherwise answers "not here": the router reads the table again (the key is
-//! moving) and asks the new holder, until its deadline. So while a key moves, its messages wait
-//! in their senders, bounded by each call's timeout.
+//! A routed pool's member answers requests on a channel of its own, the lease wing's
+//! [`holder_channel`](pgcoord::lease::holder_channel) for the pool (scoped to its lock table)
+//! and the member's owner. A [`KeyRouter`] sends a request in one statement that reads who
+//! holds the key's lease — the lease table's row, by the server's clock, never a
+//! notification's word — and NOTIFYs that holder's channel
+//! ([`notify_holder`](pgcoord::LeaseTable::notify_holder)): a routed ask costs the round trip a
+//! plain request/reply does. The member hands the message to the key's worker only while it
+//! holds the key's lease, and otherwise answers "not here": the router sends again (the key is
+//! moving), until its deadline. So while a key moves, its messages wait in their senders,
+//! bounded by each call's timeout.
 //!
 //! At most once: a message is handled by the key's worker once or not at all. When no answer
 //! came in time the router cannot know which, and says so ([`ErrorKind::Timeout`]); it never
-//! sends a message again after it may have been delivered. Anyone who can connect to the
-//! database can NOTIFY a member's channel: a worker takes routed messages as a signal's
-//! subscriber takes signals, from the database's users, not from an authenticated peer.
+//! sends a message again after it may have been delivered. [`KeyRouter::tell`] is answered as
+//! soon as the message is in the worker's mailbox, [`KeyRouter::ask`] once the worker has
+//! handled it. Anyone who can connect to the database can NOTIFY a member's channel: a worker
+//! takes routed messages as a signal's subscriber takes signals, from the database's users,
+//! not from an authenticated peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +29,8 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 
 use crate::Call;
-use crate::leases::{Get, LockManager, LockTableName};
-use crate::signals::{Ask, ListenerActor};
+use crate::leases::{GetHolderReach, HolderReach, LockManager};
+use crate::signals::{AskThrough, ListenerActor};
 
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
 /// it, and its answer (bytes, or an error the sender gets as [`ErrorKind::Remote`]) goes back
@@ -57,19 +62,37 @@ impl Routed {
     }
 }
 
-/// The channel the member `owner` of pool `pool` on lock table `table` answers routed requests
-/// on: a hash, so any names fit NOTIFY's 63 bytes. The table is in it so that two deployments
-/// sharing a database (each its own lock table) never answer each other's requests, whatever
-/// their pools and owners are called.
-pub(super) fn channel(table: &str, pool: &str, owner: &str) -> String {
-    let hash = pgcoord::advisory::key_for_name(&format!("{table}\0{pool}\0{owner}"));
-    format!("pgcoord.route.{:016x}", hash as u64)
+/// What scopes a routed pool's channels: the lock table and the pool, each after its length,
+/// so that two deployments sharing a database (each its own lock table) never answer each
+/// other's requests, whatever their pools and owners are called.
+fn scope(table: &str, pool: &str) -> String {
+    format!("route {}:{table} {}:{pool} ", table.len(), pool.len())
 }
 
-/// A request on the wire: the key's length (4 bytes, big-endian), the key, how long the sender
-/// waits for the answer (milliseconds, 4 bytes), the payload.
-pub(super) fn encode_request(key: &str, within: Duration, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(8 + key.len() + payload.len());
+/// The channel the member `owner` of pool `pool` on lock table `table` answers routed requests
+/// on.
+pub(super) fn channel(table: &str, pool: &str, owner: &str) -> String {
+    pgcoord::lease::holder_channel(&scope(table, pool), owner)
+}
+
+/// What the sender waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// The worker's answer ([`KeyRouter::ask`]).
+    Answer,
+    /// The message in the worker's mailbox ([`KeyRouter::tell`]).
+    Mailbox,
+}
+
+/// A request on the wire: what the sender waits for (1 byte: 0 the answer, 1 the mailbox), the
+/// key's length (4 bytes, big-endian), the key, how long the sender waits (milliseconds, 4
+/// bytes), the payload.
+pub(super) fn encode_request(key: &str, wait: Wait, within: Duration, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(9 + key.len() + payload.len());
+    bytes.push(match wait {
+        Wait::Answer => 0,
+        Wait::Mailbox => 1,
+    });
     bytes.extend_from_slice(&(key.len() as u32).to_be_bytes());
     bytes.extend_from_slice(key.as_bytes());
     let millis = u32::try_from(within.as_millis()).unwrap_or(u32::MAX);
@@ -78,21 +101,27 @@ pub(super) fn encode_request(key: &str, within: Duration, payload: &[u8]) -> Vec
     bytes
 }
 
-/// The message of a request and how long its sender waits; an error for bytes no router sent.
+/// The message of a request, what its sender waits for and how long; an error for bytes no
+/// router sent.
 pub(super) fn decode_request(
     mut bytes: Vec<u8>,
-) -> std::result::Result<(Routed, Duration), String> {
+) -> std::result::Result<(Routed, Wait, Duration), String> {
     let bad = || "not a routed request".to_owned();
     let number = |bytes: &[u8], at: usize| -> std::result::Result<u32, String> {
         let four = bytes.get(at..at + 4).ok_or_else(bad)?;
         Ok(u32::from_be_bytes(four.try_into().map_err(|_| bad())?))
     };
-    let len = number(&bytes, 0)? as usize;
-    let within = Duration::from_millis(u64::from(number(&bytes, 4 + len)?));
-    let key = bytes.get(4..4 + len).ok_or_else(bad)?;
+    let wait = match bytes.first() {
+        Some(0) => Wait::Answer,
+        Some(1) => Wait::Mailbox,
+        _ => return Err(bad()),
+    };
+    let len = number(&bytes, 1)? as usize;
+    let within = Duration::from_millis(u64::from(number(&bytes, 5 + len)?));
+    let key = bytes.get(5..5 + len).ok_or_else(bad)?;
     let key = std::str::from_utf8(key).map_err(|_| bad())?.to_owned();
-    let payload = bytes.split_off(8 + len);
-    Ok((Routed { key, payload }, within))
+    let payload = bytes.split_off(9 + len);
+    Ok((Routed { key, payload }, wait, within))
 }
 
 /// A member's answer to a routed request.
@@ -102,11 +131,14 @@ pub(super) enum Reply {
     Handled(Vec<u8>),
     /// The worker's error.
     Failed(String),
-    /// This member does not hold the key (any more, or yet): nothing was delivered.
+    /// This member does not hold the key (any more, or yet), or its worker's mailbox is full:
+    /// nothing was delivered.
     NotHere,
     /// The worker had the message and did not answer: it stopped first (its key moved, or it
     /// panicked), or it took longer than the sender waits. It may or may not have been handled.
     Unknown,
+    /// The message is in the worker's mailbox (to a [`KeyRouter::tell`]).
+    Accepted,
 }
 
 impl Reply {
@@ -117,6 +149,7 @@ impl Reply {
             Reply::Failed(why) => (1, why.into_bytes()),
             Reply::NotHere => (2, Vec::new()),
             Reply::Unknown => (3, Vec::new()),
+            Reply::Accepted => (4, Vec::new()),
         };
         rest.insert(0, tag);
         rest
@@ -131,6 +164,7 @@ impl Reply {
             1 => Ok(Reply::Failed(String::from_utf8_lossy(&rest).into_owned())),
             2 => Ok(Reply::NotHere),
             3 => Ok(Reply::Unknown),
+            4 => Ok(Reply::Accepted),
             _ => Err(bad()),
         }
     }
@@ -138,15 +172,15 @@ impl Reply {
 
 /// Sends messages to the workers of a routed [`WorkerPool`](super::WorkerPool)'s keys,
 /// wherever they run. Any process of the fleet can make one, a member of the pool or not; it
-/// needs the lock manager (to read who holds a key, on its lock table) and the listener (to
-/// ask). Clones share the two addresses and the lock table's name.
+/// needs the lock manager (for its lock table and pool) and the listener (to hear answers).
+/// Clones share the two addresses and what they were asked once.
 #[derive(Clone)]
 pub struct KeyRouter {
     pool: String,
     locks: Addr<LockManager>,
     listener: Addr<ListenerActor>,
-    /// The lock table's name, asked of `locks` once.
-    table: Arc<tokio::sync::OnceCell<String>>,
+    /// The lock manager's sender to holders and its table's name, asked of `locks` once.
+    reach: Arc<tokio::sync::OnceCell<HolderReach>>,
 }
 
 impl std::fmt::Debug for KeyRouter {
@@ -166,13 +200,14 @@ fn maybe_handled(key: &str, what: &str) -> Error {
     )
 }
 
-/// How long the router waits before reading the table again while a key has no holder or is
-/// moving: a few milliseconds at first (a move is usually over in one tick), at most this.
+/// How long the router waits before sending again while a key has no holder or is moving: a
+/// few milliseconds at first (a move is usually over in one tick), at most this.
 const LOOK_AGAIN_AT_MOST: Duration = Duration::from_millis(200);
 
 impl KeyRouter {
     /// A router to the workers of pool `pool` (the name its [`WorkerPool`](super::WorkerPool)s
-    /// were made with), reading leases through `locks` and asking through `listener`.
+    /// were made with), reaching holders through `locks`'s table and hearing answers through
+    /// `listener`.
     pub fn new(
         pool: impl Into<String>,
         locks: Addr<LockManager>,
@@ -182,13 +217,13 @@ impl KeyRouter {
             pool: pool.into(),
             locks,
             listener,
-            table: Arc::default(),
+            reach: Arc::default(),
         }
     }
 
     /// Sends `payload` to the worker of `key` and answers its reply, within `timeout` whatever
     /// the connections do. While the key moves between processes or has no holder yet, the
-    /// router looks again until the deadline. Errors: the worker's own as
+    /// router sends again until the deadline. Errors: the worker's own as
     /// [`ErrorKind::Remote`]; [`ErrorKind::Timeout`] when no answer came — in time, or at all
     /// (the worker stopped before it answered): the message may or may not have been handled
     /// (at most once: it is never sent twice), and the error says which; or, when no process
@@ -201,35 +236,26 @@ impl KeyRouter {
         payload: impl Into<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut sent = false;
-        let asked = self.ask_until(key, payload.into(), deadline, &mut sent);
-        let started = std::time::Instant::now();
-        let answer = tokio::time::timeout_at(deadline, asked).await;
-        let outcome = match &answer {
-            Ok(Ok(_)) => "handled",
-            Ok(Err(e)) if e.kind() != ErrorKind::Timeout => "failed",
-            _ if sent => "timeout",
-            _ => "not_delivered",
-        };
-        crate::metrics::routed(&self.pool, outcome, started.elapsed());
-        match answer {
-            Ok(Err(e)) if e.kind() != ErrorKind::Timeout => Err(e),
-            Ok(Ok(answer)) => Ok(answer),
-            // The deadline, here or in the listener's ask.
-            _ if sent => Err(maybe_handled(
-                key,
-                &format!("did not answer within {timeout:?}"),
-            )),
-            _ => Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "no process held key {key:?} of pool {:?} within {timeout:?}: the message \
-                     was not delivered",
-                    self.pool
-                ),
-            )),
-        }
+        self.send(key, Wait::Answer, payload.into(), timeout).await
+    }
+
+    /// Sends `payload` to the worker of `key` without waiting for it to be handled: answers
+    /// `Ok` once the message is in the worker's mailbox — it is handled then, unless the worker
+    /// stops first (its key lost or moved, its process killed) — within `timeout` whatever the
+    /// connections do. The worker's answer goes nowhere. While the key moves, or its worker's
+    /// mailbox is full, the router sends again until the deadline. Errors as [`ask`](Self::ask)'s:
+    /// [`ErrorKind::Timeout`] says whether the message may have reached the mailbox. One call
+    /// after another keeps their order for a key, also mixed with `ask`s.
+    #[instrument(skip_all, fields(pool.name = %self.pool, worker.key = %key), level = "debug")]
+    pub async fn tell(
+        &self,
+        key: &str,
+        payload: impl Into<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send(key, Wait::Mailbox, payload.into(), timeout)
+            .await
+            .map(drop)
     }
 
     /// [`ask`](Self::ask) with MessagePack: `request` encoded, the answer decoded.
@@ -248,6 +274,17 @@ impl KeyRouter {
         pgcoord::signal::from_payload(&answer)
     }
 
+    /// [`tell`](Self::tell) with MessagePack: `message` encoded ([`Routed::value`] decodes it).
+    pub async fn tell_value<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        message: &T,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.tell(key, pgcoord::signal::to_payload(message)?, timeout)
+            .await
+    }
+
     /// The pool's live members now, by owner, sorted: every process whose pool of this name
     /// holds its member lease (read from the table; [`SubscribeMembers`](super::SubscribeMembers)
     /// tells a pool's own process of changes).
@@ -260,57 +297,121 @@ impl KeyRouter {
         Ok(super::members::live(&infos, &prefix))
     }
 
-    /// Reads the key's holder and asks it, again while the key has none or has moved. `sent`
-    /// is set once a request went out that a worker may have handled.
-    async fn ask_until(
+    /// [`ask`](Self::ask) or [`tell`](Self::tell): sends until answered or the deadline, and
+    /// says what the sender can know.
+    async fn send(
         &self,
         key: &str,
+        wait: Wait,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut sent = false;
+        let sending = self.send_until(key, wait, payload, deadline, &mut sent);
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout_at(deadline, sending).await;
+        let outcome = match (&answer, wait) {
+            (Ok(Ok(_)), Wait::Answer) => "handled",
+            (Ok(Ok(_)), Wait::Mailbox) => "accepted",
+            (Ok(Err(e)), _) if e.kind() != ErrorKind::Timeout => "failed",
+            _ if sent => "timeout",
+            _ => "not_delivered",
+        };
+        crate::metrics::routed(&self.pool, outcome, started.elapsed());
+        match answer {
+            Ok(Err(e)) if e.kind() != ErrorKind::Timeout => Err(e),
+            Ok(Ok(answer)) => Ok(answer),
+            // The deadline, here or in the listener's round trip.
+            _ if sent => Err(maybe_handled(
+                key,
+                &format!("did not answer within {timeout:?}"),
+            )),
+            _ => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "no process held key {key:?} of pool {:?} within {timeout:?}: the message \
+                     was not delivered",
+                    self.pool
+                ),
+            )),
+        }
+    }
+
+    /// Sends to the key's holder, again while the key has none or has moved. `sent` is set
+    /// once a request went out that a worker may have handled.
+    async fn send_until(
+        &self,
+        key: &str,
+        wait: Wait,
         payload: Vec<u8>,
         deadline: tokio::time::Instant,
         sent: &mut bool,
     ) -> Result<Vec<u8>> {
+        let reach = (self.reach)
+            .get_or_try_init(|| self.locks.send(GetHolderReach))
+            .await
+            .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
         let lease = format!("{}/keys/{key}", self.pool);
+        let scope = scope(&reach.lock_table, &self.pool);
         let mut looks = 0u32;
         loop {
             looks += 1;
-            match self.locks.call(Get(lease.clone())).await {
-                Ok(info) if info.remaining.is_some_and(|left| !left.is_zero()) => {
-                    let owner = info.owner.unwrap_or_default();
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    // The member waits for its worker no longer than this sender waits.
-                    let request = encode_request(key, left, &payload);
-                    let table = (self.table)
-                        .get_or_try_init(|| self.locks.send(LockTableName))
-                        .await
-                        .map_err(|_| {
-                            Error::new(ErrorKind::Unavailable, "the lock manager stopped")
-                        })?;
-                    let ask = Ask::new(channel(table, &self.pool, &owner), request).timeout(left);
-                    // From here a worker may handle it: never sent again.
-                    *sent = true;
-                    let answer = self.listener.call(ask).await?;
-                    match Reply::decode(answer)? {
-                        Reply::Handled(bytes) => return Ok(bytes),
-                        Reply::Failed(why) => return Err(Error::new(ErrorKind::Remote, why)),
-                        Reply::Unknown => {
-                            return Err(maybe_handled(
-                                key,
-                                "did not answer (it stopped, or in time)",
-                            ));
-                        }
-                        // Not delivered: the key moved on (or not yet in), so sending again is
-                        // still at most once.
-                        Reply::NotHere => {
-                            *sent = false;
-                            debug!(%owner, "the key is not at its holder's; looking again");
-                        }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // The member waits for its worker no longer than this sender waits.
+            let request = encode_request(key, wait, left, &payload);
+            // Who the statement found holding the key: unset if it did not run to the end.
+            let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
+            let send = {
+                let (reach, lease, scope, holder) =
+                    (reach.clone(), lease.clone(), scope.clone(), holder.clone());
+                Box::new(
+                    move |text: String| -> crate::backend::BoxFuture<Result<()>> {
+                        Box::pin(async move {
+                            let owner = reach.notify(lease, scope, text).await?;
+                            let nobody = owner.is_none();
+                            let _ = holder.set(owner);
+                            if nobody {
+                                return Err(Error::new(
+                                    ErrorKind::NotFound,
+                                    "nobody holds the key",
+                                ));
+                            }
+                            Ok(())
+                        })
+                    },
+                )
+            };
+            // From here a worker may have it, unless the statement found no holder.
+            *sent = true;
+            let answer = self.listener.call(AskThrough {
+                send,
+                payload: request,
+                timeout: left,
+            });
+            match answer.await {
+                Err(_) if holder.get() == Some(&None) => {
+                    *sent = false;
+                    debug!("nobody holds the key; looking again");
+                }
+                Err(e) => return Err(e),
+                Ok(answer) => match Reply::decode(answer)? {
+                    Reply::Handled(bytes) => return Ok(bytes),
+                    Reply::Accepted => return Ok(Vec::new()),
+                    Reply::Failed(why) => return Err(Error::new(ErrorKind::Remote, why)),
+                    Reply::Unknown => {
+                        return Err(maybe_handled(
+                            key,
+                            "did not answer (it stopped, or in time)",
+                        ));
                     }
-                }
-                Ok(_) => debug!("nobody holds the key; looking again"),
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    debug!("nobody has held the key yet; looking again")
-                }
-                Err(e) => debug!(error = %e, "cannot read the key's holder; looking again"),
+                    // Not delivered: the key moved on (or not yet in), so sending again is
+                    // still at most once.
+                    Reply::NotHere => {
+                        *sent = false;
+                        debug!(owner = ?holder.get(), "the key is not at its holder's; looking again");
+                    }
+                },
             }
             let pause = Duration::from_millis(5 << looks.min(6)).min(LOOK_AGAIN_AT_MOST);
             tokio::time::sleep(pause).await;
@@ -325,23 +426,27 @@ mod tests {
     #[test]
     fn requests_and_replies_round_trip() {
         let second = Duration::from_secs(1);
-        let request = encode_request("customer-7", second, b"hello");
-        let (routed, within) = decode_request(request).unwrap();
+        let request = encode_request("customer-7", Wait::Answer, second, b"hello");
+        let (routed, wait, within) = decode_request(request).unwrap();
         assert_eq!(
             (routed.key(), routed.payload()),
             ("customer-7", &b"hello"[..])
         );
-        assert_eq!(within, second);
-        let (empty, _) = decode_request(encode_request("", Duration::ZERO, b"")).unwrap();
+        assert_eq!((wait, within), (Wait::Answer, second));
+        let request = encode_request("", Wait::Mailbox, Duration::ZERO, b"");
+        let (empty, wait, _) = decode_request(request).unwrap();
         assert_eq!((empty.key(), empty.payload()), ("", &b""[..]));
+        assert_eq!(wait, Wait::Mailbox);
         // More milliseconds than 4 bytes hold: as many as they do.
-        let (_, within) = decode_request(encode_request("k", Duration::MAX, b"")).unwrap();
+        let request = encode_request("k", Wait::Answer, Duration::MAX, b"");
+        let (_, _, within) = decode_request(request).unwrap();
         assert_eq!(within, Duration::from_millis(u64::from(u32::MAX)));
         for reply in [
             Reply::Handled(b"ok".to_vec()),
             Reply::Failed("no".into()),
             Reply::NotHere,
             Reply::Unknown,
+            Reply::Accepted,
         ] {
             assert_eq!(Reply::decode(reply.clone().encode()).unwrap(), reply);
         }
@@ -349,10 +454,12 @@ mod tests {
 
     #[test]
     fn bytes_no_router_sent_are_refused() {
-        assert!(decode_request(vec![0, 0]).is_err());
-        assert!(decode_request(vec![0, 0, 0, 9, b'a']).is_err());
-        assert!(decode_request(vec![0, 0, 0, 1, 0xff, 0, 0, 0, 1]).is_err());
-        assert!(decode_request(vec![0, 0, 0, 1, b'k', 0, 0]).is_err());
+        assert!(decode_request(vec![]).is_err());
+        assert!(decode_request(vec![2, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(decode_request(vec![0, 0, 0]).is_err());
+        assert!(decode_request(vec![0, 0, 0, 0, 9, b'a']).is_err());
+        assert!(decode_request(vec![0, 0, 0, 0, 1, 0xff, 0, 0, 0, 1]).is_err());
+        assert!(decode_request(vec![1, 0, 0, 0, 1, b'k', 0, 0]).is_err());
         assert!(Reply::decode(vec![]).is_err());
         assert!(Reply::decode(vec![7]).is_err());
     }

@@ -198,21 +198,225 @@ async fn a_routed_call_answers_within_its_timeout_and_says_what_it_knows() {
     .await;
     let router = router(&setup, "sender");
     let timeout = Duration::from_millis(800);
-    for (key, says) in [
-        ("held", "may or may not have been handled"),
-        ("nobody's", "was not delivered"),
-    ] {
-        let started = Instant::now();
-        let e = router.ask(key, b"x".to_vec(), timeout).await.unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-        assert!(e.to_string().contains(says), "{key}: {e}");
-        assert!(
-            took >= timeout && took < timeout + Duration::from_millis(500),
-            "{key}: {took:?}"
-        );
+    for tell in [false, true] {
+        for (key, says) in [
+            ("held", "may or may not have been handled"),
+            ("nobody's", "was not delivered"),
+        ] {
+            let started = Instant::now();
+            let e = if tell {
+                router.tell(key, b"x".to_vec(), timeout).await.unwrap_err()
+            } else {
+                router.ask(key, b"x".to_vec(), timeout).await.unwrap_err()
+            };
+            let took = started.elapsed();
+            assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+            assert!(e.to_string().contains(says), "{key} (tell {tell}): {e}");
+            assert!(
+                took >= timeout && took < timeout + Duration::from_millis(500),
+                "{key} (tell {tell}): {took:?}"
+            );
+        }
     }
     assert!(received.lock().unwrap().is_empty());
+}
+
+/// `tell` is answered once the message is in the key's worker's mailbox: every message told
+/// is handled once, in the order told, also while the keys move from a process that leaves.
+#[actix_rt::test]
+async fn a_tell_is_handled_once_in_order_and_follows_a_move() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    let received = Received::default();
+    let a = start(&setup, "a", &keys, &received, true);
+    let b = start(&setup, "b", &keys, &received, true);
+    pgcoord_testkit::eventually(Duration::from_secs(6), "keys shared 3/3", async || {
+        held(&a).await.len() == 3 && held(&b).await.len() == 3
+    })
+    .await;
+    let on_a = held(&a).await;
+    let router = router(&setup, "sender");
+    // The worker's error goes nowhere: told is told.
+    router
+        .tell_value("k0", &999u64, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let senders: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (router, key) = (router.clone(), key.clone());
+            actix::spawn(async move {
+                for n in 0..80u64 {
+                    router
+                        .tell_value(&key, &n, Duration::from_secs(10))
+                        .await
+                        .unwrap_or_else(|e| panic!("{key} message {n}: {e}"));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.pool.send(Shutdown).await.unwrap();
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    // Told, so in a mailbox: handled soon, whoever holds the key.
+    pgcoord_testkit::eventually(
+        Duration::from_secs(5),
+        "every message handled",
+        async || {
+            let received = received.lock().unwrap();
+            keys.iter()
+                .all(|key| received.get(key).is_some_and(|got| got.len() == 80))
+        },
+    )
+    .await;
+    let received = received.lock().unwrap().clone();
+    for key in &keys {
+        let ns: Vec<u64> = received[key].iter().map(|(_, _, n)| *n).collect();
+        assert_eq!(
+            ns,
+            (0..80).collect::<Vec<_>>(),
+            "{key}: each once, in order"
+        );
+        if on_a.contains_key(key) {
+            assert_eq!(received[key][0].0, "a", "{key} served by a first");
+        }
+        assert_eq!(
+            received[key].last().unwrap().0,
+            "b",
+            "{key} served by b at the end"
+        );
+    }
+}
+
+/// The sender's pooled connections stop forwarding (black-holed, new ones refused) and its
+/// statement timeout is longer than the call's: an ask and a tell still answer within their
+/// timeout, saying the message may have been handled (the statement went out); once the
+/// connections are reset, calls go through again.
+#[actix_rt::test]
+async fn a_routed_call_answers_within_its_timeout_while_the_senders_connections_hang() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let received = Received::default();
+    let member = start(&setup, "member", &["k".to_owned()], &received, true);
+    pgcoord_testkit::eventually(Duration::from_secs(4), "the key held", async || {
+        held(&member).await.len() == 1
+    })
+    .await;
+    let proxy = pgcoord_testkit::Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("sender")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .session_pg_config(&setup.pg)
+        .statement_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let router = KeyRouter::new(
+        "routed",
+        locks,
+        ListenerActor::new(config, None).start_supervised(),
+    );
+    let ask = async |n: u64, timeout: Duration| {
+        router
+            .ask_value::<_, (String, i64, u64)>("k", &n, timeout)
+            .await
+    };
+    ask(1, Duration::from_secs(5)).await.unwrap();
+    proxy.cut();
+    proxy.refuse(true);
+    let timeout = Duration::from_secs(1);
+    for tell in [false, true] {
+        let started = Instant::now();
+        let e = if tell {
+            router.tell_value("k", &2u64, timeout).await.unwrap_err()
+        } else {
+            ask(2, timeout).await.unwrap_err()
+        };
+        let took = started.elapsed();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("may or may not"), "tell {tell}: {e}");
+        assert!(
+            took < timeout + Duration::from_millis(300),
+            "tell {tell}: {took:?}"
+        );
+    }
+    proxy.refuse(false);
+    proxy.reset();
+    pgcoord_testkit::eventually(
+        Duration::from_secs(10),
+        "asks go through again",
+        async || ask(3, Duration::from_secs(1)).await.is_ok(),
+    )
+    .await;
+}
+
+/// Handles a routed message in 20 ms, one at a time (its mailbox waits meanwhile), and records
+/// it.
+struct Slow(Arc<Mutex<Vec<u64>>>);
+
+impl Actor for Slow {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Slow {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Routed> for Slow {
+    type Result = AtomicResponse<Self, Result<Vec<u8>, String>>;
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        let n: u64 = routed.value().unwrap();
+        AtomicResponse::new(Box::pin(
+            tokio::time::sleep(Duration::from_millis(20))
+                .into_actor(self)
+                .map(move |_, act, _| {
+                    act.0.lock().unwrap().push(n);
+                    Ok(Vec::new())
+                }),
+        ))
+    }
+}
+
+/// Tells to a worker slower than its sender fill its mailbox, then wait for room (the sender
+/// sends again) rather than pile up: all handled, in order, and the sender held back.
+#[actix_rt::test]
+async fn tells_to_a_busy_worker_wait_for_room_in_its_mailbox() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let config = setup.builder("busy").build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let listener = ListenerActor::new(config.clone(), None).start_supervised();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let given = handled.clone();
+    let pool = WorkerPool::new(&config, locks, "routed", vec!["k".into()], move |_| {
+        Slow(given.clone())
+    })
+    .routed(listener)
+    .start();
+    pgcoord_testkit::eventually(Duration::from_secs(4), "the key held", async || {
+        pool.send(GetAssignment).await.unwrap().keys.len() == 1
+    })
+    .await;
+    let router = router(&setup, "sender");
+    let started = Instant::now();
+    for n in 0..60u64 {
+        router
+            .tell_value("k", &n, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("message {n}: {e}"));
+    }
+    // A mailbox holds 16: the last tells waited for the worker to make room, 20 ms a message.
+    let told = started.elapsed();
+    assert!(told >= Duration::from_millis(20 * 30), "{told:?}");
+    pgcoord_testkit::eventually(Duration::from_secs(5), "all handled", async || {
+        handled.lock().unwrap().len() == 60
+    })
+    .await;
+    assert_eq!(*handled.lock().unwrap(), (0..60).collect::<Vec<_>>());
 }
 
 /// The slot a worker leaves its key in, for the test to fence with.
