@@ -120,6 +120,7 @@ pub struct LeaseTable {
     list_prefix: String,
     notify_holder: String,
     notify_holders: String,
+    keep_free: String,
     fence: String,
     pub(crate) proclaim: String,
     pub(crate) request_resign: String,
@@ -150,6 +151,16 @@ impl LeaseTable {
     ) -> Result<Option<Holder>> {
         let rows = client.run(&self.holder, &[(&name, Type::TEXT)]).await?;
         holder_from(rows.first())
+    }
+
+    /// Records `name` as a free, kept row (as a release with keep leaves one) when it has no row;
+    /// nothing when it is held or has a row already. True when recorded now. Grants nothing: a
+    /// name to be found by [`list_prefix`](Self::list_prefix) — a worker pool's key that came to
+    /// life on a message, say.
+    pub async fn keep_free(&self, client: &(impl Statements + ?Sized), name: &str) -> Result<bool> {
+        check_name(name)?;
+        let rows = client.run(&self.keep_free, &[(&name, Type::TEXT)]).await?;
+        Ok(!rows.is_empty())
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.

@@ -333,6 +333,11 @@ impl LeaseTable {
                  ) AS h ON true
                  ORDER BY r.position"
             ),
+            // $1 name. A free, kept row where there is none: a name recorded, not held.
+            keep_free: format!(
+                "INSERT INTO {t} (name, kept) VALUES ($1, true)
+                 ON CONFLICT (name) DO NOTHING RETURNING name"
+            ),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
             election_channel: config.election_channel.as_str().to_owned(),

@@ -491,3 +491,31 @@ async fn notify_holder_reaches_the_holders_channel_as_computed_here_and_nobody_e
         .unwrap();
     assert_eq!(got, Some((channel, "marker".to_owned())));
 }
+
+#[tokio::test]
+async fn keep_free_records_a_name_without_granting_it_and_never_touches_a_held_one() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    assert!(table.keep_free(&client, "pool/keys/new").await.unwrap());
+    assert!(
+        !table.keep_free(&client, "pool/keys/new").await.unwrap(),
+        "once"
+    );
+    let info = table.get(&client, "pool/keys/new").await.unwrap();
+    assert_eq!((info.owner, info.token, info.remaining), (None, None, None));
+    let listed = table.list_prefix(&client, "pool/keys/").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    // Free: anyone is granted it.
+    let g = grant(&table, &client, "pool/keys/new", "me", LEASE).await;
+    // Held: recording it again changes nothing.
+    assert!(!table.keep_free(&client, "pool/keys/new").await.unwrap());
+    let info = table.get(&client, "pool/keys/new").await.unwrap();
+    assert_eq!(
+        (info.owner.as_deref(), info.token),
+        (Some("me"), Some(g.token))
+    );
+    assert_eq!(
+        table.keep_free(&client, "").await.unwrap_err().kind(),
+        ErrorKind::InvalidName
+    );
+}

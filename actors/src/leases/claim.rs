@@ -19,7 +19,8 @@ use super::{Lease, LockManager};
 impl Handler<Claim> for LockManager {
     type Result = ResponseActFuture<Self, Result<Vec<Lease>>>;
 
-    fn handle(&mut self, Claim { mut names }: Claim, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, request: Claim, _: &mut Context<Self>) -> Self::Result {
+        let (mut names, keep) = (request.names, request.keep_on_release);
         // Names held here are not asked again (leases never stack).
         names.retain(|n| !self.holdings.contains(n));
         names.sort();
@@ -56,7 +57,11 @@ impl Handler<Claim> for LockManager {
             let leases = result.map(|granted| {
                 (granted.into_iter())
                     .map(|(grant, won, sent)| {
-                        act.lease_for(grant.record(), OnRelease::default(), won, sent, ctx)
+                        let on_release = OnRelease {
+                            keep,
+                            ..OnRelease::default()
+                        };
+                        act.lease_for(grant.record(), on_release, won, sent, ctx)
                     })
                     .collect()
             });

@@ -148,9 +148,29 @@ impl Message for AcquirePermit {
 /// released.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<Lease>>")]
+#[non_exhaustive]
 pub struct Claim {
     /// The leases to take, distinct.
     pub names: Vec<String>,
+    /// Keep each row (free, with its data) when its lease is released, as
+    /// [`Acquire::keep_on_release`] does.
+    pub keep_on_release: bool,
+}
+
+impl Claim {
+    /// Claims `names`, each row deleted when its lease is released.
+    pub fn new(names: Vec<String>) -> Claim {
+        Claim {
+            names,
+            keep_on_release: false,
+        }
+    }
+
+    /// Keeps each row (free) when its lease is released.
+    pub fn keep_on_release(mut self) -> Claim {
+        self.keep_on_release = true;
+        self
+    }
 }
 
 /// Inspect one lock (held or kept). Grants nothing. [`pgcoord::ErrorKind::NotFound`] when

@@ -76,6 +76,22 @@ impl HolderReach {
     }
 }
 
+impl HolderReach {
+    /// Records lease `name` as a free, kept row when it has none
+    /// ([`LeaseTable::keep_free`]), then rings `channel` (an empty NOTIFY: a doorbell, it
+    /// grants nothing) so whoever takes such names looks now. Idempotent; bounded by the
+    /// statement timeout.
+    pub(crate) async fn record_and_ring(&self, name: &str, channel: &str) -> Result<()> {
+        let runner = &self.runner;
+        runner
+            .table
+            .keep_free(&runner.pool.idempotent(None), name)
+            .await?;
+        let channel = pgcoord::ident::Ident::channel(channel)?;
+        pgcoord::signal::notify(&runner.pool.statements(None), &channel, "").await
+    }
+}
+
 impl Runner {
     async fn alone(&self, name: &str, scope: &str, text: &str) -> Result<Option<String>> {
         // Not retried: the NOTIFY may have been sent.

@@ -326,6 +326,9 @@ where
     type Result = ();
 
     fn handle(&mut self, notification: RawNotification, ctx: &mut Context<Self>) {
+        if self.is_doorbell(&notification.channel) {
+            return self.rung(ctx);
+        }
         // The payload is the topic's name: only this pool's mail topics concern it.
         let prefix = mail_topic(&self.name, "");
         if let Some(key) = notification.payload.strip_prefix(&prefix) {

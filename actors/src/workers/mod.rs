@@ -36,6 +36,7 @@ use tracing::{debug, warn};
 use crate::leases::{Lease, LockManager};
 use crate::signals::StopServing;
 
+mod activate;
 mod deliver;
 mod drain;
 mod mail;
@@ -101,6 +102,14 @@ where
     routing: Option<Routing<W>>,
     /// Set by [`WorkerPool::durable`]: each key's durable mail goes to its worker.
     mailing: Option<mail::Mailing<W>>,
+    /// Set by [`WorkerPool::activate_keys`]: keys recorded under the pool are served too.
+    activate_keys: bool,
+    /// The keys recorded under the pool at the last tick that are not in `keys`.
+    recorded: std::collections::HashSet<String>,
+    /// When a doorbell last made the pool look for recorded keys at once.
+    rang_at: Option<std::time::Instant>,
+    /// A look for recorded keys is scheduled.
+    look_scheduled: bool,
 }
 
 impl<W> WorkerPool<W>
@@ -140,6 +149,10 @@ where
             key_stream: None,
             routing: None,
             mailing: None,
+            activate_keys: false,
+            recorded: Default::default(),
+            rang_at: None,
+            look_scheduled: false,
         }
     }
 
@@ -178,18 +191,24 @@ where
         self
     }
 
-    /// Replaces the keys: workers of keys no longer listed stop and their leases go.
+    /// Replaces the keys: workers of keys no longer listed (nor recorded) stop and their
+    /// leases go.
     fn set_keys(&mut self, keys: Vec<String>) {
         let gone: Vec<String> = self
             .running
             .keys()
-            .filter(|k| !keys.contains(k))
+            .filter(|k| !keys.contains(k) && !self.recorded.contains(*k))
             .cloned()
             .collect();
         for key in gone {
             self.stop_key(&key);
         }
         self.keys = keys;
+    }
+
+    /// Whether `key` is the pool's: one of its keys, or recorded under it.
+    fn has_key(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k == key) || self.recorded.contains(key)
     }
 
     fn key_lease(&self, key: &str) -> String {
@@ -312,6 +331,7 @@ where
             }));
         }
         self.start_mail(ctx);
+        self.start_activation(ctx);
         self.rebalance(ctx);
         ctx.run_interval(self.tick, |act, ctx| act.rebalance(ctx));
     }

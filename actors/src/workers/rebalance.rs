@@ -111,7 +111,17 @@ where
             if first_tick {
                 return;
             }
-            let share = members::share(&members, &prefix, &act.owner, act.weight, act.keys.len());
+            if act.activate_keys {
+                // Keys that came to life: recorded under the pool, held or not.
+                let key_prefix = format!("{}/keys/", act.name);
+                act.recorded = (keys.iter())
+                    .filter_map(|k| k.name.strip_prefix(key_prefix.as_str()))
+                    .filter(|k| !act.keys.iter().any(|own| own == k))
+                    .map(str::to_owned)
+                    .collect();
+            }
+            let all = act.keys.len() + act.recorded.len();
+            let share = members::share(&members, &prefix, &act.owner, act.weight, all);
             if act.running.len() > share {
                 let extra: Vec<String> = act
                     .running
@@ -133,9 +143,8 @@ where
                 .filter(|k| k.is_held())
                 .map(|k| k.name.as_str())
                 .collect();
-            let free: Vec<String> = act
-                .keys
-                .iter()
+            let free: Vec<String> = (act.keys.iter())
+                .chain(act.recorded.iter())
                 .filter(|k| !act.running.contains_key(k.as_str()))
                 .map(|k| act.key_lease(k))
                 .filter(|lease| !taken.contains(lease.as_str()))
@@ -144,14 +153,17 @@ where
             if free.is_empty() {
                 return;
             }
-            let claim = act.locks.send(Claim { names: free });
+            let claim = Claim::new(free);
+            // A key that came to life stays recorded when its lease goes (a move).
+            let claim = if act.activate_keys { claim.keep_on_release() } else { claim };
+            let claim = act.locks.send(claim);
             ctx.spawn(claim.into_actor(act).map(|result, act, ctx| match result {
                 Ok(Ok(leases)) => {
                     let prefix = format!("{}/keys/", act.name);
                     let mut claimed = Vec::new();
                     for lease in leases {
                         let key = lease.name()[prefix.len()..].to_owned();
-                        if !act.keys.contains(&key) {
+                        if !act.has_key(&key) {
                             continue; // keys changed meanwhile: dropped, so released
                         }
                         let (token, lost) = (lease.token(), lease.lost());

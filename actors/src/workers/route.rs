@@ -75,6 +75,13 @@ pub(super) fn channel(table: &str, pool: &str, owner: &str) -> String {
     pgcoord::lease::holder_channel(&scope(table, pool), owner)
 }
 
+/// The doorbell of pool `pool` on lock table `table`, rung when a message records a key that
+/// came to life: the holder channel of an empty owner, which no member has (owners are 1 to
+/// 255 bytes).
+pub(super) fn pool_channel(table: &str, pool: &str) -> String {
+    pgcoord::lease::holder_channel(&scope(table, pool), "")
+}
+
 /// What the sender waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wait {
@@ -181,6 +188,8 @@ pub struct KeyRouter {
     listener: Addr<ListenerActor>,
     /// The lock manager's sender to holders and its table's name, asked of `locks` once.
     reach: Arc<tokio::sync::OnceCell<HolderReach>>,
+    /// Set by [`KeyRouter::activate_keys`].
+    activate_keys: bool,
 }
 
 impl std::fmt::Debug for KeyRouter {
@@ -218,7 +227,19 @@ impl KeyRouter {
             locks,
             listener,
             reach: Arc::default(),
+            activate_keys: false,
         }
+    }
+
+    /// Keys come to life on a message: a message to a key nobody holds records the key under
+    /// the pool (a free, kept row of the key's lease) and rings the pool's doorbell, and a
+    /// member of a pool made [`WorkerPool::activate_keys`](super::WorkerPool::activate_keys)
+    /// takes it under its fair share and starts its worker; the message waits in its sender
+    /// meanwhile, as during a move, and is delivered once the worker runs. Without it, a
+    /// message to a key that is not one of the pool's waits for a holder until its deadline.
+    pub fn activate_keys(mut self) -> KeyRouter {
+        self.activate_keys = true;
+        self
     }
 
     /// Sends `payload` to the worker of `key` and answers its reply, within `timeout` whatever
@@ -393,6 +414,13 @@ impl KeyRouter {
                 Err(_) if holder.get() == Some(&None) => {
                     *sent = false;
                     debug!("nobody holds the key; looking again");
+                    if self.activate_keys {
+                        // Again at each look: the doorbell is not to be trusted to ring.
+                        let doorbell = pool_channel(&reach.lock_table, &self.pool);
+                        if let Err(e) = reach.record_and_ring(&lease, &doorbell).await {
+                            debug!(error = %e, "cannot record the key; looking again");
+                        }
+                    }
                 }
                 Err(e) => return Err(e),
                 Ok(answer) => match Reply::decode(answer)? {

@@ -190,7 +190,7 @@ async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() 
     proxy.cut();
     let started = Instant::now();
     let names = (0..10).map(|i| format!("claim-{i}")).collect();
-    let claimed = manager.send(Claim { names }).await.unwrap();
+    let claimed = manager.send(Claim::new(names)).await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",

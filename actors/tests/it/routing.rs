@@ -66,6 +66,17 @@ fn start(
     received: &Received,
     routed: bool,
 ) -> Process {
+    start_with(setup, process, keys, received, routed, |pool| pool)
+}
+
+fn start_with(
+    setup: &Setup,
+    process: &str,
+    keys: &[String],
+    received: &Received,
+    routed: bool,
+    with: impl FnOnce(WorkerPool<Echo>) -> WorkerPool<Echo>,
+) -> Process {
     let config = setup.builder(process).build().unwrap();
     let locks = LockManager::new(config.clone()).start();
     let (name, received) = (process.to_owned(), received.clone());
@@ -81,7 +92,7 @@ fn start(
         pool
     };
     Process {
-        pool: pool.start(),
+        pool: with(pool).start(),
         _locks: locks,
     }
 }
@@ -338,7 +349,7 @@ async fn a_routed_call_answers_within_its_timeout_while_the_senders_connections_
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
         assert!(e.to_string().contains("may or may not"), "tell {tell}: {e}");
         assert!(
-            took < timeout + Duration::from_millis(300),
+            took < timeout + Duration::from_millis(500),
             "tell {tell}: {took:?}"
         );
     }
@@ -417,6 +428,78 @@ async fn tells_to_a_busy_worker_wait_for_room_in_its_mailbox() {
     })
     .await;
     assert_eq!(*handled.lock().unwrap(), (0..60).collect::<Vec<_>>());
+}
+
+/// Keys come to life on a message: a routed message to a key no member has records it, and a
+/// member takes it at once (the doorbell; the ticks are 5 s apart) and answers. Recorded keys
+/// are shared fairly and stay known when their member leaves: the other takes them, and their
+/// messages follow. A router that does not activate keys records none.
+#[actix_rt::test]
+async fn a_message_brings_its_key_to_life_and_the_key_stays_known_across_a_move() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(2)).await;
+    let received = Received::default();
+    let member = |name: &str| {
+        start_with(&setup, name, &[], &received, true, |pool| {
+            pool.activate_keys()
+        })
+    };
+    let (a, b) = (member("a"), member("b"));
+    // Both registered (their first tick claims nothing).
+    let observer = router(&setup, "observer");
+    pgcoord_testkit::eventually(Duration::from_secs(4), "two members", async || {
+        observer.members().await.unwrap().len() == 2
+    })
+    .await;
+    let router = router(&setup, "sender").activate_keys();
+    let started = Instant::now();
+    let first: (String, i64, u64) = router
+        .ask_value("new-0", &0u64, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(first.2, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "started by the doorbell, not a tick: {:?}",
+        started.elapsed()
+    );
+    let keys: Vec<String> = (0..10).map(|i| format!("new-{i}")).collect();
+    for (n, key) in keys.iter().enumerate() {
+        let n = n as u64;
+        let answer = router.ask_value::<_, (String, i64, u64)>(key, &n, Duration::from_secs(15));
+        assert_eq!(answer.await.unwrap().2, n, "{key}");
+    }
+    // Shared fairly once a tick has passed: five each.
+    pgcoord_testkit::eventually(Duration::from_secs(15), "five keys each", async || {
+        held(&a).await.len() == 5 && held(&b).await.len() == 5
+    })
+    .await;
+    // `a` leaves: its keys stay recorded, and their next messages bring them up at `b`.
+    let on_a = held(&a).await;
+    a.pool.send(Shutdown).await.unwrap();
+    for (n, key) in keys.iter().enumerate() {
+        let (process, _, _): (String, i64, u64) = router
+            .ask_value(key, &(100 + n as u64), Duration::from_secs(15))
+            .await
+            .unwrap();
+        assert_eq!(process, "b", "{key}");
+    }
+    assert_eq!(held(&b).await.len(), 10);
+    assert!(
+        on_a.keys()
+            .all(|k| received.lock().unwrap()[k].iter().any(|(p, _, _)| p == "a"))
+    );
+    // A router that does not activate keys records none: not delivered.
+    let e = observer
+        .ask("never-seen", b"x".to_vec(), Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("was not delivered"), "{e}");
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE name = 'routed/keys/never-seen'",
+        setup.quoted_table()
+    );
+    let rows: i64 = admin.query_one(&sql, &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0);
 }
 
 /// The slot a worker leaves its key in, for the test to fence with.
