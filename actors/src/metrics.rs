@@ -85,6 +85,9 @@ pub const WORKER_MOVES: &str = "pgcoord_worker_key_moves_total";
 /// an ask answered, `accepted`: a tell in the worker's mailbox, `failed`: the worker's error or
 /// the runtime's, `timeout`: may have been handled, `not_delivered`: no holder in time).
 pub const ROUTED: &str = "pgcoord_routed_messages_total";
+/// Gauge: told messages in a pool's workers' mailboxes, not yet handled, by `pool` (at most
+/// 16 a worker).
+pub const WORKER_TOLD: &str = "pgcoord_worker_told_waiting";
 /// Histogram, seconds: a routed ask or tell from the call to its answer, by `pool`.
 pub const ROUTED_SECONDS: &str = "pgcoord_routed_seconds";
 /// Counter: a durable pool's mail handed to its workers, by `pool` and `result` (`handled`,
@@ -106,7 +109,7 @@ pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
 pub const RATE_PERMITS: &str = "pgcoord_rate_permits_total";
 
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -130,6 +133,7 @@ pub const ALL: [&str; 30] = [
     TOPIC_LAG_EVENTS,
     WORKER_KEYS,
     WORKER_MOVES,
+    WORKER_TOLD,
     ROUTED,
     ROUTED_SECONDS,
     WORKER_MAIL,
@@ -240,6 +244,11 @@ pub(crate) fn describe() {
         Unit::Count,
         "keys a worker pool's process claimed or let go"
     );
+    describe_gauge!(
+        WORKER_TOLD,
+        Unit::Count,
+        "told messages in a pool's workers' mailboxes, not yet handled"
+    );
     describe_counter!(
         ROUTED,
         Unit::Count,
@@ -248,7 +257,7 @@ pub(crate) fn describe() {
     describe_histogram!(
         ROUTED_SECONDS,
         Unit::Seconds,
-        "a routed ask from the call to its answer"
+        "a routed ask or tell from the call to its answer"
     );
     describe_counter!(
         WORKER_MAIL,
@@ -521,6 +530,7 @@ pub(crate) struct WorkerMetrics {
     pub(crate) keys: Share,
     pub(crate) claimed: Counter,
     pub(crate) released: Counter,
+    pub(crate) told: Gauge,
     pub(crate) mail: MailMetrics,
 }
 
@@ -540,6 +550,7 @@ impl WorkerMetrics {
             keys: Share::new(gauge!(WORKER_KEYS, "pool" => pool.to_owned())),
             claimed: moves("claimed"),
             released: moves("released"),
+            told: gauge!(WORKER_TOLD, "pool" => pool.to_owned()),
             mail: MailMetrics {
                 handled: counter!(WORKER_MAIL, "pool" => pool.to_owned(), "result" => "handled"),
                 failed: counter!(WORKER_MAIL, "pool" => pool.to_owned(), "result" => "failed"),

@@ -346,6 +346,16 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(now.counter(routed, "outcome=handled,pool=metered"), 1);
     assert_eq!(now.counter(routed, "outcome=not_delivered,pool=metered"), 1);
     assert_eq!(now.samples("pgcoord_routed_seconds", "pool=metered"), 2);
+    router
+        .tell("k", b"told".to_vec(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(now.counter(routed, "outcome=accepted,pool=metered"), 1);
+    let told = "pgcoord_worker_told_waiting";
+    pgcoord_testkit::eventually(Duration::from_secs(5), "the tell handled", async || {
+        now.gauge(told, "pool=metered") == 0.0
+    })
+    .await;
     let mail = Append::new(mail_topic("metered", "k"), b"m".to_vec());
     me.topics.call(mail).await.unwrap();
     let mail = |result: &str| {

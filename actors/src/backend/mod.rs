@@ -15,8 +15,8 @@
 //! at least once and in order, the same event again after a handler's `Err` or panic, a fenced
 //! `Delivery::ack` (no retention, no horizon: every append is at once final) — and lets a test force what PostgreSQL would do to it: a lost
 //! lease (`MemoryCoordinator::force_loss`) and a listener reconnect
-//! (`MemoryCoordinator::reconnect`). The suite in `actors/tests/it/backends.rs` runs
-//! the same tests against both.
+//! (`MemoryCoordinator::reconnect`). The suites in `actors/tests/it/backends.rs` and
+//! `backend_pools.rs` (worker pools: `WorkerPool::in_memory`) run the same tests against both.
 //!
 //! A job written against [`Locking`], and its unit test on the in-memory backend:
 //!

@@ -34,8 +34,9 @@ where
 
     /// Listens for the routers' doorbell, when the pool activates keys and is routed.
     pub(super) fn start_activation(&mut self, ctx: &mut Context<Self>) {
-        if let (true, Some(routing)) = (self.activate_keys, &self.routing) {
-            routing.listener.do_send(SubscribeRaw {
+        let listener = (self.routing.as_ref()).and_then(|r| r.listening.listener());
+        if let (true, Some(listener)) = (self.activate_keys, listener) {
+            listener.do_send(SubscribeRaw {
                 channel: route::pool_channel(&self.lock_table, &self.name),
                 recipient: ctx.address().recipient(),
             });

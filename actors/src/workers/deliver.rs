@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use actix::prelude::*;
 
+use super::backend::Listening;
 use super::route::{self, Reply, Routed, Wait};
 use super::{StopWorker, WorkerPool};
 use crate::signals::{ListenerActor, Serve};
@@ -16,7 +17,7 @@ pub(super) struct Routing<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
 {
-    pub(super) listener: Addr<ListenerActor>,
+    pub(super) listening: Listening,
     pub(super) channel: String,
     pub(super) serve: Option<MakeServe<W>>,
 }
@@ -31,7 +32,22 @@ where
     /// Delivers messages from [`KeyRouter`](super::KeyRouter)s to this pool's workers (which handle [`Routed`]),
     /// answering on this member's channel through `listener`. Every process's pool of the name
     /// should be routed, or messages to the keys of one that is not time out.
-    pub fn routed(mut self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
+    pub fn routed(self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
+        self.routed_through(Listening::Listener(listener))
+    }
+
+    /// [`routed`](Self::routed) on the in-memory backend: a pool made
+    /// [`in_memory`](Self::in_memory) answers [`KeyRouter::in_memory`](super::KeyRouter::in_memory)s of `coordinator`'s
+    /// backend.
+    #[cfg(feature = "memory")]
+    pub fn routed_in_memory(
+        self,
+        coordinator: &crate::backend::memory::MemoryCoordinator,
+    ) -> WorkerPool<W> {
+        self.routed_through(Listening::Memory(coordinator.clone()))
+    }
+
+    fn routed_through(mut self, listening: Listening) -> WorkerPool<W> {
         let channel = route::channel(&self.lock_table, &self.name, &self.owner);
         let served = channel.clone();
         let serve = move |pool: Addr<WorkerPool<W>>| {
@@ -47,7 +63,7 @@ where
             })
         };
         self.routing = Some(Routing {
-            listener,
+            listening,
             channel,
             serve: Some(Box::new(serve)),
         });
@@ -91,9 +107,12 @@ where
             }
             // In the mailbox now; its answer goes nowhere.
             let handled = worker.send(routed);
+            let waiting = self.metrics.told.clone();
+            waiting.increment(1.0);
             actix::spawn(async move {
                 let _ = handled.await;
                 told.fetch_sub(1, Ordering::AcqRel);
+                waiting.decrement(1.0);
             });
             return answer(Reply::Accepted);
         }

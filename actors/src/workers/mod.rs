@@ -34,9 +34,9 @@ use pgcoord::Config;
 use tracing::{debug, warn};
 
 use crate::leases::{Lease, LockManager};
-use crate::signals::StopServing;
 
 mod activate;
+mod backend;
 mod deliver;
 mod drain;
 mod mail;
@@ -52,6 +52,10 @@ pub use messages::{
     AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, StopWorker, WorkerKey, mail_topic,
 };
 pub use route::{KeyRouter, Routed};
+
+/// What stands for the lock table's name on the in-memory backend (routes are scoped to it).
+#[cfg(feature = "memory")]
+const MEMORY_TABLE: &str = "memory";
 
 struct Running<W: Actor> {
     /// Shared with the worker's [`WorkerKey`]: released once both are done with it.
@@ -74,7 +78,7 @@ where
 {
     name: String,
     keys: Vec<String>,
-    locks: Addr<LockManager>,
+    locks: backend::Locks,
     /// The lock table's name (routed requests' channels are scoped to it).
     lock_table: String,
     owner: String,
@@ -125,15 +129,65 @@ where
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
     ) -> WorkerPool<W> {
-        let name = name.into();
+        let tick = (config.lease() / 4).max(Duration::from_millis(10));
+        let (table, owner) = (config.lock_table().quoted(), config.owner().to_owned());
+        WorkerPool::on(
+            Arc::new(locks),
+            table,
+            owner,
+            tick,
+            name.into(),
+            keys,
+            factory,
+        )
+    }
+
+    /// The pool `name` over `keys` on the in-memory backend (feature `memory`), as the process
+    /// `coordinator` is: for unit tests of an application's workers. Members are the backend's
+    /// coordinators; a tick every 100 ms (nothing expires in memory: losses are forced, see
+    /// [`MemoryCoordinator::force_loss`](crate::backend::memory::MemoryCoordinator::force_loss));
+    /// routed with [`routed_in_memory`](Self::routed_in_memory). Not durable: durable mail
+    /// needs PostgreSQL.
+    #[cfg(feature = "memory")]
+    pub fn in_memory(
+        coordinator: &crate::backend::memory::MemoryCoordinator,
+        name: impl Into<String>,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
+        let (locks, owner) = (
+            Arc::new(coordinator.clone()),
+            coordinator.owner().to_owned(),
+        );
+        let tick = Duration::from_millis(100);
+        WorkerPool::on(
+            locks,
+            MEMORY_TABLE.into(),
+            owner,
+            tick,
+            name.into(),
+            keys,
+            factory,
+        )
+    }
+
+    fn on(
+        locks: backend::Locks,
+        lock_table: String,
+        owner: String,
+        tick: Duration,
+        name: String,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
         WorkerPool {
             metrics: crate::metrics::WorkerMetrics::new(&name),
             name,
             keys,
             locks,
-            lock_table: config.lock_table().quoted(),
-            owner: config.owner().to_owned(),
-            tick: (config.lease() / 4).max(Duration::from_millis(10)),
+            lock_table,
+            owner,
+            tick,
             factory: Box::new(factory),
             membership: None,
             running: HashMap::new(),
@@ -323,9 +377,9 @@ where
             && let Some(serve) = routing.serve.take()
         {
             // Listened to from here on, also across the listener's reconnects.
-            let served = routing.listener.send(serve(ctx.address()));
+            let served = routing.listening.serve(serve(ctx.address()));
             ctx.spawn(served.into_actor(self).map(|served, act, _| {
-                if !matches!(served, Ok(Ok(()))) {
+                if served.is_err() {
                     warn!(pool.name = %act.name, "cannot serve routed messages; senders' calls time out");
                 }
             }));
@@ -347,7 +401,7 @@ where
             actix::spawn(async move {
                 futures_util::future::join_all(released).await;
                 tokio::time::sleep(tick).await;
-                routing.listener.do_send(StopServing(routing.channel));
+                routing.listening.stop_serving(routing.channel);
             });
         }
         if let Some(membership) = self.membership.take() {

@@ -7,8 +7,7 @@ use actix::prelude::*;
 use tracing::{debug, warn};
 
 use super::{Running, StopWorker, WorkerPool, members};
-use crate::Call;
-use crate::leases::{Acquire, Claim, Lease, ListPrefix};
+use crate::leases::{Acquire, Claim, Lease};
 
 impl<W> WorkerPool<W>
 where
@@ -77,12 +76,12 @@ where
                     .fail_if_locked()
                     .replace_data()
                     .value(&weight)?;
-                Some(locks.call(acquire).await)
+                Some(locks.acquire(acquire).await)
             } else {
                 None
             };
-            let members = locks.call(ListPrefix(prefix)).await?;
-            let keys = locks.call(ListPrefix(key_prefix)).await?;
+            let members = locks.list_prefix(prefix).await?;
+            let keys = locks.list_prefix(key_prefix).await?;
             Ok::<_, pgcoord::Error>((membership, members, keys))
         };
         ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {
@@ -156,9 +155,9 @@ where
             let claim = Claim::new(free);
             // A key that came to life stays recorded when its lease goes (a move).
             let claim = if act.activate_keys { claim.keep_on_release() } else { claim };
-            let claim = act.locks.send(claim);
+            let claim = act.locks.claim(claim);
             ctx.spawn(claim.into_actor(act).map(|result, act, ctx| match result {
-                Ok(Ok(leases)) => {
+                Ok(leases) => {
                     let prefix = format!("{}/keys/", act.name);
                     let mut claimed = Vec::new();
                     for lease in leases {
@@ -180,8 +179,7 @@ where
                     // What waited for these keys while no one held them.
                     act.read_mail(ctx, claimed);
                 }
-                Ok(Err(e)) => warn!(pool.name = %act.name, error = %e, "cannot claim keys"),
-                Err(e) => warn!(pool.name = %act.name, error = %e, "lock manager gone"),
+                Err(e) => warn!(pool.name = %act.name, error = %e, "cannot claim keys"),
             }));
         }));
     }

@@ -184,12 +184,22 @@ impl Reply {
 #[derive(Clone)]
 pub struct KeyRouter {
     pool: String,
-    locks: Addr<LockManager>,
-    listener: Addr<ListenerActor>,
-    /// The lock manager's sender to holders and its table's name, asked of `locks` once.
-    reach: Arc<tokio::sync::OnceCell<HolderReach>>,
+    via: Via,
     /// Set by [`KeyRouter::activate_keys`].
     activate_keys: bool,
+}
+
+/// What a router reaches holders through.
+#[derive(Clone)]
+enum Via {
+    Postgres {
+        locks: Addr<LockManager>,
+        listener: Addr<ListenerActor>,
+        /// The lock manager's sender to holders and its table's name, asked of `locks` once.
+        reach: Arc<tokio::sync::OnceCell<HolderReach>>,
+    },
+    #[cfg(feature = "memory")]
+    Memory(crate::backend::memory::MemoryCoordinator),
 }
 
 impl std::fmt::Debug for KeyRouter {
@@ -224,9 +234,27 @@ impl KeyRouter {
     ) -> KeyRouter {
         KeyRouter {
             pool: pool.into(),
-            locks,
-            listener,
-            reach: Arc::default(),
+            via: Via::Postgres {
+                locks,
+                listener,
+                reach: Arc::default(),
+            },
+            activate_keys: false,
+        }
+    }
+
+    /// A router to the workers of pool `pool` on the in-memory backend (feature `memory`), sent
+    /// from the process `coordinator` is: it reaches pools made
+    /// [`WorkerPool::in_memory`](super::WorkerPool::in_memory) and
+    /// [`routed_in_memory`](super::WorkerPool::routed_in_memory) on the same backend.
+    #[cfg(feature = "memory")]
+    pub fn in_memory(
+        pool: impl Into<String>,
+        coordinator: &crate::backend::memory::MemoryCoordinator,
+    ) -> KeyRouter {
+        KeyRouter {
+            pool: pool.into(),
+            via: Via::Memory(coordinator.clone()),
             activate_keys: false,
         }
     }
@@ -311,10 +339,15 @@ impl KeyRouter {
     /// tells a pool's own process of changes).
     pub async fn members(&self) -> Result<Vec<String>> {
         let prefix = format!("{}/members/", self.pool);
-        let infos = self
-            .locks
-            .call(crate::leases::ListPrefix(prefix.clone()))
-            .await?;
+        let infos = match &self.via {
+            Via::Postgres { locks, .. } => {
+                locks
+                    .call(crate::leases::ListPrefix(prefix.clone()))
+                    .await?
+            }
+            #[cfg(feature = "memory")]
+            Via::Memory(memory) => memory.list_prefix(&prefix),
+        };
         Ok(super::members::live(&infos, &prefix))
     }
 
@@ -369,81 +402,136 @@ impl KeyRouter {
         deadline: tokio::time::Instant,
         sent: &mut bool,
     ) -> Result<Vec<u8>> {
-        let reach = (self.reach)
-            .get_or_try_init(|| self.locks.send(GetHolderReach))
-            .await
-            .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
         let lease = format!("{}/keys/{key}", self.pool);
-        let scope = scope(&reach.lock_table, &self.pool);
         let mut looks = 0u32;
         loop {
             looks += 1;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The member waits for its worker no longer than this sender waits.
             let request = encode_request(key, wait, left, &payload);
-            // Who the statement found holding the key: unset if it did not run to the end.
-            let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
-            let send = {
-                let (reach, lease, scope, holder) =
-                    (reach.clone(), lease.clone(), scope.clone(), holder.clone());
-                Box::new(
-                    move |text: String| -> crate::backend::BoxFuture<Result<()>> {
-                        Box::pin(async move {
-                            let owner = reach.notify(lease, scope, text).await?;
-                            let nobody = owner.is_none();
-                            let _ = holder.set(owner);
-                            if nobody {
-                                return Err(Error::new(
-                                    ErrorKind::NotFound,
-                                    "nobody holds the key",
-                                ));
-                            }
-                            Ok(())
-                        })
-                    },
-                )
-            };
-            // From here a worker may have it, unless the statement found no holder.
-            *sent = true;
-            let answer = self.listener.call(AskThrough {
-                send,
-                payload: request,
-                timeout: left,
-            });
-            match answer.await {
-                Err(_) if holder.get() == Some(&None) => {
-                    *sent = false;
-                    debug!("nobody holds the key; looking again");
-                    if self.activate_keys {
-                        // Again at each look: the doorbell is not to be trusted to ring.
-                        let doorbell = pool_channel(&reach.lock_table, &self.pool);
-                        if let Err(e) = reach.record_and_ring(&lease, &doorbell).await {
-                            debug!(error = %e, "cannot record the key; looking again");
-                        }
-                    }
+            let answer = match &self.via {
+                Via::Postgres {
+                    locks,
+                    listener,
+                    reach,
+                } => {
+                    let reach = (reach.get_or_try_init(|| locks.send(GetHolderReach)).await)
+                        .map_err(|_| {
+                            Error::new(ErrorKind::Unavailable, "the lock manager stopped")
+                        })?;
+                    self.send_once(reach, listener, &lease, request, left, sent)
+                        .await?
                 }
-                Err(e) => return Err(e),
-                Ok(answer) => match Reply::decode(answer)? {
-                    Reply::Handled(bytes) => return Ok(bytes),
-                    Reply::Accepted => return Ok(Vec::new()),
-                    Reply::Failed(why) => return Err(Error::new(ErrorKind::Remote, why)),
-                    Reply::Unknown => {
-                        return Err(maybe_handled(
-                            key,
-                            "did not answer (it stopped, or in time)",
-                        ));
-                    }
-                    // Not delivered: the key moved on (or not yet in), so sending again is
-                    // still at most once.
-                    Reply::NotHere => {
-                        *sent = false;
-                        debug!(owner = ?holder.get(), "the key is not at its holder's; looking again");
-                    }
-                },
+                #[cfg(feature = "memory")]
+                Via::Memory(memory) => {
+                    self.send_in_memory(memory, &lease, request, left, sent)
+                        .await?
+                }
+            };
+            match answer.map(Reply::decode).transpose()? {
+                Some(Reply::Handled(bytes)) => return Ok(bytes),
+                Some(Reply::Accepted) => return Ok(Vec::new()),
+                Some(Reply::Failed(why)) => return Err(Error::new(ErrorKind::Remote, why)),
+                Some(Reply::Unknown) => {
+                    return Err(maybe_handled(
+                        key,
+                        "did not answer (it stopped, or in time)",
+                    ));
+                }
+                // Not delivered: the key moved on (or not yet in), so sending again is still at
+                // most once.
+                Some(Reply::NotHere) => {
+                    *sent = false;
+                    debug!("the key is not at its holder's; looking again");
+                }
+                None => debug!("nobody holds the key; looking again"),
             }
             let pause = Duration::from_millis(5 << looks.min(6)).min(LOOK_AGAIN_AT_MOST);
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// One request to `lease`'s holder, found and notified in one statement: its answer, or
+    /// `None` when nobody holds the key (nothing was sent; with `activate_keys`, the key is
+    /// recorded and the pool's doorbell rung).
+    async fn send_once(
+        &self,
+        reach: &HolderReach,
+        listener: &Addr<ListenerActor>,
+        lease: &str,
+        request: Vec<u8>,
+        left: Duration,
+        sent: &mut bool,
+    ) -> Result<Option<Vec<u8>>> {
+        let scope = scope(&reach.lock_table, &self.pool);
+        // Who the statement found holding the key: unset if it did not run to the end.
+        let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
+        let send = {
+            let (reach, lease, holder) = (reach.clone(), lease.to_owned(), holder.clone());
+            Box::new(
+                move |text: String| -> crate::backend::BoxFuture<Result<()>> {
+                    Box::pin(async move {
+                        let owner = reach.notify(lease, scope, text).await?;
+                        let nobody = owner.is_none();
+                        let _ = holder.set(owner);
+                        if nobody {
+                            return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
+                        }
+                        Ok(())
+                    })
+                },
+            )
+        };
+        // From here a worker may have it, unless the statement found no holder.
+        *sent = true;
+        let ask = AskThrough {
+            send,
+            payload: request,
+            timeout: left,
+        };
+        match listener.call(ask).await {
+            Err(_) if holder.get() == Some(&None) => {
+                *sent = false;
+                if self.activate_keys {
+                    // Again at each look: the doorbell is not to be trusted to ring.
+                    let doorbell = pool_channel(&reach.lock_table, &self.pool);
+                    if let Err(e) = reach.record_and_ring(lease, &doorbell).await {
+                        debug!(error = %e, "cannot record the key; looking again");
+                    }
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+            Ok(answer) => Ok(Some(answer)),
+        }
+    }
+
+    /// [`send_once`](Self::send_once) on the in-memory backend: the holder read, then asked.
+    #[cfg(feature = "memory")]
+    async fn send_in_memory(
+        &self,
+        memory: &crate::backend::memory::MemoryCoordinator,
+        lease: &str,
+        request: Vec<u8>,
+        left: Duration,
+        sent: &mut bool,
+    ) -> Result<Option<Vec<u8>>> {
+        use crate::backend::{Locking, Signalling};
+        let owner = match memory.get(lease).await {
+            Ok(info) => info.owner,
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let Some(owner) = owner else {
+            if self.activate_keys {
+                memory.keep_free(lease);
+            }
+            return Ok(None);
+        };
+        *sent = true;
+        let channel = channel(super::MEMORY_TABLE, &self.pool, &owner);
+        let ask = crate::signals::Ask::new(channel, request).timeout(left);
+        memory.ask(ask).await.map(Some)
     }
 }
 

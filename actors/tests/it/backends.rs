@@ -17,8 +17,22 @@ use tokio_postgres::Client;
 use super::{Collector, Setup};
 
 /// A backend under test: two processes' runtimes on one database, and what a test forces.
-trait Harness {
+pub(super) trait Harness {
     type Process: Locking + Signalling + Topics + Clone + 'static;
+    /// `process`'s member of the routed worker pool `name` over `keys`.
+    fn pool<W>(
+        &self,
+        process: &Self::Process,
+        name: &str,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W>
+    where
+        W: actix::Actor<Context = actix::Context<W>>
+            + actix::Handler<StopWorker>
+            + actix::Handler<Routed>;
+    /// A router from `process` to the pool `name`.
+    fn router(&self, process: &Self::Process, pool: &str) -> KeyRouter;
     /// The two processes, with owners "a" and "b".
     fn processes(&self) -> (Self::Process, Self::Process);
     /// Takes the lease `name` from its holder, as a takeover after an expiry would.
@@ -32,7 +46,7 @@ trait Harness {
     async fn stored_cursor(&self, topic: &str, consumer: &str) -> Option<Cursor>;
 }
 
-struct Postgres {
+pub(super) struct Postgres {
     a: Coordinator,
     b: Coordinator,
     admin: Client,
@@ -42,7 +56,7 @@ struct Postgres {
 }
 
 impl Postgres {
-    async fn new() -> Postgres {
+    pub(super) async fn new() -> Postgres {
         let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
         let app = unique_name("backend");
         let start = |owner: &str, app: &str| {
@@ -61,6 +75,27 @@ impl Postgres {
 
 impl Harness for Postgres {
     type Process = Coordinator;
+
+    fn pool<W>(
+        &self,
+        process: &Coordinator,
+        name: &str,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W>
+    where
+        W: actix::Actor<Context = actix::Context<W>>
+            + actix::Handler<StopWorker>
+            + actix::Handler<Routed>,
+    {
+        let locks = process.locks.clone();
+        WorkerPool::new(process.config(), locks, name, keys, factory)
+            .routed(process.signals.clone())
+    }
+
+    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter {
+        KeyRouter::new(pool, process.locks.clone(), process.signals.clone())
+    }
 
     fn processes(&self) -> (Coordinator, Coordinator) {
         (self.a.clone(), self.b.clone())
@@ -102,13 +137,13 @@ impl Harness for Postgres {
     }
 }
 
-struct Memory {
+pub(super) struct Memory {
     a: MemoryCoordinator,
     b: MemoryCoordinator,
 }
 
 impl Memory {
-    async fn new() -> Memory {
+    pub(super) async fn new() -> Memory {
         let backend = MemoryBackend::new();
         Memory {
             a: backend.coordinator("a"),
@@ -119,6 +154,25 @@ impl Memory {
 
 impl Harness for Memory {
     type Process = MemoryCoordinator;
+
+    fn pool<W>(
+        &self,
+        process: &MemoryCoordinator,
+        name: &str,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W>
+    where
+        W: actix::Actor<Context = actix::Context<W>>
+            + actix::Handler<StopWorker>
+            + actix::Handler<Routed>,
+    {
+        WorkerPool::in_memory(process, name, keys, factory).routed_in_memory(process)
+    }
+
+    fn router(&self, process: &MemoryCoordinator, pool: &str) -> KeyRouter {
+        KeyRouter::in_memory(pool, process)
+    }
 
     fn processes(&self) -> (MemoryCoordinator, MemoryCoordinator) {
         (self.a.clone(), self.b.clone())

@@ -3,6 +3,7 @@
 
 mod advisory;
 mod app_pool;
+mod backend_pools;
 mod backends;
 mod batch_faults;
 mod batching;

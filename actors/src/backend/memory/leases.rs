@@ -172,6 +172,30 @@ impl LeaseState {
         Some((tenure.coordinator, loss))
     }
 
+    /// Every row whose name starts with `prefix`, by name, as `get` reports one.
+    pub(super) fn list_prefix(&self, prefix: &str, lease: Duration) -> Vec<LeaseInfo> {
+        let mut names: Vec<&String> = (self.rows.keys())
+            .filter(|name| name.starts_with(prefix))
+            .collect();
+        names.sort();
+        (names.into_iter())
+            .filter_map(|name| self.get(name, lease).ok())
+            .collect()
+    }
+
+    /// A free, kept row for `name` when it has none: true when recorded now.
+    pub(super) fn keep_free(&mut self, name: &str) -> bool {
+        if self.rows.contains_key(name) {
+            return false;
+        }
+        let row = Row {
+            tenure: None,
+            data: None,
+        };
+        self.rows.insert(name.to_owned(), row);
+        true
+    }
+
     pub(super) fn get(&self, name: &str, lease: Duration) -> Result<LeaseInfo> {
         let row = self
             .rows

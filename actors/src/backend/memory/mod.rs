@@ -10,6 +10,12 @@
 //! [`MemoryCoordinator::force_loss`] (a lease taken over, as after an expiry) and
 //! [`MemoryCoordinator::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
 //!
+//! Worker pools run on it as well: [`WorkerPool::in_memory`](crate::WorkerPool::in_memory)
+//! (members are coordinators; a tick every 100 ms), routed with
+//! [`routed_in_memory`](crate::WorkerPool::routed_in_memory) and reached by
+//! [`KeyRouter::in_memory`](crate::KeyRouter::in_memory); keys can come to life
+//! (`activate_keys`, taken at the next tick). Durable mail needs PostgreSQL.
+//!
 //! ```
 //! use pgcoord_actors::backend::memory::MemoryBackend;
 //! use pgcoord_actors::backend::Locking;
@@ -145,6 +151,39 @@ impl MemoryCoordinator {
     /// when that consumer never started.
     pub fn cursor(&self, topic: &str, consumer: &str) -> Option<pgcoord::topic::Cursor> {
         self.shared.lock().topics.cursor(topic, consumer)
+    }
+
+    /// Every lease whose name starts with `prefix`, by name (what a worker pool lists).
+    pub(crate) fn list_prefix(&self, prefix: &str) -> Vec<LeaseInfo> {
+        self.shared
+            .lock()
+            .leases
+            .list_prefix(prefix, self.shared.lease)
+    }
+
+    /// Records `name` as a free, kept row when it has none (a key that came to life).
+    pub(crate) fn keep_free(&self, name: &str) -> bool {
+        self.shared.lock().leases.keep_free(name)
+    }
+
+    /// Takes each of `names` that is free now, without waiting (a worker pool's claim).
+    pub(crate) async fn claim(&self, names: Vec<String>, keep: bool) -> Result<Vec<Lease>> {
+        let mut leases = Vec::new();
+        for name in names {
+            let request = Acquire::new(name).fail_if_locked();
+            let request = if keep {
+                request.keep_on_release()
+            } else {
+                request
+            };
+            match self.acquire(request).await {
+                Ok(lease) => leases.push(lease),
+                Err(e) if e.is_not_acquired() => {}
+                Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyHeld => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(leases)
     }
 
     /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
