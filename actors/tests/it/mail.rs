@@ -265,3 +265,60 @@ async fn mail_acked_in_the_workers_fenced_transaction_is_applied_exactly_once() 
     assert!((160..200).contains(&handed), "{handed} handed over");
     let _ = (a.pool, b.pool, a.coordinator, b.coordinator);
 }
+
+/// Mail sent around a server restart and a killed listener session: every message reaches its
+/// key's worker, in order (at least once), without anyone restarting the pool — its reads go on
+/// at the next tick, and after the listener's reconnect.
+#[actix_rt::test]
+async fn mail_sent_around_a_server_restart_and_a_lost_listener_all_arrives_in_order() {
+    let (server, setup, admin) = super::own_cluster::own_cluster().await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    let config = setup.builder("admin").build().unwrap();
+    let table = TopicTable::new(&config);
+    let received = Received::default();
+    let app = pgcoord_testkit::unique_name("mailed");
+    let member = setup.builder("a").application_name(&app).build().unwrap();
+    let coordinator = Coordinator::connect(member.clone()).await.unwrap();
+    let factory = {
+        let received = received.clone();
+        move |key: WorkerKey| Counter {
+            key,
+            process: "a".into(),
+            received: received.clone(),
+            refused: true,
+            apply: None,
+            table: String::new(),
+        }
+    };
+    let pool = WorkerPool::new(
+        &member,
+        coordinator.locks.clone(),
+        "mailed",
+        keys.clone(),
+        factory,
+    )
+    .durable(&coordinator)
+    .start();
+    let mut admin = admin;
+    send(&mut admin, &table, &keys, 0..10).await;
+    until_received(&received, &keys, 10).await;
+
+    // The listener's session ends: doorbells rung meanwhile are lost, the mail is not.
+    let listener = format!("{app} listener");
+    let killed = pgcoord_testkit::terminate_backends(&admin, &listener)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the listener's session");
+    send(&mut admin, &table, &keys, 10..20).await;
+    until_received(&received, &keys, 20).await;
+
+    super::own_cluster::on_server(&server, pgcoord_testkit::TempPostgres::restart).await;
+    let mut admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+    send(&mut admin, &table, &keys, 20..30).await;
+    until_received(&received, &keys, 30).await;
+    let firsts = firsts(&received);
+    for key in &keys {
+        assert_eq!(firsts[key], (0..30).collect::<Vec<_>>(), "{key}: in order");
+    }
+    let _ = (pool, coordinator);
+}
