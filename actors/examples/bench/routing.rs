@@ -212,5 +212,122 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     a.send(Shutdown).await?;
     b.send(Shutdown).await?;
+
+    // A fleet's shape: three members, each on a thread and runtime of its own (as three
+    // processes), 1,000 keys; 64 senders in this one ask (or tell) one message after another;
+    // the floor is 64 loops of request/reply to an echo each member serves.
+    let mut members = Vec::new();
+    for owner in ["m1", "m2", "m3"] {
+        members.push(member_thread(
+            config(owner)?,
+            keys.clone(),
+            format!("bench_echo_{owner}"),
+        ));
+    }
+    for (_, _, ready) in &members {
+        ready.recv_timeout(Duration::from_secs(30))?;
+    }
+    let held = "SELECT count(*) FROM bench_routing \
+                WHERE starts_with(name, 'fleet/keys/') AND expires_at > clock_timestamp()";
+    let started = Instant::now();
+    while admin.query_one(held, &[]).await?.get::<_, i64>(0) < keys.len() as i64 {
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err("the fleet's keys were not all held within a minute".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fleet = KeyRouter::new(
+        "fleet",
+        LockManager::new(config("fleet-sender")?).start(),
+        listener.clone(),
+    );
+    let echo = |i: usize| {
+        let ask = Ask::new(format!("bench_echo_m{}", 1 + i % 3), b"m".to_vec()).timeout(timeout);
+        listener.send(ask)
+    };
+    #[derive(Clone, Copy)]
+    enum Send {
+        Ask,
+        Tell,
+        Floor,
+    }
+    let rate = async |how: Send| -> Res<f64> {
+        let t = Instant::now();
+        let loops = (0..64).map(|l| {
+            let (fleet, keys, echo) = (fleet.clone(), &keys, &echo);
+            async move {
+                for i in l * per..(l + 1) * per {
+                    let key = &keys[i % keys.len()];
+                    match how {
+                        Send::Ask => drop(fleet.ask(key, b"m".to_vec(), timeout).await?),
+                        Send::Tell => fleet.tell(key, b"m".to_vec(), timeout).await?,
+                        Send::Floor => drop(echo(i).await??),
+                    }
+                }
+                Ok::<(), Box<dyn std::error::Error>>(())
+            }
+        });
+        for done in futures_util::future::join_all(loops).await {
+            done?;
+        }
+        Ok((per * 64) as f64 / t.elapsed().as_secs_f64())
+    };
+    let (mut asks, mut tells, mut floor) = (0f64, 0f64, 0f64);
+    for _ in 0..2 {
+        floor = floor.max(rate(Send::Floor).await?);
+        asks = asks.max(rate(Send::Ask).await?);
+        tells = tells.max(rate(Send::Tell).await?);
+    }
+    report.rate(
+        "routed asks/s, 64 senders, 1,000 keys over three members on threads of their own (floor: request/reply to them, 64 senders)",
+        asks,
+        floor,
+        "msgs/s",
+    );
+    report.rate(
+        "routed tells/s, the same (floor: the same request/reply)",
+        tells,
+        floor,
+        "msgs/s",
+    );
+    for (thread, stop, _) in members {
+        drop(stop);
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     Ok(())
+}
+
+/// A member of pool "fleet" on a thread and actix System of its own, as another process would
+/// be, serving an echo on `echo` beside it. Ready when it says so; stops (its pool shut down)
+/// when the sender is dropped.
+fn member_thread(
+    config: Config,
+    keys: Vec<String>,
+    echo: String,
+) -> (
+    std::thread::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+    std::sync::mpsc::Receiver<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let locks = LockManager::new(config.clone()).start();
+            let listener = ListenerActor::new(config.clone(), None).start_supervised();
+            let _ = listener
+                .send(Serve::new(echo, |p| async move { Ok(p) }))
+                .await;
+            // Nobody reads these arrivals.
+            let (handled, _) = tokio::sync::mpsc::unbounded_channel();
+            let echo = move |_: WorkerKey| Echo(handled.clone());
+            let pool = WorkerPool::new(&config, locks, "fleet", keys, echo)
+                .routed(listener)
+                .start();
+            let _ = ready.send(());
+            let _ = stopped.await;
+            let _ = pool.send(Shutdown).await;
+        });
+    });
+    (thread, stop, is_ready)
 }
