@@ -245,6 +245,41 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         let ask = Ask::new(format!("bench_echo_m{}", 1 + i % 3), b"m".to_vec()).timeout(timeout);
         listener.send(ask)
     };
+    // One at a time, each member on a runtime of its own: what a routed ask costs a process
+    // that is not also running the members (interleaved in blocks of 20, as above).
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for block in 0..sizes.requests.div_ceil(20) {
+        for side in [block % 2, 1 - block % 2] {
+            for i in block * 20..(block + 1) * 20 {
+                let t = Instant::now();
+                if side == 0 {
+                    echo(i).await??;
+                    theirs.push(t.elapsed());
+                } else {
+                    fleet
+                        .ask(&keys[i % keys.len()], b"m".to_vec(), timeout)
+                        .await?;
+                    ours.push(t.elapsed());
+                }
+            }
+        }
+    }
+    let (ours, theirs) = (Samples::new(ours), Samples::new(theirs));
+    let p50 = report.time(
+        "routed ask, members on runtimes of their own, p50 (floor: request/reply to an echo on the same runtimes)",
+        ours.p(0.5),
+        theirs.p(0.5),
+    );
+    report.time(
+        "routed ask, members on runtimes of their own, p99",
+        ours.p(0.99),
+        theirs.p(0.99),
+    );
+    report.target(
+        "routed ask p50, members on runtimes of their own: at most 1.2× the request/reply round trip",
+        format!("{p50:.3}×"),
+        p50 <= 1.2,
+    );
     #[derive(Clone, Copy)]
     enum Send {
         Ask,
