@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::{StopWorker, WorkerPool, route};
+use super::{StopWorker, WorkerPool, wire};
 use crate::signals::SubscribeRaw;
 
 /// Rings closer together than this make one look.
@@ -37,7 +37,7 @@ where
         let listener = (self.routing.as_ref()).and_then(|r| r.listening.listener());
         if let (true, Some(listener)) = (self.activate_keys, listener) {
             listener.do_send(SubscribeRaw {
-                channel: route::pool_channel(&self.lock_table, &self.name),
+                channel: wire::pool_channel(&self.lock_table, &self.name),
                 recipient: ctx.address().recipient(),
             });
         }
@@ -45,7 +45,7 @@ where
 
     /// Whether `channel` is this pool's doorbell.
     pub(super) fn is_doorbell(&self, channel: &str) -> bool {
-        self.activate_keys && channel == route::pool_channel(&self.lock_table, &self.name)
+        self.activate_keys && channel == wire::pool_channel(&self.lock_table, &self.name)
     }
 
     /// The doorbell rang: a key may have been recorded. Rebalance now, or once [`RING_GAP`]

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::backend::Listening;
-use super::route::{self, Reply, Routed, Wait};
+use super::route::Routed;
+use super::wire::{self, Reply, Wait};
 use super::{StopWorker, WorkerPool};
 use crate::signals::{ListenerActor, Serve};
 
@@ -48,13 +49,13 @@ where
     }
 
     fn routed_through(mut self, listening: Listening) -> WorkerPool<W> {
-        let channel = route::channel(&self.lock_table, &self.name, &self.owner);
+        let channel = wire::channel(&self.lock_table, &self.name, &self.owner);
         let served = channel.clone();
         let serve = move |pool: Addr<WorkerPool<W>>| {
             Serve::new(served, move |request: Vec<u8>| {
                 let pool = pool.clone();
                 async move {
-                    let (routed, wait, within) = route::decode_request(request)?;
+                    let (routed, wait, within) = wire::decode_request(request)?;
                     // A pool that stopped holds no key.
                     let delivered = pool.send(Deliver(routed, wait, within));
                     let reply = delivered.await.unwrap_or(Reply::NotHere);

@@ -1,0 +1,143 @@
+//! Making a pool: its constructors (on a lock manager, or on the in-memory backend) and the
+//! options that shape its sharing (keys that follow a stream, moves per tick, passivation,
+//! weight). Routing, durable mail and keys that come to life have their own modules.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use pgcoord::Config;
+
+use super::{StopWorker, WorkerKey, WorkerPool, backend};
+use crate::leases::LockManager;
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// The pool `name` over `keys`, run by `locks` (whose config is `config`); `factory` makes
+    /// the worker of one key. Every process of the fleet must use the same name and keys.
+    pub fn new(
+        config: &Config,
+        locks: Addr<LockManager>,
+        name: impl Into<String>,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
+        let tick = (config.lease() / 4).max(Duration::from_millis(10));
+        let (table, owner) = (config.lock_table().quoted(), config.owner().to_owned());
+        WorkerPool::on(
+            Arc::new(locks),
+            table,
+            owner,
+            tick,
+            name.into(),
+            keys,
+            factory,
+        )
+    }
+
+    /// The pool `name` over `keys` on the in-memory backend (feature `memory`), as the process
+    /// `coordinator` is: for unit tests of an application's workers. Members are the backend's
+    /// coordinators; a tick every 100 ms (nothing expires in memory: losses are forced, see
+    /// [`MemoryCoordinator::force_loss`](crate::backend::memory::MemoryCoordinator::force_loss));
+    /// routed with [`routed_in_memory`](Self::routed_in_memory). Not durable: durable mail
+    /// needs PostgreSQL.
+    #[cfg(feature = "memory")]
+    pub fn in_memory(
+        coordinator: &crate::backend::memory::MemoryCoordinator,
+        name: impl Into<String>,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
+        let (locks, owner) = (
+            Arc::new(coordinator.clone()),
+            coordinator.owner().to_owned(),
+        );
+        let tick = Duration::from_millis(100);
+        WorkerPool::on(
+            locks,
+            super::MEMORY_TABLE.into(),
+            owner,
+            tick,
+            name.into(),
+            keys,
+            factory,
+        )
+    }
+
+    fn on(
+        locks: backend::Locks,
+        lock_table: String,
+        owner: String,
+        tick: Duration,
+        name: String,
+        keys: Vec<String>,
+        factory: impl Fn(WorkerKey) -> W + 'static,
+    ) -> WorkerPool<W> {
+        WorkerPool {
+            metrics: crate::metrics::WorkerMetrics::new(&name),
+            name,
+            keys,
+            locks,
+            lock_table,
+            owner,
+            tick,
+            factory: Box::new(factory),
+            membership: None,
+            running: HashMap::new(),
+            members: Vec::new(),
+            watchers: Vec::new(),
+            restarts: 0,
+            ticking: false,
+            ticks: 0,
+            max_moves: usize::MAX,
+            passivate_after: None,
+            weight: 1,
+            drain: None,
+            key_stream: None,
+            routing: None,
+            mailing: None,
+            activate_keys: false,
+            recorded: Default::default(),
+            rang_at: None,
+            look_scheduled: false,
+        }
+    }
+
+    /// Takes its keys from `keys` instead: each item is the whole set, replacing the last (as
+    /// [`SetKeys`](super::SetKeys) does) — customers added and removed as they come and go. The pool keeps
+    /// running with the last set when the stream ends.
+    pub fn follow(
+        mut self,
+        keys: impl futures_util::Stream<Item = Vec<String>> + 'static,
+    ) -> WorkerPool<W> {
+        self.key_stream = Some(Box::pin(keys));
+        self
+    }
+
+    /// Moves at most `keys` keys per tick each way: at most that many released (above the fair
+    /// share) and that many claimed, so a join or leave spreads its moves — and the workers'
+    /// start-up cost — over several ticks. Unlimited by default; at least 1.
+    pub fn max_moves(mut self, keys: usize) -> WorkerPool<W> {
+        self.max_moves = keys.max(1);
+        self
+    }
+
+    /// Stops a key's worker after it has had no routed message for `idle` (checked each tick);
+    /// the key stays held here, and its next routed message starts a worker again (given the
+    /// same lease). For pools of many keys that are seldom used. Default: never.
+    pub fn passivate_after(mut self, idle: Duration) -> WorkerPool<W> {
+        self.passivate_after = Some(idle);
+        self
+    }
+
+    /// This member's weight (default 1, at least 1): it takes its weight's part of the keys,
+    /// `ceil(keys × weight ÷ total weight)` — a process with three times the cores can take
+    /// three times the keys. Stored with its member lease, so every member counts it.
+    pub fn weight(mut self, weight: u32) -> WorkerPool<W> {
+        self.weight = weight.max(1);
+        self
+    }
+}
