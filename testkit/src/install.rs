@@ -80,12 +80,13 @@ fn look_for_bindir() -> Result<PathBuf> {
 
 /// The `pg_basebackup` for the server of `bindir`: its own, else the machine's newest, when that
 /// one's major version is at least the server's (it copies servers of its own or an older major
-/// version). The npm package of `fetch.rs` ships none: with the machine's 15, a 13 server gets
-/// standbys and an 18 does not.
-pub(super) fn base_backup_tool(bindir: &Path) -> Result<PathBuf> {
+/// version); `None` when there is none such. The npm package of `fetch.rs` ships none: with the
+/// machine's 15, a 13 server is copied with it, and an 18 with the low-level backup API
+/// (`backup.rs`).
+pub(super) fn base_backup_tool(bindir: &Path) -> Result<Option<PathBuf>> {
     let own = bindir.join("pg_basebackup");
     if own.is_file() {
-        return Ok(own);
+        return Ok(Some(own));
     }
     let major = server_major(bindir)?;
     let newest = fs::read_dir("/usr/lib/postgresql")
@@ -98,17 +99,9 @@ pub(super) fn base_backup_tool(bindir: &Path) -> Result<PathBuf> {
             tool.is_file().then_some((version, tool))
         })
         .max();
-    match newest {
-        Some((version, tool)) if version >= major => Ok(tool),
-        _ => Err(Error::new(
-            ErrorKind::Unavailable,
-            format!(
-                "no pg_basebackup for PostgreSQL {major}: {} has none, and the machine has none \
-                 of version {major} or newer (install its server package)",
-                bindir.display()
-            ),
-        )),
-    }
+    Ok(newest
+        .filter(|(version, _)| *version >= major)
+        .map(|(_, tool)| tool))
 }
 
 /// The major version of the server in `bindir`, from `postgres --version`.

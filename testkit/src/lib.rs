@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use install::{find_bindir, server_user};
 use pgcoord::error::{Error, ErrorKind, Result};
 
+mod backup;
 mod control;
 mod fetch;
 mod install;

@@ -2,8 +2,8 @@
 //!
 //! [`TempPostgres::start_primary`] starts a cluster whose commits are durable
 //! (`synchronous_commit=on`) and that keeps WAL for a standby that falls behind
-//! (`wal_keep_size=64MB`). [`TempPostgres::start_standby`] copies it with `pg_basebackup`
-//! into a directory of its own and starts the copy as a hot standby on its own port, streaming
+//! (`wal_keep_size=64MB`). [`TempPostgres::start_standby`] copies it with `pg_basebackup` (or,
+//! where none here can copy its version, the low-level backup API) into a directory of its own and starts the copy as a hot standby on its own port, streaming
 //! from the primary under the `application_name` `standby1` (`standby2`, … for later ones of
 //! the same primary). The standby is a [`TempPostgres`] like any other: it can be stopped,
 //! paused and started again, and is stopped and deleted on drop.
@@ -117,7 +117,8 @@ impl TempPostgres {
     /// connections, is in recovery, and the primary's `pg_stat_replication` shows it
     /// `streaming` with `sync_state` `sync` or `async` as `replication` asks.
     ///
-    /// The standby is a copy made with `pg_basebackup`, in a temporary directory of its own,
+    /// The standby is a copy made with `pg_basebackup` (or the low-level backup API, for a
+    /// version no `pg_basebackup` here can copy), in a temporary directory of its own,
     /// listening on its own loopback port, with this server's `-c` settings except
     /// `synchronous_standby_names`; it streams under the `application_name` given by
     /// [`standby_name`](Self::standby_name): `standby1` for the first standby of this server,
@@ -125,7 +126,7 @@ impl TempPostgres {
     /// `synchronous_standby_names` is set to that name (see [`Replication`]); on an error it is
     /// set back. Takes 0.2 to 2 s (a loaded 2-core machine).
     ///
-    /// An error when `pg_basebackup` fails (for example when this server is stopped), when the
+    /// An error when the copy fails (for example when this server is stopped), when the
     /// standby does not stream within 30 s, or, for [`Replication::Synchronous`], when this
     /// server's `synchronous_commit` is `off` or `local`, under which commits wait for no
     /// standby.
@@ -289,7 +290,12 @@ impl TempPostgres {
         let stderr = log
             .try_clone()
             .map_err(|e| other("cannot open the base backup's log", e))?;
-        let tool = super::install::base_backup_tool(&self.bindir)?;
+        let Some(tool) = super::install::base_backup_tool(&self.bindir)? else {
+            // No pg_basebackup here can copy this server (a fetched one newer than the
+            // machine's): the low-level backup API does.
+            self.copy_with_backup_api(data)?;
+            return self.follow(name, data);
+        };
         let mut child = command(&tool, self.user)
             .arg("-d")
             .arg(format!(
