@@ -50,6 +50,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0009_resign_requests.sql",
         include_str!("../migrations/0009_resign_requests.sql"),
     ),
+    (
+        "0010_waiter_priority.sql",
+        include_str!("../migrations/0010_waiter_priority.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT

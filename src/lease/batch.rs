@@ -21,6 +21,10 @@ pub struct AcquireRequest<'a> {
     pub data: Option<&'a [u8]>,
     /// Replace data a kept row holds, instead of keeping it.
     pub replace_data: bool,
+    /// The priority of the attempt's place in the waiters' line, when it takes one
+    /// ([`LeaseOwner::try_acquire_or_queue`]): the line is ordered by it, higher first, then
+    /// by arrival. Default 0.
+    pub priority: i32,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -30,6 +34,7 @@ impl<'a> AcquireRequest<'a> {
             name,
             data: None,
             replace_data: false,
+            priority: 0,
         }
     }
 
@@ -48,6 +53,11 @@ impl<'a> AcquireRequest<'a> {
             replace_data: true,
             ..self
         }
+    }
+
+    /// Takes a place in line with `priority`: higher goes first, then arrival order.
+    pub fn priority(self, priority: i32) -> AcquireRequest<'a> {
+        AcquireRequest { priority, ..self }
     }
 }
 

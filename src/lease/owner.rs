@@ -104,6 +104,7 @@ impl LeaseOwner<'_> {
         let sql = match &wait_for {
             Some(ms) => {
                 params.push((ms, Type::INT8));
+                params.push((&request.priority, Type::INT4));
                 &table.acquire_or_queue
             }
             None => &table.acquire,

@@ -37,7 +37,7 @@ pub(super) fn data_on_grant(replace: &str) -> String {
 }
 
 /// The live waiter first in line for the lease `name` (an SQL expression), in waiters' table
-/// `q`: arrival order, then the waiter's name.
+/// `q`: the highest priority, then arrival order, then the waiter's name.
 pub(super) fn first_in_line(q: &str, name: &str) -> String {
     first_in_line_but(q, name, None)
 }
@@ -48,7 +48,7 @@ fn first_in_line_but(q: &str, name: &str, but: Option<&str>) -> String {
     let but = but.map_or(String::new(), |waiter| format!(" AND w.waiter <> {waiter}"));
     format!(
         "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp(){but}
-         ORDER BY w.queued_at, w.waiter LIMIT 1"
+         ORDER BY w.priority DESC, w.queued_at, w.waiter LIMIT 1"
     )
 }
 
@@ -67,20 +67,23 @@ pub(super) fn announce(q: &str, name: &str, leaving: Option<&str>) -> String {
     )
 }
 
-/// The CTEs that put waiter `$2` in line for `$1` for `$ms` milliseconds in waiters' table `q`,
-/// keeping its place when it has a live one, and drop other waiters whose place lapsed; only
-/// when `when` (an SQL condition) holds.
-pub(super) fn line_up(q: &str, ms: &str, when: &str) -> String {
+/// The CTEs that put waiter `$2` in line for `$1` for `$ms` milliseconds with priority
+/// `priority` in waiters' table `q`, keeping its place when it has a live one (its priority as
+/// now given), and drop other waiters whose place lapsed; only when `when` (an SQL condition)
+/// holds.
+pub(super) fn line_up(q: &str, ms: &str, priority: &str, when: &str) -> String {
     format!(
         "pruned AS (
              DELETE FROM {q} WHERE name = $1 AND waiter <> $2
                AND until <= clock_timestamp() AND {when}
          ), queued AS (
-             INSERT INTO {q} AS w (name, waiter, queued_at, until)
-             SELECT $1, $2, clock_timestamp(), clock_timestamp() + {ms} * interval '1 millisecond'
+             INSERT INTO {q} AS w (name, waiter, queued_at, until, priority)
+             SELECT $1, $2, clock_timestamp(), clock_timestamp() + {ms} * interval '1 millisecond',
+                    {priority}
              WHERE {when}
              ON CONFLICT (name, waiter) DO UPDATE SET
                  until = EXCLUDED.until,
+                 priority = EXCLUDED.priority,
                  queued_at = CASE WHEN w.until <= clock_timestamp() THEN EXCLUDED.queued_at
                                   ELSE w.queued_at END
          )"

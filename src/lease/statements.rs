@@ -94,8 +94,8 @@ impl LeaseTable {
                  UNION ALL
                  SELECT NULL::bigint, NULL::bytea FROM grant_lock WHERE NOT grant_lock.taken"
             ),
-            // + $7 wait ms. `acquire`, and when it grants nothing, a place in line for $7 in the
-            // same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
+            // + $7 wait ms, $8 priority. `acquire`, and when it grants nothing, a place in line
+            // for $7 with priority $8 in the same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
             // the grant (token, data), and whether another grant statement held the grant lock; a
             // grant has no holder columns, a refusal no grant.
             //
@@ -119,7 +119,7 @@ impl LeaseTable {
                  WHERE l.name = $1 AND grant_lock.taken AND NOT EXISTS (SELECT 1 FROM granted)
                  UNION ALL
                  SELECT NULL, NULL, NULL, NULL, NULL, true FROM grant_lock WHERE NOT grant_lock.taken",
-                line_up = line_up(&q, "$7", "NOT EXISTS (SELECT 1 FROM granted)"),
+                line_up = line_up(&q, "$7", "$8", "NOT EXISTS (SELECT 1 FROM granted)"),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire`, with its conditions, except that a row another

@@ -58,11 +58,7 @@ async fn a_batch_acquire_grants_what_single_attempts_would_and_skips_locked_rows
     .await
     .unwrap();
 
-    let request = |name| AcquireRequest {
-        name,
-        data: Some(b"new".as_slice()),
-        replace_data: false,
-    };
+    let request = |name| AcquireRequest::new(name).data(b"new".as_slice());
     let requests = [
         request("new"),
         request("held"),

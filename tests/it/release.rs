@@ -403,3 +403,64 @@ async fn a_waiter_that_vanishes_holds_up_the_line_only_until_its_place_lapses() 
         .get(0);
     assert_eq!(left, 0);
 }
+
+/// The line goes by priority, then arrival: a waiter with a higher priority, though it came
+/// last, is announced and granted first at a release; among equals, the first to come.
+#[tokio::test]
+async fn the_line_goes_by_priority_then_arrival() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let (_listening, mut announced) = announcements(&config).await;
+    let name = "preferred";
+    let g = grant(&table, &client, name, "holder", LEASE).await;
+    for (waiter, priority) in [("early", 0), ("later", 0), ("preferred", 5)] {
+        let request = AcquireRequest::new(name).priority(priority);
+        let attempt = (table.owner(waiter).unwrap())
+            .try_acquire_or_queue(&client, &request, LEASE, LEASE)
+            .await
+            .unwrap();
+        assert!(matches!(attempt, Attempt::Held(_)), "{waiter}: {attempt:?}");
+    }
+    let release = async |owner: &str, token: i64| {
+        let request = ReleaseRequest {
+            name,
+            token,
+            keep: false,
+            announce_always: false,
+        };
+        table
+            .owner(owner)
+            .unwrap()
+            .release(&client, &request)
+            .await
+            .unwrap();
+    };
+    release("holder", g.token).await;
+    assert_eq!(
+        next(&mut announced).await,
+        format!("{}:{name}preferred", name.len())
+    );
+    for other in ["early", "later"] {
+        let attempt = (table.owner(other).unwrap())
+            .try_acquire(&client, &AcquireRequest::new(name), LEASE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(attempt, Attempt::Held(_)),
+            "{other} must wait for the preferred"
+        );
+    }
+    let g = grant(&table, &client, name, "preferred", LEASE).await;
+    release("preferred", g.token).await;
+    // Then the earliest of the rest.
+    assert_eq!(
+        next(&mut announced).await,
+        format!("{}:{name}early", name.len())
+    );
+    let g = grant(&table, &client, name, "early", LEASE).await;
+    release("early", g.token).await;
+    assert_eq!(
+        next(&mut announced).await,
+        format!("{}:{name}later", name.len())
+    );
+}

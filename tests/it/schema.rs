@@ -49,6 +49,7 @@ fn default_rendering_is_exactly_the_files() {
         "0007_schedules.sql",
         "0008_rate_limits.sql",
         "0009_resign_requests.sql",
+        "0010_waiter_priority.sql",
     ]
     .iter()
     .map(|f| {

@@ -39,6 +39,8 @@ pub struct Election {
     config: Config,
     /// Where observers start: the coordinator's thread, or else the caller's.
     arbiter: Option<ArbiterHandle>,
+    /// This process's candidacy's priority (see [`Election::priority`]).
+    priority: i32,
 }
 
 /// Who leads an election.
@@ -70,7 +72,18 @@ impl Election {
             signals,
             config: config.clone(),
             arbiter: None,
+            priority: 0,
         })
+    }
+
+    /// Campaigns with `priority` (default 0): of the candidates waiting when a term ends, the
+    /// one with the highest priority is elected next, then the others in the order they came —
+    /// a preferred holder (Kubernetes' coordinated election) is the candidate with the higher
+    /// priority. It does not unseat a leader: ask one to step down with
+    /// [`request_resign`](Self::request_resign) when the preferred candidate is waiting.
+    pub fn priority(mut self, priority: i32) -> Election {
+        self.priority = priority;
+        self
     }
 
     /// Observers of this election start on `arbiter`.
@@ -99,7 +112,8 @@ impl Election {
         let mut acquire = Acquire::new(self.name.as_str())
             .data(value.clone())
             .replace_data()
-            .announce_always();
+            .announce_always()
+            .priority(self.priority);
         if let Some(timeout) = timeout {
             acquire = acquire.timeout(timeout);
         }

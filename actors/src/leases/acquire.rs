@@ -46,6 +46,7 @@ impl LeaseAttempts {
             name: &self.request.name,
             data: self.request.data.as_deref(),
             replace_data: self.request.replace_data,
+            priority: self.request.priority,
         }
     }
 }

@@ -37,6 +37,7 @@ pub struct Acquire {
     pub(crate) on_release: OnRelease,
     pub(crate) fail_if_locked: bool,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) priority: i32,
 }
 
 impl Message for Acquire {
@@ -53,7 +54,18 @@ impl Acquire {
             on_release: OnRelease::default(),
             fail_if_locked: false,
             timeout: None,
+            priority: 0,
         }
+    }
+
+    /// Waits with `priority` (default 0): among the processes waiting for the lease, the one
+    /// with the highest priority is granted it at its next release, then the others in arrival
+    /// order. A preferred holder (an election's preferred candidate) waits with a higher one.
+    /// Only the order of the line: one holder at a time holds whatever the priorities, and a
+    /// lower-priority waiter can wait as long as higher ones keep coming.
+    pub fn priority(mut self, priority: i32) -> Acquire {
+        self.priority = priority;
+        self
     }
 
     /// Data stored with the lock. A kept row's data wins unless

@@ -324,3 +324,60 @@ async fn a_leader_asked_to_resign_hears_of_it_within_a_heartbeat_and_hands_over(
     next.resign().await.unwrap();
     assert!(!ended.await, "a term that ended was not asked");
 }
+
+/// A preferred candidate (a higher priority) is elected at the end of the term even though
+/// another candidate waited longer; the other is elected after it.
+#[actix_rt::test]
+async fn a_preferred_candidate_wins_the_next_term_when_it_is_waiting() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_millis(500)).await;
+    let coordinator = |owner: &str| Coordinator::start(setup.builder(owner).build().unwrap());
+    let (a, b, c) = (coordinator("a"), coordinator("b"), coordinator("c"));
+    let name = unique_name("preferred");
+    let first = a
+        .election(&name)
+        .unwrap()
+        .campaign("a", None)
+        .await
+        .unwrap();
+    let queue = setup
+        .builder("admin")
+        .build()
+        .unwrap()
+        .lock_queue()
+        .quoted();
+    let waiting = async |n: i64| {
+        let sql = format!("SELECT count(*) FROM {queue} WHERE name = $1");
+        pgcoord_testkit::eventually(Duration::from_secs(5), "candidates in line", async || {
+            admin
+                .query_one(&sql, &[&name])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == n
+        })
+        .await
+    };
+    let campaign = |coordinator: &Coordinator, value: &'static str, priority: i32| {
+        let election = coordinator.election(&name).unwrap().priority(priority);
+        actix_rt::spawn(async move { election.campaign(value, None).await.unwrap() })
+    };
+    // `b` waits first, with the default priority; `c`, preferred, comes after it.
+    let b_elected = campaign(&b, "b", 0);
+    waiting(1).await;
+    let c_elected = campaign(&c, "c", 10);
+    waiting(2).await;
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), c_elected)
+        .await
+        .expect("the preferred candidate elected")
+        .unwrap();
+    assert!(!b_elected.is_finished(), "b must wait for the preferred");
+    assert_eq!(second.value(), b"c");
+    let token = second.token();
+    second.resign().await.unwrap();
+    let third = tokio::time::timeout(Duration::from_secs(5), b_elected)
+        .await
+        .expect("then the other")
+        .unwrap();
+    assert!(third.token() > token);
+}

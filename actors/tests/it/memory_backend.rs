@@ -53,6 +53,44 @@ async fn in_memory_waiters_are_served_in_arrival_order() {
     lease.release().await.unwrap();
 }
 
+/// In memory as on PostgreSQL, a waiter with a higher priority is served first, whenever it
+/// came; equals in arrival order.
+#[actix_rt::test]
+async fn in_memory_a_higher_priority_is_served_first() {
+    let backend = MemoryBackend::new();
+    let holder = backend.coordinator("holder");
+    let name = unique_name("priority");
+    let lease = holder.acquire(Acquire::new(&name)).await.unwrap();
+    let (order, recipient) = Collector::<Signal>::start_new();
+    let mut waiters = Vec::new();
+    for (i, priority) in [(0u8, 0), (1, 0), (2, 5)] {
+        let (process, name, recipient) = (
+            backend.coordinator(format!("w{i}")),
+            name.clone(),
+            recipient.clone(),
+        );
+        waiters.push(actix_rt::spawn(async move {
+            let acquire = Acquire::new(&name).priority(priority);
+            let lease = process.acquire(acquire).await.unwrap();
+            let signal = Signal {
+                channel: "order".into(),
+                id: i.into(),
+                payload: vec![i].into(),
+            };
+            recipient.do_send(signal);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lease.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lease.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let served: Vec<u64> = order.received().iter().map(|s| s.id).collect();
+    assert_eq!(served, vec![2, 0, 1]);
+}
+
 /// In memory, the fencing guard checks the token (there is no transaction to guard).
 #[actix_rt::test]
 async fn in_memory_the_fencing_guard_checks_the_token() {

@@ -20,8 +20,9 @@ use crate::losses::{LockKey, LockLost, LossReason, Tenure as Standing};
 pub(super) struct LeaseState {
     last_token: i64,
     rows: HashMap<String, Row>,
-    /// Waiters per name, in arrival order; the front one is served first.
-    queues: HashMap<String, VecDeque<(u64, Arc<Notify>)>>,
+    /// Waiters per name (id, priority, wake-up), by priority then arrival; the front one is
+    /// served first.
+    queues: HashMap<String, VecDeque<(u64, i32, Arc<Notify>)>>,
     next_waiter: u64,
 }
 
@@ -72,7 +73,7 @@ impl LeaseState {
             .queues
             .get(name)
             .and_then(|q| q.front())
-            .map(|(id, _)| *id);
+            .map(|(id, _, _)| *id);
         if front.is_some() && front != waiter {
             return Ok(Attempt::Held(None));
         }
@@ -99,14 +100,19 @@ impl LeaseState {
         Ok(Attempt::Granted(token, row.data.clone(), lost_rx))
     }
 
-    /// Queues a waiter for `name`, woken through `notify` when it may try again.
-    pub(super) fn enqueue(&mut self, name: &str, notify: Arc<Notify>) -> u64 {
+    /// Queues a waiter for `name` with `priority` (behind every waiter of its priority or
+    /// higher), woken through `notify` when it may try again.
+    pub(super) fn enqueue(&mut self, name: &str, priority: i32, notify: Arc<Notify>) -> u64 {
         self.next_waiter += 1;
         let id = self.next_waiter;
-        self.queues
-            .entry(name.to_owned())
-            .or_default()
-            .push_back((id, notify));
+        let queue = self.queues.entry(name.to_owned()).or_default();
+        let at = (queue.iter())
+            .position(|(_, other, _)| *other < priority)
+            .unwrap_or(queue.len());
+        queue.insert(at, (id, priority, notify));
+        // First now, of a free lease (one with a lower priority was woken and will be refused):
+        // it tries at once.
+        self.wake(name);
         id
     }
 
@@ -116,8 +122,8 @@ impl LeaseState {
         let Some(queue) = self.queues.get_mut(name) else {
             return;
         };
-        let was_first = queue.front().is_some_and(|(first, _)| *first == id);
-        queue.retain(|(waiter, _)| *waiter != id);
+        let was_first = queue.front().is_some_and(|(first, _, _)| *first == id);
+        queue.retain(|(waiter, _, _)| *waiter != id);
         if queue.is_empty() {
             self.queues.remove(name);
         } else if was_first {
@@ -128,7 +134,8 @@ impl LeaseState {
     /// Wakes the first waiter for `name`, if the lease is free.
     fn wake(&self, name: &str) {
         let free = self.rows.get(name).is_none_or(|row| row.tenure.is_none());
-        if let (true, Some((_, notify))) = (free, self.queues.get(name).and_then(|q| q.front())) {
+        if let (true, Some((_, _, notify))) = (free, self.queues.get(name).and_then(|q| q.front()))
+        {
             notify.notify_one();
         }
     }
@@ -267,7 +274,9 @@ pub(super) async fn acquire(
                     return Err(Error::not_acquired(&request.name, holder));
                 }
                 Attempt::Held(_) if place.is_none() => {
-                    let id = state.leases.enqueue(&request.name, notify.clone());
+                    let id = state
+                        .leases
+                        .enqueue(&request.name, request.priority, notify.clone());
                     place = Some(QueuePlace {
                         shared: shared.clone(),
                         name: request.name.clone(),

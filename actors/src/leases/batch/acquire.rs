@@ -90,6 +90,8 @@ impl RunBatch<AcquireItem> for AcquireRunner {
                 name: &i.name,
                 data: i.data.as_deref(),
                 replace_data: i.replace_data,
+                // A batch takes no place in line.
+                priority: 0,
             })
             .collect();
         let statements = self.pool.statements(None);
