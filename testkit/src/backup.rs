@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use pgcoord::error::{Error, ErrorKind, Result};
+use pgcoord::error::{Error, Result};
 
 use super::{TempPostgres, other};
 
@@ -72,27 +72,7 @@ impl TempPostgres {
             let _ = connection.await;
             Ok::<_, Error>(())
         };
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| other("cannot start a runtime for the backup", e))?;
-                    runtime.block_on(async {
-                        tokio::time::timeout(BACKUP_TIMEOUT, backup)
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(Error::new(
-                                    ErrorKind::Timeout,
-                                    format!("the backup did not finish within {BACKUP_TIMEOUT:?}"),
-                                ))
-                            })
-                    })
-                })
-                .join()
-                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Other, "the backup thread panicked")))
-        })?;
+        super::standby::on_own_thread("the backup", BACKUP_TIMEOUT, backup)?;
         if let Some((uid, gid)) = self.user {
             chown_all(data, uid, gid)?;
         }

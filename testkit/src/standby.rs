@@ -487,28 +487,39 @@ impl TempPostgres {
                 .collect();
             Ok::<_, Error>(rows)
         };
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| other("cannot start a runtime for a query", e))?;
-                    runtime.block_on(async {
-                        tokio::time::timeout(timeout, run)
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(Error::new(
-                                    ErrorKind::Timeout,
-                                    format!("{sql:?} did not finish within {timeout:?}"),
-                                ))
-                            })
-                    })
-                })
-                .join()
-                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Other, "the query thread panicked")))
-        })
+        on_own_thread(&format!("{sql:?}"), timeout, run)
     }
+}
+
+/// Runs `work` to its end on a thread of its own with a Tokio runtime of its own, blocking as
+/// the rest of [`TempPostgres`] does whether or not the caller is inside a runtime; a
+/// [`ErrorKind::Timeout`] naming `what` past `timeout`.
+pub(super) fn on_own_thread<T: Send>(
+    what: &str,
+    timeout: Duration,
+    work: impl std::future::Future<Output = Result<T>> + Send,
+) -> Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| other("cannot start a runtime", e))?;
+                runtime.block_on(async {
+                    tokio::time::timeout(timeout, work)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::new(
+                                ErrorKind::Timeout,
+                                format!("{what} did not finish within {timeout:?}"),
+                            ))
+                        })
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| Err(Error::new(ErrorKind::Other, format!("{what} panicked"))))
+    })
 }
 
 /// Connection settings that reach whichever of `servers` accepts writes: every server's

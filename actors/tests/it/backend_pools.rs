@@ -47,6 +47,16 @@ impl Handler<Routed> for Counter {
     }
 }
 
+/// The factory of process `name`'s counters, recording into `handled`.
+fn counters(name: &'static str, handled: &Handled) -> impl Fn(WorkerKey) -> Counter + 'static {
+    let handled = handled.clone();
+    move |key: WorkerKey| Counter {
+        key,
+        process: name.to_owned(),
+        handled: handled.clone(),
+    }
+}
+
 async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done().await {
@@ -67,12 +77,7 @@ async fn a_pool_shares_routes_and_serves_a_lost_key_again<H: Harness>(h: H) {
     let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
     let handled = Handled::default();
     let member = |process: &H::Process, name: &'static str| {
-        let handled = handled.clone();
-        let factory = move |key: WorkerKey| Counter {
-            key,
-            process: name.to_owned(),
-            handled: handled.clone(),
-        };
+        let factory = counters(name, &handled);
         h.pool(process, "pool", keys.clone(), factory).start()
     };
     let (on_a, on_b) = (member(&a, "a"), member(&b, "b"));
@@ -147,12 +152,7 @@ async fn a_message_brings_its_key_to_life<H: Harness>(h: H) {
     let (a, b) = h.processes();
     let handled = Handled::default();
     let member = |process: &H::Process, name: &'static str| {
-        let handled = handled.clone();
-        let factory = move |key: WorkerKey| Counter {
-            key,
-            process: name.to_owned(),
-            handled: handled.clone(),
-        };
+        let factory = counters(name, &handled);
         h.pool(process, "lazy", Vec::new(), factory)
             .activate_keys()
             .start()
