@@ -55,7 +55,13 @@ where
             Serve::new(served, move |request: Vec<u8>| {
                 let pool = pool.clone();
                 async move {
-                    let (routed, wait, within) = wire::decode_request(request)?;
+                    let wire::Request {
+                        key,
+                        payload,
+                        wait,
+                        within,
+                    } = wire::decode_request(request)?;
+                    let routed = Routed { key, payload };
                     // A pool that stopped holds no key.
                     let delivered = pool.send(Deliver(routed, wait, within));
                     let reply = delivered.await.unwrap_or(Reply::NotHere);

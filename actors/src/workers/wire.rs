@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use pgcoord::{Error, ErrorKind, Result};
 
-use super::route::Routed;
-
 /// What scopes a routed pool's channels: the lock table and the pool, each after its length,
 /// so that two deployments sharing a database (each its own lock table) never answer each
 /// other's requests, whatever their pools and owners are called.
@@ -54,11 +52,18 @@ pub(super) fn encode_request(key: &str, wait: Wait, within: Duration, payload: &
     bytes
 }
 
+/// A request as a member reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Request {
+    pub(super) key: String,
+    pub(super) payload: Vec<u8>,
+    pub(super) wait: Wait,
+    pub(super) within: Duration,
+}
+
 /// The message of a request, what its sender waits for and how long; an error for bytes no
 /// router sent.
-pub(super) fn decode_request(
-    mut bytes: Vec<u8>,
-) -> std::result::Result<(Routed, Wait, Duration), String> {
+pub(super) fn decode_request(mut bytes: Vec<u8>) -> std::result::Result<Request, String> {
     let bad = || "not a routed request".to_owned();
     let number = |bytes: &[u8], at: usize| -> std::result::Result<u32, String> {
         let four = bytes.get(at..at + 4).ok_or_else(bad)?;
@@ -74,7 +79,12 @@ pub(super) fn decode_request(
     let key = bytes.get(5..5 + len).ok_or_else(bad)?;
     let key = std::str::from_utf8(key).map_err(|_| bad())?.to_owned();
     let payload = bytes.split_off(9 + len);
-    Ok((Routed { key, payload }, wait, within))
+    Ok(Request {
+        key,
+        payload,
+        wait,
+        within,
+    })
 }
 
 /// A member's answer to a routed request.
@@ -131,19 +141,23 @@ mod tests {
     fn requests_and_replies_round_trip() {
         let second = Duration::from_secs(1);
         let request = encode_request("customer-7", Wait::Answer, second, b"hello");
-        let (routed, wait, within) = decode_request(request).unwrap();
+        let read = decode_request(request).unwrap();
         assert_eq!(
-            (routed.key(), routed.payload()),
-            ("customer-7", &b"hello"[..])
+            read,
+            Request {
+                key: "customer-7".into(),
+                payload: b"hello".to_vec(),
+                wait: Wait::Answer,
+                within: second,
+            }
         );
-        assert_eq!((wait, within), (Wait::Answer, second));
         let request = encode_request("", Wait::Mailbox, Duration::ZERO, b"");
-        let (empty, wait, _) = decode_request(request).unwrap();
-        assert_eq!((empty.key(), empty.payload()), ("", &b""[..]));
-        assert_eq!(wait, Wait::Mailbox);
+        let empty = decode_request(request).unwrap();
+        assert_eq!((empty.key.as_str(), &empty.payload[..]), ("", &b""[..]));
+        assert_eq!(empty.wait, Wait::Mailbox);
         // More milliseconds than 4 bytes hold: as many as they do.
         let request = encode_request("k", Wait::Answer, Duration::MAX, b"");
-        let (_, _, within) = decode_request(request).unwrap();
+        let within = decode_request(request).unwrap().within;
         assert_eq!(within, Duration::from_millis(u64::from(u32::MAX)));
         for reply in [
             Reply::Handled(b"ok".to_vec()),
