@@ -54,6 +54,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0010_waiter_priority.sql",
         include_str!("../migrations/0010_waiter_priority.sql"),
     ),
+    (
+        "0011_limits.sql",
+        include_str!("../migrations/0011_limits.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -160,6 +164,7 @@ fn render(text: &str, config: &Config) -> String {
         ("pgcoord_schedules", config.schedule_table.quoted()),
         ("pgcoord_locks_rl", config.rate_table().quoted()),
         ("pgcoord_locks_rr", config.resign_table().quoted()),
+        ("pgcoord_locks_lm", config.limit_table().quoted()),
     ];
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -307,7 +312,7 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
     let script = format!(
-        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
+        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}, {}, {}, {}, {}, {}; DROP SEQUENCE IF EXISTS {};",
         config.lock_table.quoted(),
         config.lock_queue.quoted(),
         config.payload_table.quoted(),
@@ -317,6 +322,7 @@ pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
         config.schedule_table.quoted(),
         config.rate_table().quoted(),
         config.resign_table().quoted(),
+        config.limit_table().quoted(),
         config.lock_sequence.quoted()
     );
     client.batch_execute(&script).await?;

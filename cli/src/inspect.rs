@@ -94,8 +94,6 @@ async fn waiters(config: &Config, client: &Client) -> Result<Vec<(String, String
         .collect()
 }
 
-/// `lock release NAME --force`: ends the current tenure as its holder's release would (the
-/// waiter first in line woken), matched on the owner and token just read.
 /// Asks the leader of election `name` to step down.
 pub async fn resign(config: &Config, client: &Client, name: &str) -> Result<()> {
     let table = LeaseTable::new(config);
@@ -111,6 +109,43 @@ pub async fn resign(config: &Config, client: &Client, name: &str) -> Result<()> 
     }
 }
 
+/// `limit NAME [PERMITS]`: shows the stored limit of semaphore `name`, or sets it.
+pub async fn limit(
+    config: &Config,
+    client: &Client,
+    name: &str,
+    permits: Option<u32>,
+) -> Result<()> {
+    let table = LeaseTable::new(config);
+    let Some(permits) = permits else {
+        return match table.limit(client, name).await? {
+            Some(permits) => {
+                println!("{permits}");
+                Ok(())
+            }
+            None => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("semaphore {name:?} has no stored limit"),
+            )),
+        };
+    };
+    let change = table.set_limit(client, name, permits).await?;
+    match change.previous {
+        Some(previous) => println!("limit of {name:?}: {previous} -> {permits}"),
+        None => println!("limit of {name:?}: {permits}"),
+    }
+    if change.revoked > 0 {
+        println!(
+            "{} permit(s) taken back; their holders learn at their next renewal",
+            change.revoked
+        );
+    }
+    Ok(())
+}
+
+/// `lock release NAME --force`: ends the current tenure as its holder's release would (the
+/// waiter first in line woken), matched on the owner and token just read. A limited
+/// semaphore's slot keeps its row, free (its slots' rows are made only by a change of limit).
 pub async fn release(config: &Config, client: &Client, name: &str, force: bool) -> Result<()> {
     if !force {
         return Err(Error::new(
@@ -130,10 +165,16 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
     // As its holder: a release matches owner and token.
     // Announced always: it may be a semaphore's permit or an election's term, whose listeners
     // do not line up.
+    let limited = match name.rsplit_once('#') {
+        Some((semaphore, index)) if index.parse::<u32>().is_ok() => {
+            table.limit(client, semaphore).await?.is_some()
+        }
+        _ => false,
+    };
     let request = ReleaseRequest {
         name,
         token,
-        keep: false,
+        keep: limited,
         announce_always: true,
     };
     match table.owner(owner)?.release(client, &request).await {

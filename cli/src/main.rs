@@ -117,6 +117,15 @@ enum Command {
         /// The election's name.
         name: String,
     },
+    /// Show the stored limit of the limited semaphore NAME, or set it to PERMITS (0 admits
+    /// nobody). Lowered, the permits at or above the new limit are taken back from their
+    /// holders (their fenced writes fail at once). Exit 3 when NAME has no limit to show.
+    Limit {
+        /// The semaphore's name.
+        name: String,
+        /// The new limit.
+        permits: Option<u32>,
+    },
     /// Durable topics: every topic, or one topic's consumers, last events, a cursor reset.
     Topics {
         #[command(subcommand)]
@@ -374,6 +383,7 @@ async fn command(
             )
         }
         Command::Resign { name } => inspect::resign(config, client, &name).await,
+        Command::Limit { name, permits } => inspect::limit(config, client, &name, permits).await,
         Command::Advisory => inspect::advisory(client, json).await,
         Command::Status => inspect::status(config, client, json).await,
         // Started (bounded) and run by `run`: it has no end of its own.

@@ -32,6 +32,10 @@ pub(crate) const RATE_SUFFIX: &str = "_rl";
 /// [`SEQUENCE_SUFFIX`]).
 pub(crate) const RESIGN_SUFFIX: &str = "_rr";
 
+/// Suffix of the stored limits' table derived from the lock table's name (no longer than
+/// [`SEQUENCE_SUFFIX`]).
+pub(crate) const LIMIT_SUFFIX: &str = "_lm";
+
 /// Room the topic table's name leaves for the suffixes of its companions (`_cursors`,
 /// `_trimmed`).
 pub(crate) const TOPIC_SUFFIX_BYTES: usize = 8;
@@ -155,6 +159,13 @@ impl Config {
     pub fn resign_table(&self) -> QualifiedName {
         self.lock_table
             .suffixed(RESIGN_SUFFIX)
+            .expect("room left by the builder")
+    }
+    /// The stored limits of limited semaphores, a row per semaphore: the lock table's name with
+    /// `_lm` appended.
+    pub fn limit_table(&self) -> QualifiedName {
+        self.lock_table
+            .suffixed(LIMIT_SUFFIX)
             .expect("room left by the builder")
     }
     /// The topics' consumer cursors: the topic table's name with `_cursors` appended.

@@ -11,7 +11,8 @@
 //!   grants, renews, releases or fences.
 //! - [`AcquireRequest`], [`ReleaseRequest`] — one lease's request, alone or in a batch.
 //! - [`Released`] — what a release announces on the lease channel: a doorbell, never a grant.
-//! - semaphores — [`slot_names`], [`LeaseOwner::try_acquire_any`].
+//! - semaphores — [`slot_names`], [`LeaseOwner::try_acquire_any`]; with a stored, changeable
+//!   limit: [`LeaseTable::set_limit`], [`LeaseOwner::try_acquire_limited`].
 //!
 //! Invariants the statements keep:
 //! - a grant happens only where the row is free or expired on the server's clock, and only to
@@ -33,6 +34,7 @@ use crate::statement::Statements;
 
 mod batch;
 mod holder_channel;
+mod limit;
 mod owner;
 mod release;
 mod semaphore;
@@ -42,6 +44,7 @@ mod statements;
 pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
 use holder_channel::HOLDER_CHANNEL_PREFIX;
 pub use holder_channel::holder_channel;
+pub use limit::{LimitChange, LimitedAttempt};
 pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
@@ -122,6 +125,7 @@ pub struct LeaseTable {
     notify_holders: String,
     keep_free: String,
     fence: String,
+    limits: limit::LimitStatements,
     pub(crate) proclaim: String,
     pub(crate) request_resign: String,
     pub(crate) resign_requested: String,

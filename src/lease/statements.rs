@@ -338,6 +338,7 @@ impl LeaseTable {
                 "INSERT INTO {t} (name, kept) VALUES ($1, true)
                  ON CONFLICT (name) DO NOTHING RETURNING name"
             ),
+            limits: super::limit::LimitStatements::new(config),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
             election_channel: config.election_channel.as_str().to_owned(),

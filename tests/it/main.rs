@@ -10,6 +10,7 @@ mod embedded;
 mod errors;
 mod ident;
 mod lease;
+mod limit;
 mod rate;
 mod release;
 

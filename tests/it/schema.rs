@@ -80,6 +80,8 @@ async fn migrate_creates_exactly_the_files_objects_and_is_idempotent() {
         names,
         [
             "pgcoord_locks",
+            "pgcoord_locks_lm",
+            "pgcoord_locks_lm_pkey",
             "pgcoord_locks_pkey",
             "pgcoord_locks_rl",
             "pgcoord_locks_rl_pkey",
@@ -145,6 +147,8 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
         names,
         [
             "Leases",
+            "Leases_lm",
+            "Leases_lm_pkey",
             "Leases_pkey",
             "Leases_rl",
             "Leases_rl_pkey",

@@ -2,7 +2,8 @@
 //! owner, the local queues, the names held, the batchers of first attempts and releases, and
 //! the counters.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pgcoord::lease::LeaseOwner;
@@ -29,6 +30,9 @@ pub(crate) struct WaitContext {
     /// Where every release goes, the same.
     pub(crate) releaser: Releaser,
     pub(crate) counters: Arc<Counters>,
+    /// The stored limit each limited semaphore was last seen with, to name its slots at the
+    /// first attempt (a stale one only costs a second attempt).
+    pub(crate) limits: Mutex<HashMap<String, u32>>,
 }
 
 impl WaitContext {

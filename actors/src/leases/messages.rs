@@ -4,6 +4,7 @@
 //! |---|---|
 //! | [`Acquire`] | `Result<Lease>`: a lease, waited for as the request says |
 //! | [`AcquirePermit`] | `Result<Lease>`: a permit of a counting semaphore, a slot's lease |
+//! | [`SetLimit`], [`GetLimit`] | a limited semaphore's stored limit, changed or read |
 //! | [`Release`] | `Result<()>`: the tenure ended (what [`Lease::release`] sends) |
 //! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
 //! | [`Get`], [`List`], [`ListPrefix`] | what the table says, granting nothing |
@@ -121,14 +122,16 @@ impl Acquire {
 }
 
 /// Acquire a permit of the semaphore `name` with `permits` permits (every process must use the
-/// same count). The [`Lease`] answered is the slot's: its token, `lost()`, fencing guard and
-/// release are a lease's. Waits until a permit is free unless given a
-/// [`timeout`](AcquirePermit::timeout), as hard as [`Acquire::timeout`]; dropping the request
-/// cancels the wait, and a permit granted after the caller left is released at once.
+/// same count), or of a semaphore whose limit is stored ([`limited`](AcquirePermit::limited)).
+/// The [`Lease`] answered is the slot's: its token, `lost()`, fencing guard and release are a
+/// lease's. Waits until a permit is free unless given a [`timeout`](AcquirePermit::timeout), as
+/// hard as [`Acquire::timeout`]; dropping the request cancels the wait, and a permit granted
+/// after the caller left is released at once.
 #[derive(Debug, Clone)]
 pub struct AcquirePermit {
     pub(crate) name: String,
-    pub(crate) permits: u32,
+    /// `None`: the stored limit.
+    pub(crate) permits: Option<u32>,
     pub(crate) timeout: Option<Duration>,
 }
 
@@ -137,7 +140,20 @@ impl AcquirePermit {
     pub fn new(name: impl Into<String>, permits: u32) -> AcquirePermit {
         AcquirePermit {
             name: name.into(),
-            permits,
+            permits: Some(permits),
+            timeout: None,
+        }
+    }
+
+    /// A permit of `name` under the limit stored for it with [`SetLimit`], read at each
+    /// attempt: raised, more are admitted at once; lowered, the highest permits are taken back
+    /// (their holders see [`LockLost`](crate::LockLost)) and nobody is admitted beyond the new
+    /// limit. `NotFound` when no limit is stored. A limited semaphore's names (`"{name}#{i}"`)
+    /// are its own: do not also use `name` as a plain semaphore.
+    pub fn limited(name: impl Into<String>) -> AcquirePermit {
+        AcquirePermit {
+            name: name.into(),
+            permits: None,
             timeout: None,
         }
     }
@@ -148,6 +164,34 @@ impl AcquirePermit {
         self
     }
 }
+
+/// Store `permits` (0 to `pgcoord::lease::MAX_PERMITS`; 0 admits nobody) as the limit of
+/// semaphore `name`, for [`AcquirePermit::limited`]. Raised, waiters are woken at once. Lowered,
+/// the permits of the slots at or above the new limit are taken back: their holders' fenced
+/// transactions are waited for, their fenced writes fail from then on, and they see
+/// [`LockLost`](crate::LockLost) (`TakenOver`) at their next renewal. Answers what changed.
+/// (`pgcoord::LeaseTable::set_limit`.)
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<pgcoord::lease::LimitChange>")]
+pub struct SetLimit {
+    pub(crate) name: String,
+    pub(crate) permits: u32,
+}
+
+impl SetLimit {
+    /// The limit of `name`, `permits` permits.
+    pub fn new(name: impl Into<String>, permits: u32) -> SetLimit {
+        SetLimit {
+            name: name.into(),
+            permits,
+        }
+    }
+}
+
+/// The stored limit of semaphore `name`; `None` when it has none.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Option<u32>>")]
+pub struct GetLimit(pub String);
 
 impl Message for AcquirePermit {
     type Result = Result<Lease>;

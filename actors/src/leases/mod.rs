@@ -56,8 +56,8 @@ pub(crate) use reach::{GetHolderReach, HolderReach};
 pub use acquire::AcquireResponse;
 pub use lease::Lease;
 pub use messages::{
-    Acquire, AcquirePermit, Claim, Get, List, ListPrefix, ManagerStats, Release, ReleaseAll,
-    RenewNow,
+    Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
+    ReleaseAll, RenewNow, SetLimit,
 };
 pub use permit::PermitResponse;
 pub use with_lock::with_lock;
@@ -237,6 +237,7 @@ impl Actor for LockManager {
             batcher,
             releaser,
             counters: self.counters.clone(),
+            limits: Default::default(),
         }));
         self.listen(ctx);
         if let Some(heartbeat) = self.config.heartbeat() {

@@ -2,6 +2,11 @@
 //! (`pgcoord::lease::slot_names`), with its own token, renewal and loss. Local callers queue
 //! FIFO; the one whose turn it is asks for any free slot, in the wait an `Acquire` has, and is
 //! woken by the release of any slot. Across processes, whoever asks first after a release.
+//!
+//! A limited semaphore's slots are those of its stored limit, which each attempt reads: the
+//! slots asked among are named for the limit last seen (remembered per manager), and named again
+//! when an attempt finds it raised. Its rows are kept free between tenures (see
+//! `pgcoord::LeaseTable::set_limit`). [`SetLimit`] and [`GetLimit`] are answered here too.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -10,7 +15,7 @@ use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
 use pgcoord::__private::Until;
 use pgcoord::db::Bounded;
-use pgcoord::lease::{SlotAttempt, slot_names};
+use pgcoord::lease::{LimitChange, LimitedAttempt, SlotAttempt, slot_names};
 use pgcoord::{Error, Result};
 use tokio::sync::OwnedMutexGuard;
 use tracing::info_span;
@@ -21,7 +26,7 @@ use super::counters::Counters;
 use super::held::OnRelease;
 use super::lease::Lease;
 use super::line::{Answer, Ask};
-use super::messages::AcquirePermit;
+use super::messages::{AcquirePermit, GetLimit, SetLimit};
 use super::queues::{NameQueue, Queues};
 use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};
@@ -50,7 +55,10 @@ pub(crate) struct PermitAttempts {
     context: Arc<WaitContext>,
     /// The semaphore's name.
     name: String,
-    slots: Vec<String>,
+    /// The slots asked among.
+    slots: Mutex<Vec<String>>,
+    /// A limited semaphore's: the limit `slots` are named for.
+    limited: Option<Mutex<u32>>,
     /// The slots the last attempt asked for, with their turns: kept until its answer is known
     /// and anything it may have granted is checked.
     asked: Mutex<Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>>,
@@ -64,7 +72,8 @@ impl PermitAttempts {
         let mut asked = self.asked.lock().expect("asked");
         self.give_back(&mut asked);
         let (held, queues) = (&self.context.held, &self.context.queues);
-        for slot in self.slots.iter().filter(|s| !held.contains(s)) {
+        let slots = self.slots.lock().expect("slots");
+        for slot in slots.iter().filter(|s| !held.contains(s)) {
             let queue = queues.join(slot);
             match queue.turn.clone().try_lock_owned() {
                 Ok(turn) => asked.push((queue, turn)),
@@ -75,6 +84,36 @@ impl PermitAttempts {
             .iter()
             .map(|(queue, _)| queue.key().to_owned())
             .collect()
+    }
+
+    /// One attempt at a limited semaphore: named again and asked again once when the limit was
+    /// found raised.
+    async fn attempt_limited(
+        &self,
+        known: &Mutex<u32>,
+        statements: &Until<'_>,
+    ) -> Result<SlotAttempt> {
+        let (context, owner) = (&self.context, self.context.statements());
+        for _ in 0..2 {
+            let (free, limit) = (self.take_free(), *known.lock().expect("known"));
+            let attempt = pgcoord::__private::retry(|| {
+                Counters::add(&context.counters.acquire_statements);
+                owner.try_acquire_limited(statements, &self.name, &free, limit, context.lease)
+            })
+            .await?;
+            return Ok(match attempt {
+                LimitedAttempt::Granted { slot, grant } => SlotAttempt::Granted { slot, grant },
+                LimitedAttempt::Full => SlotAttempt::Full,
+                LimitedAttempt::Resized(permits) => {
+                    *self.slots.lock().expect("slots") = slot_names(&self.name, permits)?;
+                    *known.lock().expect("known") = permits;
+                    (context.limits.lock().expect("limits")).insert(self.name.clone(), permits);
+                    continue;
+                }
+                _ => SlotAttempt::Busy,
+            });
+        }
+        Ok(SlotAttempt::Busy)
     }
 
     fn give_back(&self, asked: &mut Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>) {
@@ -103,13 +142,18 @@ impl Attempts for PermitAttempts {
 
     async fn attempt(&self, _: Ask, statements: &Until<'_>) -> Answer<Won> {
         let context = &self.context;
-        let (owner, free) = (context.statements(), self.take_free());
         let sent = Instant::now();
-        let attempt = pgcoord::__private::retry(|| {
-            Counters::add(&context.counters.acquire_statements);
-            owner.try_acquire_any(statements, &free, context.lease)
-        })
-        .await;
+        let attempt = match &self.limited {
+            Some(known) => self.attempt_limited(known, statements).await,
+            None => {
+                let (owner, free) = (context.statements(), self.take_free());
+                pgcoord::__private::retry(|| {
+                    Counters::add(&context.counters.acquire_statements);
+                    owner.try_acquire_any(statements, &free, context.lease)
+                })
+                .await
+            }
+        };
         let answer = match attempt {
             // The slots' turns stay until the grant is recorded (or the unknown attempt is
             // checked): they go with the wait.
@@ -136,7 +180,7 @@ impl Attempts for PermitAttempts {
             .collect();
         let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
         (self.context.statements())
-            .release_orphans(statements, &asked, false)
+            .release_orphans(statements, &asked, self.limited.is_some())
             .await
     }
 
@@ -159,9 +203,10 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
             Ok(wait) => {
                 let name = wait.attempts.name.clone();
                 let span = info_span!("acquire_permit", semaphore = %name);
-                // A permit's release is always announced: its waiters do not line up.
+                // A permit's release is always announced: its waiters do not line up. A limited
+                // semaphore's slot keeps its row: only a change of the limit makes or deletes one.
                 let on_release = OnRelease {
-                    keep: false,
+                    keep: wait.attempts.limited.is_some(),
                     announce_always: true,
                 };
                 spawn_wait(ctx.address(), span, name, on_release, wait, reply);
@@ -175,16 +220,31 @@ impl Handler<AcquirePermit> for LockManager {
     type Result = PermitResponse;
 
     fn handle(&mut self, request: AcquirePermit, _: &mut Context<Self>) -> PermitResponse {
-        let slots = match slot_names(&request.name, request.permits) {
+        let context = self.context();
+        let (slots, limited) = match request.permits {
+            Some(permits) => (slot_names(&request.name, permits), None),
+            None => {
+                let known = (context.limits.lock().expect("limits"))
+                    .get(&request.name)
+                    .copied()
+                    .unwrap_or(0);
+                let slots = match known {
+                    0 => pgcoord::lease::check_name(&request.name).map(|()| Vec::new()),
+                    known => slot_names(&request.name, known),
+                };
+                (slots, Some(Mutex::new(known)))
+            }
+        };
+        let slots = match slots {
             Ok(slots) => slots,
             Err(e) => return PermitResponse(Err(e)),
         };
-        let context = self.context();
         let key = queue_key(&request.name);
         let attempts = PermitAttempts {
             context: context.clone(),
             name: request.name,
-            slots,
+            slots: Mutex::new(slots),
+            limited,
             asked: Mutex::default(),
         };
         PermitResponse(Ok(Wait::new(
@@ -194,5 +254,26 @@ impl Handler<AcquirePermit> for LockManager {
             request.timeout,
             false,
         )))
+    }
+}
+
+impl Handler<SetLimit> for LockManager {
+    type Result = ResponseFuture<Result<LimitChange>>;
+
+    fn handle(&mut self, request: SetLimit, _: &mut Context<Self>) -> Self::Result {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        // Safe to run twice: a second run of the same change changes nothing more.
+        Box::pin(async move {
+            (table.set_limit(&pool.idempotent(None), &request.name, request.permits)).await
+        })
+    }
+}
+
+impl Handler<GetLimit> for LockManager {
+    type Result = ResponseFuture<Result<Option<u32>>>;
+
+    fn handle(&mut self, GetLimit(name): GetLimit, _: &mut Context<Self>) -> Self::Result {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        Box::pin(async move { table.limit(&pool.idempotent(None), &name).await })
     }
 }

@@ -15,6 +15,7 @@ mod health;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
+mod limits;
 mod mail;
 mod memory_backend;
 mod own_cluster;

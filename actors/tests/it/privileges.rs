@@ -13,7 +13,10 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     let role = unique_name("app");
     let (locks, queue, payloads, sequence) = (
         setup.quoted_table(),
-        format!("\"{0}_wq\", \"{0}_rl\", \"{0}_rr\"", setup.table),
+        format!(
+            "\"{0}_wq\", \"{0}_rl\", \"{0}_rr\", \"{0}_lm\"",
+            setup.table
+        ),
         format!("\"{}_p\"", setup.table),
         format!("\"{}_rvn\"", setup.table),
     );

@@ -1,4 +1,5 @@
-//! `migrate`, `locks`, `lock show`, `lock release`, `advisory` and `status`: listings and what they show.
+//! `migrate`, `locks`, `lock show`, `lock release`, `limit`, `advisory` and `status`: listings and
+//! what they show.
 
 use super::*;
 
@@ -62,6 +63,72 @@ async fn migrate_list_show_and_force_release_a_lease() {
             .status
             .code(),
         Some(3)
+    );
+}
+
+#[tokio::test]
+async fn limit_shows_sets_and_lowers_a_stored_limit_and_a_forced_release_keeps_its_slot() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let out = pgcoord(&table, &["limit", "tenant:42"]);
+    assert_eq!(out.status.code(), Some(3), "no limit yet: {out:?}");
+    let out = pgcoord(&table, &["limit", "tenant:42", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out).trim(), "limit of \"tenant:42\": 2");
+    assert_eq!(
+        stdout(&pgcoord(&table, &["limit", "tenant:42"])).trim(),
+        "2"
+    );
+
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    let owner = leases.owner("worker-1").unwrap();
+    let slots = pgcoord::lease::slot_names("tenant:42", 2).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let attempt = owner
+            .try_acquire_limited(&client, "tenant:42", &slots, 2, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let pgcoord::lease::LimitedAttempt::Granted { slot, grant } = attempt else {
+            panic!("{attempt:?}")
+        };
+        held.push((slot, grant.token));
+    }
+    held.sort();
+    // Forced free, a limited slot's row stays: the slot can be granted again.
+    let out = pgcoord(&table, &["lock", "release", &held[0].0, "--force"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!leases.get(&client, &held[0].0).await.unwrap().is_held());
+    // Lowered: the higher slot is taken back.
+    let out = pgcoord(&table, &["limit", "tenant:42", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(
+        text.contains("2 -> 1") && text.contains("1 permit(s) taken back"),
+        "{text}"
+    );
+    let renewed = owner
+        .renew(
+            &client,
+            &[(held[1].0.as_str(), held[1].1)],
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(renewed.is_empty());
+    let attempt = owner
+        .try_acquire_limited(&client, "tenant:42", &slots, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&attempt, pgcoord::lease::LimitedAttempt::Granted { slot, .. } if *slot == held[0].0),
+        "{attempt:?}"
+    );
+    assert_eq!(
+        pgcoord(&table, &["limit", "x", "10001"]).status.code(),
+        Some(2)
     );
 }
 

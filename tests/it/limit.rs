@@ -1,0 +1,232 @@
+//! Stored limits on their own: permits up to the limit, a raised limit admitting more, a lowered
+//! one taking permits back (after their fenced transactions), and the errors.
+
+use std::time::{Duration, Instant};
+
+use pgcoord::lease::{LimitedAttempt, slot_names};
+use pgcoord::{ErrorKind, LeaseTable};
+
+use super::LEASE;
+
+/// One attempt at a permit of `name` by `owner`, naming the slots of `known` permits.
+async fn attempt(
+    table: &LeaseTable,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    name: &str,
+    known: u32,
+) -> LimitedAttempt {
+    let candidates = if known == 0 {
+        Vec::new()
+    } else {
+        slot_names(name, known).unwrap()
+    };
+    table
+        .owner(owner)
+        .unwrap()
+        .try_acquire_limited(client, name, &candidates, known, LEASE)
+        .await
+        .unwrap()
+}
+
+/// The slot and token of a permit that must be granted.
+async fn permit(
+    table: &LeaseTable,
+    client: &tokio_postgres::Client,
+    owner: &str,
+    name: &str,
+    known: u32,
+) -> (String, i64) {
+    match attempt(table, client, owner, name, known).await {
+        LimitedAttempt::Granted { slot, grant } => (slot, grant.token),
+        other => panic!("{owner}: no permit of {name}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn permits_up_to_the_stored_limit_and_more_once_it_is_raised() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let none = (table.owner("a").unwrap())
+        .try_acquire_limited(&client, "tenant:42", &[], 0, LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(none.kind(), ErrorKind::NotFound, "no limit stored yet");
+    assert_eq!(table.limit(&client, "tenant:42").await.unwrap(), None);
+
+    let change = table.set_limit(&client, "tenant:42", 2).await.unwrap();
+    assert_eq!((change.previous, change.revoked), (None, 0));
+    assert_eq!(table.limit(&client, "tenant:42").await.unwrap(), Some(2));
+    // Candidates named for fewer permits than stored: asked to name them again.
+    assert_eq!(
+        attempt(&table, &client, "a", "tenant:42", 0).await,
+        LimitedAttempt::Resized(2)
+    );
+    let (a, _) = permit(&table, &client, "a", "tenant:42", 2).await;
+    let (b, _) = permit(&table, &client, "b", "tenant:42", 2).await;
+    assert_ne!(a, b);
+    assert_eq!(
+        attempt(&table, &client, "c", "tenant:42", 2).await,
+        LimitedAttempt::Full
+    );
+
+    let change = table.set_limit(&client, "tenant:42", 3).await.unwrap();
+    assert_eq!((change.previous, change.revoked), (Some(2), 0));
+    assert_eq!(
+        attempt(&table, &client, "c", "tenant:42", 2).await,
+        LimitedAttempt::Resized(3)
+    );
+    let (c, _) = permit(&table, &client, "c", "tenant:42", 3).await;
+    assert_eq!(c, "tenant:42#2");
+    assert_eq!(
+        attempt(&table, &client, "d", "tenant:42", 3).await,
+        LimitedAttempt::Full
+    );
+
+    // A limit of 0 admits nobody; the bounds are checked before any SQL.
+    table.set_limit(&client, "paused", 0).await.unwrap();
+    assert_eq!(
+        attempt(&table, &client, "a", "paused", 0).await,
+        LimitedAttempt::Full
+    );
+    let err = table.set_limit(&client, "x", 10_001).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = table.set_limit(&client, "", 1).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
+
+#[tokio::test]
+async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_transactions() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let other = super::connect(&config).await;
+    table.set_limit(&client, "jobs", 3).await.unwrap();
+    let mut held = Vec::new();
+    for owner in ["a", "b", "c"] {
+        held.push((owner, permit(&table, &client, owner, "jobs", 3).await));
+    }
+    held.sort_by(|x, y| x.1.0.cmp(&y.1.0));
+    let (top_owner, (top_slot, top_token)) = held[2].clone();
+    assert_eq!(top_slot, "jobs#2");
+
+    // The holder of the top slot writes under its permit...
+    let tx = client.transaction().await.unwrap();
+    (table.owner(top_owner).unwrap())
+        .fence(&tx, &top_slot, top_token)
+        .await
+        .unwrap();
+    // ...so lowering the limit waits for that transaction to end.
+    let lower = {
+        let (table, config) = (table.clone(), config.clone());
+        tokio::spawn(async move {
+            let client = super::connect(&config).await;
+            let started = Instant::now();
+            let change = table.set_limit(&client, "jobs", 1).await.unwrap();
+            (change, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !lower.is_finished(),
+        "the change waits for the fenced transaction"
+    );
+    tx.commit().await.unwrap();
+    let (change, took) = lower.await.unwrap();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert_eq!((change.previous, change.revoked), (Some(3), 2));
+
+    // Slots 1 and 2 are gone: their holders renew and fence nothing.
+    for (owner, (slot, token)) in &held[1..] {
+        let renewed = (table.owner(owner).unwrap())
+            .renew(&other, &[(slot.as_str(), *token)], LEASE)
+            .await
+            .unwrap();
+        assert!(renewed.is_empty(), "{slot} taken back");
+        let tx = client.transaction().await.unwrap();
+        let err = (table.owner(owner).unwrap())
+            .fence(&tx, slot, *token)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LockLost);
+        tx.rollback().await.unwrap();
+    }
+    // Slot 0 is still its holder's, and nobody else is admitted.
+    let (low_owner, (low_slot, low_token)) = &held[0];
+    assert_eq!(low_slot, "jobs#0");
+    let renewed = (table.owner(low_owner).unwrap())
+        .renew(&other, &[(low_slot.as_str(), *low_token)], LEASE)
+        .await
+        .unwrap();
+    assert_eq!(renewed, [*low_token]);
+    assert_eq!(
+        attempt(&table, &other, "d", "jobs", 3).await,
+        LimitedAttempt::Full
+    );
+
+    // Raised again, the slots come back free, with greater tokens than before.
+    table.set_limit(&other, "jobs", 3).await.unwrap();
+    let (slot, token) = permit(&table, &other, "d", "jobs", 3).await;
+    assert_ne!(slot, "jobs#0");
+    assert!(token > top_token);
+}
+
+#[tokio::test]
+async fn concurrent_changes_and_grants_never_admit_more_than_the_limit() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    table.set_limit(&client, "hot", 4).await.unwrap();
+    // Eight owners take and give back permits while the limit moves between 4 and 1; after
+    // each change, the permits held are at most the limit set.
+    let mut takers = Vec::new();
+    for i in 0..8 {
+        let (table, config) = (table.clone(), config.clone());
+        takers.push(tokio::spawn(async move {
+            let client = super::connect(&config).await;
+            let owner = format!("o{i}");
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                let known = table.limit(&client, "hot").await.unwrap().unwrap();
+                if let LimitedAttempt::Granted { slot, grant } =
+                    attempt(&table, &client, &owner, "hot", known.max(4)).await
+                {
+                    let request = pgcoord::lease::ReleaseRequest {
+                        name: &slot,
+                        token: grant.token,
+                        keep: true,
+                        announce_always: true,
+                    };
+                    let _ = table
+                        .owner(&owner)
+                        .unwrap()
+                        .release(&client, &request)
+                        .await;
+                }
+            }
+        }));
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut limit = 4;
+    let count_held = format!(
+        "SELECT count(*) FROM {} WHERE name LIKE 'hot#%' AND owner IS NOT NULL
+           AND expires_at > clock_timestamp()",
+        config.lock_table().quoted()
+    );
+    let mut checks = 0;
+    while Instant::now() < until {
+        limit = if limit == 4 { 1 } else { 4 };
+        table.set_limit(&client, "hot", limit).await.unwrap();
+        for _ in 0..5 {
+            let held: i64 = client.query_one(&count_held, &[]).await.unwrap().get(0);
+            // Only a change can lower the limit, and only this task changes it.
+            assert!(
+                held <= i64::from(limit),
+                "{held} held under a limit of {limit}"
+            );
+            checks += 1;
+        }
+    }
+    for taker in takers {
+        taker.await.unwrap();
+    }
+    assert!(checks > 10);
+}
