@@ -50,6 +50,7 @@ fn default_rendering_is_exactly_the_files() {
         "0008_rate_limits.sql",
         "0009_resign_requests.sql",
         "0010_waiter_priority.sql",
+        "0011_limits.sql",
     ]
     .iter()
     .map(|f| {
@@ -188,10 +189,10 @@ async fn create_try_create_and_drop_with_custom_names_in_a_custom_schema() {
             .kind(),
         ErrorKind::AlreadyExists
     );
-    assert_eq!(objects(&client, &schema_name).await.len(), 19);
+    assert_eq!(objects(&client, &schema_name).await.len(), 21);
     // ...while try_create_tables fills in what is missing.
     schema::try_create_tables(&client, &config).await.unwrap();
-    assert_eq!(objects(&client, &schema_name).await.len(), 21);
+    assert_eq!(objects(&client, &schema_name).await.len(), 23);
 
     schema::drop_tables(&client, &config).await.unwrap();
     assert!(objects(&client, &schema_name).await.is_empty());
