@@ -103,7 +103,8 @@ pub use election::{
 pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, AcquireResponse, Claim, Get, GetLimit, Lease, List, ListPrefix,
-    LockManager, ManagerStats, PermitResponse, Release, ReleaseAll, RenewNow, SetLimit, with_lock,
+    LockManager, MAX_LEASE, ManagerStats, PermitResponse, Release, ReleaseAll, RenewNow, SetLimit,
+    with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};

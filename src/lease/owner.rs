@@ -132,19 +132,35 @@ impl LeaseOwner<'_> {
     /// unique); any other was lost (row gone, token changed, already expired, or not this
     /// owner's). Names may be any string type, so a heartbeat can pass the names it holds
     /// without copying them.
-    #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
     pub async fn renew<N: AsRef<str>>(
         &self,
         client: &(impl Statements + ?Sized),
         held: &[(N, i64)],
         lease: Duration,
     ) -> Result<Vec<i64>> {
-        let (names, tokens): (Vec<&str>, Vec<i64>) =
-            held.iter().map(|(n, t)| (n.as_ref(), *t)).unzip();
+        let held: Vec<(&str, i64, Duration)> =
+            held.iter().map(|(n, t)| (n.as_ref(), *t, lease)).collect();
+        self.renew_each(client, &held).await
+    }
+
+    /// [`renew`](Self::renew), each `(name, token, lease)` for its own lease.
+    #[instrument(skip_all, fields(leases = held.len()), level = "debug")]
+    pub async fn renew_each<N: AsRef<str>>(
+        &self,
+        client: &(impl Statements + ?Sized),
+        held: &[(N, i64, Duration)],
+    ) -> Result<Vec<i64>> {
+        let mut names = Vec::with_capacity(held.len());
+        let (mut tokens, mut leases) = (Vec::with_capacity(held.len()), Vec::new());
+        for (name, token, lease) in held {
+            names.push(name.as_ref());
+            tokens.push(*token);
+            leases.push(millis(*lease)?);
+        }
         let params: &[Param<'_>] = &[
             (&names, Type::TEXT_ARRAY),
             (&tokens, Type::INT8_ARRAY),
-            (&millis(lease)?, Type::INT8),
+            (&leases, Type::INT8_ARRAY),
             (&self.owner, Type::TEXT),
         ];
         let rows = client.run(&self.table.renew, params).await?;

@@ -220,11 +220,12 @@ impl LeaseTable {
             holder: format!(
                 "SELECT l.owner, l.token, {REMAINING_MS} FROM {t} AS l WHERE l.name = $1"
             ),
-            // $1 names, $2 tokens, $3 lease ms, $4 owner. One statement for every lease of a
-            // process; all rows get the same expiry (the statement's start), which tests rely on.
+            // $1 names, $2 tokens, $3 lease ms (each lease's own), $4 owner. One statement for every
+            // lease of a process; rows of one lease get the same expiry (the statement's start),
+            // which tests rely on.
             renew: format!(
-                "UPDATE {t} AS l SET expires_at = now() + $3 * interval '1 millisecond'
-                 FROM unnest($1::text[], $2::int8[]) AS h(name, token)
+                "UPDATE {t} AS l SET expires_at = now() + h.ms * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::int8[], $3::int8[]) AS h(name, token, ms)
                  WHERE l.name = h.name AND l.token = h.token AND l.owner = $4
                    AND l.expires_at > clock_timestamp()
                  RETURNING l.token"

@@ -41,6 +41,8 @@ pub struct Election {
     arbiter: Option<ArbiterHandle>,
     /// This process's candidacy's priority (see [`Election::priority`]).
     priority: i32,
+    /// A term's lease, when not the manager's (see [`Election::lease`]).
+    lease: Option<Duration>,
 }
 
 /// Who leads an election.
@@ -73,6 +75,7 @@ impl Election {
             config: config.clone(),
             arbiter: None,
             priority: 0,
+            lease: None,
         })
     }
 
@@ -83,6 +86,14 @@ impl Election {
     /// [`request_resign`](Self::request_resign) when the preferred candidate is waiting.
     pub fn priority(mut self, priority: i32) -> Election {
         self.priority = priority;
+        self
+    }
+
+    /// Holds each term for `lease` at a time instead of the manager's lease, as
+    /// [`Acquire::lease`] does: at least the manager's. A longer term's lease rides out longer
+    /// pauses of its leader; the next leader is elected that much later when the leader dies.
+    pub fn lease(mut self, lease: Duration) -> Election {
+        self.lease = Some(lease);
         self
     }
 
@@ -116,6 +127,9 @@ impl Election {
             .priority(self.priority);
         if let Some(timeout) = timeout {
             acquire = acquire.timeout(timeout);
+        }
+        if let Some(lease) = self.lease {
+            acquire = acquire.lease(lease);
         }
         let lease = self.locks.call(acquire).await?;
         let leadership = Leadership {

@@ -3,7 +3,7 @@
 //! and hands it over.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
@@ -34,10 +34,35 @@ pub(crate) fn already_held(name: &str) -> Error {
     )
 }
 
+/// The longest lease one acquire may ask for ([`Acquire::lease`]): a year.
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The lease a request asks for, checked against the manager's `default`: `None` for the
+/// manager's own.
+pub(crate) fn checked_lease(asked: Option<Duration>, default: Duration) -> Result<Duration> {
+    match asked {
+        None => Ok(default),
+        Some(lease) if lease < default => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "a lease of {lease:?} is shorter than the manager's ({default:?}), whose heartbeat \
+                 could not keep it: use a manager configured with it"
+            ),
+        )),
+        Some(lease) if lease > MAX_LEASE => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!("a lease of {lease:?} is longer than the most, {MAX_LEASE:?}"),
+        )),
+        Some(lease) => Ok(lease),
+    }
+}
+
 /// The attempts of one `Acquire`.
 pub(crate) struct LeaseAttempts {
     context: Arc<WaitContext>,
     request: Acquire,
+    /// The request's lease, checked.
+    lease: Duration,
 }
 
 impl LeaseAttempts {
@@ -59,7 +84,8 @@ impl Attempts for LeaseAttempts {
     }
 
     async fn batched(&self, ask: Ask) -> Option<Answer<Won>> {
-        if ask != Ask::First {
+        // A batch grants every name for the manager's lease.
+        if ask != Ask::First || self.lease != self.context.lease {
             return None;
         }
         let batcher = &self.context.batcher;
@@ -80,7 +106,7 @@ impl Attempts for LeaseAttempts {
 
     async fn attempt(&self, ask: Ask, statements: &Until<'_>) -> Answer<Won> {
         let context = &self.context;
-        let (owner, request, lease) = (context.statements(), self.request(), context.lease);
+        let (owner, request, lease) = (context.statements(), self.request(), self.lease);
         let sent = Instant::now();
         let attempt = pgcoord::__private::retry(|| {
             Counters::add(&context.counters.acquire_statements);
@@ -130,6 +156,10 @@ impl Attempts for LeaseAttempts {
     fn name(&self) -> &str {
         &self.request.name
     }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
 }
 
 /// The reply to [`Acquire`]: runs the wait inside the manager, watching the reply channel so a
@@ -161,11 +191,16 @@ impl Handler<Acquire> for LockManager {
             return AcquireResponse(Err(already_held(&request.name)));
         }
         let context = self.context();
+        let lease = match checked_lease(request.lease, context.lease) {
+            Ok(lease) => lease,
+            Err(e) => return AcquireResponse(Err(e)),
+        };
         let (timeout, once) = (request.timeout, request.fail_if_locked);
         let key = request.name.clone();
         let attempts = LeaseAttempts {
             context: context.clone(),
             request,
+            lease,
         };
         AcquireResponse(Ok(Wait::new(&context, attempts, &key, timeout, once)))
     }

@@ -44,6 +44,7 @@ impl Handler<Claim> for LockManager {
         });
         // On a task of its own, so its statements finish whatever the manager does; grants it
         // cannot hand over (the manager stopped) are released when dropped.
+        let lease = context.lease;
         let claim = tokio::spawn(claim(context, names));
         let claim = async move {
             claim.await.unwrap_or_else(|e| {
@@ -61,7 +62,7 @@ impl Handler<Claim> for LockManager {
                             keep,
                             ..OnRelease::default()
                         };
-                        act.lease_for(grant.record(), on_release, won, sent, ctx)
+                        act.lease_for(grant.record(), on_release, won, (sent, lease), ctx)
                     })
                     .collect()
             });

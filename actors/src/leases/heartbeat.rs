@@ -57,7 +57,7 @@ impl LockManager {
         Counters::add(&self.counters.renew_statements);
         let tenures = self.holdings.tenures();
         let session = self.heartbeat.session.clone().filter(|s| !s.is_broken());
-        let (config, table, lease) = (self.config.clone(), self.table.clone(), self.config.lease());
+        let (config, table) = (self.config.clone(), self.table.clone());
         let renew = async move {
             let session = match session {
                 Some(session) => session,
@@ -79,7 +79,7 @@ impl LockManager {
             let sent = Instant::now();
             let statements = pgcoord::__private::until(&session.client, bound);
             let owner = table.owner(config.owner()).expect("a configured owner");
-            let renewed = owner.renew(&statements, &tenures, lease).await;
+            let renewed = owner.renew_each(&statements, &tenures).await;
             (Some(session), sent, tenures, renewed)
         };
         ctx.spawn(
@@ -102,14 +102,18 @@ impl LockManager {
         );
     }
 
-    /// Moves the deadline of every lease the renewal confirmed; the others are gone on the
-    /// server.
-    fn renewed(&mut self, sent: Instant, tenures: Vec<(Arc<str>, i64)>, renewed: Vec<i64>) {
-        let deadline = sent + self.config.lease() - self.margin();
+    /// Moves the deadline of every lease the renewal confirmed, each by its own lease; the
+    /// others are gone on the server.
+    fn renewed(
+        &mut self,
+        sent: Instant,
+        tenures: Vec<(Arc<str>, i64, Duration)>,
+        renewed: Vec<i64>,
+    ) {
         let renewed: HashSet<i64> = renewed.into_iter().collect();
-        for (name, token) in tenures {
+        for (name, token, _) in tenures {
             if renewed.contains(&token) {
-                self.holdings.extend(&name, token, deadline);
+                self.holdings.extend(&name, token, sent);
             } else {
                 self.lose(&name, token, LossReason::TakenOver);
             }

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -23,6 +23,8 @@ pub(crate) struct OnRelease {
 pub(crate) struct Held {
     pub(crate) token: i64,
     pub(crate) on_release: OnRelease,
+    /// How long each (re)grant lasts: the manager's lease, or the acquire's own.
+    pub(crate) lease: Duration,
     /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
     /// Past it the server may give the lease away, so it is reported lost.
     pub(crate) deadline: Instant,
@@ -30,17 +32,19 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// A lease granted with `token`, held until `deadline` unless renewed; the receiver is its
-    /// handle's.
+    /// A lease granted with `token` for `lease`, held until `deadline` unless renewed; the
+    /// receiver is its handle's.
     pub(crate) fn new(
         token: i64,
         on_release: OnRelease,
+        lease: Duration,
         deadline: Instant,
     ) -> (Held, watch::Receiver<Tenure>) {
         let (tenure, receiver) = watch::channel(Tenure::Held);
         let held = Held {
             token,
             on_release,
+            lease,
             deadline,
             tenure,
         };
@@ -116,17 +120,18 @@ impl Holdings {
         self.leases.values().map(|h| h.deadline).min()
     }
 
-    /// Every lease by name and token: what a renewal sends.
-    pub(crate) fn tenures(&self) -> Vec<(Arc<str>, i64)> {
+    /// Every lease by name, token and lease: what a renewal sends.
+    pub(crate) fn tenures(&self) -> Vec<(Arc<str>, i64, Duration)> {
         (self.leases.iter())
-            .map(|(name, h)| (name.clone(), h.token))
+            .map(|(name, h)| (name.clone(), h.token, h.lease))
             .collect()
     }
 
-    /// Moves the deadline of `name` when it is still held with `token`.
-    pub(crate) fn extend(&mut self, name: &str, token: i64, deadline: Instant) {
+    /// Moves the deadline of `name` when it is still held with `token`: its lease from `sent`,
+    /// less the margin.
+    pub(crate) fn extend(&mut self, name: &str, token: i64, sent: Instant) {
         if let Some(held) = self.leases.get_mut(name).filter(|h| h.token == token) {
-            held.deadline = deadline;
+            held.deadline = sent + held.lease - margin(held.lease);
         }
     }
 
@@ -143,4 +148,10 @@ impl Holdings {
         self.names.0.lock().expect("held names").clear();
         self.leases.drain().collect()
     }
+}
+
+/// How much earlier than the server the holder gives up a lease of `lease`: a tenth of it, to
+/// absorb clock-rate differences and the sweep's granularity.
+pub(crate) fn margin(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_millis(1))
 }

@@ -39,6 +39,8 @@ pub struct Acquire {
     pub(crate) fail_if_locked: bool,
     pub(crate) timeout: Option<Duration>,
     pub(crate) priority: i32,
+    /// `None`: the manager's lease.
+    pub(crate) lease: Option<Duration>,
 }
 
 impl Message for Acquire {
@@ -56,7 +58,21 @@ impl Acquire {
             fail_if_locked: false,
             timeout: None,
             priority: 0,
+            lease: None,
         }
+    }
+
+    /// Holds this lease for `lease` at a time instead of the manager's
+    /// ([`ConfigBuilder::lease`](pgcoord::ConfigBuilder::lease)): the server frees it `lease`
+    /// after the last renewal its holder made, and the holder reports it lost a tenth earlier.
+    /// The heartbeat renews it by its own lease at every beat. At least the manager's lease (its
+    /// heartbeat and deadline sweep are paced for that; a shorter lease needs a manager
+    /// configured with it) and at most [`MAX_LEASE`](crate::MAX_LEASE); `InvalidConfig`
+    /// otherwise. A longer lease tolerates longer pauses of its holder, and is taken over that
+    /// much later when its holder dies.
+    pub fn lease(mut self, lease: Duration) -> Acquire {
+        self.lease = Some(lease);
+        self
     }
 
     /// Waits with `priority` (default 0): among the processes waiting for the lease, the one
@@ -133,6 +149,8 @@ pub struct AcquirePermit {
     /// `None`: the stored limit.
     pub(crate) permits: Option<u32>,
     pub(crate) timeout: Option<Duration>,
+    /// `None`: the manager's lease.
+    pub(crate) lease: Option<Duration>,
 }
 
 impl AcquirePermit {
@@ -142,6 +160,7 @@ impl AcquirePermit {
             name: name.into(),
             permits: Some(permits),
             timeout: None,
+            lease: None,
         }
     }
 
@@ -155,12 +174,20 @@ impl AcquirePermit {
             name: name.into(),
             permits: None,
             timeout: None,
+            lease: None,
         }
     }
 
     /// Give up after `timeout` with [`pgcoord::ErrorKind::NotAcquired`].
     pub fn timeout(mut self, timeout: Duration) -> AcquirePermit {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Holds the permit for `lease` at a time instead of the manager's, as
+    /// [`Acquire::lease`] does.
+    pub fn lease(mut self, lease: Duration) -> AcquirePermit {
+        self.lease = Some(lease);
         self
     }
 }

@@ -53,7 +53,7 @@ pub(crate) use acquire::already_held;
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
-pub use acquire::AcquireResponse;
+pub use acquire::{AcquireResponse, MAX_LEASE};
 pub use lease::Lease;
 pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
@@ -163,23 +163,18 @@ impl LockManager {
         }
     }
 
-    /// How much earlier than the server the holder gives a lease up: a tenth of the lease, to
-    /// absorb clock-rate differences and the sweep's granularity.
-    fn margin(&self) -> Duration {
-        (self.config.lease() / 10).max(Duration::from_millis(1))
-    }
-
-    /// Records a granted lease, its deadline counted from `sent`, and returns its handle.
+    /// Records a lease granted for `lease`, its deadline counted from `sent`, and returns its
+    /// handle.
     fn lease_for(
         &mut self,
         name: String,
         on_release: OnRelease,
         grant: pgcoord::lease::Grant,
-        sent: Instant,
+        (sent, lease): (Instant, Duration),
         ctx: &mut Context<Self>,
     ) -> Lease {
-        let deadline = sent + self.config.lease() - self.margin();
-        let (held, tenure) = Held::new(grant.token, on_release, deadline);
+        let deadline = sent + lease - held::margin(lease);
+        let (held, tenure) = Held::new(grant.token, on_release, lease, deadline);
         Counters::add(&self.counters.granted);
         if let Some(replaced) = self.holdings.insert(Arc::from(name.as_str()), held) {
             // Never, by the turns of names; said if it were, never silent.
@@ -243,7 +238,8 @@ impl Actor for LockManager {
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
-        let sweep = (self.margin() / 2).max(Duration::from_millis(1));
+        // Every lease is at least the manager's (see `Acquire::lease`): its margin at least this.
+        let sweep = (held::margin(self.config.lease()) / 2).max(Duration::from_millis(1));
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
         // The pool's gauges, once a second.
         ctx.run_interval(Duration::from_secs(1), |act, _| {

@@ -59,6 +59,8 @@ pub(crate) struct PermitAttempts {
     slots: Mutex<Vec<String>>,
     /// A limited semaphore's: the limit `slots` are named for.
     limited: Option<Mutex<u32>>,
+    /// The request's lease, checked.
+    lease: std::time::Duration,
     /// The slots the last attempt asked for, with their turns: kept until its answer is known
     /// and anything it may have granted is checked.
     asked: Mutex<Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>>,
@@ -98,7 +100,7 @@ impl PermitAttempts {
             let (free, limit) = (self.take_free(), *known.lock().expect("known"));
             let attempt = pgcoord::__private::retry(|| {
                 Counters::add(&context.counters.acquire_statements);
-                owner.try_acquire_limited(statements, &self.name, &free, limit, context.lease)
+                owner.try_acquire_limited(statements, &self.name, &free, limit, self.lease)
             })
             .await?;
             return Ok(match attempt {
@@ -149,7 +151,7 @@ impl Attempts for PermitAttempts {
                 let (owner, free) = (context.statements(), self.take_free());
                 pgcoord::__private::retry(|| {
                     Counters::add(&context.counters.acquire_statements);
-                    owner.try_acquire_any(statements, &free, context.lease)
+                    owner.try_acquire_any(statements, &free, self.lease)
                 })
                 .await
             }
@@ -190,6 +192,10 @@ impl Attempts for PermitAttempts {
 
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        self.lease
     }
 }
 
@@ -235,9 +241,10 @@ impl Handler<AcquirePermit> for LockManager {
                 (slots, Some(Mutex::new(known)))
             }
         };
-        let slots = match slots {
-            Ok(slots) => slots,
-            Err(e) => return PermitResponse(Err(e)),
+        let lease = super::acquire::checked_lease(request.lease, context.lease);
+        let (slots, lease) = match (slots, lease) {
+            (Ok(slots), Ok(lease)) => (slots, lease),
+            (Err(e), _) | (_, Err(e)) => return PermitResponse(Err(e)),
         };
         let key = queue_key(&request.name);
         let attempts = PermitAttempts {
@@ -245,6 +252,7 @@ impl Handler<AcquirePermit> for LockManager {
             name: request.name,
             slots: Mutex::new(slots),
             limited,
+            lease,
             asked: Mutex::default(),
         };
         PermitResponse(Ok(Wait::new(

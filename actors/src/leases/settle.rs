@@ -4,7 +4,7 @@
 //! dropped unrecorded: a grant whose manager stopped is never left held.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tracing::debug;
@@ -66,6 +66,8 @@ pub(crate) struct Settled {
     outcome: Outcome,
     grant: Option<Unrecorded>,
     on_release: OnRelease,
+    /// What the grant is for.
+    lease: Duration,
     reply: Option<Reply>,
     arrived: Instant,
 }
@@ -82,13 +84,15 @@ impl Handler<Settled> for LockManager {
             outcome,
             grant,
             on_release,
+            lease,
             reply,
             arrived,
         } = settled;
         self.count_acquire(&outcome, arrived);
         match (outcome, grant) {
             (Outcome::Granted(won), Some(grant)) => {
-                let lease = self.lease_for(grant.record(), on_release, won.grant, won.sent, ctx);
+                let timing = (won.sent, lease);
+                let lease = self.lease_for(grant.record(), on_release, won.grant, timing, ctx);
                 // A caller that went away gets nothing: the handle's drop releases the lease.
                 if let Some(reply) = reply {
                     let _ = reply.send(Ok(lease));
@@ -114,6 +118,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
 ) {
     let arrived = Instant::now();
     let context = wait.context();
+    let lease = wait.attempts.lease();
 
     let task = async move {
         let (mut wait, mut reply) = (wait, reply);
@@ -134,6 +139,7 @@ pub(crate) fn spawn_wait<A: Attempts>(
             outcome,
             grant,
             on_release,
+            lease,
             reply,
             arrived,
         };

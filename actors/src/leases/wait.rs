@@ -68,6 +68,9 @@ pub(crate) trait Attempts: Send + Sync + 'static {
 
     /// What the wait is for, for errors and logs.
     fn name(&self) -> &str;
+
+    /// How long its grant lasts unrenewed.
+    fn lease(&self) -> Duration;
 }
 
 /// One wait: its statements, its place among local waiters, its line, and what is left to do
@@ -150,7 +153,7 @@ impl<A: Attempts> Wait<A> {
         let pool = &self.context.pool;
         // When a grant is sure to have expired on the server, counted from its attempt's
         // sending: the lease, plus a margin for the clocks' rates.
-        let expires_after = self.context.lease + self.context.lease / 10;
+        let expires_after = attempts.lease() + attempts.lease() / 10;
         let name = attempts.name();
         loop {
             if line.passed(Instant::now()) {

@@ -326,3 +326,63 @@ async fn call_folds_a_stopped_actor_into_unavailable() {
     let err = a.call(Acquire::new("other")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+#[actix_rt::test]
+async fn an_acquire_with_its_own_lease_is_renewed_and_lost_by_it() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(1), Duration::from_millis(250)).await;
+    let a = setup.manager("a");
+    let long = a
+        .call(Acquire::new("long").lease(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    let short = a.call(Acquire::new("short")).await.unwrap();
+    // Past the manager's lease, several beats later: each renewed by its own lease.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(long.loss().is_none() && short.loss().is_none());
+    let left = |info: pgcoord::LeaseInfo| info.remaining.unwrap();
+    let long_left = left(a.call(Get("long".into())).await.unwrap());
+    let short_left = left(a.call(Get("short".into())).await.unwrap());
+    assert!(long_left > Duration::from_secs(4), "{long_left:?}");
+    assert!(short_left <= Duration::from_secs(1), "{short_left:?}");
+
+    // A holder that stops renewing (heartbeats off) keeps a 3 s lease past the manager's 1 s,
+    // and gives it up before the server does.
+    let config = setup.builder("paused").heartbeat(Duration::ZERO).build();
+    let paused = LockManager::new(config.unwrap()).start();
+    let held = paused
+        .call(Acquire::new("paused").lease(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    let taken = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(held.loss().is_none(), "held past the manager's lease");
+    let refused = a
+        .call(Acquire::new("paused").fail_if_locked())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::NotAcquired);
+    assert_eq!(held.lost().await, Some(LossReason::DeadlinePassed));
+    let lost_after = taken.elapsed();
+    assert!(
+        lost_after >= Duration::from_millis(2500) && lost_after < Duration::from_secs(3),
+        "reported lost a tenth of its lease before it ends: {lost_after:?}"
+    );
+    let _taken_over = a
+        .call(Acquire::new("paused").timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+
+    // Shorter than the manager's, or past the most: refused before any SQL.
+    for lease in [
+        Duration::from_millis(500),
+        MAX_LEASE + Duration::from_secs(1),
+    ] {
+        let err = a.call(Acquire::new("x").lease(lease)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{lease:?}: {err}");
+        let err = a
+            .call(AcquirePermit::new("s", 2).lease(lease))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    }
+}
