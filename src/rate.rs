@@ -93,6 +93,46 @@ impl RateLimit {
     pub fn burst_size(&self) -> u32 {
         self.burst
     }
+
+    /// The take [`RateTable`]'s statement makes, on a bucket kept elsewhere (the runtime's
+    /// in-memory backend keeps its own): `tat` is the bucket's theoretical arrival time in µs,
+    /// `None` for a new (full) bucket, `now` the clock in the same µs. A take of `n` all or none
+    /// (`all`), else up to `n`. Answers the bucket's new `tat` and what was taken.
+    pub fn take_at(&self, tat: Option<i64>, now: i64, n: u32, all: bool) -> (i64, Taken) {
+        let (asked, interval, burst) = (i64::from(n), self.interval_micros, i64::from(self.burst));
+        let base = tat.map_or(now, |tat| tat.max(now));
+        let avail = ((burst * interval - (base - now)) / interval).max(0);
+        let granted = match all {
+            true if asked <= avail => asked,
+            true => 0,
+            false => asked.min(avail),
+        };
+        let tat = base + granted * interval;
+        (tat, taken(asked, granted, tat, now, interval, burst, all))
+    }
+}
+
+/// What a take answers: `granted` of `asked`, and when the rest would fit (the whole ask with
+/// `all`, else one) given the bucket's `tat` after it, at `now`.
+fn taken(
+    asked: i64,
+    granted: i64,
+    tat: i64,
+    now: i64,
+    interval: i64,
+    burst: i64,
+    all: bool,
+) -> Taken {
+    let retry_after = if asked == granted {
+        0
+    } else {
+        let need = if all { asked } else { 1 }.saturating_mul(interval);
+        (tat.saturating_add(need) - burst * interval - now).max(0)
+    };
+    Taken {
+        granted: granted as u32,
+        retry_after: Duration::from_micros(retry_after as u64),
+    }
 }
 
 /// What a take got.
@@ -201,17 +241,30 @@ impl RateTable {
         let (granted, tat, now): (i64, i64, i64) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
         // The rest fits once the bucket has room for it: `tat` minus a full bucket plus the rest.
-        let rest = asked - granted;
-        let retry_after = if rest == 0 {
-            0
-        } else {
-            let need = if all { asked } else { 1 };
-            let need = need.saturating_mul(interval);
-            (tat.saturating_add(need) - burst * interval - now).max(0)
-        };
-        Ok(Taken {
-            granted: granted as u32,
-            retry_after: Duration::from_micros(retry_after as u64),
-        })
+        Ok(taken(asked, granted, tat, now, interval, burst, all))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_at_computes_what_the_statement_does() {
+        // 4 per second: one per 250 ms, a burst of 4.
+        let rate = RateLimit::per_second(4).unwrap();
+        let (tat, taken) = rate.take_at(None, 0, 3, true);
+        assert_eq!((tat, taken.granted), (750_000, 3));
+        // One left: all-or-none of 2 refused, with when both would fit; up to 2 gets one.
+        let (same, refused) = rate.take_at(Some(tat), 0, 2, true);
+        assert_eq!((same, refused.granted), (750_000, 0));
+        assert_eq!(refused.retry_after, Duration::from_millis(250));
+        let (tat, one) = rate.take_at(Some(tat), 0, 2, false);
+        assert_eq!((tat, one.granted), (1_000_000, 1));
+        assert_eq!(one.retry_after, Duration::from_millis(250));
+        // Half a second later, two have refilled; a bucket left alone is full again, no fuller.
+        assert_eq!(rate.take_at(Some(tat), 500_000, 3, true).1.granted, 0);
+        assert_eq!(rate.take_at(Some(tat), 500_000, 2, true).1.granted, 2);
+        assert_eq!(rate.take_at(Some(tat), 60_000_000, 5, false).1.granted, 4);
     }
 }

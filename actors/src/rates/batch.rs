@@ -97,8 +97,7 @@ impl Lines {
 /// clone of its limiter.
 pub(super) async fn rounds(limiter: RateLimiter, key: String) {
     let RateLimiter {
-        table,
-        pool,
+        buckets,
         rate,
         counters,
         lines,
@@ -106,8 +105,7 @@ pub(super) async fn rounds(limiter: RateLimiter, key: String) {
     while let Some(asked) = lines.asked(&key) {
         // Asked is at most the line's sum of u32s; the statement takes a u32.
         let asked = u32::try_from(asked).unwrap_or(u32::MAX);
-        let statements = pool.statements(None);
-        let taken = match table.take_up_to(&statements, &key, asked, &rate).await {
+        let taken = match buckets.take(&key, asked, &rate, false).await {
             Ok(taken) => taken,
             Err(e) => {
                 lines.fail(&key, &e);

@@ -3,7 +3,8 @@
 //!
 //! It is a handle, not an actor: nothing is held between takes (the bucket is the row), and its
 //! futures are `Send`, for any tokio task. Waiting takes on one key share a statement per round
-//! (`batch`): the one task it spawns per key ends when nobody waits.
+//! (`batch`): the one task it spawns per key ends when nobody waits. On the in-memory backend
+//! ([`RateLimiter::in_memory`]) the buckets are the backend's, computed as the statement does.
 
 mod batch;
 
@@ -47,11 +48,11 @@ impl Counters {
 /// Takes from keys' buckets at one [`RateLimit`], across every process that uses the same rate
 /// for the same keys (the rate travels with each take: a process with another rate for a key
 /// enforces its own on the same bucket). Made by
-/// [`Coordinator::rate_limiter`](crate::Coordinator::rate_limiter).
+/// [`Coordinator::rate_limiter`](crate::Coordinator::rate_limiter), or on the in-memory backend
+/// by [`RateLimiter::in_memory`].
 #[derive(Clone)]
 pub struct RateLimiter {
-    table: RateTable,
-    pool: Pool,
+    buckets: Buckets,
     rate: RateLimit,
     counters: Counters,
     lines: Arc<batch::Lines>,
@@ -65,11 +66,54 @@ impl std::fmt::Debug for RateLimiter {
     }
 }
 
+/// Where a limiter's buckets are.
+#[derive(Clone)]
+enum Buckets {
+    Postgres {
+        table: RateTable,
+        pool: Pool,
+    },
+    #[cfg(feature = "memory")]
+    Memory(crate::backend::memory::MemoryBackend),
+}
+
+impl Buckets {
+    /// One take of `n` from `key` (all or none with `all`, else up to `n`).
+    async fn take(&self, key: &str, n: u32, rate: &RateLimit, all: bool) -> Result<Taken> {
+        match self {
+            // Not retried on an unclear outcome: a take that may have happened is counted as
+            // taken, so a retry would admit less than the limit, never more, but for nothing.
+            Buckets::Postgres { table, pool } => {
+                let statements = pool.statements(None);
+                match all {
+                    true => table.try_take(&statements, key, n, rate).await,
+                    false => table.take_up_to(&statements, key, n, rate).await,
+                }
+            }
+            #[cfg(feature = "memory")]
+            Buckets::Memory(backend) => backend.take(key, n, rate, all),
+        }
+    }
+}
+
 impl RateLimiter {
     pub(crate) fn new(table: RateTable, pool: Pool, rate: RateLimit) -> RateLimiter {
+        RateLimiter::on(Buckets::Postgres { table, pool }, rate)
+    }
+
+    /// A limiter whose buckets are `backend`'s: every limiter made on one backend takes from
+    /// the same buckets, as the processes of a fleet do from one table.
+    #[cfg(feature = "memory")]
+    pub fn in_memory(
+        backend: &crate::backend::memory::MemoryBackend,
+        rate: RateLimit,
+    ) -> RateLimiter {
+        RateLimiter::on(Buckets::Memory(backend.clone()), rate)
+    }
+
+    fn on(buckets: Buckets, rate: RateLimit) -> RateLimiter {
         RateLimiter {
-            table,
-            pool,
+            buckets,
             rate,
             counters: Counters::new(),
             lines: Arc::default(),
@@ -84,10 +128,7 @@ impl RateLimiter {
     /// Takes `n` from `key` now if all fit, or none: one statement, bounded by the pool's
     /// statement timeout. [`Taken::retry_after`] says when they would fit.
     pub async fn try_take(&self, key: &str, n: u32) -> Result<Taken> {
-        // Not retried on an unclear outcome: a take that may have happened is counted as taken,
-        // so a retry would admit less than the limit, never more, but for nothing.
-        let statements = self.pool.statements(None);
-        let taken = (self.table.try_take(&statements, key, n, &self.rate))
+        let taken = (self.buckets.take(key, n, &self.rate, true))
             .instrument(debug_span!("rate.try_take", rate.key = key, n))
             .await?;
         self.counters.count(taken.granted);

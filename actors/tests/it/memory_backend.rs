@@ -145,3 +145,52 @@ async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
     assert_eq!(err.kind(), ErrorKind::LockLost);
     consuming.stop().await;
 }
+
+/// In memory, rate limiters made on one backend take from the same buckets, as a fleet's do
+/// from one table: the burst, then the rate, for all of them together.
+#[actix_rt::test]
+async fn in_memory_rate_limiters_share_the_backends_buckets() {
+    use pgcoord::rate::RateLimit;
+    use std::time::Instant;
+    let backend = MemoryBackend::new();
+    let rate = RateLimit::per_second(50).unwrap().burst(5).unwrap();
+    let (one, two) = (
+        RateLimiter::in_memory(&backend, rate),
+        RateLimiter::in_memory(&backend, rate),
+    );
+    assert_eq!(one.try_take("hot", 3).await.unwrap().granted, 3);
+    assert_eq!(two.try_take("hot", 2).await.unwrap().granted, 2);
+    let refused = one.try_take("hot", 1).await.unwrap();
+    assert_eq!(refused.granted, 0);
+    assert!(
+        refused.retry_after <= Duration::from_millis(20),
+        "{refused:?}"
+    );
+    // Another backend's buckets are its own.
+    let other = RateLimiter::in_memory(&MemoryBackend::new(), rate);
+    assert_eq!(other.try_take("hot", 5).await.unwrap().granted, 5);
+
+    // Waiting takes from both limiters: 40 more at 50/s take about 0.8 s, not less.
+    let started = Instant::now();
+    let mut takers = Vec::new();
+    for limiter in [one.clone(), two.clone()] {
+        takers.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                limiter
+                    .take("hot", 1, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for taker in takers {
+        taker.await.unwrap();
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(760), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let err = one.try_take("hot", 6).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = one.try_take("", 1).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidName);
+}

@@ -10,6 +10,9 @@
 //! [`MemoryCoordinator::force_loss`] (a lease taken over, as after an expiry) and
 //! [`MemoryCoordinator::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
 //!
+//! Rate limits too ([`RateLimiter::in_memory`](crate::RateLimiter::in_memory): the backend's
+//! buckets, on its monotonic clock). Schedules, semaphores and durable mail need PostgreSQL.
+//!
 //! Worker pools run on it as well: [`WorkerPool::in_memory`](crate::WorkerPool::in_memory)
 //! (members are coordinators; a tick every 100 ms), routed with
 //! [`routed_in_memory`](crate::WorkerPool::routed_in_memory) and reached by
@@ -44,6 +47,7 @@ use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
 
 mod leases;
+mod rates;
 mod signals;
 pub(crate) mod topics;
 
@@ -66,6 +70,7 @@ struct Shared {
 #[derive(Default)]
 struct State {
     leases: leases::LeaseState,
+    rates: rates::RateState,
     signals: signals::SignalState,
     topics: topics::TopicState,
     lock_lost: Vec<(u64, Recipient<LockLost>)>,
