@@ -51,7 +51,7 @@ use pgcoord::{LeaseInfo, Result};
 
 use crate::call::Call;
 use crate::coordinator::Coordinator;
-use crate::leases::{Acquire, Get, Lease};
+use crate::leases::{Acquire, AcquirePermit, Get, Lease, SetLimit};
 use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
@@ -71,6 +71,12 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub trait Locking: Send + Sync {
     /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>>;
+    /// Acquires a permit of a semaphore as [`AcquirePermit`] says (a fixed count, or the
+    /// stored limit; timeout).
+    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>>;
+    /// Stores a limited semaphore's limit ([`SetLimit`]): lowered, the highest permits are
+    /// taken back.
+    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>>;
     /// Inspects one lock ([`Get`]); [`pgcoord::ErrorKind::NotFound`] when there is none.
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>>;
     /// Registers `recipient` for [`LockLost`], sent once per lease of this backend lost.
@@ -181,6 +187,14 @@ where
 
 impl Locking for Coordinator {
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
+        Box::pin(self.locks.call(request))
+    }
+
+    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
+        Box::pin(self.locks.call(request))
+    }
+
+    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
         Box::pin(self.locks.call(request))
     }
 

@@ -226,7 +226,71 @@ on_both_backends!(
     a_release_is_no_loss,
     a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next,
     a_handler_error_hands_the_same_event_over_and_bad_input_is_refused,
+    permits_and_a_stored_limit_that_is_raised_and_lowered,
 );
+
+async fn permits_and_a_stored_limit_that_is_raised_and_lowered(h: impl Harness) {
+    let (a, b) = h.processes();
+    // A fixed count: two permits, each a slot's lease; a third waits for a release.
+    let name = unique_name("sem");
+    let one = a
+        .acquire_permit(AcquirePermit::new(&name, 2))
+        .await
+        .unwrap();
+    let two = b
+        .acquire_permit(AcquirePermit::new(&name, 2))
+        .await
+        .unwrap();
+    assert_ne!(one.name(), two.name());
+    let full = (a.acquire_permit(AcquirePermit::new(&name, 2).timeout(Duration::from_millis(200))))
+        .await
+        .unwrap_err();
+    assert_eq!(full.kind(), ErrorKind::NotAcquired);
+    let waiting = tokio::spawn(
+        a.acquire_permit(AcquirePermit::new(&name, 2).timeout(Duration::from_secs(5))),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let slot = two.name().to_owned();
+    two.release().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap().name(), slot);
+    drop(one);
+
+    // A stored limit: none yet, then 1; raised to 2, a waiter gets in; lowered to 0, the
+    // permits are taken back from their holders.
+    let name = unique_name("limited");
+    let err = a
+        .acquire_permit(AcquirePermit::limited(&name))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let change = a.set_limit(SetLimit::new(&name, 1)).await.unwrap();
+    assert_eq!((change.previous, change.revoked), (None, 0));
+    let first = a
+        .acquire_permit(AcquirePermit::limited(&name))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(
+        b.acquire_permit(AcquirePermit::limited(&name).timeout(Duration::from_secs(5))),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    let raised = Instant::now();
+    b.set_limit(SetLimit::new(&name, 2)).await.unwrap();
+    let second = waiting.await.unwrap().unwrap();
+    assert!(
+        raised.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        raised.elapsed()
+    );
+    let change = b.set_limit(SetLimit::new(&name, 0)).await.unwrap();
+    assert_eq!((change.previous, change.revoked), (Some(2), 2));
+    for permit in [first, second] {
+        let lost = tokio::time::timeout(Duration::from_secs(5), permit.lost()).await;
+        assert_eq!(lost, Ok(Some(LossReason::TakenOver)));
+    }
+    let err = a.set_limit(SetLimit::new(&name, 10_001)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+}
 
 type Seen = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
 

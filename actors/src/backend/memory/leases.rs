@@ -140,6 +140,11 @@ impl LeaseState {
         }
     }
 
+    /// Whether `name` is held now.
+    pub(super) fn is_held(&self, name: &str) -> bool {
+        self.rows.get(name).is_some_and(|row| row.tenure.is_some())
+    }
+
     /// Ends the tenure `token` of `name`. [`ErrorKind::LockLost`] when it is not the current one.
     pub(super) fn release(&mut self, name: &str, token: i64) -> Result<()> {
         let row = self.rows.get_mut(name);

@@ -11,7 +11,9 @@
 //! [`MemoryCoordinator::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
 //!
 //! Rate limits too ([`RateLimiter::in_memory`](crate::RateLimiter::in_memory): the backend's
-//! buckets, on its monotonic clock). Schedules, semaphores and durable mail need PostgreSQL.
+//! buckets, on its monotonic clock), and semaphores, limited ones too
+//! ([`Locking::acquire_permit`], [`Locking::set_limit`]). Schedules and durable mail need
+//! PostgreSQL: their guarantee is a row written in the application's own transaction.
 //!
 //! Worker pools run on it as well: [`WorkerPool::in_memory`](crate::WorkerPool::in_memory)
 //! (members are coordinators; a tick every 100 ms), routed with
@@ -42,11 +44,13 @@ use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
 use super::{BoxFuture, Consuming, ConsumingInner, Locking, Signalling, Topics};
-use crate::leases::{Acquire, Lease};
+use crate::leases::{Acquire, AcquirePermit, Lease, SetLimit};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
+use pgcoord::lease::LimitChange;
 
 mod leases;
+mod permits;
 mod rates;
 mod signals;
 pub(crate) mod topics;
@@ -65,16 +69,34 @@ struct Shared {
     lease: Duration,
     /// Rung after every append: consumers waiting for events look again.
     appended: tokio::sync::Notify,
+    /// Rung after every release, loss and change of a limit: permit waiters look again.
+    released: tokio::sync::Notify,
 }
 
 #[derive(Default)]
 struct State {
     leases: leases::LeaseState,
+    permits: permits::PermitState,
     rates: rates::RateState,
     signals: signals::SignalState,
     topics: topics::TopicState,
     lock_lost: Vec<(u64, Recipient<LockLost>)>,
     next_coordinator: u64,
+}
+
+impl State {
+    /// Takes `name` from its holder (see [`MemoryCoordinator::force_loss`]), telling its
+    /// coordinator's [`LockLost`] subscribers. False when nobody held it.
+    fn take_back(&mut self, name: &str) -> bool {
+        let Some((holder, loss)) = self.leases.force_loss(name) else {
+            return false;
+        };
+        self.lock_lost.retain(|(_, r)| r.connected());
+        for (_, recipient) in self.lock_lost.iter().filter(|(c, _)| *c == holder) {
+            recipient.do_send(loss.clone());
+        }
+        true
+    }
 }
 
 impl Shared {
@@ -98,6 +120,7 @@ impl MemoryBackend {
                 state: Mutex::new(State::default()),
                 lease: Duration::from_secs(20),
                 appended: tokio::sync::Notify::new(),
+                released: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -140,15 +163,9 @@ impl MemoryCoordinator {
     /// [`LockLost`] subscribers are told once, and the next waiter gets the lease. False when
     /// nobody held it.
     pub fn force_loss(&self, name: &str) -> bool {
-        let mut state = self.shared.lock();
-        let Some((holder, loss)) = state.leases.force_loss(name) else {
-            return false;
-        };
-        state.lock_lost.retain(|(_, r)| r.connected());
-        for (_, recipient) in state.lock_lost.iter().filter(|(c, _)| *c == holder) {
-            recipient.do_send(loss.clone());
-        }
-        true
+        let taken = self.shared.lock().take_back(name);
+        self.shared.released.notify_waiters();
+        taken
     }
 
     /// The stored cursor of the consumer `consumer` of `topic`: the last event it acked (what
@@ -214,6 +231,29 @@ impl Locking for MemoryCoordinator {
                 released: false,
             })
         })
+    }
+
+    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
+        let (shared, id, owner) = (self.shared.clone(), self.id, self.owner.clone());
+        Box::pin(async move {
+            let (name, token, tenure) =
+                permits::acquire(shared.clone(), id, owner, request).await?;
+            Ok(Lease {
+                name,
+                token,
+                data: None,
+                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
+                tenure,
+                released: false,
+            })
+        })
+    }
+
+    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<LimitChange>> {
+        Box::pin(std::future::ready(permits::set_limit(
+            &self.shared,
+            &request,
+        )))
     }
 
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
@@ -312,7 +352,9 @@ struct MemoryHolder {
 
 impl crate::leases::LeaseKeeper for MemoryHolder {
     fn release(&self, name: &str, token: i64) -> Result<()> {
-        self.shared.lock().leases.release(name, token)
+        let released = self.shared.lock().leases.release(name, token);
+        self.shared.released.notify_waiters();
+        released
     }
 
     fn check(&self, name: &str, token: i64) -> Result<()> {
