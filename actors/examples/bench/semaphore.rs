@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::lease::{ReleaseRequest, SlotAttempt, slot_names};
 use pgcoord::{Config, LeaseTable};
-use pgcoord_actors::{AcquirePermit, LockManager};
+use pgcoord_actors::{AcquirePermit, LockManager, SetLimit};
 
 use crate::Sizes;
 use crate::leases::{Res, floor_clients};
@@ -36,25 +36,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             for _ in 0..20 {
                 let t = Instant::now();
                 if side == 0 {
-                    let SlotAttempt::Granted { slot, grant } = table
-                        .owner("raw")?
-                        .try_acquire_any(&*raw, &slots, admin_cfg.lease())
-                        .await?
-                    else {
-                        panic!("a free slot")
-                    };
-                    table
-                        .owner("raw")?
-                        .release(
-                            &*raw,
-                            &ReleaseRequest {
-                                name: &slot,
-                                token: grant.token,
-                                keep: false,
-                                announce_always: true,
-                            },
-                        )
-                        .await?;
+                    raw_permit(&table, &*raw, &slots, admin_cfg.lease()).await?;
                     floor.push(t.elapsed());
                 } else {
                     let permit = manager.send(AcquirePermit::new("one", 3)).await??;
@@ -66,6 +48,30 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     }
     report.time(
         "semaphore permit taken and given back, 1 caller, p50 (floor: the raw any-slot acquire and release)",
+        Samples::new(ours).p(0.5),
+        Samples::new(floor).p(0.5),
+    );
+
+    // The same with a stored limit of 3, against the same floor, interleaved again.
+    manager.send(SetLimit::new("limited", 3)).await??;
+    let (mut floor, mut ours) = (Vec::new(), Vec::new());
+    for block in 0..sizes.requests.div_ceil(20) {
+        for side in [block % 2, 1 - block % 2] {
+            for _ in 0..20 {
+                let t = Instant::now();
+                if side == 0 {
+                    raw_permit(&table, &*raw, &slots, admin_cfg.lease()).await?;
+                    floor.push(t.elapsed());
+                } else {
+                    let permit = manager.send(AcquirePermit::limited("limited")).await??;
+                    permit.release().await?;
+                    ours.push(t.elapsed());
+                }
+            }
+        }
+    }
+    report.time(
+        "limited semaphore (stored limit) permit taken and given back, 1 caller, p50 (floor: the raw any-slot acquire and release)",
         Samples::new(ours).p(0.5),
         Samples::new(floor).p(0.5),
     );
@@ -100,5 +106,29 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         "semaphore, 8 callers on 3 permits held 1 ms each: permits/s (at most 3,000/s by the holding alone)",
         format!("{rate:.0} /s"),
     );
+    Ok(())
+}
+
+/// The floor: any free slot with the raw statement, then its release.
+async fn raw_permit(
+    table: &LeaseTable,
+    raw: &tokio_postgres::Client,
+    slots: &[String],
+    lease: Duration,
+) -> Res {
+    let SlotAttempt::Granted { slot, grant } = table
+        .owner("raw")?
+        .try_acquire_any(raw, slots, lease)
+        .await?
+    else {
+        panic!("a free slot")
+    };
+    let request = ReleaseRequest {
+        name: &slot,
+        token: grant.token,
+        keep: false,
+        announce_always: true,
+    };
+    table.owner("raw")?.release(raw, &request).await?;
     Ok(())
 }
