@@ -36,7 +36,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             for _ in 0..20 {
                 let t = Instant::now();
                 if side == 0 {
-                    raw_permit(&table, &*raw, &slots, admin_cfg.lease()).await?;
+                    raw_permit(&table, &raw, &slots, admin_cfg.lease()).await?;
                     floor.push(t.elapsed());
                 } else {
                     let permit = manager.send(AcquirePermit::new("one", 3)).await??;
@@ -60,7 +60,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             for _ in 0..20 {
                 let t = Instant::now();
                 if side == 0 {
-                    raw_permit(&table, &*raw, &slots, admin_cfg.lease()).await?;
+                    raw_permit(&table, &raw, &slots, admin_cfg.lease()).await?;
                     floor.push(t.elapsed());
                 } else {
                     let permit = manager.send(AcquirePermit::limited("limited")).await??;
