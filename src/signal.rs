@@ -275,6 +275,17 @@ pub async fn open(
     }
 }
 
+/// `pg_notify(channel, payload)` as text, for a statement's SQL (both are SQL expressions), or
+/// `NULL` in poll-only mode ([`Config::poll_only`](crate::Config::poll_only)), where no statement
+/// notifies: the statement is the same otherwise, and its channel parameter goes unused (typed
+/// when prepared).
+pub(crate) fn notify_sql(config: &crate::Config, channel: &str, payload: &str) -> String {
+    match config.poll_only() {
+        true => "NULL::text".to_owned(),
+        false => format!("pg_notify({channel}, {payload})::text"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

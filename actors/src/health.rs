@@ -14,7 +14,7 @@ use crate::{ListenerStats, ManagerStats};
 #[non_exhaustive]
 pub struct Health {
     /// The listener is connected with every LISTEN confirmed; false also when it did not answer
-    /// in time.
+    /// in time. True in poll-only mode, where nothing listens.
     pub listening: bool,
     /// Heartbeat renewals failed in a row now (leases held are renewed late, and lost at their
     /// deadline if it goes on); `None` when the lock manager did not answer in time.
@@ -52,7 +52,7 @@ impl Coordinator {
         let listener: Option<ListenerStats> = listener.ok().and_then(Result::ok);
         let manager: Option<ManagerStats> = manager.ok().and_then(Result::ok);
         Health {
-            listening: listener.is_some_and(|l| l.listening),
+            listening: self.config().poll_only() || listener.is_some_and(|l| l.listening),
             renewals_failing: manager.map(|m| m.renewals_failing),
             database,
         }

@@ -35,6 +35,7 @@ pub struct ConfigBuilder {
     tcp_user_timeout: Option<Duration>,
     inline_limit: usize,
     unlogged_lock_table: bool,
+    poll_only: bool,
     payload_ttl: Duration,
     ssl_mode: Option<SslMode>,
     ssl_root_cert: Option<String>,
@@ -70,6 +71,7 @@ impl Default for ConfigBuilder {
             tcp_user_timeout: None,
             inline_limit: 4096,
             unlogged_lock_table: false,
+            poll_only: false,
             payload_ttl: Duration::from_secs(3600),
             ssl_mode: None,
             ssl_root_cert: None,
@@ -322,6 +324,20 @@ impl ConfigBuilder {
         self
     }
 
+    /// Poll-only mode (River's `PollOnly`): no LISTEN and no NOTIFY at all. Lease, permit and
+    /// election waiters look again every quarter lease, at most every second (a handoff takes
+    /// up to that long); durable topic consumers poll at their `poll`; no statement pgcoord runs
+    /// sends a notification, so none takes PostgreSQL's database-wide commit lock for NOTIFY.
+    /// Plain signals (publish, subscribe, request/reply) and routing by key need LISTEN and are
+    /// refused with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported). For a
+    /// transaction-mode pooler without a session DSN, or a server where NOTIFY is unwelcome.
+    /// Every process on a table must agree: a poll-only process's release wakes nobody, so a
+    /// listening process waiting for it waits its own poll. Default: false.
+    pub fn poll_only(mut self, poll_only: bool) -> Self {
+        self.poll_only = poll_only;
+        self
+    }
+
     /// Payloads larger than this many bytes go to the payload store and only their key travels;
     /// smaller ones still go to the store when their encoded envelope would reach PostgreSQL's
     /// 8,000-byte limit. Default: 4,096.
@@ -472,6 +488,7 @@ impl ConfigBuilder {
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
             unlogged_lock_table: self.unlogged_lock_table,
+            poll_only: self.poll_only,
             payload_ttl: self.payload_ttl,
             backoff: crate::backoff::Backoff::new(initial, max),
         })

@@ -72,6 +72,7 @@ pub struct Config {
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
     pub(crate) unlogged_lock_table: bool,
+    pub(crate) poll_only: bool,
     pub(crate) payload_ttl: Duration,
     pub(crate) backoff: crate::backoff::Backoff,
 }
@@ -119,6 +120,11 @@ impl Config {
     /// [`ConfigBuilder::unlogged_lock_table`](crate::ConfigBuilder::unlogged_lock_table)).
     pub fn unlogged_lock_table(&self) -> bool {
         self.unlogged_lock_table
+    }
+    /// Whether nothing LISTENs or NOTIFYs (see
+    /// [`ConfigBuilder::poll_only`](crate::ConfigBuilder::poll_only)).
+    pub fn poll_only(&self) -> bool {
+        self.poll_only
     }
     /// The table of lease waiters in line: the lock table's name with `_wq` appended.
     pub fn lock_queue(&self) -> &QualifiedName {

@@ -44,6 +44,7 @@ impl LeaseTable {
         text: &str,
     ) -> Result<Option<String>> {
         check_name(name)?;
+        self.refuse_poll_only()?;
         let rows = client
             .run(
                 &self.notify_holder,
@@ -69,6 +70,7 @@ impl LeaseTable {
         client: &(impl Statements + ?Sized),
         items: &[(&str, &str, &str)],
     ) -> Result<Vec<Option<String>>> {
+        self.refuse_poll_only()?;
         for (name, _, _) in items {
             check_name(name)?;
         }
@@ -88,6 +90,20 @@ impl LeaseTable {
         rows.iter()
             .map(|row| row.try_get(0).map_err(Into::into))
             .collect()
+    }
+}
+
+impl LeaseTable {
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) in poll-only mode: a holder is
+    /// reached only by a notification.
+    fn refuse_poll_only(&self) -> Result<()> {
+        if self.poll_only {
+            return Err(crate::Error::new(
+                crate::ErrorKind::Unsupported,
+                "poll-only mode: a lease's holder is reached by NOTIFY, which this configuration turns off",
+            ));
+        }
+        Ok(())
     }
 }
 

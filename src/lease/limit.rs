@@ -77,9 +77,9 @@ impl LimitStatements {
                  SELECT (SELECT permits FROM seen),
                         (SELECT count(*) FROM revoked WHERE held),
                         CASE WHEN lim.permits > coalesce((SELECT permits FROM seen), 0)
-                             THEN pg_notify($3, {announce})::text END
+                             THEN {notify} END
                  FROM lim",
-                announce = announce(&q, "($1 || '#0')", None),
+                notify = crate::signal::notify_sql(config, "$3", &announce(&q, "($1 || '#0')", None)),
             ),
             get: format!("SELECT permits FROM {m} WHERE name = $1"),
             // $1 name, $2 owner, $3 lease ms, $4 sequence, $5 candidate slots, $6 the limit the

@@ -131,6 +131,8 @@ pub struct LeaseTable {
     pub(crate) resign_requested: String,
     sequence: String,
     channel: String,
+    /// Poll-only mode: nothing notifies, so nothing can reach a holder.
+    poll_only: bool,
     pub(crate) election_channel: String,
 }
 

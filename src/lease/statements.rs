@@ -7,6 +7,7 @@
 use super::sql::*;
 use super::{HOLDER_CHANNEL_PREFIX, LeaseTable};
 use crate::config::Config;
+use crate::signal::notify_sql;
 
 impl LeaseTable {
     /// Renders the statements for `config`'s lock table, sequence and lease channel.
@@ -79,10 +80,10 @@ impl LeaseTable {
                         CASE WHEN released.announce_always
                                   OR released.waiter_until > clock_timestamp()
                                   OR ({first}) IS NOT NULL
-                             THEN pg_notify({channel}, {announce})::text END
+                             THEN {notify} END
                  FROM released",
                 first = first_in_line(&q, "released.name"),
-                announce = announce(&q, "released.name", None),
+                notify = notify_sql(config, channel, &announce(&q, "released.name", None)),
             )
         };
         LeaseTable {
@@ -207,12 +208,12 @@ impl LeaseTable {
                 "WITH gone AS (
                      DELETE FROM {q} WHERE name = $1 AND waiter = $2 RETURNING name
                  )
-                 SELECT pg_notify($3, {announce})::text
+                 SELECT {notify}
                  FROM gone
                  WHERE ({first}) = $2
                    AND NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = $1 AND l.owner IS NOT NULL
                                      AND l.expires_at > clock_timestamp())",
-                announce = announce(&q, "gone.name", Some("$2")),
+                notify = notify_sql(config, "$3", &announce(&q, "gone.name", Some("$2"))),
                 first = first_in_line(&q, "$1"),
             ),
             // $1 names, $2 owner. The tenures of these names the owner holds.
@@ -282,7 +283,8 @@ impl LeaseTable {
                        AND expires_at > clock_timestamp()
                      RETURNING name
                  )
-                 SELECT pg_notify($4, $5)::text FROM proclaimed"
+                 SELECT {notify} FROM proclaimed",
+                notify = notify_sql(config, "$4", "$5"),
             ),
             // $1 name, $2 token, $3 owner. FOR KEY SHARE conflicts with the token change of a
             // takeover and with release, not with renewals, so the holder keeps renewing while
@@ -342,6 +344,7 @@ impl LeaseTable {
             limits: super::limit::LimitStatements::new(config),
             sequence: config.lock_sequence.quoted(),
             channel: config.lease_channel.as_str().to_owned(),
+            poll_only: config.poll_only(),
             election_channel: config.election_channel.as_str().to_owned(),
         }
     }

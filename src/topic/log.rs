@@ -53,19 +53,20 @@ pub(super) fn topics_sql(t: &str) -> String {
 }
 
 /// $1 topic, $2 body, $3 channel. The event, and a doorbell rung at commit.
-pub(super) fn append_sql(t: &str) -> String {
+pub(super) fn append_sql(t: &str, config: &crate::Config) -> String {
     format!(
         "WITH appended AS (
              INSERT INTO {t} (topic, body) VALUES ($1, $2) RETURNING xid, position
          )
-         SELECT xid{XID}, position, pg_notify($3, $1)::text FROM appended"
+         SELECT xid{XID}, position, {notify} FROM appended",
+        notify = crate::signal::notify_sql(config, "$3", "$1"),
     )
 }
 
 /// $1 topics, $2 bodies, $3 channel. Many events in one statement (one commit), in the order
 /// given: positions are drawn as the ordered rows are inserted. The doorbell rings once per
 /// topic (PostgreSQL folds equal notifications of one transaction).
-pub(super) fn append_many_sql(t: &str) -> String {
+pub(super) fn append_many_sql(t: &str, config: &crate::Config) -> String {
     format!(
         "WITH args AS MATERIALIZED (SELECT $1::text[] AS topics, $2::bytea[] AS bodies),
          appended AS (
@@ -75,7 +76,8 @@ pub(super) fn append_many_sql(t: &str) -> String {
              ORDER BY r.n
              RETURNING topic, xid, position
          )
-         SELECT xid{XID}, position, pg_notify($3, topic)::text FROM appended ORDER BY position"
+         SELECT xid{XID}, position, {notify} FROM appended ORDER BY position",
+        notify = crate::signal::notify_sql(config, "$3", "topic"),
     )
 }
 

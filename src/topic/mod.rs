@@ -150,8 +150,8 @@ impl TopicTable {
         let c = config.topic_cursors().quoted();
         let m = config.topic_trimmed().quoted();
         TopicTable {
-            append: log::append_sql(&t),
-            append_many: log::append_many_sql(&t),
+            append: log::append_sql(&t, config),
+            append_many: log::append_many_sql(&t, config),
             read: log::read_sql(&t, &m),
             lag: log::lag_sql(&t),
             topics: log::topics_sql(&t),

@@ -519,3 +519,26 @@ async fn keep_free_records_a_name_without_granting_it_and_never_touches_a_held_o
         ErrorKind::InvalidName
     );
 }
+
+#[tokio::test]
+async fn poll_only_statements_notify_nothing_and_reaching_a_holder_is_refused() {
+    let (config, client) = super::setup().await;
+    let config = pgcoord::Config::builder()
+        .pg_config(config.pg_config())
+        .lock_table(config.lock_table().to_string().trim_matches('"'))
+        .poll_only(true)
+        .build()
+        .unwrap();
+    let table = LeaseTable::new(&config);
+    grant(&table, &client, "held", "me", LEASE).await;
+    let err = table
+        .notify_holder(&client, "held", "scope", "hello")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let err = table
+        .notify_holders(&client, &[("held", "scope", "hello")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+}

@@ -53,6 +53,8 @@ pub struct LeaderObserver {
     generation: u64,
     /// The read scheduled at the current leader's expiry.
     expiry: Option<SpawnHandle>,
+    /// Nothing to hear: the poll alone.
+    poll_only: bool,
 }
 
 impl LeaderObserver {
@@ -63,7 +65,8 @@ impl LeaderObserver {
             signals: election.signals.clone(),
             election_channel: election.config.election_channel().as_str().to_owned(),
             lease_channel: election.config.lease_channel().as_str().to_owned(),
-            poll: (election.config.lease() / 4).max(Duration::from_millis(10)),
+            poll: crate::leases::poll_interval(&election.config),
+            poll_only: election.config.poll_only(),
             recipient,
             reported: None,
             highest: i64::MIN,
@@ -139,6 +142,11 @@ impl Actor for LeaderObserver {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // The listener hands messages over with `try_send`: room for bursts of terms.
         ctx.set_mailbox_capacity(4096);
+        ctx.run_interval(self.poll, |act, ctx| act.read(false, ctx));
+        if self.poll_only {
+            self.read(true, ctx);
+            return;
+        }
         // Subscribed before the first read, so nothing falls between them.
         let me = ctx.address();
         self.signals
@@ -164,7 +172,6 @@ impl Actor for LeaderObserver {
             }
             act.read(true, ctx);
         }));
-        ctx.run_interval(self.poll, |act, ctx| act.read(false, ctx));
     }
 }
 

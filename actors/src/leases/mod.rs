@@ -226,7 +226,7 @@ impl Actor for LockManager {
             table: self.table.clone(),
             owner: self.owner.clone(),
             lease: self.config.lease(),
-            poll: (self.config.lease() / 4).max(Duration::from_millis(10)),
+            poll: poll_interval(&self.config),
             queues: Arc::default(),
             held: self.holdings.names(),
             batcher,
@@ -234,7 +234,10 @@ impl Actor for LockManager {
             counters: self.counters.clone(),
             limits: Default::default(),
         }));
-        self.listen(ctx);
+        // Poll-only: no doorbell; waiters look again at their poll.
+        if !self.config.poll_only() {
+            self.listen(ctx);
+        }
         if let Some(heartbeat) = self.config.heartbeat() {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
@@ -352,6 +355,16 @@ impl std::fmt::Debug for LockManager {
             .field("owner", &self.owner)
             .field("held", &self.holdings.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// How often a waiter looks again without a doorbell: a quarter lease, at most a second in
+/// poll-only mode (where nothing else wakes it).
+pub(crate) fn poll_interval(config: &pgcoord::Config) -> Duration {
+    let poll = (config.lease() / 4).max(Duration::from_millis(10));
+    match config.poll_only() {
+        true => poll.min(Duration::from_secs(1)),
+        false => poll,
     }
 }
 

@@ -258,6 +258,11 @@ impl Handler<Publish> for ListenerActor {
         Publish { channel, payload }: Publish,
         _: &mut Context<Self>,
     ) -> Self::Result {
+        if self.config.poll_only() {
+            return Box::pin(std::future::ready(Err(super::poll_only_refusal(
+                "a publish",
+            ))));
+        }
         let (notifier, store, limit) = (
             self.notifier(),
             self.store.clone(),
@@ -291,12 +296,12 @@ impl ListenerActor {
                 .entry(channel.as_str().to_owned())
                 .or_default(),
         );
+        // Poll-only: a doorbell (`SubscribeRaw`) that never rings; the others refused first.
+        if self.config.poll_only() {
+            return Ok(once_listening(None));
+        }
         let confirmed = self.confirm(channel, ctx);
-        Ok(async move {
-            confirmed
-                .await
-                .map_err(|_| Error::new(ErrorKind::Unavailable, "the listener stopped"))
-        })
+        Ok(once_listening(Some(confirmed)))
     }
 
     fn registered(
@@ -312,6 +317,15 @@ impl ListenerActor {
     }
 }
 
+/// Resolves once `confirmed` does (a LISTEN confirmed), at once without one (poll-only).
+async fn once_listening(confirmed: Option<oneshot::Receiver<()>>) -> Result<()> {
+    match confirmed {
+        Some(confirmed) => (confirmed.await)
+            .map_err(|_| Error::new(ErrorKind::Unavailable, "the listener stopped")),
+        None => Ok(()),
+    }
+}
+
 impl Handler<Subscribe> for ListenerActor {
     type Result = ResponseFuture<Result<()>>;
 
@@ -320,6 +334,11 @@ impl Handler<Subscribe> for ListenerActor {
         Subscribe { channel, recipient }: Subscribe,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
+        if self.config.poll_only() {
+            return Box::pin(std::future::ready(Err(super::poll_only_refusal(
+                "a subscription",
+            ))));
+        }
         self.registered(&channel, |entry| entry.subscribers.push(recipient), ctx)
     }
 }
@@ -366,6 +385,11 @@ impl Handler<Serve> for ListenerActor {
         Serve { channel, handler }: Serve,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
+        if self.config.poll_only() {
+            return Box::pin(std::future::ready(Err(super::poll_only_refusal(
+                "serving requests",
+            ))));
+        }
         self.registered(&channel, |entry| entry.handler = Some(handler), ctx)
     }
 }
@@ -374,6 +398,11 @@ impl Handler<WaitNext> for ListenerActor {
     type Result = ResponseFuture<Result<Signal>>;
 
     fn handle(&mut self, WaitNext(channel): WaitNext, ctx: &mut Context<Self>) -> Self::Result {
+        if self.config.poll_only() {
+            return Box::pin(std::future::ready(Err(super::poll_only_refusal(
+                "waiting for a signal",
+            ))));
+        }
         let (tx, rx) = oneshot::channel();
         let confirmed = match self.register(&channel, |entry| entry.waiters.push(tx), ctx) {
             Ok(confirmed) => confirmed,

@@ -184,6 +184,11 @@ impl Actor for ListenerActor {
         if self.metrics.is_none() {
             self.metrics = Some(crate::metrics::ListenerMetrics::new());
         }
+        // Poll-only: nothing to hear, so no connection. Doorbells registered never ring, and
+        // what needs LISTEN is refused (`poll_only_refusal`).
+        if self.config.poll_only() {
+            return;
+        }
         let delay = connection::backoff(self.failures, self.config.backoff());
         if delay.is_zero() {
             self.open(ctx);
@@ -298,4 +303,14 @@ impl Handler<GetStats<ListenerStats>> for ListenerActor {
             ..self.stats.clone()
         }
     }
+}
+
+/// What a poll-only listener answers to what needs LISTEN or NOTIFY.
+pub(crate) fn poll_only_refusal(what: &str) -> Error {
+    Error::new(
+        pgcoord::ErrorKind::Unsupported,
+        format!(
+            "{what} needs LISTEN/NOTIFY, which poll-only mode (ConfigBuilder::poll_only) turns off"
+        ),
+    )
 }

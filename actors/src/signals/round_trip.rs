@@ -63,6 +63,9 @@ impl ListenerActor {
         payload: Vec<u8>,
         timeout: Option<std::time::Duration>,
     ) -> Result<RoundTrip> {
+        if self.config.poll_only() {
+            return Err(super::poll_only_refusal("a request"));
+        }
         let mut envelope = Envelope::new(Kind::Request, Vec::new());
         envelope.reply_to = Some(self.reply_channel.as_str().to_owned());
         let id = envelope.id;

@@ -20,6 +20,7 @@ mod mail;
 mod memory_backend;
 mod own_cluster;
 mod pgbouncer;
+mod poll_only;
 mod privileges;
 mod rates;
 mod reliability;

@@ -1,0 +1,155 @@
+//! Poll-only mode: no LISTEN, no NOTIFY. Leases, permits, elections and durable topics go on
+//! by polling; what needs LISTEN is refused; and no statement sends a notification.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgcoord::ErrorKind;
+use pgcoord_actors::*;
+
+use super::Setup;
+
+/// A connection listening on every channel pgcoord notifies for `config`'s tables, and what it
+/// hears, in commit order.
+async fn ears(
+    config: &pgcoord::Config,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (client, mut conn) = pgcoord::__private::connect(config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(format!("{}: {}", n.channel(), n.payload()));
+            }
+        }
+    });
+    let topics = pgcoord::TopicTable::new(config);
+    for channel in [
+        config.lease_channel().quoted(),
+        config.election_channel().quoted(),
+        pgcoord::ident::Ident::channel(topics.channel())
+            .unwrap()
+            .quoted(),
+    ] {
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .unwrap();
+    }
+    (client, rx)
+}
+
+#[actix_rt::test]
+async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifies() {
+    // A 2 s lease: waiters look again every 500 ms.
+    let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let config = |owner: &str| setup.builder(owner).poll_only(true).build().unwrap();
+    let (listening, mut heard) = ears(&config("ears")).await;
+    let (a, b) = (
+        Coordinator::start(config("a")),
+        Coordinator::start(config("b")),
+    );
+
+    // A lease handed over: the waiter finds it free at its next look.
+    let held = a.locks.call(Acquire::new("job")).await.unwrap();
+    let waiting = actix_rt::spawn(
+        b.locks
+            .call(Acquire::new("job").timeout(Duration::from_secs(5))),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let taken = waiting.await.unwrap().unwrap();
+    let handoff = released.elapsed();
+    assert!(handoff < Duration::from_millis(1500), "{handoff:?}");
+    taken.release().await.unwrap();
+
+    // A stored limit raised: the waiter gets in at its next look.
+    a.locks.call(SetLimit::new("jobs", 1)).await.unwrap();
+    let first = a.locks.call(AcquirePermit::limited("jobs")).await.unwrap();
+    let waiting = actix_rt::spawn(
+        b.locks
+            .call(AcquirePermit::limited("jobs").timeout(Duration::from_secs(5))),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.locks.call(SetLimit::new("jobs", 2)).await.unwrap();
+    let second = waiting.await.unwrap().unwrap();
+    assert_ne!(first.name(), second.name());
+
+    // An election: the next candidate is elected once the leader resigns.
+    let leader = a
+        .election("primary")
+        .unwrap()
+        .campaign("a", None)
+        .await
+        .unwrap();
+    let next = actix_rt::spawn({
+        let election = b.election("primary").unwrap();
+        async move { election.campaign("b", Some(Duration::from_secs(5))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resigned = Instant::now();
+    leader.resign().await.unwrap();
+    let elected = next.await.unwrap().unwrap();
+    assert!(resigned.elapsed() < Duration::from_millis(1500));
+    assert_eq!(elected.value(), b"b");
+
+    // A durable topic: appended, consumed at the consumer's poll.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let consumer = {
+        let seen = seen.clone();
+        b.consume(
+            Consume::new("orders", "billing", move |delivery: Delivery| {
+                seen.lock().unwrap().push(delivery.event().body.clone());
+                async { Ok(()) }
+            })
+            .poll(Duration::from_millis(100)),
+        )
+        .unwrap()
+    };
+    for i in 0..5u8 {
+        a.topics.call(Append::new("orders", vec![i])).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().unwrap().len() < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bodies: Vec<Vec<u8>> = seen.lock().unwrap().clone();
+    assert_eq!(bodies, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
+    consumer.do_send(StopConsuming);
+
+    // What needs LISTEN is refused, saying so.
+    let refused = [
+        a.signals.call(Publish::new("events", b"x".to_vec())).await,
+        a.signals
+            .call(Ask::new("rpc", b"x".to_vec()).timeout(Duration::from_secs(1)))
+            .await
+            .map(|_| ()),
+    ];
+    for result in refused {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(err.to_string().contains("poll-only"), "{err}");
+    }
+    let (_, recipient) = super::Collector::<Signal>::start_new();
+    let err = (a.signals.call(Subscribe::new("events", recipient)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(a.health(Duration::from_secs(2)).await.is_ready());
+
+    // Nothing above notified: a marker sent now is the first thing heard.
+    let channel = config("ears").lease_channel().as_str().to_owned();
+    (listening.execute("SELECT pg_notify($1, 'marker')", &[&channel]))
+        .await
+        .unwrap();
+    let heard_first = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
+    assert_eq!(heard_first.unwrap(), Some(format!("{channel}: marker")));
+    eprintln!("lease handoff by polling: {handoff:?}");
+    drop((first, second, elected));
+    a.shutdown(Duration::from_secs(5)).await.unwrap();
+    b.shutdown(Duration::from_secs(5)).await.unwrap();
+}
