@@ -12,7 +12,7 @@ use actix::prelude::*;
 use pgcoord_actors::{Acquire, Call, ListenerActor, LockManager, Publish, Subscribe};
 
 use crate::Sizes;
-use crate::leases::{Res, config};
+use crate::leases::Res;
 use crate::report::Report;
 
 /// The application, as a process of its own would be: on a thread and runtime of its own, 8
@@ -72,6 +72,20 @@ async fn transactions(
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
+/// What runs beside the application.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    /// Lease pairs and published signals, half each, a listener listening.
+    Mix,
+    /// Lease pairs from a poll-only manager.
+    PollOnlyPairs,
+    /// Lease pairs as raw statements from one client.
+    RawPairs,
+    /// The mix as raw statements from one client: pairs, and `pg_notify` of the same payloads
+    /// on the channel the listener listens on.
+    RawMix,
+}
+
 /// A subscriber that counts what it hears.
 struct Heard(Arc<AtomicU64>);
 impl Actor for Heard {
@@ -85,12 +99,20 @@ impl Handler<pgcoord_actors::Signal> for Heard {
 }
 
 pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let cfg = config(
-        pg,
-        "bench-host",
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    // A pool of 2: at ~1,000 operations a second a bigger pool opens more backends, which cost
+    // the application far more than the statements do (measured: docs/BENCHMARKS.md).
+    let pool_size: u32 = std::env::var("HOST_POOL_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let cfg = pgcoord::Config::builder()
+        .pg_config(pg)
+        .owner("bench-host")
+        .lock_table("bench_locks")
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(2))
+        .pool_size(pool_size)
+        .build()?;
     let admin = pgcoord::db::connect_spawned(&cfg).await?;
     pgcoord::schema::migrate(&admin, &cfg).await?;
     admin
@@ -112,11 +134,24 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             Heard(heard.clone()).start().recipient(),
         ))
         .await??;
+    // The same pairs from a poll-only manager (no NOTIFY), and from a raw client (the SQL's own
+    // cost, no runtime).
+    let poll_only = pgcoord::Config::builder()
+        .pg_config(pg)
+        .owner("bench-host-poll")
+        .pool_size(pool_size)
+        .lock_table(cfg.lock_table().to_string().trim_matches('"'))
+        .poll_only(true)
+        .build()?;
+    let poll_only = LockManager::new(poll_only).start();
+    let raw = crate::leases::floor_clients(&cfg, 1).await?.remove(0);
+    let table = Arc::new(pgcoord::LeaseTable::new(&cfg));
     let run_for = Duration::from_secs(sizes.contend_secs.max(1));
-    // The operations at about 1,000 a second: one every millisecond, pairs and publishes in
-    // turn, each on its own task so a slow one does not hold back the rate.
-    let beside = |until: Instant| {
-        let (locks, listener) = (locks.clone(), listener.clone());
+    // The operations at about 1,000 a second: one every millisecond, each on its own task so
+    // a slow one does not hold back the rate.
+    let beside = |mode: Beside, until: Instant| {
+        let (locks, listener, poll_only) = (locks.clone(), listener.clone(), poll_only.clone());
+        let (raw, table) = (raw.clone(), table.clone());
         let done = Arc::new(AtomicU64::new(0));
         let counted = done.clone();
         let pacer = actix::spawn(async move {
@@ -127,15 +162,36 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                 tick.tick().await;
                 n += 1;
                 let (locks, listener, done) = (locks.clone(), listener.clone(), done.clone());
+                let (poll_only, raw, table) = (poll_only.clone(), raw.clone(), table.clone());
                 actix::spawn(async move {
-                    let ok = if n.is_multiple_of(2) {
-                        match locks.call(Acquire::new(format!("host-{}", n % 64))).await {
+                    let name = format!("host-{}", n % 64);
+                    let pair = |locks: Addr<LockManager>| async move {
+                        match locks.call(Acquire::new(name)).await {
                             Ok(lease) => lease.release().await.is_ok(),
                             Err(_) => false,
                         }
-                    } else {
-                        let publish = Publish::new("bench_host", n.to_be_bytes().to_vec());
-                        listener.call(publish).await.is_ok()
+                    };
+                    let ok = match mode {
+                        Beside::Mix if n.is_multiple_of(2) => pair(locks).await,
+                        Beside::Mix => {
+                            let publish = Publish::new("bench_host", n.to_be_bytes().to_vec());
+                            listener.call(publish).await.is_ok()
+                        }
+                        Beside::PollOnlyPairs => pair(poll_only).await,
+                        Beside::RawMix if !n.is_multiple_of(2) => {
+                            let channel = "bench_host";
+                            let text = format!("{n:016x}");
+                            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                                [&channel, &text];
+                            raw.execute("SELECT pg_notify($1, $2)", &params).await.is_ok()
+                        }
+                        Beside::RawPairs | Beside::RawMix => {
+                            let name = format!("host-raw-{}", n % 64);
+                            let lease = Duration::from_secs(10);
+                            crate::leases::raw_pair(&table, &raw, &name, lease)
+                                .await
+                                .is_ok()
+                        }
                     };
                     if ok {
                         done.fetch_add(1, Ordering::Relaxed);
@@ -145,31 +201,49 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         });
         (pacer, counted)
     };
-    // Interleaved rounds, the best of each: without, with, without, with.
-    let (mut without, mut with, mut rate) = (0f64, 0f64, 0f64);
-    for _ in 0..2 {
-        without = without.max(application(&cfg, run_for).await?);
-        let started = Instant::now();
-        let (pacer, done) = beside(started + run_for);
-        with = with.max(application(&cfg, run_for).await?);
-        pacer.await?;
-        rate = rate.max(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64());
+    for (mode, what) in [
+        (Beside::Mix, "pgcoord (pairs and publishes, half each)"),
+        (
+            Beside::PollOnlyPairs,
+            "pgcoord in poll-only mode (pairs only: no NOTIFY)",
+        ),
+        (
+            Beside::RawPairs,
+            "raw acquire+release statements (no runtime; a NOTIFY only when someone waits)",
+        ),
+        (
+            Beside::RawMix,
+            "raw statements, pairs and pg_notify half each (the mix's floor)",
+        ),
+    ] {
+        // Interleaved rounds, the best of each: without, with, without, with.
+        let (mut without, mut with, mut rate) = (0f64, 0f64, 0f64);
+        for _ in 0..2 {
+            without = without.max(application(&cfg, run_for).await?);
+            let started = Instant::now();
+            let (pacer, done) = beside(mode, started + run_for);
+            with = with.max(application(&cfg, run_for).await?);
+            pacer.await?;
+            rate = rate.max(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64());
+        }
+        report.note(
+            &format!("host application: operations/s beside it, {what}"),
+            format!("{rate:.0}"),
+        );
+        let ratio = report.rate(
+            &format!("host application's write transactions/s, 8 clients, with {what} at ~1,000/s beside it (floor: the same without)"),
+            with,
+            without,
+            "tx/s",
+        );
+        if mode == Beside::Mix {
+            report.target(
+                "host application: at least 0.95× its write throughput with pgcoord at ~1,000 ops/s beside it",
+                format!("{:.3}×", 1.0 / ratio),
+                1.0 / ratio >= 0.95,
+            );
+        }
     }
-    report.note(
-        "host application: pgcoord operations/s beside it (pairs and publishes, half each)",
-        format!("{rate:.0}"),
-    );
-    let ratio = report.rate(
-        "host application's write transactions/s, 8 clients, with pgcoord beside it (floor: the same without)",
-        with,
-        without,
-        "tx/s",
-    );
-    report.target(
-        "host application: at least 0.95× its write throughput with pgcoord at ~1,000 ops/s beside it",
-        format!("{:.3}×", 1.0 / ratio),
-        1.0 / ratio >= 0.95,
-    );
     admin
         .batch_execute("DROP TABLE bench_host_accounts, bench_host_history")
         .await?;
