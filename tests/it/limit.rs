@@ -117,9 +117,9 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
         .unwrap();
     // ...so lowering the limit waits for that transaction to end.
     let lower = {
-        let (table, config) = (table.clone(), config.clone());
+        // Connected before, so the wait below is the statement's alone.
+        let (table, client) = (table.clone(), super::connect(&config).await);
         tokio::spawn(async move {
-            let client = super::connect(&config).await;
             let started = Instant::now();
             let change = table.set_limit(&client, "jobs", 1).await.unwrap();
             (change, started.elapsed())

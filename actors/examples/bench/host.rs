@@ -183,7 +183,9 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                             let text = format!("{n:016x}");
                             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                                 [&channel, &text];
-                            raw.execute("SELECT pg_notify($1, $2)", &params).await.is_ok()
+                            raw.execute("SELECT pg_notify($1, $2)", &params)
+                                .await
+                                .is_ok()
                         }
                         Beside::RawPairs | Beside::RawMix => {
                             let name = format!("host-raw-{}", n % 64);
