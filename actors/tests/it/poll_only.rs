@@ -134,6 +134,11 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         assert!(err.to_string().contains("poll-only"), "{err}");
     }
+    let router = KeyRouter::new("counters", a.locks.clone(), a.signals.clone());
+    let err = (router.ask("k", b"x".to_vec(), Duration::from_secs(2)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "routing by key: {err}");
     let (_, recipient) = super::Collector::<Signal>::start_new();
     let err = (a.signals.call(Subscribe::new("events", recipient)))
         .await
