@@ -29,52 +29,37 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let slots = slot_names("raw", 3)?;
     let manager = LockManager::new(config("bench")?).start();
     // 1 caller, interleaved in blocks of 20: the raw statements (any free slot, then release)
-    // against a permit through the runtime.
-    let (mut floor, mut ours) = (Vec::new(), Vec::new());
-    for block in 0..sizes.requests.div_ceil(20) {
-        for side in [block % 2, 1 - block % 2] {
-            for _ in 0..20 {
-                let t = Instant::now();
-                if side == 0 {
-                    raw_permit(&table, &raw, &slots, admin_cfg.lease()).await?;
-                    floor.push(t.elapsed());
-                } else {
-                    let permit = manager.send(AcquirePermit::new("one", 3)).await??;
-                    permit.release().await?;
-                    ours.push(t.elapsed());
-                }
-            }
-        }
-    }
-    report.time(
-        "semaphore permit taken and given back, 1 caller, p50 (floor: the raw any-slot acquire and release)",
-        Samples::new(ours).p(0.5),
-        Samples::new(floor).p(0.5),
-    );
-
-    // The same with a stored limit of 3, against the same floor, interleaved again.
+    // against a permit through the runtime; then the same with a stored limit of 3.
     manager.send(SetLimit::new("limited", 3)).await??;
-    let (mut floor, mut ours) = (Vec::new(), Vec::new());
-    for block in 0..sizes.requests.div_ceil(20) {
-        for side in [block % 2, 1 - block % 2] {
-            for _ in 0..20 {
-                let t = Instant::now();
-                if side == 0 {
-                    raw_permit(&table, &raw, &slots, admin_cfg.lease()).await?;
-                    floor.push(t.elapsed());
-                } else {
-                    let permit = manager.send(AcquirePermit::limited("limited")).await??;
-                    permit.release().await?;
-                    ours.push(t.elapsed());
+    for (request, what) in [
+        (AcquirePermit::new("one", 3), "semaphore"),
+        (
+            AcquirePermit::limited("limited"),
+            "limited semaphore (stored limit)",
+        ),
+    ] {
+        let (mut floor, mut ours) = (Vec::new(), Vec::new());
+        for block in 0..sizes.requests.div_ceil(20) {
+            for side in [block % 2, 1 - block % 2] {
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    if side == 0 {
+                        raw_permit(&table, &raw, &slots, admin_cfg.lease()).await?;
+                        floor.push(t.elapsed());
+                    } else {
+                        let permit = manager.send(request.clone()).await??;
+                        permit.release().await?;
+                        ours.push(t.elapsed());
+                    }
                 }
             }
         }
+        report.time(
+            &format!("{what} permit taken and given back, 1 caller, p50 (floor: the raw any-slot acquire and release)"),
+            Samples::new(ours).p(0.5),
+            Samples::new(floor).p(0.5),
+        );
     }
-    report.time(
-        "limited semaphore (stored limit) permit taken and given back, 1 caller, p50 (floor: the raw any-slot acquire and release)",
-        Samples::new(ours).p(0.5),
-        Samples::new(floor).p(0.5),
-    );
 
     // 8 callers in one manager on 3 permits, each holding its permit for 1 ms.
     let taken = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -288,33 +288,12 @@ async fn forged_announcements_of_any_form_grant_nothing_and_release_nothing() {
     lease.release().await.unwrap();
 }
 
-/// A connection listening on the lease channel, and what it hears, in order.
-async fn listen(
-    config: &pgcoord::Config,
-) -> (
-    tokio_postgres::Client,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    let (client, mut conn) = pgcoord::__private::connect(config).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                let _ = tx.send(n.payload().to_owned());
-            }
-        }
-    });
-    let listen = format!("LISTEN {}", config.lease_channel().quoted());
-    client.batch_execute(&listen).await.unwrap();
-    (client, rx)
-}
-
 #[actix_rt::test]
 async fn a_release_nobody_waits_for_sends_no_notify() {
     let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let config = setup.builder("admin").build().unwrap();
     let channel = LeaseTable::new(&config).channel().to_owned();
-    let (listening, mut heard) = listen(&config).await;
+    let (listening, mut heard) = super::listen_on(&config, &[config.lease_channel()]).await;
     let manager = setup.manager("alone");
     let lease = manager.send(Acquire::new("solo")).await.unwrap().unwrap();
     lease.release().await.unwrap();
@@ -323,6 +302,6 @@ async fn a_release_nobody_waits_for_sends_no_notify() {
         .await
         .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
-    assert_eq!(first.unwrap().as_deref(), Some("marker"));
+    assert_eq!(first.unwrap(), Some(format!("{channel}: marker")));
     assert_eq!(stats(&manager).await.release_statements, 1);
 }

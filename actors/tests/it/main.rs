@@ -358,3 +358,25 @@ impl Handler<pgcoord_actors::Signal> for Slow {
         std::thread::sleep(self.0);
     }
 }
+
+/// A connection LISTENing on `channels`, and what it hears, in commit order, as
+/// `"{channel}: {payload}"`.
+pub async fn listen_on(
+    config: &Config,
+    channels: &[&pgcoord::ident::Ident],
+) -> (Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let (client, mut conn) = pgcoord::__private::connect(config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(format!("{}: {}", n.channel(), n.payload()));
+            }
+        }
+    });
+    for channel in channels {
+        let listen = format!("LISTEN {}", channel.quoted());
+        client.batch_execute(&listen).await.unwrap();
+    }
+    (client, rx)
+}

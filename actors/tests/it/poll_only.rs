@@ -9,45 +9,21 @@ use pgcoord_actors::*;
 
 use super::Setup;
 
-/// A connection listening on every channel pgcoord notifies for `config`'s tables, and what it
-/// hears, in commit order.
-async fn ears(
-    config: &pgcoord::Config,
-) -> (
-    tokio_postgres::Client,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    let (client, mut conn) = pgcoord::__private::connect(config).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                let _ = tx.send(format!("{}: {}", n.channel(), n.payload()));
-            }
-        }
-    });
-    let topics = pgcoord::TopicTable::new(config);
-    for channel in [
-        config.lease_channel().quoted(),
-        config.election_channel().quoted(),
-        pgcoord::ident::Ident::channel(topics.channel())
-            .unwrap()
-            .quoted(),
-    ] {
-        client
-            .batch_execute(&format!("LISTEN {channel}"))
-            .await
-            .unwrap();
-    }
-    (client, rx)
-}
-
 #[actix_rt::test]
 async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifies() {
     // A 2 s lease: waiters look again every 500 ms.
     let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
     let config = |owner: &str| setup.builder(owner).poll_only(true).build().unwrap();
-    let (listening, mut heard) = ears(&config("ears")).await;
+    // A LISTEN on every channel pgcoord would notify for these tables.
+    let ears = config("ears");
+    let topics = pgcoord::TopicTable::new(&ears);
+    let topic_channel = pgcoord::ident::Ident::channel(topics.channel()).unwrap();
+    let channels = [
+        ears.lease_channel(),
+        ears.election_channel(),
+        &topic_channel,
+    ];
+    let (listening, mut heard) = super::listen_on(&ears, &channels).await;
     let (a, b) = (
         Coordinator::start(config("a")),
         Coordinator::start(config("b")),
