@@ -34,29 +34,6 @@ pub(crate) fn already_held(name: &str) -> Error {
     )
 }
 
-/// The longest lease one acquire may ask for ([`Acquire::lease`]): a year.
-pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// The lease a request asks for, checked against the manager's `default`: `None` for the
-/// manager's own.
-pub(crate) fn checked_lease(asked: Option<Duration>, default: Duration) -> Result<Duration> {
-    match asked {
-        None => Ok(default),
-        Some(lease) if lease < default => Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!(
-                "a lease of {lease:?} is shorter than the manager's ({default:?}), whose heartbeat \
-                 could not keep it: use a manager configured with it"
-            ),
-        )),
-        Some(lease) if lease > MAX_LEASE => Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!("a lease of {lease:?} is longer than the most, {MAX_LEASE:?}"),
-        )),
-        Some(lease) => Ok(lease),
-    }
-}
-
 /// The attempts of one `Acquire`.
 pub(crate) struct LeaseAttempts {
     context: Arc<WaitContext>,
@@ -191,7 +168,7 @@ impl Handler<Acquire> for LockManager {
             return AcquireResponse(Err(already_held(&request.name)));
         }
         let context = self.context();
-        let lease = match checked_lease(request.lease, context.lease) {
+        let lease = match super::held::checked_lease(request.lease, context.lease) {
             Ok(lease) => lease,
             Err(e) => return AcquireResponse(Err(e)),
         };

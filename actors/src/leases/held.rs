@@ -155,3 +155,30 @@ impl Holdings {
 pub(crate) fn margin(lease: Duration) -> Duration {
     (lease / 10).max(Duration::from_millis(1))
 }
+
+/// The longest lease one acquire may ask for ([`Acquire::lease`](crate::Acquire::lease)): a
+/// year.
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The lease a request asks for, checked against the manager's `default`: `None` for the
+/// manager's own.
+pub(crate) fn checked_lease(
+    asked: Option<Duration>,
+    default: Duration,
+) -> pgcoord::Result<Duration> {
+    match asked {
+        None => Ok(default),
+        Some(lease) if lease < default => Err(pgcoord::Error::new(
+            pgcoord::ErrorKind::InvalidConfig,
+            format!(
+                "a lease of {lease:?} is shorter than the manager's ({default:?}), whose heartbeat \
+                 could not keep it: use a manager configured with it"
+            ),
+        )),
+        Some(lease) if lease > MAX_LEASE => Err(pgcoord::Error::new(
+            pgcoord::ErrorKind::InvalidConfig,
+            format!("a lease of {lease:?} is longer than the most, {MAX_LEASE:?}"),
+        )),
+        Some(lease) => Ok(lease),
+    }
+}

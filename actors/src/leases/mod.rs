@@ -53,7 +53,8 @@ pub(crate) use acquire::already_held;
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
-pub use acquire::{AcquireResponse, MAX_LEASE};
+pub use acquire::AcquireResponse;
+pub use held::MAX_LEASE;
 pub use lease::Lease;
 pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,

@@ -241,7 +241,7 @@ impl Handler<AcquirePermit> for LockManager {
                 (slots, Some(Mutex::new(known)))
             }
         };
-        let lease = super::acquire::checked_lease(request.lease, context.lease);
+        let lease = super::held::checked_lease(request.lease, context.lease);
         let (slots, lease) = match (slots, lease) {
             (Ok(slots), Ok(lease)) => (slots, lease),
             (Err(e), _) | (_, Err(e)) => return PermitResponse(Err(e)),
