@@ -19,6 +19,7 @@
 //!   in between (its slots' rows might be invisible to this one), nothing is written and the
 //!   statement is asked again.
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tracing::instrument;
 
@@ -31,7 +32,11 @@ use crate::statement::Statements;
 use super::semaphore::MAX_PERMITS;
 
 /// How often [`LeaseTable::set_limit`] asks again when other changes keep coming in between.
-const CHANGE_ATTEMPTS: usize = 16;
+const CHANGE_ATTEMPTS: u32 = 16;
+
+/// How long [`LeaseTable::set_limit`] asks again while a permit it takes back is in a fenced
+/// transaction.
+pub const TAKE_BACK_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The statements of stored limits, rendered once per configured table.
 #[derive(Debug, Clone)]
@@ -52,7 +57,11 @@ impl LimitStatements {
             // has it; the upsert writes only when the row's newest version is that one (the
             // version inserted is seen's plus one). Then, reading the upsert's row (so after
             // it holds the row, and so after every grant under way has committed): the slots
-            // below the limit are made, those from the new limit up to the old one deleted.
+            // below the limit are made, those from the new limit up to the old one locked
+            // without waiting and deleted. A slot locked by a holder's fenced transaction (or a
+            // renewal under way) fails the whole statement at once (55P03, nothing written), and
+            // it is asked again: waiting there would hold the rows already locked, and with
+            // them every renewal of their holders' processes.
             // Raised: the first slot is announced, so waiters look again.
             set: format!(
                 "WITH seen AS (SELECT permits, version FROM {m} WHERE name = $1),
@@ -67,11 +76,14 @@ impl LimitStatements {
                      INSERT INTO {t} (name, kept)
                      SELECT $1 || '#' || i, true FROM lim, generate_series(0, lim.permits - 1) AS i
                      ON CONFLICT (name) DO NOTHING
-                 ), revoked AS (
-                     DELETE FROM {t} AS l USING lim
+                 ), taken AS MATERIALIZED (
+                     SELECT l.name FROM {t} AS l, lim
                      WHERE l.name = ANY(ARRAY(
                          SELECT $1 || '#' || i
                          FROM generate_series(lim.permits, coalesce((SELECT permits FROM seen), 0) - 1) AS i))
+                     FOR UPDATE OF l NOWAIT
+                 ), revoked AS (
+                     DELETE FROM {t} AS l USING taken WHERE l.name = taken.name
                      RETURNING l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS held
                  )
                  SELECT (SELECT permits FROM seen),
@@ -85,16 +97,17 @@ impl LimitStatements {
             // $1 name, $2 owner, $3 lease ms, $4 sequence, $5 candidate slots, $6 the limit the
             // candidates were named for. A free candidate below the limit, locked without
             // waiting (a fenced transaction of a previous holder skips it), granted. Columns:
-            // the limit, the slot and token granted, and how many slots below the limit are
-            // free; no row when no limit is stored.
+            // the limit, the slot and token granted, and (when none was) how many slots below
+            // the limit are free; no row when no limit is stored. The limit's row is read
+            // without waiting too: a change under way makes the attempt busy (55P03).
             acquire: format!(
-                "WITH lim AS MATERIALIZED (SELECT permits FROM {m} WHERE name = $1 FOR SHARE),
+                "WITH lim AS MATERIALIZED (SELECT permits FROM {m} WHERE name = $1 FOR SHARE NOWAIT),
                  allowed AS MATERIALIZED (
                      SELECT $1 || '#' || i AS name FROM lim, generate_series(0, lim.permits - 1) AS i
                  ), pick AS (
                      SELECT l.name FROM {t} AS l, lim
                      WHERE lim.permits <= $6 AND l.name = ANY($5::text[])
-                       AND l.name IN (SELECT name FROM allowed) AND {free}
+                       AND l.name = ANY(ARRAY(SELECT name FROM allowed)) AND {free}
                      ORDER BY random() LIMIT 1
                      FOR UPDATE OF l SKIP LOCKED
                  ), granted AS (
@@ -106,8 +119,9 @@ impl LimitStatements {
                      RETURNING l.name, l.token
                  )
                  SELECT lim.permits, g.name, g.token,
-                        (SELECT count(*) FROM {t} AS l
-                         WHERE l.name IN (SELECT name FROM allowed) AND {free})
+                        CASE WHEN g.name IS NULL THEN (
+                            SELECT count(*) FROM {t} AS l
+                            WHERE l.name = ANY(ARRAY(SELECT name FROM allowed)) AND {free}) END
                  FROM lim LEFT JOIN granted AS g ON true",
                 grant_lock = grant_lock("pick.name", "$4"),
             ),
@@ -157,8 +171,10 @@ fn check_permits(permits: u32) -> Result<i32> {
 impl LeaseTable {
     /// Stores `permits` (0 to [`MAX_PERMITS`]; 0 admits nobody) as the limit of semaphore
     /// `name`, creating it. Lowered: the permits of slots at or above the new limit are taken
-    /// back from their holders, waiting for their fenced transactions, so that from its answer
-    /// on at most `permits` holders can write under a permit. Raised: waiters are woken.
+    /// back from their holders once none of them is in a fenced transaction (asked again, for
+    /// at most [`TAKE_BACK_WITHIN`]; `Unavailable` and nothing changed past it), so that from
+    /// its answer on at most `permits` holders can write under a permit. Raised: waiters are
+    /// woken.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn set_limit(
         &self,
@@ -169,33 +185,48 @@ impl LeaseTable {
         let permits = check_permits(permits)?;
         // The slots' names must fit, as a plain semaphore's must.
         slot_names(name, (permits as u32).max(1))?;
-        for _ in 0..CHANGE_ATTEMPTS {
-            let rows = client
-                .run(
-                    &self.limits.set,
-                    &[
-                        (&name, Type::TEXT),
-                        (&permits, Type::INT4),
-                        (&self.channel, Type::TEXT),
-                    ],
-                )
-                .await?;
-            // No row: another change came in after this statement's snapshot. Ask again.
-            if let Some(row) = rows.first() {
-                let previous: Option<i32> = row.try_get(0)?;
-                let revoked: i64 = row.try_get(1)?;
-                return Ok(LimitChange {
-                    previous: previous.map(|p| p as u32),
-                    revoked: revoked as u64,
-                });
+        let until = std::time::Instant::now() + TAKE_BACK_WITHIN;
+        let (mut stale, mut busy) = (0u32, 0u32);
+        loop {
+            let params: &[crate::statement::Param<'_>] = &[
+                (&name, Type::TEXT),
+                (&permits, Type::INT4),
+                (&self.channel, Type::TEXT),
+            ];
+            match client.run(&self.limits.set, params).await {
+                // No row: another change came in after this statement's snapshot.
+                Ok(rows) => match rows.first() {
+                    Some(row) => {
+                        let previous: Option<i32> = row.try_get(0)?;
+                        let revoked: i64 = row.try_get(1)?;
+                        return Ok(LimitChange {
+                            previous: previous.map(|p| p as u32),
+                            revoked: revoked as u64,
+                        });
+                    }
+                    None => stale += 1,
+                },
+                // A slot to take back is in a fenced transaction (or being renewed).
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => busy += 1,
+                Err(e) => return Err(e),
             }
+            if stale >= CHANGE_ATTEMPTS {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("the limit of {name:?} kept changing under {stale} attempts to set it"),
+                ));
+            }
+            if std::time::Instant::now() >= until {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the permits of {name:?} to take back stayed in fenced transactions for \
+                         {TAKE_BACK_WITHIN:?}; nothing changed"
+                    ),
+                ));
+            }
+            tokio::time::sleep(crate::__private::backoff(busy.saturating_sub(1))).await;
         }
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            format!(
-                "the limit of {name:?} kept changing under {CHANGE_ATTEMPTS} attempts to set it"
-            ),
-        ))
     }
 
     /// The stored limit of semaphore `name`; `None` when it has none.
@@ -239,7 +270,14 @@ impl LeaseOwner<'_> {
                     (&known, Type::INT4),
                 ],
             )
-            .await?;
+            .await;
+        let rows = match rows {
+            // A change of the limit under way.
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Ok(LimitedAttempt::Busy);
+            }
+            rows => rows?,
+        };
         let Some(row) = rows.first() else {
             return Err(Error::new(
                 ErrorKind::NotFound,
@@ -256,7 +294,7 @@ impl LeaseOwner<'_> {
         if permits > known {
             return Ok(LimitedAttempt::Resized(permits as u32));
         }
-        let free: i64 = row.try_get(3)?;
+        let free: i64 = row.try_get::<_, Option<i64>>(3)?.unwrap_or(0);
         Ok(if free == 0 {
             LimitedAttempt::Full
         } else {

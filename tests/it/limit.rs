@@ -130,6 +130,19 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
         !lower.is_finished(),
         "the change waits for the fenced transaction"
     );
+    // Meanwhile it holds no row: the middle slot's holder still renews, at once.
+    let (mid_owner, (mid_slot, mid_token)) = &held[1];
+    let renewing = Instant::now();
+    let renewed = (table.owner(mid_owner).unwrap())
+        .renew(&other, &[(mid_slot.as_str(), *mid_token)], LEASE)
+        .await
+        .unwrap();
+    assert_eq!(renewed, [*mid_token]);
+    assert!(
+        renewing.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        renewing.elapsed()
+    );
     tx.commit().await.unwrap();
     let (change, took) = lower.await.unwrap();
     assert!(took >= Duration::from_millis(300), "{took:?}");

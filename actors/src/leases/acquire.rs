@@ -91,9 +91,11 @@ impl Attempts for LeaseAttempts {
                 match ask {
                     Ask::Once | Ask::First => owner.try_acquire(statements, &request, lease).await,
                     // A live waiter refreshes its place at least every poll (a quarter of the
-                    // lease); one that died lapses after a lease.
+                    // manager's lease); one that died lapses after that lease, whatever the
+                    // lease it asked for (a long one must not hold the line as long).
                     Ask::InLine => {
-                        (owner.try_acquire_or_queue(statements, &request, lease, lease)).await
+                        let place = context.lease;
+                        (owner.try_acquire_or_queue(statements, &request, lease, place)).await
                     }
                 }
             }

@@ -120,15 +120,11 @@ impl Holdings {
         self.leases.values().map(|h| h.deadline).min()
     }
 
-    /// Every lease by name, token and lease: what a renewal sends. In name order, the order in
-    /// which other statements that lock many rows take them (a lowered limit's delete, by
-    /// index), so a renewal and such a statement do not deadlock.
+    /// Every lease by name, token and lease: what a renewal sends.
     pub(crate) fn tenures(&self) -> Vec<(Arc<str>, i64, Duration)> {
-        let mut tenures: Vec<_> = (self.leases.iter())
+        (self.leases.iter())
             .map(|(name, h)| (name.clone(), h.token, h.lease))
-            .collect();
-        tenures.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        tenures
+            .collect()
     }
 
     /// Moves the deadline of `name` when it is still held with `token`: its lease from `sent`,

@@ -55,6 +55,7 @@ pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use acquire::AcquireResponse;
 pub use held::MAX_LEASE;
+pub(crate) use held::checked_lease;
 pub use lease::Lease;
 pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,

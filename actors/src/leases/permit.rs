@@ -31,6 +31,9 @@ use super::queues::{NameQueue, Queues};
 use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};
 
+/// How many limited semaphores' limits a manager remembers.
+const LIMITS_REMEMBERED: usize = 4096;
+
 /// The local queue of semaphore `name`: a key no lease can have (lease names hold no NUL).
 pub(crate) fn queue_key(semaphore: &str) -> String {
     format!("{semaphore}\0permits")
@@ -109,7 +112,12 @@ impl PermitAttempts {
                 LimitedAttempt::Resized(permits) => {
                     *self.slots.lock().expect("slots") = slot_names(&self.name, permits)?;
                     *known.lock().expect("known") = permits;
-                    (context.limits.lock().expect("limits")).insert(self.name.clone(), permits);
+                    let mut limits = context.limits.lock().expect("limits");
+                    // A cache, bounded: forgotten, a limit costs one attempt more.
+                    if limits.len() >= LIMITS_REMEMBERED {
+                        limits.clear();
+                    }
+                    limits.insert(self.name.clone(), permits);
                     continue;
                 }
                 _ => SlotAttempt::Busy,

@@ -257,6 +257,8 @@ pub(super) async fn acquire(
     request: Acquire,
 ) -> Result<(i64, Option<Vec<u8>>, watch::Receiver<Standing>)> {
     pgcoord::config::validate_name("lease name", request.name.clone())?;
+    // As on PostgreSQL, though nothing expires here.
+    crate::leases::checked_lease(request.lease, shared.lease)?;
     let deadline = request.timeout.map(|t| Instant::now() + t);
     let notify = Arc::new(Notify::new());
     let mut place: Option<QueuePlace> = None;
