@@ -55,6 +55,7 @@ pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use acquire::AcquireResponse;
 pub use held::MAX_LEASE;
+#[cfg(feature = "memory")]
 pub(crate) use held::checked_lease;
 pub use lease::Lease;
 pub use messages::{
