@@ -34,14 +34,11 @@ use super::semaphore::MAX_PERMITS;
 /// How often [`LeaseTable::set_limit`] asks again when other changes keep coming in between.
 const CHANGE_ATTEMPTS: u32 = 16;
 
-/// How long [`LeaseTable::set_limit`] asks again while a permit it takes back is in a fenced
-/// transaction.
-pub const TAKE_BACK_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// The statements of stored limits, rendered once per configured table.
 #[derive(Debug, Clone)]
 pub(super) struct LimitStatements {
     set: String,
+    take_back: String,
     get: String,
     acquire: String,
 }
@@ -57,41 +54,56 @@ impl LimitStatements {
             // has it; the upsert writes only when the row's newest version is that one (the
             // version inserted is seen's plus one). Then, reading the upsert's row (so after
             // it holds the row, and so after every grant under way has committed): the slots
-            // below the limit are made, those from the new limit up to the old one locked
-            // without waiting and deleted. A slot locked by a holder's fenced transaction (or a
-            // renewal under way) fails the whole statement at once (55P03, nothing written), and
-            // it is asked again: waiting there would hold the rows already locked, and with
-            // them every renewal of their holders' processes.
-            // Raised: the first slot is announced, so waiters look again.
+            // below the limit are made, and those from it up to the most ever made are deleted
+            // where no transaction holds them (`SKIP LOCKED`): waiting here would hold the rows
+            // already locked, and with them every renewal of their holders' processes. The
+            // names skipped (a holder's fenced transaction, a renewal under way) are answered,
+            // for `take_back` one by one. Raised: the first slot is announced, so waiters look
+            // again. Columns: the limit before, permits taken back, the NOTIFY, the new version,
+            // the slots left to take back.
             set: format!(
                 "WITH seen AS (SELECT permits, version FROM {m} WHERE name = $1),
                  lim AS (
-                     INSERT INTO {m} AS m (name, permits, version)
-                     SELECT $1, $2, coalesce((SELECT version FROM seen), 0) + 1
+                     INSERT INTO {m} AS m (name, permits, version, slots)
+                     SELECT $1, $2, coalesce((SELECT version FROM seen), 0) + 1, $2
                      ON CONFLICT (name) DO UPDATE SET permits = EXCLUDED.permits,
-                         version = EXCLUDED.version, set_at = clock_timestamp()
+                         version = EXCLUDED.version, slots = greatest(m.slots, EXCLUDED.slots),
+                         set_at = clock_timestamp()
                      WHERE m.version + 1 = EXCLUDED.version
-                     RETURNING m.permits
+                     RETURNING m.permits, m.version, m.slots
                  ), made AS (
                      INSERT INTO {t} (name, kept)
                      SELECT $1 || '#' || i, true FROM lim, generate_series(0, lim.permits - 1) AS i
                      ON CONFLICT (name) DO NOTHING
-                 ), taken AS MATERIALIZED (
+                 ), above AS MATERIALIZED (
                      SELECT l.name FROM {t} AS l, lim
                      WHERE l.name = ANY(ARRAY(
-                         SELECT $1 || '#' || i
-                         FROM generate_series(lim.permits, coalesce((SELECT permits FROM seen), 0) - 1) AS i))
-                     FOR UPDATE OF l NOWAIT
+                         SELECT $1 || '#' || i FROM generate_series(lim.permits, lim.slots - 1) AS i))
+                 ), unlocked AS MATERIALIZED (
+                     SELECT l.name FROM {t} AS l
+                     WHERE l.name = ANY(ARRAY(SELECT name FROM above))
+                     FOR UPDATE OF l SKIP LOCKED
                  ), revoked AS (
-                     DELETE FROM {t} AS l USING taken WHERE l.name = taken.name
+                     DELETE FROM {t} AS l USING unlocked WHERE l.name = unlocked.name
                      RETURNING l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS held
                  )
                  SELECT (SELECT permits FROM seen),
                         (SELECT count(*) FROM revoked WHERE held),
                         CASE WHEN lim.permits > coalesce((SELECT permits FROM seen), 0)
-                             THEN {notify} END
+                             THEN {notify} END,
+                        lim.version,
+                        ARRAY(SELECT name FROM above EXCEPT SELECT name FROM unlocked)
                  FROM lim",
                 notify = crate::signal::notify_sql(config, "$3", &announce(&q, "($1 || '#0')", None)),
+            ),
+            // $1 name, $2 slot, $3 version. One slot left above a lowered limit, deleted once the
+            // transaction holding it ends (waiting holds this one row only), unless another
+            // change came since (it takes over). The limit's row is read `FOR SHARE` first, so
+            // no change commits meanwhile.
+            take_back: format!(
+                "WITH lim AS MATERIALIZED (SELECT version FROM {m} WHERE name = $1 FOR SHARE)
+                 DELETE FROM {t} AS l USING lim WHERE l.name = $2 AND lim.version = $3
+                 RETURNING l.owner IS NOT NULL AND l.expires_at > clock_timestamp()"
             ),
             get: format!("SELECT permits FROM {m} WHERE name = $1"),
             // $1 name, $2 owner, $3 lease ms, $4 sequence, $5 candidate slots, $6 the limit the
@@ -171,10 +183,11 @@ fn check_permits(permits: u32) -> Result<i32> {
 impl LeaseTable {
     /// Stores `permits` (0 to [`MAX_PERMITS`]; 0 admits nobody) as the limit of semaphore
     /// `name`, creating it. Lowered: the permits of slots at or above the new limit are taken
-    /// back from their holders once none of them is in a fenced transaction (asked again, for
-    /// at most [`TAKE_BACK_WITHIN`]; `Unavailable` and nothing changed past it), so that from
-    /// its answer on at most `permits` holders can write under a permit. Raised: waiters are
-    /// woken.
+    /// back from their holders — at once, or once the fenced transaction a holder is in ends —
+    /// so that from its answer on at most `permits` holders can write under a permit. Should
+    /// that wait fail (the statement timeout), the error says so: the limit is stored and no
+    /// new permit is granted above it, and setting it again finishes taking them back. Raised:
+    /// waiters are woken.
     #[instrument(skip(self, client), level = "debug")]
     pub async fn set_limit(
         &self,
@@ -185,48 +198,60 @@ impl LeaseTable {
         let permits = check_permits(permits)?;
         // The slots' names must fit, as a plain semaphore's must.
         slot_names(name, (permits as u32).max(1))?;
-        let until = std::time::Instant::now() + TAKE_BACK_WITHIN;
-        let (mut stale, mut busy) = (0u32, 0u32);
-        loop {
-            let params: &[crate::statement::Param<'_>] = &[
-                (&name, Type::TEXT),
-                (&permits, Type::INT4),
-                (&self.channel, Type::TEXT),
-            ];
-            match client.run(&self.limits.set, params).await {
-                // No row: another change came in after this statement's snapshot.
-                Ok(rows) => match rows.first() {
-                    Some(row) => {
-                        let previous: Option<i32> = row.try_get(0)?;
-                        let revoked: i64 = row.try_get(1)?;
-                        return Ok(LimitChange {
-                            previous: previous.map(|p| p as u32),
-                            revoked: revoked as u64,
-                        });
-                    }
-                    None => stale += 1,
-                },
-                // A slot to take back is in a fenced transaction (or being renewed).
-                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => busy += 1,
-                Err(e) => return Err(e),
+        let params: &[crate::statement::Param<'_>] = &[
+            (&name, Type::TEXT),
+            (&permits, Type::INT4),
+            (&self.channel, Type::TEXT),
+        ];
+        let mut attempts = 0;
+        let (previous, mut revoked, version, left) = loop {
+            // No row: another change came in after this statement's snapshot. Ask again.
+            if let Some(row) = client.run(&self.limits.set, params).await?.first() {
+                let previous: Option<i32> = row.try_get(0)?;
+                let revoked: i64 = row.try_get(1)?;
+                let version: i64 = row.try_get(3)?;
+                let left: Vec<String> = row.try_get(4)?;
+                break (previous, revoked as u64, version, left);
             }
-            if stale >= CHANGE_ATTEMPTS {
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("the limit of {name:?} kept changing under {stale} attempts to set it"),
-                ));
-            }
-            if std::time::Instant::now() >= until {
+            attempts += 1;
+            if attempts >= CHANGE_ATTEMPTS {
                 return Err(Error::new(
                     ErrorKind::Unavailable,
                     format!(
-                        "the permits of {name:?} to take back stayed in fenced transactions for \
-                         {TAKE_BACK_WITHIN:?}; nothing changed"
+                        "the limit of {name:?} kept changing under {attempts} attempts to set it"
                     ),
                 ));
             }
-            tokio::time::sleep(crate::__private::backoff(busy.saturating_sub(1))).await;
+        };
+        // The limit is stored; the slots a transaction held are taken back one by one, each
+        // once its transaction ends.
+        for (done, slot) in left.iter().enumerate() {
+            let params: &[crate::statement::Param<'_>] = &[
+                (&name, Type::TEXT),
+                (slot, Type::TEXT),
+                (&version, Type::INT8),
+            ];
+            match client.run(&self.limits.take_back, params).await {
+                Ok(rows) => {
+                    let held = rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?;
+                    revoked += u64::from(held == Some(true));
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        e.kind(),
+                        format!(
+                            "the limit of {name:?} is {permits} now, but {} permit(s) above it \
+                             were not taken back yet (set it again to finish): {e}",
+                            left.len() - done
+                        ),
+                    ));
+                }
+            }
         }
+        Ok(LimitChange {
+            previous: previous.map(|p| p as u32),
+            revoked,
+        })
     }
 
     /// The stored limit of semaphore `name`; `None` when it has none.

@@ -44,7 +44,7 @@ mod statements;
 pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
 use holder_channel::HOLDER_CHANNEL_PREFIX;
 pub use holder_channel::holder_channel;
-pub use limit::{LimitChange, LimitedAttempt, TAKE_BACK_WITHIN};
+pub use limit::{LimitChange, LimitedAttempt};
 pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};

@@ -194,9 +194,8 @@ impl AcquirePermit {
 
 /// Store `permits` (0 to `pgcoord::lease::MAX_PERMITS`; 0 admits nobody) as the limit of
 /// semaphore `name`, for [`AcquirePermit::limited`]. Raised, waiters are woken at once. Lowered,
-/// the permits of the slots at or above the new limit are taken back once none of their holders
-/// is in a fenced transaction (asked again meanwhile, at most 5 s, then `Unavailable` with
-/// nothing changed): their fenced writes fail from then on, and they see
+/// the permits of the slots at or above the new limit are taken back, each at once or when the
+/// fenced transaction its holder is in ends: their fenced writes fail from then on, and they see
 /// [`LockLost`](crate::LockLost) (`TakenOver`) at their next renewal. Answers what changed.
 /// (`pgcoord::LeaseTable::set_limit`.)
 #[derive(Debug, Clone, Message)]
