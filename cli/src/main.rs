@@ -49,6 +49,11 @@ struct Cli {
     /// hang an operator.
     #[arg(long, default_value = "30s", value_parser = duration, global = true)]
     timeout: std::time::Duration,
+    /// Poll-only mode, as the services run with `ConfigBuilder::poll_only`: no statement sends
+    /// a NOTIFY (`lock release --force`, `limit`, `lock run`, `elect`); `listen` and `notify`
+    /// are refused.
+    #[arg(long, env = "PGCOORD_POLL_ONLY", global = true)]
+    poll_only: bool,
     /// Print listings (locks, lock show, advisory, status, topics, schedules, migrate) as JSON,
     /// for scripts.
     #[arg(long = "json", global = true)]
@@ -268,7 +273,14 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         .payload_table(cli.payload_table)
         .topic_table(cli.topic_table)
         .schedule_table(cli.schedule_table)
+        .poll_only(cli.poll_only)
         .application_name("pgcoord-cli");
+    if cli.poll_only && matches!(cli.command, Command::Listen { .. } | Command::Notify { .. }) {
+        return Err(pgcoord::Error::new(
+            ErrorKind::Unsupported,
+            "listen and notify need LISTEN/NOTIFY, which --poll-only turns off",
+        ));
+    }
     let within = cli.timeout.max(std::time::Duration::from_millis(1));
     // `lock run` and `elect` run as long as their command: no deadline of the command's.
     let held = match std::mem::replace(&mut cli.command, Command::Locks) {

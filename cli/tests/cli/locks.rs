@@ -133,6 +133,46 @@ async fn limit_shows_sets_and_lowers_a_stored_limit_and_a_forced_release_keeps_i
 }
 
 #[tokio::test]
+async fn poll_only_sends_no_notify_and_refuses_listen_and_notify() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "ears");
+    let (ears, mut connection) = pgcoord::__private::connect(&config).await.unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    let channel = config.lease_channel().as_str().to_owned();
+    let listen = format!("LISTEN {}", config.lease_channel().quoted());
+    ears.batch_execute(&listen).await.unwrap();
+    // Raising a limit notifies; with --poll-only it does not.
+    for permits in ["1", "2"] {
+        let out = pgcoord(&table, &["--poll-only", "limit", "jobs", permits]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    (ears.execute("SELECT pg_notify($1, 'marker')", &[&channel]))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
+    assert_eq!(first.unwrap().as_deref(), Some("marker"));
+    for args in [
+        &["--poll-only", "listen", "jobs"][..],
+        &["--poll-only", "notify", "jobs", "1"],
+    ] {
+        let out = pgcoord(&table, args);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--poll-only"),
+            "{out:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn listings_fit_their_data_decode_it_show_waiters_and_speak_json() {
     let table = unique_name("cli");
     assert!(pgcoord(&table, &["migrate"]).status.success());
