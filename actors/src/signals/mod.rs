@@ -34,6 +34,10 @@ pub use messages::*;
 pub(crate) use round_trip::AskThrough;
 pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 
+/// How long a connection that ended without an error waits for the request under way to
+/// report the server's last words before it reports the end itself.
+const CLOSED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// One channel this process listens on.
 #[derive(Default)]
 pub(crate) struct Channel {
@@ -226,13 +230,18 @@ impl StreamHandler<std::result::Result<AsyncMessage, tokio_postgres::Error>> for
         }
     }
 
+    /// The connection ended without an error of its own. When a request was under way (a
+    /// ping, a LISTEN) the server's last words ("terminating connection …") went to that
+    /// request, whose answer reports them a moment later; this reports only if none did.
     fn finished(&mut self, ctx: &mut Context<Self>) {
-        self.fail(
-            ctx,
-            ConnState::Disconnected {
-                error: "connection closed".into(),
-            },
-        );
+        ctx.run_later(CLOSED_GRACE, |act, ctx| {
+            act.fail(
+                ctx,
+                ConnState::Disconnected {
+                    error: "connection closed by the server".into(),
+                },
+            )
+        });
     }
 }
 
