@@ -18,6 +18,7 @@ mod host;
 mod leases;
 mod locks;
 mod placement;
+mod poll_only;
 mod rates;
 mod report;
 mod routing;
