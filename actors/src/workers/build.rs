@@ -25,7 +25,8 @@ where
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
     ) -> WorkerPool<W> {
-        let tick = (config.lease() / 4).max(Duration::from_millis(10));
+        // A quarter lease; in poll-only mode at most a second, as waiters poll (no doorbell).
+        let tick = crate::leases::poll_interval(config);
         let (table, owner) = (config.lock_table().quoted(), config.owner().to_owned());
         WorkerPool::on(
             Arc::new(locks),

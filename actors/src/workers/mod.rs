@@ -2,7 +2,7 @@
 //!
 //! Each key is a lease (`"{pool}/keys/{key}"`); each process in the fleet is a member, a lease of
 //! its own (`"{pool}/members/{owner}"`), so membership lives in PostgreSQL and ends with the
-//! process. Every tick (a quarter lease) a pool counts the live members, takes its fair share
+//! process. Every tick (a quarter lease; in poll-only mode at most a second) a pool counts the live members, takes its fair share
 //! (`ceil(keys ÷ members)`, or by [`weight`](WorkerPool::weight)) — releasing keys above it, claiming free keys up to it in batched
 //! statements ([`Claim`](crate::leases::Claim)) — and starts one worker per key it holds, handing it the key and its
 //! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,

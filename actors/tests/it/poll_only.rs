@@ -134,3 +134,46 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
     a.shutdown(Duration::from_secs(5)).await.unwrap();
     b.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A worker that does nothing but stop when told.
+struct Idle;
+impl actix::Actor for Idle {
+    type Context = actix::Context<Self>;
+}
+impl actix::Handler<StopWorker> for Idle {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+        actix::ActorContext::stop(ctx);
+    }
+}
+
+#[actix_rt::test]
+async fn a_worker_pool_moves_keys_at_a_tick_of_at_most_a_second() {
+    // A 20 s lease: a pool's tick would be 5 s; polling only, it is 1 s.
+    let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(4)).await;
+    let pool = |owner: &str| {
+        let config = setup.builder(owner).poll_only(true).build().unwrap();
+        let locks = actix::Actor::start(LockManager::new(config.clone()));
+        let keys = vec!["k1".to_owned(), "k2".to_owned()];
+        actix::Actor::start(WorkerPool::new(&config, locks, "polled", keys, |_| Idle))
+    };
+    let served = async |pool: &actix::Addr<WorkerPool<Idle>>| {
+        pool.send(GetAssignment).await.unwrap().keys.len()
+    };
+    let a = pool("a");
+    pgcoord_testkit::eventually(Duration::from_secs(4), "a serves both", async || {
+        served(&a).await == 2
+    })
+    .await;
+    // b joins and a drains: b serves both keys within a few of its ticks — before a single
+    // tick of a quarter lease (5 s) has passed.
+    let joined = Instant::now();
+    let b = pool("b");
+    a.send(Drain).await.unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(4), "b serves both", async || {
+        served(&b).await == 2
+    })
+    .await;
+    eprintln!("keys moved by polling in {:?}", joined.elapsed());
+    assert!(joined.elapsed() < Duration::from_secs(5));
+}
