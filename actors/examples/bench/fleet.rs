@@ -45,7 +45,7 @@ async fn raw_pair(
 }
 
 /// Pairs per second of the raw floor: every client at once, `pairs` in all.
-async fn floor_rate(
+pub(crate) async fn floor_rate(
     cfg: &Config,
     clients: &[Arc<CachingClient>],
     pairs: usize,

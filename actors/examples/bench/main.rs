@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord and a fleet of 10 processes), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -19,6 +19,7 @@ mod leases;
 mod locks;
 mod placement;
 mod poll_only;
+mod processes;
 mod rates;
 mod report;
 mod routing;
@@ -51,6 +52,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
     let args: Vec<String> = std::env::args().collect();
+    // One process of the fleet section, run by the bench itself.
+    if args.get(1).is_some_and(|a| a == "--fleet-child") {
+        return processes::child(&args[2..]).await;
+    }
     let arg = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -121,6 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("fleet") {
         fleet::run(&pg, &sizes, &mut report).await?;
+        processes::run(&sizes, &mut report).await?;
         host::run(&pg, &sizes, &mut report).await?;
     }
     if run("election") {

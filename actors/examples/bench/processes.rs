@@ -1,0 +1,277 @@
+//! A fleet of separate processes on one server with PostgreSQL's default `max_connections`
+//! (100): 8 and 32 processes of one worker each; then 100 workers in 10 processes, first as one
+//! shared manager per process (10 tasks on it), then as 10 managers per process (one each). Connections used (the fleet's sessions, sampled
+//! from `pg_stat_activity`), pairs/s of distinct names, and the handoff of one contended lease
+//! between the processes (release sent → the next holder granted, on the machine's clock).
+//!
+//! The bench runs itself as the processes (`--fleet-child`): each waits for a start instant the
+//! parent gives, runs for the given seconds and prints what it did.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix::prelude::*;
+use pgcoord::Config;
+use pgcoord_actors::{Acquire, LockManager};
+
+use crate::Sizes;
+use crate::leases::{Res, floor_clients};
+use crate::report::{Report, Samples};
+
+const TABLE: &str = "bench_fleet";
+
+fn unix_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// One process of the fleet:
+/// `--fleet-child DSN INDEX MANAGERS WORKERS POOL START_UNIX_MS SECONDS`.
+pub async fn child(args: &[String]) -> Res {
+    let [dsn, index, managers, workers, pool, start, seconds] = args else {
+        return Err(format!("--fleet-child: seven arguments, got {args:?}").into());
+    };
+    let pg: tokio_postgres::Config = dsn.parse()?;
+    let (index, managers, pool) = (index.parse::<usize>()?, managers.parse()?, pool.parse()?);
+    let workers: usize = workers.parse()?;
+    let managers: Vec<Addr<LockManager>> = (0..managers)
+        .map(|m| {
+            let config = Config::builder()
+                .pg_config(&pg)
+                .owner(format!("proc{index}-{m}"))
+                .application_name(format!("fleetproc-{index}-{m}"))
+                .lock_table(TABLE)
+                .lease(Duration::from_secs(20))
+                .heartbeat(Duration::from_secs(5))
+                .pool_size(pool)
+                .build()?;
+            Ok(LockManager::new(config).start())
+        })
+        .collect::<Res<_>>()?;
+    let start = UNIX_EPOCH + Duration::from_millis(start.parse()?);
+    let wait = start.duration_since(SystemTime::now()).unwrap_or_default();
+    let deadline = Instant::now() + wait + Duration::from_secs(seconds.parse()?);
+    tokio::time::sleep(wait).await;
+    let workers: Vec<_> = (0..workers)
+        .map(|t| {
+            let manager = managers[t % managers.len()].clone();
+            actix_rt::spawn(async move {
+                let (mut pairs, mut errors) = (0usize, 0usize);
+                while Instant::now() < deadline {
+                    let name = format!("fleet-{index}-{t}-{pairs}-{errors}");
+                    let acquire = Acquire::new(name).timeout(Duration::from_secs(1));
+                    let released = match manager.send(acquire).await.unwrap() {
+                        Ok(lease) => lease.release().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    match released {
+                        true => pairs += 1,
+                        false => errors += 1,
+                    }
+                }
+                (pairs, errors)
+            })
+        })
+        .collect();
+    // One more task contends for one lease with every other process.
+    let handoffs = actix_rt::spawn({
+        let manager = managers[0].clone();
+        async move {
+            let mut lines = Vec::new();
+            while Instant::now() < deadline {
+                let acquire = Acquire::new("fleet-handoff").timeout(Duration::from_secs(2));
+                let Ok(Ok(lease)) = manager.send(acquire).await else {
+                    continue;
+                };
+                lines.push(format!("grant {} {}", lease.token(), unix_nanos()));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                lines.push(format!("release {} {}", lease.token(), unix_nanos()));
+                let _ = lease.release().await;
+            }
+            lines
+        }
+    });
+    let (mut pairs, mut errors) = (0, 0);
+    for worker in workers {
+        let (p, e) = worker.await?;
+        pairs += p;
+        errors += e;
+    }
+    println!("pairs {pairs} {errors}");
+    for line in handoffs.await? {
+        println!("{line}");
+    }
+    for manager in managers {
+        let _ = manager.send(pgcoord_actors::ReleaseAll).await;
+    }
+    Ok(())
+}
+
+/// What one run of the fleet did.
+struct Outcome {
+    pairs: usize,
+    errors: usize,
+    peak_connections: i64,
+    handoffs: Vec<Duration>,
+}
+
+/// The shape of one fleet: processes, and in each its managers, workers and pool size.
+#[derive(Clone, Copy)]
+struct Shape {
+    processes: usize,
+    managers: usize,
+    workers: usize,
+    pool: usize,
+}
+
+async fn fleet(
+    server: &pgcoord_testkit::TempPostgres,
+    admin: &tokio_postgres::Client,
+    shape: Shape,
+    seconds: u64,
+) -> Res<Outcome> {
+    let Shape {
+        processes,
+        managers,
+        workers,
+        pool,
+    } = shape;
+    // Time for every process to start and connect before the clock starts.
+    let start = SystemTime::now() + Duration::from_secs(3);
+    let start_ms = start.duration_since(UNIX_EPOCH)?.as_millis();
+    let children: Vec<_> = (0..processes)
+        .map(|index| {
+            std::process::Command::new(std::env::current_exe()?)
+                .arg("--fleet-child")
+                .args([server.dsn(), index.to_string(), managers.to_string()])
+                .arg(workers.to_string())
+                .args([pool.to_string(), start_ms.to_string(), seconds.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    let mut peak = 0;
+    let end = Instant::now() + Duration::from_secs(3 + seconds);
+    while Instant::now() < end {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'fleetproc-%'";
+        peak = peak.max(admin.query_one(sql, &[]).await?.get::<_, i64>(0));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut pairs, mut errors) = (0, 0);
+    let (mut grants, mut releases) = (Vec::new(), Vec::new());
+    for child in children {
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+        if !output.status.success() {
+            return Err(format!("a fleet process failed: {}", output.status).into());
+        }
+        for line in String::from_utf8(output.stdout)?.lines() {
+            let words: Vec<&str> = line.split(' ').collect();
+            match words[..] {
+                ["pairs", p, e] => {
+                    (pairs, errors) = (pairs + p.parse::<usize>()?, errors + e.parse::<usize>()?)
+                }
+                ["grant", token, at] => grants.push((token.parse::<i64>()?, at.parse::<u128>()?)),
+                ["release", token, at] => {
+                    releases.push((token.parse::<i64>()?, at.parse::<u128>()?))
+                }
+                _ => return Err(format!("a fleet process said {line:?}").into()),
+            }
+        }
+    }
+    // Each grant follows the release of the token before it (tokens grow by one a term).
+    releases.sort();
+    let handoffs = grants
+        .iter()
+        .filter_map(|&(token, at)| {
+            let previous = releases.binary_search_by_key(&(token - 1), |r| r.0).ok()?;
+            let sent = releases[previous].1;
+            (at >= sent).then(|| Duration::from_nanos((at - sent) as u64))
+        })
+        .collect();
+    Ok(Outcome {
+        pairs,
+        errors,
+        peak_connections: peak,
+        handoffs,
+    })
+}
+
+pub async fn run(sizes: &Sizes, report: &mut Report) -> Res {
+    // PostgreSQL's default, not the throwaway cluster's 500.
+    let server = pgcoord_testkit::TempPostgres::start_with(&[("max_connections", "100")])?;
+    let pg = server.pg_config();
+    let admin_cfg = Config::builder()
+        .pg_config(&pg)
+        .owner("fleet-admin")
+        .lock_table(TABLE)
+        .build()?;
+    let admin = pgcoord::db::connect_spawned(&admin_cfg).await?;
+    pgcoord::schema::migrate(&admin, &admin_cfg).await?;
+    let seconds = sizes.contend_secs;
+    let one = |processes| Shape {
+        processes,
+        managers: 1,
+        workers: 1,
+        pool: 1,
+    };
+    let ten = |managers, pool| Shape {
+        processes: 10,
+        managers,
+        workers: 10,
+        pool,
+    };
+    for (what, shape) in [
+        ("8 processes, one worker each (pool 1)", one(8)),
+        ("32 processes, one worker each (pool 1)", one(32)),
+        (
+            "10 processes, 100 workers: one manager each (pool 2) shared by its 10 workers",
+            ten(1, 2),
+        ),
+        (
+            "10 processes, 100 workers: 10 managers each (pool 1), one per worker",
+            ten(10, 1),
+        ),
+    ] {
+        // The floor: as many raw clients as processes, pgcoord's statements back to back.
+        let raw = floor_clients(&admin_cfg, shape.processes).await?;
+        let pairs = (sizes.pairs * 2).max(shape.processes * 32);
+        let (n, took) = crate::fleet::floor_rate(&admin_cfg, &raw, pairs, false, 0).await?;
+        let floor = n as f64 / took.as_secs_f64();
+        drop(raw);
+        let out = fleet(&server, &admin, shape, seconds).await?;
+        let label = format!("fleet on max_connections 100, {what}");
+        let rate = out.pairs as f64 / seconds as f64;
+        let floor_is = format!("floor: {} raw clients", shape.processes);
+        report.rate(
+            &format!("{label}: pairs/s ({floor_is})"),
+            rate,
+            floor,
+            "pairs/s",
+        );
+        let managers = shape.processes * shape.managers;
+        report.note(
+            &format!("{label}: the fleet's sessions at most; acquires that failed"),
+            format!(
+                "{} (at most {managers} × (pool + 2) = {}); {} failed",
+                out.peak_connections,
+                managers * (shape.pool + 2),
+                out.errors
+            ),
+        );
+        if !out.handoffs.is_empty() {
+            let handoffs = Samples::new(out.handoffs);
+            report.note(
+                &format!("{label}: one lease contended by every process, release sent → next holder, p50 / p99"),
+                format!(
+                    "{} / {}",
+                    crate::report::ms(handoffs.p(0.5)),
+                    crate::report::ms(handoffs.p(0.99))
+                ),
+            );
+        }
+    }
+    Ok(())
+}
