@@ -2,12 +2,15 @@
 //! new value, each against its raw floor measured in the same run.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord::Config;
+use futures_util::future::poll_fn;
+use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
+use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Coordinator, LeaderChanged};
 use tokio::sync::mpsc;
+use tokio_postgres::AsyncMessage;
 
 use crate::Sizes;
 use crate::leases::{Res, floor, floor_clients};
@@ -83,6 +86,13 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let handovers = Samples::new(handovers);
     report.time("election handover: resign sent → next leader elected and announced, p50 (floor: one acquire+release)", handovers.p(0.5), pair);
     report.time("election handover p99", handovers.p(0.99), pairs.p(0.99));
+    let raw = Samples::new(raw_handovers(&admin_cfg, terms).await?);
+    report.time("election handover, p50 (floor: the same work in raw statements — a release that notifies, the NOTIFY heard, an acquire, a NOTIFY announcing it)", handovers.p(0.5), raw.p(0.5));
+    report.time(
+        "election handover p99 (floor: the raw statements')",
+        handovers.p(0.99),
+        raw.p(0.99),
+    );
 
     // Observer latency: a proclaim sent → the observer told, against one raw NOTIFY → LISTEN hop
     // (the request/reply floor's one way).
@@ -109,8 +119,68 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     term.resign().await?;
     let heard = Samples::new(heard);
     report.note(
-        "election observer: proclaim sent → observer told, p50 (one statement, one NOTIFY hop)",
+        "election observer: proclaim sent → observer told, p50 (one statement, one NOTIFY hop, one read of the table)",
         crate::report::ms(heard.p(0.5)),
     );
     Ok(())
+}
+
+/// The handover in raw statements on warm connections, with the coordinators above still
+/// listening: a releases with a NOTIFY on the lease channel; a raw LISTEN connection hears it;
+/// b acquires and sends the announcement's NOTIFY on the election channel.
+async fn raw_handovers(cfg: &Config, terms: usize) -> Res<Vec<Duration>> {
+    let table = LeaseTable::new(cfg);
+    let clients = floor_clients(cfg, 2).await?;
+    let (a, b) = (table.owner("raw-a")?, table.owner("raw-b")?);
+    let (listening, mut connection) = pgcoord::__private::connect(cfg).await?;
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(_) = message {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let lease_channel = cfg.lease_channel().quoted();
+    listening
+        .batch_execute(&format!("LISTEN {lease_channel}"))
+        .await?;
+    let (announcer, connection) = pgcoord::__private::connect(cfg).await?;
+    tokio::spawn(connection);
+    let announce = announcer.prepare("SELECT pg_notify($1, $2)").await?;
+    let election_channel = cfg.election_channel().as_str().to_owned();
+    let request = AcquireRequest::new("raw-handover");
+    let mut times = Vec::new();
+    for _ in 0..terms {
+        let Attempt::Granted(held) = a.try_acquire(&*clients[0], &request, cfg.lease()).await?
+        else {
+            return Err("the raw handover's lease is not free".into());
+        };
+        while heard.try_recv().is_ok() {}
+        let started = Instant::now();
+        let release = ReleaseRequest {
+            name: "raw-handover",
+            token: held.token,
+            keep: false,
+            announce_always: true,
+        };
+        a.release(&*clients[0], &release).await?;
+        heard.recv().await.ok_or("the raw listener stopped")?;
+        let Attempt::Granted(next) = b.try_acquire(&*clients[1], &request, cfg.lease()).await?
+        else {
+            return Err("the raw handover's lease was not free after its release".into());
+        };
+        announcer
+            .query_one(&announce, &[&election_channel, &"raw"])
+            .await?;
+        times.push(started.elapsed());
+        let release = ReleaseRequest {
+            name: "raw-handover",
+            token: next.token,
+            keep: false,
+            announce_always: false,
+        };
+        b.release(&*clients[1], &release).await?;
+    }
+    Ok(times)
 }

@@ -166,7 +166,8 @@ impl Election {
         leader_of(&self.locks, &self.name).await
     }
 
-    /// Starts a [`LeaderObserver`] telling `recipient` of every change of leader: on the
+    /// Starts a [`LeaderObserver`] telling `recipient` of each change of leader as read from the
+    /// table (a term shorter than a read may go unseen): on the
     /// coordinator's thread for an election from [`Coordinator::election`](crate::Coordinator::election),
     /// else in the current actix System.
     pub fn observe(&self, recipient: Recipient<LeaderChanged>) -> Addr<LeaderObserver> {

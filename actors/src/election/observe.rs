@@ -1,13 +1,13 @@
-//! [`LeaderObserver`]: tells a recipient of every change of an election's leader, in term order.
+//! [`LeaderObserver`]: tells a recipient of each change of an election's leader it reads, in term order.
 //!
-//! What drives it: proclamations on the election channel (each new term and each new value,
-//! with owner, token and value, in commit order); releases on the lease channel (a resignation:
-//! the leader is read again); the current leader's expiry on the server's clock (a leader that
-//! stopped renewing is gone then: read again); the listener's `Reconnected` (announcements may
-//! have been missed: read again and report it as a resync); and a poll every quarter lease as a
-//! fallback. A change is reported once, and never one older than a change already reported:
-//! terms are ordered by their tokens, and a read that was overtaken by a proclamation is not
-//! allowed to undo it.
+//! Every report is the leader as read from the lock table, never a notification's word (anyone
+//! who can connect can NOTIFY). What makes it read: a proclamation on the election channel (a new
+//! term or a new value of this election); a release on the lease channel (a resignation); the
+//! current leader's expiry on the server's clock (a leader that stopped renewing is gone then);
+//! the listener's `Reconnected` (announcements may have been missed: reported as a resync); and a
+//! poll every quarter lease as a fallback. A change is reported once, and never one older than a
+//! change already reported: terms are ordered by their tokens, and a read that finishes after a
+//! later-started read was applied is dropped. A term shorter than a read may go unreported.
 
 use std::time::Duration;
 
@@ -49,8 +49,12 @@ pub struct LeaderObserver {
     reported: Option<Option<Leader>>,
     /// The greatest token reported: nothing older is reported after it.
     highest: i64,
-    /// Counts proclamations applied, so a read they overtook is not applied after them.
-    generation: u64,
+    /// Reads started, and the number of the latest read applied: an earlier read that finishes
+    /// after a later one is not applied.
+    reads: u64,
+    applied: u64,
+    /// A resync was asked for (a first report, a reconnect): the next read applied reports it.
+    resync: bool,
     /// The read scheduled at the current leader's expiry.
     expiry: Option<SpawnHandle>,
     /// Nothing to hear: the poll alone.
@@ -70,15 +74,19 @@ impl LeaderObserver {
             recipient,
             reported: None,
             highest: i64::MIN,
-            generation: 0,
+            reads: 0,
+            applied: 0,
+            resync: false,
             expiry: None,
         }
     }
 
-    /// Reads the leader and applies what it finds, unless a proclamation overtook the read; a
+    /// Reads the leader and applies what it finds, unless a later read was applied first; a
     /// leader found is read again at its lease's expiry, when one that stopped renewing is gone.
     fn read(&mut self, resync: bool, ctx: &mut Context<Self>) {
-        let (locks, name, started) = (self.locks.clone(), self.election.clone(), self.generation);
+        self.reads += 1;
+        self.resync |= resync;
+        let (locks, name, number) = (self.locks.clone(), self.election.clone(), self.reads);
         let read = async move { term_of(&locks, &name).await };
         ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
             let term = match result {
@@ -88,11 +96,11 @@ impl LeaderObserver {
                     return;
                 }
             };
-            let overtaken = act.generation != started
-                && term.as_ref().is_none_or(|(l, _)| l.token <= act.highest);
-            if overtaken && !resync {
+            if number < act.applied {
                 return;
             }
+            act.applied = number;
+            let resync = std::mem::take(&mut act.resync);
             if let Some(handle) = act.expiry.take() {
                 ctx.cancel_future(handle);
             }
@@ -183,18 +191,10 @@ impl Handler<Signal> for LeaderObserver {
             debug!(election.name = %self.election, "not a proclamation on the election channel");
             return;
         };
-        if proclamation.election != self.election {
-            return;
+        // Only a doorbell: what it says is read from the table.
+        if proclamation.election == self.election {
+            self.read(false, ctx);
         }
-        self.generation += 1;
-        let leader = Leader {
-            owner: proclamation.owner,
-            token: proclamation.token,
-            value: proclamation.value,
-        };
-        self.report(Some(leader), false, ctx);
-        // For the new term's expiry (an announcement does not carry it).
-        self.read(false, ctx);
     }
 }
 

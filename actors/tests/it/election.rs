@@ -49,7 +49,9 @@ async fn one_leader_at_a_time_resign_hands_over_and_observers_see_every_term_in_
                     let value = format!("c{c}-{}", term.token()).into_bytes();
                     term.proclaim(value.clone()).await.unwrap();
                     assert_eq!(term.value(), value.as_slice());
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    // Observers read what a proclamation rings for: a term must outlast a read
+                    // to be seen (a busy machine's read included).
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     let end = Instant::now();
                     terms
                         .lock()
@@ -380,4 +382,42 @@ async fn a_preferred_candidate_wins_the_next_term_when_it_is_waiting() {
         .expect("then the other")
         .unwrap();
     assert!(third.token() > token);
+}
+
+#[actix_rt::test]
+async fn an_observer_reports_what_it_reads_not_what_a_notification_says() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("watcher").build().unwrap();
+    let watcher = Coordinator::start(config.clone());
+    let (observed, recipient) = Collector::<LeaderChanged>::start_new();
+    let _observer = watcher.election("replayed").unwrap().observe(recipient);
+    observed.wait_for(1, Duration::from_secs(5)).await;
+    let (listening, mut heard) = super::listen_on(&config, &[config.election_channel()]).await;
+
+    // A term proclaimed and ended: its proclamation, as anyone listening heard it.
+    let leader = Coordinator::start(setup.builder("leader").build().unwrap());
+    let term = (leader.election("replayed").unwrap())
+        .campaign("v1", None)
+        .await
+        .unwrap();
+    let proclamation = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let (channel, text) = proclamation.split_once(": ").unwrap();
+    let changes = observed.wait_for(2, Duration::from_secs(5)).await;
+    assert_eq!(changes[1].leader.as_ref().unwrap().value, b"v1");
+    term.resign().await.unwrap();
+    let changes = observed.wait_for(3, Duration::from_secs(5)).await;
+    assert_eq!(changes[2].leader, None);
+
+    // Replayed by anyone who can connect: the observer reads the table, which says nobody
+    // leads, and reports nothing (it reported the resigned leader again when it trusted it).
+    (listening.execute("SELECT pg_notify($1, $2)", &[&channel, &text]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(observed.received().len(), 3, "{:?}", observed.received());
+    leader.shutdown(Duration::from_secs(5)).await.unwrap();
+    watcher.shutdown(Duration::from_secs(5)).await.unwrap();
 }
