@@ -325,27 +325,42 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         return hold::run(&config, hold).await;
     }
     let config = builder.owner("pgcoord-cli").build()?;
+    // Past the deadline the statement under way is cancelled on the server: dropping it here
+    // would leave it running there (a lowered limit's take-back waiting for a fenced row).
+    let cancel = std::sync::OnceLock::new();
     let bounded = async {
         if let Command::Listen { channel, count } = &cli.command {
             let listening = signals::start_listening(&config, channel).await?;
             return Ok(Some((listening, *count)));
         }
         let client = pgcoord::db::connect_spawned(&config).await?;
+        let _ = cancel.set(client.cancel_token());
         command(cli.command, &config, &client, cli.as_json)
             .await
             .map(|()| None)
     };
-    let listening = tokio::time::timeout(within, bounded).await.map_err(|_| {
-        pgcoord::Error::new(
+    let Ok(listening) = tokio::time::timeout(within, bounded).await else {
+        if let Some(token) = cancel.get() {
+            let tls = config.session_tls().clone();
+            let _ = tokio::time::timeout(CANCEL_WITHIN, token.cancel_query(tls)).await;
+        }
+        return Err(pgcoord::Error::new(
             ErrorKind::Timeout,
-            format!("the database did not answer within {within:?} (--timeout)"),
-        )
-    })??;
+            format!(
+                "the database did not answer within {within:?} (--timeout); the statement was \
+                 cancelled on the server, and may or may not have taken effect"
+            ),
+        ));
+    };
+    let listening = listening?;
     match listening {
         Some((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
         None => Ok(0),
     }
 }
+
+/// How long a timed-out command waits for its cancel request to be sent.
+const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Every command but `listen`, on `client`.
 async fn command(

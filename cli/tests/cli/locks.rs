@@ -309,3 +309,55 @@ async fn advisory_and_status_show_sessions_and_clear_errors_for_a_bad_database()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn a_limit_change_past_its_timeout_is_cancelled_on_the_server() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    assert!(
+        pgcoord(&table, &["limit", "tenant:7", "1"])
+            .status
+            .success()
+    );
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let leases = LeaseTable::new(&config);
+    let owner = leases.owner("worker-1").unwrap();
+    let slots = pgcoord::lease::slot_names("tenant:7", 1).unwrap();
+    let attempt = owner
+        .try_acquire_limited(&client, "tenant:7", &slots, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let pgcoord::lease::LimitedAttempt::Granted { slot, grant } = attempt else {
+        panic!("{attempt:?}")
+    };
+    // The holder in a fenced transaction: taking its permit back waits for that transaction.
+    let mut fenced = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let tx = fenced.transaction().await.unwrap();
+    owner.fence(&tx, &slot, grant.token).await.unwrap();
+
+    let out = pgcoord(&table, &["limit", "tenant:7", "0", "--timeout", "1"]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cancelled on the server"), "{err}");
+    // Nothing of the command is left waiting on the server (it waited until the transaction
+    // ended when the command only dropped its statement).
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE application_name = 'pgcoord-cli' AND wait_event_type = 'Lock'
+                     AND query LIKE '%' || $1 || '%'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while client
+        .query_one(waiting, &[&table])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change still waits"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tx.commit().await.unwrap();
+}
