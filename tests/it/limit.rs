@@ -139,8 +139,9 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
         .await
         .unwrap();
     assert!(renewed.is_empty(), "{renewed:?}");
+    // (Waiting would last until the fenced transaction below commits.)
     assert!(
-        renewing.elapsed() < Duration::from_millis(200),
+        renewing.elapsed() < Duration::from_secs(1),
         "{:?}",
         renewing.elapsed()
     );
@@ -182,6 +183,98 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
     let (slot, token) = permit(&table, &other, "d", "jobs", 3).await;
     assert_ne!(slot, "jobs#0");
     assert!(token > top_token);
+}
+
+#[tokio::test]
+async fn a_change_cut_off_while_it_takes_a_permit_back_is_finished_by_setting_it_again() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let other = super::connect(&config).await;
+    table.set_limit(&client, "pool", 2).await.unwrap();
+    let mut held = [
+        ("a", permit(&table, &client, "a", "pool", 2).await),
+        ("b", permit(&table, &client, "b", "pool", 2).await),
+    ];
+    held.sort_by(|x, y| x.1.0.cmp(&y.1.0));
+    let (top_owner, (top_slot, top_token)) = held[1].clone();
+    assert_eq!(top_slot, "pool#1");
+    let tx = client.transaction().await.unwrap();
+    (table.owner(top_owner).unwrap())
+        .fence(&tx, &top_slot, top_token)
+        .await
+        .unwrap();
+
+    // Lowered on a session that is terminated while it waits for the fenced transaction.
+    let changer = super::connect(&config).await;
+    let pid: i32 = (changer.query_one("SELECT pg_backend_pid()", &[]).await)
+        .unwrap()
+        .get(0);
+    let lower = {
+        let table = table.clone();
+        tokio::spawn(async move { table.set_limit(&changer, "pool", 1).await })
+    };
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while other
+        .query_one(waiting, &[&pid])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the change waits for the fenced row"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (other.execute("SELECT pg_terminate_backend($1)", &[&pid]))
+        .await
+        .unwrap();
+    let err = lower.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("set it again to finish"), "{err}");
+
+    // The limit is stored: nobody is admitted above it, though the fenced holder's permit is
+    // not taken back yet.
+    assert_eq!(table.limit(&other, "pool").await.unwrap(), Some(1));
+    assert_eq!(
+        attempt(&table, &other, "c", "pool", 1).await,
+        LimitedAttempt::Full
+    );
+    tx.commit().await.unwrap();
+    // Set again, the change finishes: the permit is taken back.
+    let change = table.set_limit(&other, "pool", 1).await.unwrap();
+    assert_eq!((change.previous, change.revoked), (Some(1), 1));
+    let renewed = (table.owner(top_owner).unwrap())
+        .renew(&other, &[(top_slot.as_str(), top_token)], LEASE)
+        .await
+        .unwrap();
+    assert!(renewed.is_empty(), "taken back");
+}
+
+#[tokio::test]
+async fn a_grant_answers_busy_instead_of_waiting_while_a_change_holds_the_limit() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    table.set_limit(&client, "pool", 2).await.unwrap();
+    // The limit's row locked as a change's first statement locks it.
+    let mut changing = super::connect(&config).await;
+    let tx = changing.transaction().await.unwrap();
+    let lock = format!(
+        "SELECT 1 FROM {} WHERE name = 'pool' FOR UPDATE",
+        config.limit_table().quoted()
+    );
+    assert_eq!(tx.execute(&lock, &[]).await.unwrap(), 1);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        attempt(&table, &client, "a", "pool", 2),
+    )
+    .await
+    .expect("answered without waiting for the change");
+    assert_eq!(answer, LimitedAttempt::Busy);
+    tx.rollback().await.unwrap();
+    permit(&table, &client, "a", "pool", 2).await;
 }
 
 #[tokio::test]
