@@ -177,3 +177,36 @@ async fn a_worker_pool_moves_keys_at_a_tick_of_at_most_a_second() {
     eprintln!("keys moved by polling in {:?}", joined.elapsed());
     assert!(joined.elapsed() < Duration::from_secs(5));
 }
+
+#[actix_rt::test]
+async fn a_waiter_across_a_server_restart_gets_the_lease_once_it_is_released() {
+    let (server, setup, admin) = super::own_cluster::own_cluster().await;
+    let config = |owner: &str| setup.builder(owner).poll_only(true).build().unwrap();
+    let (a, b) = (
+        Coordinator::start(config("a")),
+        Coordinator::start(config("b")),
+    );
+    let held = a.locks.call(Acquire::new("job")).await.unwrap();
+    let waiting = actix_rt::spawn(
+        b.locks
+            .call(Acquire::new("job").timeout(Duration::from_secs(20))),
+    );
+    // The waiter has looked and lined up; the grant is on disk.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(admin);
+    super::own_cluster::on_server(&server, pgcoord_testkit::TempPostgres::restart_immediate).await;
+    // Nothing to hear and nothing missed: the waiter's next looks find the lease free.
+    let (released, held_token) = (Instant::now(), held.token());
+    held.release().await.unwrap();
+    let taken = waiting.await.unwrap().unwrap();
+    assert!(taken.token() > held_token);
+    // At most a poll (a quarter of the 2 s lease) and the reconnects after the restart.
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released.elapsed()
+    );
+    taken.release().await.unwrap();
+    a.shutdown(Duration::from_secs(5)).await.unwrap();
+    b.shutdown(Duration::from_secs(5)).await.unwrap();
+}
