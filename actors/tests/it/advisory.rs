@@ -202,14 +202,14 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
         .unwrap();
     while lost.received().is_empty() {
         assert!(
-            killed.elapsed() < FAST * 2 + Duration::from_millis(300),
-            "reported within interval plus timeout"
+            killed.elapsed() < Duration::from_secs(5),
+            "reported long before the next ping (30 s)"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The connection's end is noticed at once, not at the next ping.
+    // The connection's end is noticed at once, not at the next ping (30 s away).
     assert!(
-        killed.elapsed() < FAST,
+        killed.elapsed() < Duration::from_secs(3),
         "reported before the next ping: {:?}",
         killed.elapsed()
     );

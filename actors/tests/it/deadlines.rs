@@ -13,8 +13,9 @@ use super::Setup;
 use super::own_cluster::{freeze_while_idle, own_cluster};
 
 const TIMEOUT: Duration = Duration::from_secs(1);
-/// What a timeout may be overrun by: the answer's way back through the actors.
-const SLACK: Duration = Duration::from_millis(100);
+/// What a timeout may be overrun by: the answer's way back through the actors, on a test
+/// thread the whole runtime shares (a busy machine's timers fire late).
+const SLACK: Duration = Duration::from_millis(300);
 
 /// A manager for `config` whose pool has `n` connections open and idle (all checked out at
 /// once, then given back): the connections its next statements get.
@@ -120,11 +121,10 @@ async fn calls_answer_within_their_timeout_while_idle_pooled_connections_hang() 
     let took = started.elapsed();
     assert!(took < TIMEOUT * 2 + SLACK, "answered after {took:?}");
     // Nothing was left held meanwhile, and the clean-ups finish on fresh connections.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        held_by(&setup, &admin, "waiter").await,
-        Vec::<String>::new()
-    );
+    pgcoord_testkit::eventually(Duration::from_secs(10), "nothing held", async || {
+        held_by(&setup, &admin, "waiter").await.is_empty()
+    })
+    .await;
     held.release().await.unwrap();
 }
 

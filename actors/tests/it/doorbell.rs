@@ -44,6 +44,12 @@ pub(super) async fn contend(
     }
     let waits = actix_rt::spawn(waiter.send(acquire));
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Refused in a batch, then asked again alone, in line: two statements, however slow
+    // the machine.
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the waiter in line", async || {
+        stats(waiter).await.acquire_statements >= 2
+    })
+    .await;
     (held, waits)
 }
 
@@ -155,6 +161,12 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
         waiters.push(waiter);
     }
     tokio::time::sleep(Duration::from_millis(300)).await; // all refused, in line
+    for waiter in &waiters {
+        pgcoord_testkit::eventually(Duration::from_secs(10), "each waiter in line", async || {
+            stats(waiter).await.acquire_statements >= 2
+        })
+        .await;
+    }
     let mut before = Vec::new();
     for waiter in &waiters {
         before.push(stats(waiter).await.acquire_statements);

@@ -90,12 +90,24 @@ async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
 
 #[actix_rt::test]
 async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
-    let (setup, _) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let queue = setup
+        .builder("admin")
+        .build()
+        .unwrap()
+        .lock_queue()
+        .quoted();
+    let in_line = format!("SELECT count(*) FROM {queue} WHERE name = 'job'");
     let (a, b) = (setup.manager("a"), setup.manager("b"));
     for round in 0..3 {
         let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
-        let waiting = b.send(Acquire::new("job").timeout(Duration::from_secs(10)));
-        tokio::time::sleep(Duration::from_millis(200)).await; // b has reserved the next grant
+        let waiting = actix_rt::spawn(b.send(Acquire::new("job").timeout(Duration::from_secs(10))));
+        // b has reserved the next grant: it is in line.
+        pgcoord_testkit::eventually(Duration::from_secs(10), "b in line", async || {
+            let n: i64 = admin.query_one(&in_line, &[]).await.unwrap().get(0);
+            n == 1
+        })
+        .await;
         held.release().await.unwrap();
         let again = a.send(Acquire::new("job").fail_if_locked()).await.unwrap();
         assert_eq!(
@@ -103,7 +115,14 @@ async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
             ErrorKind::NotAcquired,
             "round {round}"
         );
-        waiting.await.unwrap().unwrap().release().await.unwrap();
+        waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     // Nobody waits any more: the released lock's row is gone.
     let err = a.send(Get("job".into())).await.unwrap().unwrap_err();
@@ -183,7 +202,14 @@ async fn a_reserved_release_wakes_only_the_reserved_waiter() {
 /// lease, even after its row was deleted by the release.
 #[actix_rt::test]
 async fn waiters_across_processes_are_served_in_arrival_order() {
-    let (setup, _) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
+    let queue = setup
+        .builder("admin")
+        .build()
+        .unwrap()
+        .lock_queue()
+        .quoted();
+    let in_line = format!("SELECT count(*) FROM {queue} WHERE name = 'line'");
     let holder = setup.manager("holder");
     let held = holder.send(Acquire::new("line")).await.unwrap().unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -197,7 +223,11 @@ async fn waiters_across_processes_are_served_in_arrival_order() {
             lease.release().await.unwrap();
         }));
         // In line before the next one asks.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        pgcoord_testkit::eventually(Duration::from_secs(10), "in line", async || {
+            let n: i64 = admin.query_one(&in_line, &[]).await.unwrap().get(0);
+            n == i as i64 + 1
+        })
+        .await;
     }
     held.release().await.unwrap();
     // The releaser asks again at once: it is behind all five.

@@ -163,7 +163,16 @@ async fn a_late_reply_is_dropped_and_a_dead_responder_ends_in_the_callers_deadli
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert!(started.elapsed() < FAST * 2);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The late reply arrives (the handler's time and two hops later) and matches nothing.
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the late reply", async || {
+        client
+            .send(GetStats::new())
+            .await
+            .unwrap()
+            .unmatched_replies
+            == 1
+    })
+    .await;
     let stats = client.send(GetStats::new()).await.unwrap();
     assert_eq!((stats.unmatched_replies, stats.pending_requests), (1, 0));
 

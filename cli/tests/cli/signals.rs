@@ -20,7 +20,29 @@ async fn notify_and_listen_speak_pgcoords_envelopes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500)); // it is listening
+    // It is listening once its session has run the LISTEN on the channel (a cold process may
+    // take longer than any fixed sleep).
+    let client = pgcoord::db::connect_spawned(&config(&table, "admin"))
+        .await
+        .unwrap();
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%LISTEN%{channel}%' \
+         AND state = 'idle' AND pid <> pg_backend_pid()"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client
+        .query_one(&listening, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let small = pgcoord(
         &table,
         &["notify", &channel, r#"{"job": 42, "tags": ["a", "b"]}"#],
