@@ -70,25 +70,64 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     server
         .send(Serve::new("bench_echo", |p| async move { Ok(p) }))
         .await??;
-    let (mut one_way, mut trips) = (Vec::new(), Vec::new());
-    // In blocks of 20, alternating: the first operation after a switch is slower.
-    for block in 0..sizes.requests.div_ceil(20) {
-        for side in [block % 2, 1 - block % 2] {
-            for i in block * 20..(block + 1) * 20 {
-                if side == 0 {
-                    let sent = Instant::now();
-                    admin.query_one(&notify, &[&i.to_string()]).await?;
-                    one_way.push(arrivals.recv().await.unwrap() - sent);
-                } else {
-                    let t = Instant::now();
-                    let request = Ask::new("bench_echo", (i as u32).to_be_bytes().to_vec());
-                    client.send(request).await??;
-                    trips.push(t.elapsed());
+    // The raw round trip: a NOTIFY from one connection, heard by a raw listener whose task
+    // answers with a NOTIFY from another connection, heard by a third — as a request and its
+    // reply go, each sent from a pooled connection and heard on a listening one.
+    let (echo_listening, mut echo_connection) = pgcoord::__private::connect(&config).await?;
+    let (echo_sender, connection) = pgcoord::__private::connect(&config).await?;
+    tokio::spawn(connection);
+    let pong = echo_sender
+        .prepare("SELECT pg_notify('bench_pong', $1)")
+        .await?;
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| echo_connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(n) = message {
+                let _ = echo_sender.query_one(&pong, &[&n.payload()]).await;
+            }
+        }
+    });
+    echo_listening.batch_execute("LISTEN bench_ping").await?;
+    let (pong_listening, mut pong_connection) = pgcoord::__private::connect(&config).await?;
+    let (pong_tx, mut pongs) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| pong_connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(_) = message {
+                let _ = pong_tx.send(Instant::now());
+            }
+        }
+    });
+    pong_listening.batch_execute("LISTEN bench_pong").await?;
+    let ping = admin.prepare("SELECT pg_notify('bench_ping', $1)").await?;
+    let mut round_trips = async |requests: usize| -> Res<(Samples, Samples, Samples)> {
+        let (mut one_way, mut trips, mut raw_trips) = (Vec::new(), Vec::new(), Vec::new());
+        // In blocks of 20, in turns: the first operation after a switch is slower.
+        for block in 0..requests.div_ceil(20) {
+            for side in [block % 3, (block + 1) % 3, (block + 2) % 3] {
+                for i in block * 20..(block + 1) * 20 {
+                    if side == 0 {
+                        let sent = Instant::now();
+                        admin.query_one(&notify, &[&i.to_string()]).await?;
+                        one_way.push(arrivals.recv().await.unwrap() - sent);
+                    } else if side == 2 {
+                        let sent = Instant::now();
+                        admin.query_one(&ping, &[&i.to_string()]).await?;
+                        raw_trips.push(pongs.recv().await.unwrap() - sent);
+                    } else {
+                        let t = Instant::now();
+                        let request = Ask::new("bench_echo", (i as u32).to_be_bytes().to_vec());
+                        client.send(request).await??;
+                        trips.push(t.elapsed());
+                    }
                 }
             }
         }
-    }
-    let (one_way, trips) = (Samples::new(one_way), Samples::new(trips));
+        Ok((
+            Samples::new(one_way),
+            Samples::new(trips),
+            Samples::new(raw_trips),
+        ))
+    };
+    let (one_way, trips, raw_trips) = round_trips(sizes.requests).await?;
     report.time(
         "request/reply round trip, p50 (floor: two raw NOTIFY→LISTEN hops)",
         trips.p(0.5),
@@ -99,6 +138,35 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         trips.p(0.99),
         one_way.p(0.99) * 2,
     );
+    report.time(
+        "request/reply round trip, p50 (floor: a raw round trip — NOTIFY, heard, NOTIFY back, heard)",
+        trips.p(0.5),
+        raw_trips.p(0.5),
+    );
+    // What moves the ratio between runs: other sessions listening on the database. PostgreSQL
+    // (up to 18) signals every listening backend of the database at each NOTIFY's commit, and
+    // each wakes to read the queue; the full bench run leaves its earlier sections' listeners.
+    let mut idle = Vec::new();
+    for i in 0..32 {
+        let (listening, connection) = pgcoord::__private::connect(&config).await?;
+        tokio::spawn(connection);
+        listening
+            .batch_execute(&format!("LISTEN bench_idle_{i}"))
+            .await?;
+        idle.push(listening);
+    }
+    let (one_way, trips, raw_trips) = round_trips(sizes.requests).await?;
+    report.time(
+        "request/reply round trip, p50, with 32 other sessions listening on other channels (floor: two raw hops beside them)",
+        trips.p(0.5),
+        one_way.p(0.5) * 2,
+    );
+    report.time(
+        "request/reply round trip, p50, with 32 other sessions listening (floor: a raw round trip beside them)",
+        trips.p(0.5),
+        raw_trips.p(0.5),
+    );
+    drop(idle);
 
     // Fan-out: distinct envelopes, sent in batches, to 4 actor subscribers of one listener; the
     // floor is the raw connection receiving the same notifications.
