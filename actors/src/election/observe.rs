@@ -5,9 +5,10 @@
 //! term or a new value of this election); a release on the lease channel (a resignation); the
 //! current leader's expiry on the server's clock (a leader that stopped renewing is gone then);
 //! the listener's `Reconnected` (announcements may have been missed: reported as a resync); and a
-//! poll every quarter lease as a fallback. A change is reported once, and never one older than a
-//! change already reported: terms are ordered by their tokens, and a read that finishes after a
-//! later-started read was applied is dropped. A term shorter than a read may go unreported.
+//! poll every quarter lease as a fallback. One read at a time (asked while one is under way, it
+//! reads again when that ends), so results apply in the order of their snapshots and a flood of
+//! doorbells costs one read. A change is reported once, and never one older than a change already
+//! reported: terms are ordered by their tokens. A term shorter than a read may go unreported.
 
 use std::time::Duration;
 
@@ -49,11 +50,12 @@ pub struct LeaderObserver {
     reported: Option<Option<Leader>>,
     /// The greatest token reported: nothing older is reported after it.
     highest: i64,
-    /// Reads started, and the number of the latest read applied: an earlier read that finishes
-    /// after a later one is not applied.
-    reads: u64,
-    applied: u64,
-    /// A resync was asked for (a first report, a reconnect): the next read applied reports it.
+    /// A read is under way: one at a time, so results apply in the order of their snapshots
+    /// and a flood of doorbells costs one read more, not one each.
+    reading: bool,
+    /// Asked to read while one was under way: read again when it ends.
+    again: bool,
+    /// A resync was asked for (the first report, a reconnect): the next read started carries it.
     resync: bool,
     /// The read scheduled at the current leader's expiry.
     expiry: Option<SpawnHandle>,
@@ -74,33 +76,40 @@ impl LeaderObserver {
             recipient,
             reported: None,
             highest: i64::MIN,
-            reads: 0,
-            applied: 0,
-            resync: false,
+            reading: false,
+            again: false,
+            resync: true,
             expiry: None,
         }
     }
 
-    /// Reads the leader and applies what it finds, unless a later read was applied first; a
-    /// leader found is read again at its lease's expiry, when one that stopped renewing is gone.
+    /// Reads the leader and applies what it finds — or, while a read is under way, reads again
+    /// once it ends. A leader found is read again at its lease's expiry, when one that stopped
+    /// renewing is gone.
     fn read(&mut self, resync: bool, ctx: &mut Context<Self>) {
-        self.reads += 1;
         self.resync |= resync;
-        let (locks, name, number) = (self.locks.clone(), self.election.clone(), self.reads);
+        if self.reading {
+            self.again = true;
+            return;
+        }
+        self.reading = true;
+        let resync = std::mem::take(&mut self.resync);
+        let (locks, name) = (self.locks.clone(), self.election.clone());
         let read = async move { term_of(&locks, &name).await };
         ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
+            act.reading = false;
+            if std::mem::take(&mut act.again) {
+                act.read(false, ctx);
+            }
             let term = match result {
                 Ok(term) => term,
                 Err(e) => {
+                    // Asked again by the next doorbell, expiry or poll.
+                    act.resync |= resync;
                     debug!(election.name = %act.election, error = %e, "cannot read the leader; polling");
                     return;
                 }
             };
-            if number < act.applied {
-                return;
-            }
-            act.applied = number;
-            let resync = std::mem::take(&mut act.resync);
             if let Some(handle) = act.expiry.take() {
                 ctx.cancel_future(handle);
             }
@@ -178,7 +187,8 @@ impl Actor for LeaderObserver {
                     Err(e) => warn!(election.name = %act.election, error = %e, "listener gone; polling"),
                 }
             }
-            act.read(true, ctx);
+            // The first report is a resync (set at the start), whichever read makes it.
+            act.read(false, ctx);
         }));
     }
 }
