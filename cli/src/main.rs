@@ -339,17 +339,25 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
             .await
             .map(|()| None)
     };
-    let Ok(listening) = tokio::time::timeout(within, bounded).await else {
-        if let Some(token) = cancel.get() {
-            let tls = config.session_tls().clone();
-            let _ = tokio::time::timeout(CANCEL_WITHIN, token.cancel_query(tls)).await;
-        }
+    // The cancel request's time comes out of the deadline: the whole stays within --timeout.
+    let cancelling = (within / 4).min(CANCEL_WITHIN);
+    let Ok(listening) = tokio::time::timeout(within - cancelling, bounded).await else {
+        let what = match cancel.get() {
+            None => "no statement was under way".to_owned(),
+            Some(token) => {
+                let tls = config.session_tls().clone();
+                match tokio::time::timeout(cancelling, token.cancel_query(tls)).await {
+                    Ok(Ok(())) => "its statement was cancelled on the server (a change may or may \
+                                   not have taken effect)"
+                        .to_owned(),
+                    Ok(Err(e)) => format!("cancelling its statement on the server failed: {e}"),
+                    Err(_) => "its statement's cancel request was not answered in time".to_owned(),
+                }
+            }
+        };
         return Err(pgcoord::Error::new(
             ErrorKind::Timeout,
-            format!(
-                "the database did not answer within {within:?} (--timeout); the statement was \
-                 cancelled on the server, and may or may not have taken effect"
-            ),
+            format!("the database did not answer within {within:?} (--timeout); {what}"),
         ));
     };
     let listening = listening?;
@@ -359,7 +367,8 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     }
 }
 
-/// How long a timed-out command waits for its cancel request to be sent.
+/// At most this much of `--timeout` (and at most a quarter of it) is kept for sending a
+/// timed-out command's cancel request.
 const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Every command but `listen`, on `client`.

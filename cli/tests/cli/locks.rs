@@ -340,6 +340,8 @@ async fn a_limit_change_past_its_timeout_is_cancelled_on_the_server() {
     assert!(!out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cancelled on the server"), "{err}");
+    // It got as far as taking the permit back: the new limit is stored.
+    assert_eq!(leases.limit(&client, "tenant:7").await.unwrap(), Some(0));
     // Nothing of the command is left waiting on the server (it waited until the transaction
     // ended when the command only dropped its statement).
     let waiting = "SELECT count(*) FROM pg_stat_activity
