@@ -29,6 +29,25 @@ async fn attempt(
         .unwrap()
 }
 
+/// Waits until backend `pid` waits on a lock (a row another transaction holds).
+async fn waits_on_a_lock(client: &tokio_postgres::Client, pid: i32) {
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client
+        .query_one(sql, &[&pid])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} never waited on a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The slot and token of a permit that must be granted.
 async fn permit(
     table: &LeaseTable,
@@ -116,35 +135,37 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
         .await
         .unwrap();
     // ...so lowering the limit waits for that transaction to end.
+    // Connected before, so the wait below is the statement's alone.
+    let changer = super::connect(&config).await;
+    let pid: i32 = (changer.query_one("SELECT pg_backend_pid()", &[]).await)
+        .unwrap()
+        .get(0);
     let lower = {
-        // Connected before, so the wait below is the statement's alone.
-        let (table, client) = (table.clone(), super::connect(&config).await);
+        let table = table.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let change = table.set_limit(&client, "jobs", 1).await.unwrap();
+            let change = table.set_limit(&changer, "jobs", 1).await.unwrap();
             (change, started.elapsed())
         })
     };
+    waits_on_a_lock(&other, pid).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !lower.is_finished(),
         "the change waits for the fenced transaction"
     );
     // Meanwhile it holds no other row: the middle slot (no transaction on it) was taken back at
-    // once, and its holder's renewal answers at once, without it.
+    // once, and its holder's renewal answers at once, without it. (Waiting would last until the
+    // fenced transaction below commits: bounded, it fails.)
     let (mid_owner, (mid_slot, mid_token)) = &held[1];
-    let renewing = Instant::now();
-    let renewed = (table.owner(mid_owner).unwrap())
-        .renew(&other, &[(mid_slot.as_str(), *mid_token)], LEASE)
-        .await
-        .unwrap();
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(2),
+        (table.owner(mid_owner).unwrap()).renew(&other, &[(mid_slot.as_str(), *mid_token)], LEASE),
+    )
+    .await
+    .expect("the renewal does not wait for the change")
+    .unwrap();
     assert!(renewed.is_empty(), "{renewed:?}");
-    // (Waiting would last until the fenced transaction below commits.)
-    assert!(
-        renewing.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        renewing.elapsed()
-    );
     tx.commit().await.unwrap();
     let (change, took) = lower.await.unwrap();
     assert!(took >= Duration::from_millis(300), "{took:?}");
@@ -213,22 +234,7 @@ async fn a_change_cut_off_while_it_takes_a_permit_back_is_finished_by_setting_it
         let table = table.clone();
         tokio::spawn(async move { table.set_limit(&changer, "pool", 1).await })
     };
-    let waiting =
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while other
-        .query_one(waiting, &[&pid])
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the change waits for the fenced row"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    waits_on_a_lock(&other, pid).await;
     (other.execute("SELECT pg_terminate_backend($1)", &[&pid]))
         .await
         .unwrap();

@@ -115,6 +115,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
+        poll_only::run(&pg, &sizes, &mut report).await?;
         held::run(&pg, &sizes, &mut report).await?;
         let (lease, heartbeat) = (Duration::from_secs(20), Duration::from_secs(5));
         batches::run(

@@ -14,17 +14,14 @@ use crate::report::{Report, Samples, ms};
 
 /// Poll-only mode (no LISTEN, no NOTIFY), with the default 20 s lease: a waiter's poll is 1 s.
 /// A handoff between two managers, and a takeover past an expiry.
-pub async fn run(
-    pg: &tokio_postgres::Config,
-    sizes: &Sizes,
-    admin_cfg: &Config,
-    admin: &tokio_postgres::Client,
-    report: &mut Report,
-) -> Res {
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
     let config = |owner: &str| {
         let builder = Config::builder().pg_config(pg).owner(owner);
         builder.lock_table("bench_locks").poll_only(true).build()
     };
+    let admin_cfg = &config("poll-admin")?;
+    let admin = &pgcoord::db::connect_spawned(admin_cfg).await?;
+    pgcoord::schema::migrate(admin, admin_cfg).await?;
     let (a, b) = (
         LockManager::new(config("poll-a")?).start(),
         LockManager::new(config("poll-b")?).start(),

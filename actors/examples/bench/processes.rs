@@ -201,7 +201,10 @@ async fn fleet(
 
 pub async fn run(sizes: &Sizes, report: &mut Report) -> Res {
     // PostgreSQL's default, not the throwaway cluster's 500.
-    let server = pgcoord_testkit::TempPostgres::start_with(&[("max_connections", "100")])?;
+    let server = tokio::task::spawn_blocking(|| {
+        pgcoord_testkit::TempPostgres::start_with(&[("max_connections", "100")])
+    })
+    .await??;
     let pg = server.pg_config();
     let admin_cfg = Config::builder()
         .pg_config(&pg)

@@ -30,6 +30,8 @@ pub(super) async fn row(
 /// `holder` takes "job" and `waiter` asks for it (with `data`, for up to 15 s). When this
 /// returns, the waiter's attempts were refused and it is in line.
 pub(super) async fn contend(
+    setup: &Setup,
+    admin: &tokio_postgres::Client,
     holder: &actix::Addr<LockManager>,
     waiter: &actix::Addr<LockManager>,
     data: Option<&[u8]>,
@@ -43,13 +45,8 @@ pub(super) async fn contend(
         acquire = acquire.data(data.to_vec());
     }
     let waits = actix_rt::spawn(waiter.send(acquire));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Refused in a batch, then asked again alone, in line: two statements, however slow
-    // the machine.
-    pgcoord_testkit::eventually(Duration::from_secs(10), "the waiter in line", async || {
-        stats(waiter).await.acquire_statements >= 2
-    })
-    .await;
+    // Refused and in line: its place committed, however slow the machine.
+    super::in_line(setup, admin, "job", 1).await;
     (held, waits)
 }
 
@@ -61,7 +58,7 @@ async fn stats(manager: &actix::Addr<LockManager>) -> ManagerStats {
 async fn a_release_wakes_the_waiter_first_in_line_whose_one_attempt_takes_the_lease() {
     let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
-    let (held, waits) = contend(&holder, &waiter, Some(b"mine")).await;
+    let (held, waits) = contend(&setup, &admin, &holder, &waiter, Some(b"mine")).await;
     let before = stats(&waiter).await.acquire_statements;
     let released = Instant::now();
     held.release().await.unwrap();
@@ -160,12 +157,9 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
         waits.push(actix_rt::spawn(waiter.send(acquire)));
         waiters.push(waiter);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await; // all refused, in line
-    for waiter in &waiters {
-        pgcoord_testkit::eventually(Duration::from_secs(10), "each waiter in line", async || {
-            stats(waiter).await.acquire_statements >= 2
-        })
-        .await;
+    // All refused and in line, their places committed.
+    for name in names {
+        super::in_line(&setup, &admin, name, 1).await;
     }
     let mut before = Vec::new();
     for waiter in &waiters {
@@ -257,7 +251,7 @@ async fn forged_announcements_of_any_form_grant_nothing_and_release_nothing() {
         setup.manager("waiter"),
         setup.manager("bystander"),
     );
-    let (held, waits) = contend(&holder, &waiter, None).await;
+    let (held, waits) = contend(&setup, &admin, &holder, &waiter, None).await;
     let _ = stats(&bystander).await; // started and listening
     let (before, holder_releases) = (
         stats(&waiter).await.acquire_statements,

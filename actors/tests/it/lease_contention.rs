@@ -91,23 +91,12 @@ async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
 #[actix_rt::test]
 async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
     let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
-    let queue = setup
-        .builder("admin")
-        .build()
-        .unwrap()
-        .lock_queue()
-        .quoted();
-    let in_line = format!("SELECT count(*) FROM {queue} WHERE name = 'job'");
     let (a, b) = (setup.manager("a"), setup.manager("b"));
     for round in 0..3 {
         let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
         let waiting = actix_rt::spawn(b.send(Acquire::new("job").timeout(Duration::from_secs(10))));
         // b has reserved the next grant: it is in line.
-        pgcoord_testkit::eventually(Duration::from_secs(10), "b in line", async || {
-            let n: i64 = admin.query_one(&in_line, &[]).await.unwrap().get(0);
-            n == 1
-        })
-        .await;
+        super::in_line(&setup, &admin, "job", 1).await;
         held.release().await.unwrap();
         let again = a.send(Acquire::new("job").fail_if_locked()).await.unwrap();
         assert_eq!(
@@ -203,13 +192,6 @@ async fn a_reserved_release_wakes_only_the_reserved_waiter() {
 #[actix_rt::test]
 async fn waiters_across_processes_are_served_in_arrival_order() {
     let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(5)).await;
-    let queue = setup
-        .builder("admin")
-        .build()
-        .unwrap()
-        .lock_queue()
-        .quoted();
-    let in_line = format!("SELECT count(*) FROM {queue} WHERE name = 'line'");
     let holder = setup.manager("holder");
     let held = holder.send(Acquire::new("line")).await.unwrap().unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -223,11 +205,7 @@ async fn waiters_across_processes_are_served_in_arrival_order() {
             lease.release().await.unwrap();
         }));
         // In line before the next one asks.
-        pgcoord_testkit::eventually(Duration::from_secs(10), "in line", async || {
-            let n: i64 = admin.query_one(&in_line, &[]).await.unwrap().get(0);
-            n == i as i64 + 1
-        })
-        .await;
+        super::in_line(&setup, &admin, "line", i as i64 + 1).await;
     }
     held.release().await.unwrap();
     // The releaser asks again at once: it is behind all five.

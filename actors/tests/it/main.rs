@@ -359,6 +359,26 @@ impl Handler<pgcoord_actors::Signal> for Slow {
     }
 }
 
+/// Waits until `n` waiters are in line for the lease `name` of `setup`'s table.
+pub async fn in_line(setup: &Setup, admin: &Client, name: &str, n: i64) {
+    let queue = setup
+        .builder("admin")
+        .build()
+        .unwrap()
+        .lock_queue()
+        .quoted();
+    let sql = format!("SELECT count(*) FROM {queue} WHERE name = $1");
+    pgcoord_testkit::eventually(Duration::from_secs(10), "waiters in line", async || {
+        admin
+            .query_one(&sql, &[&name])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == n
+    })
+    .await
+}
+
 /// A connection LISTENing on `channels`, and what it hears, in commit order, as
 /// `"{channel}: {payload}"`.
 pub async fn listen_on(
