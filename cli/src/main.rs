@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pgcoord::{Config, ErrorKind};
 
+mod deadline;
 mod hold;
 mod inspect;
 mod output;
@@ -325,8 +326,7 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         return hold::run(&config, hold).await;
     }
     let config = builder.owner("pgcoord-cli").build()?;
-    // Past the deadline the statement under way is cancelled on the server: dropping it here
-    // would leave it running there (a lowered limit's take-back waiting for a fenced row).
+    // Set once connected: past the deadline the statement under way is cancelled with it.
     let cancel = std::sync::OnceLock::new();
     let bounded = async {
         if let Command::Listen { channel, count } = &cli.command {
@@ -339,37 +339,12 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
             .await
             .map(|()| None)
     };
-    // The cancel request's time comes out of the deadline: the whole stays within --timeout.
-    let cancelling = (within / 4).min(CANCEL_WITHIN);
-    let Ok(listening) = tokio::time::timeout(within - cancelling, bounded).await else {
-        let what = match cancel.get() {
-            None => "no statement was under way".to_owned(),
-            Some(token) => {
-                let tls = config.session_tls().clone();
-                match tokio::time::timeout(cancelling, token.cancel_query(tls)).await {
-                    Ok(Ok(())) => "its statement was cancelled on the server (a change may or may \
-                                   not have taken effect)"
-                        .to_owned(),
-                    Ok(Err(e)) => format!("cancelling its statement on the server failed: {e}"),
-                    Err(_) => "its statement's cancel request was not answered in time".to_owned(),
-                }
-            }
-        };
-        return Err(pgcoord::Error::new(
-            ErrorKind::Timeout,
-            format!("the database did not answer within {within:?} (--timeout); {what}"),
-        ));
-    };
-    let listening = listening?;
+    let listening = deadline::bounded(&config, within, &cancel, bounded).await?;
     match listening {
         Some((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
         None => Ok(0),
     }
 }
-
-/// At most this much of `--timeout` (and at most a quarter of it) is kept for sending a
-/// timed-out command's cancel request.
-const CANCEL_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Every command but `listen`, on `client`.
 async fn command(

@@ -48,6 +48,34 @@ async fn waits_on_a_lock(client: &tokio_postgres::Client, pid: i32) {
     }
 }
 
+/// Sets the limit of `name` to `permits` on a session of its own, and returns once that session
+/// waits on a lock (a fenced slot it takes back): its pid, and the change's answer with the time
+/// it took.
+async fn change_waiting(
+    table: &LeaseTable,
+    config: &pgcoord::Config,
+    client: &tokio_postgres::Client,
+    name: &'static str,
+    permits: u32,
+) -> (
+    i32,
+    tokio::task::JoinHandle<(pgcoord::Result<pgcoord::lease::LimitChange>, Duration)>,
+) {
+    // Connected before, so the wait is the statement's alone.
+    let changer = super::connect(config).await;
+    let pid: i32 = (changer.query_one("SELECT pg_backend_pid()", &[]).await)
+        .unwrap()
+        .get(0);
+    let table = table.clone();
+    let change = tokio::spawn(async move {
+        let started = Instant::now();
+        let change = table.set_limit(&changer, name, permits).await;
+        (change, started.elapsed())
+    });
+    waits_on_a_lock(client, pid).await;
+    (pid, change)
+}
+
 /// The slot and token of a permit that must be granted.
 async fn permit(
     table: &LeaseTable,
@@ -135,20 +163,7 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
         .await
         .unwrap();
     // ...so lowering the limit waits for that transaction to end.
-    // Connected before, so the wait below is the statement's alone.
-    let changer = super::connect(&config).await;
-    let pid: i32 = (changer.query_one("SELECT pg_backend_pid()", &[]).await)
-        .unwrap()
-        .get(0);
-    let lower = {
-        let table = table.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let change = table.set_limit(&changer, "jobs", 1).await.unwrap();
-            (change, started.elapsed())
-        })
-    };
-    waits_on_a_lock(&other, pid).await;
+    let (_, lower) = change_waiting(&table, &config, &other, "jobs", 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !lower.is_finished(),
@@ -168,6 +183,7 @@ async fn a_lowered_limit_takes_the_highest_permits_back_after_their_fenced_trans
     assert!(renewed.is_empty(), "{renewed:?}");
     tx.commit().await.unwrap();
     let (change, took) = lower.await.unwrap();
+    let change = change.unwrap();
     assert!(took >= Duration::from_millis(300), "{took:?}");
     assert_eq!((change.previous, change.revoked), (Some(3), 2));
 
@@ -226,19 +242,11 @@ async fn a_change_cut_off_while_it_takes_a_permit_back_is_finished_by_setting_it
         .unwrap();
 
     // Lowered on a session that is terminated while it waits for the fenced transaction.
-    let changer = super::connect(&config).await;
-    let pid: i32 = (changer.query_one("SELECT pg_backend_pid()", &[]).await)
-        .unwrap()
-        .get(0);
-    let lower = {
-        let table = table.clone();
-        tokio::spawn(async move { table.set_limit(&changer, "pool", 1).await })
-    };
-    waits_on_a_lock(&other, pid).await;
+    let (pid, lower) = change_waiting(&table, &config, &other, "pool", 1).await;
     (other.execute("SELECT pg_terminate_backend($1)", &[&pid]))
         .await
         .unwrap();
-    let err = lower.await.unwrap().unwrap_err();
+    let err = lower.await.unwrap().0.unwrap_err();
     assert!(err.to_string().contains("set it again to finish"), "{err}");
 
     // The limit is stored: nobody is admitted above it, though the fenced holder's permit is

@@ -5,12 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures_util::future::poll_fn;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{Config, LeaseTable};
 use pgcoord_actors::{Coordinator, LeaderChanged};
 use tokio::sync::mpsc;
-use tokio_postgres::AsyncMessage;
 
 use crate::Sizes;
 use crate::leases::{Res, floor, floor_clients};
@@ -132,19 +130,8 @@ async fn raw_handovers(cfg: &Config, terms: usize) -> Res<Vec<Duration>> {
     let table = LeaseTable::new(cfg);
     let clients = floor_clients(cfg, 2).await?;
     let (a, b) = (table.owner("raw-a")?, table.owner("raw-b")?);
-    let (listening, mut connection) = pgcoord::__private::connect(cfg).await?;
-    let (tx, mut heard) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
-            if let AsyncMessage::Notification(_) = message {
-                let _ = tx.send(());
-            }
-        }
-    });
     let lease_channel = cfg.lease_channel().quoted();
-    listening
-        .batch_execute(&format!("LISTEN {lease_channel}"))
-        .await?;
+    let (_listening, mut heard) = crate::signals::raw_listener(cfg, &lease_channel).await?;
     let (announcer, connection) = pgcoord::__private::connect(cfg).await?;
     tokio::spawn(connection);
     let announce = announcer.prepare("SELECT pg_notify($1, $2)").await?;

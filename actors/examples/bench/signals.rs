@@ -35,6 +35,28 @@ impl Handler<Signal> for Counter {
     }
 }
 
+/// A raw connection LISTENing on `channel` (a quoted identifier), and the instant each
+/// notification on it arrives. Keep the client: dropping it ends the connection.
+pub(crate) async fn raw_listener(
+    config: &Config,
+    channel: &str,
+) -> Res<(
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<Instant>,
+)> {
+    let (client, mut connection) = pgcoord::__private::connect(config).await?;
+    let (tx, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(_) = message {
+                let _ = tx.send(Instant::now());
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {channel}")).await?;
+    Ok((client, arrivals))
+}
+
 pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
     let config = Config::builder()
         .pg_config(pg)
@@ -47,16 +69,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let notify = admin.prepare("SELECT pg_notify('bench_raw', $1)").await?;
 
     // Floor: raw NOTIFY → LISTEN, one way.
-    let (listen_client, mut connection) = pgcoord::__private::connect(&config).await?;
-    let (tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
-            if let AsyncMessage::Notification(_) = message {
-                let _ = tx.send(Instant::now());
-            }
-        }
-    });
-    listen_client.batch_execute("LISTEN bench_raw").await?;
+    let (_listening, mut arrivals) = raw_listener(&config, "bench_raw").await?;
     // Request/reply between two listeners, as two processes, interleaved with the floor so
     // both see the same machine.
     let store = || {
@@ -87,16 +100,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         }
     });
     echo_listening.batch_execute("LISTEN bench_ping").await?;
-    let (pong_listening, mut pong_connection) = pgcoord::__private::connect(&config).await?;
-    let (pong_tx, mut pongs) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = poll_fn(|cx| pong_connection.poll_message(cx)).await {
-            if let AsyncMessage::Notification(_) = message {
-                let _ = pong_tx.send(Instant::now());
-            }
-        }
-    });
-    pong_listening.batch_execute("LISTEN bench_pong").await?;
+    let (_pong_listening, mut pongs) = raw_listener(&config, "bench_pong").await?;
     let ping = admin.prepare("SELECT pg_notify('bench_ping', $1)").await?;
     let mut round_trips = async |requests: usize| -> Res<(Samples, Samples, Samples)> {
         let (mut one_way, mut trips, mut raw_trips) = (Vec::new(), Vec::new(), Vec::new());
