@@ -98,6 +98,7 @@ pub mod __private {
     pub use crate::db::bounded::{Until, run_until, until};
     pub use crate::db::check::{check_reachable, check_server};
     pub use crate::db::connect::{Dedicated, connect, connect_as, ping};
+    pub use crate::db::fresh::{IDLE_CHECK_AFTER, answers};
     pub use crate::db::pool::{Manager, Pooled};
     pub use crate::db::retry::{RETRY_ATTEMPTS, backoff, retry};
     pub use crate::statement::{CachingClient, Param, Sealed, Session, cancel};

@@ -13,6 +13,7 @@ use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -105,6 +106,9 @@ pub struct CachingClient {
     /// Set when the connection must not be used again (a statement timed out on it, or it
     /// failed); a pool then closes it instead of taking it back.
     broken: AtomicBool,
+    /// When the server last answered on it: one idle for long is checked before it is trusted
+    /// (see `db::fresh`).
+    answered: Mutex<Instant>,
 }
 
 impl Deref for CachingClient {
@@ -142,6 +146,22 @@ impl CachingClient {
         sql: &str,
         params: &[Param<'_>],
     ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        let result = self.run_prepared(sql, params).await;
+        // A server error is an answer too: the connection is alive.
+        if result
+            .as_ref()
+            .map_or_else(|e| e.as_db_error().is_some(), |_| true)
+        {
+            self.answered_now();
+        }
+        result
+    }
+
+    async fn run_prepared(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
         if !self.prepare {
             return self.client.query_typed(sql, params).await;
         }
@@ -168,7 +188,18 @@ impl CachingClient {
             prepared: Mutex::new(HashMap::new()),
             tls,
             broken: AtomicBool::new(false),
+            answered: Mutex::new(Instant::now()),
         }
+    }
+
+    /// When the server last answered on this connection (or when it was opened).
+    pub fn answered_at(&self) -> Instant {
+        *self.answered.lock().expect("answered")
+    }
+
+    /// Notes that the server answered just now.
+    pub(crate) fn answered_now(&self) {
+        *self.answered.lock().expect("answered") = Instant::now();
     }
 
     /// Wraps a client that prepares nothing: every statement is sent unnamed, for a connection

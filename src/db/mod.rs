@@ -20,6 +20,7 @@ pub(crate) mod borrowed;
 pub(crate) mod bounded;
 pub(crate) mod check;
 pub(crate) mod connect;
+pub(crate) mod fresh;
 pub(crate) mod pool;
 pub(crate) mod retry;
 

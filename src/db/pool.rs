@@ -6,10 +6,15 @@
 //! background with a backoff that grows to half its timeout, and reports a timeout without the
 //! cause. So pgcoord turns bb8's own retries off (`retry_connection(false)`: one connect attempt per
 //! request for a connection) and asks again in short slices until the caller's deadline: the first
-//! request after the server is back gets a connection within one slice plus one connect. Every
-//! failed connect is kept (bb8's error sink) and becomes the cause of an `Unavailable` error.
+//! request after the server is back gets a connection within one slice plus one connect, even
+//! while connects started during a partition still hang. Every failed connect is kept (bb8's
+//! error sink) and becomes the cause of an `Unavailable` error. A connection left idle for over
+//! a second answers a check before it is trusted (`db::fresh`): one that died unseen across a
+//! partition costs a share of the caller's time, not all of it.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -28,6 +33,31 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 /// at most one connect attempt, so this is also the pace of reconnect attempts during an outage.
 const CHECKOUT_SLICE: Duration = Duration::from_millis(50);
 
+/// What one request for a pooled connection came to.
+// Moved once per checkout, as `Pooled` itself is.
+#[allow(clippy::large_enum_variant)]
+enum Got<'a> {
+    Conn(Pooled<'a>),
+    /// A connect failed for a reason connecting again will not change.
+    Failed(Error),
+    /// Nothing yet: ask again.
+    Again,
+}
+
+/// The first of `requests` to finish, removed from them.
+async fn first<'a>(requests: &mut VecDeque<BoxFuture<'a, Got<'a>>>) -> Got<'a> {
+    std::future::poll_fn(|cx| {
+        for (i, request) in requests.iter_mut().enumerate() {
+            if let Poll::Ready(got) = request.as_mut().poll(cx) {
+                requests.remove(i);
+                return Poll::Ready(got);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// The connection pool pgcoord's statements run on. Cheap to clone; clones share connections.
 ///
 /// Either pgcoord's own ([`Pool::new`]: statements stay prepared on each connection) or the
@@ -36,11 +66,18 @@ const CHECKOUT_SLICE: Duration = Duration::from_millis(50);
 pub struct Pool {
     source: Source,
     last_failure: LastFailure,
+    /// When an idle connection last failed its check: every connection the server has not
+    /// answered on since then is likely as dead (a partition takes them all), and is discarded
+    /// unchecked, so a pool of dead connections costs one check, not one each.
+    check_failed: Arc<Mutex<Option<Instant>>>,
     pub(crate) statement_timeout: Duration,
     /// The longest one wait for a connection lasts.
     pool_timeout: Duration,
     /// For cancel requests on the pool's connections.
     tls: Tls,
+    /// How many requests for a connection one checkout keeps under way at most: one more than
+    /// the pool has connections, so connects hung since a partition cannot hold them all.
+    requests_kept: usize,
 }
 
 #[derive(Clone)]
@@ -154,9 +191,11 @@ impl Pool {
         Pool {
             source: Source::Own(inner),
             last_failure,
+            check_failed: Arc::default(),
             statement_timeout: config.statement_timeout,
             pool_timeout: config.pool_timeout,
             tls: config.tls.clone(),
+            requests_kept: config.pool_size as usize + 1,
         }
     }
 
@@ -181,9 +220,12 @@ impl Pool {
         Pool {
             source: Source::Application(Arc::new(pool)),
             last_failure: LastFailure::default(),
+            check_failed: Arc::default(),
             statement_timeout: config.statement_timeout,
             pool_timeout: config.pool_timeout,
             tls: config.tls.clone(),
+            // bb8 does not tell its size: the configured one stands in.
+            requests_kept: config.pool_size as usize + 1,
         }
     }
 
@@ -202,6 +244,7 @@ impl Pool {
         let start = Instant::now();
         let deadline = deadline.min(start + self.pool_timeout);
         let mut discarded = 0u32;
+        let mut requests = VecDeque::new();
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -215,28 +258,18 @@ impl Pool {
                 return Err(Error::new(cause.kind(), cause.to_string()).with_source(cause));
             }
             let slice = deadline.min(now + CHECKOUT_SLICE);
-            let conn = match &self.source {
-                Source::Own(pool) => {
-                    match tokio::time::timeout_at(slice.into(), pool.get()).await {
-                        Ok(Ok(conn)) => Pooled::Own(conn),
-                        Ok(Err(bb8::RunError::User(e))) => return Err(e),
-                        Ok(Err(bb8::RunError::TimedOut)) | Err(_) => continue,
-                    }
-                }
-                Source::Application(pool) => {
-                    match tokio::time::timeout_at(slice.into(), pool.get()).await {
-                        Ok(Ok(conn)) => Pooled::Application(Borrowed::new(
-                            conn,
-                            self.statement_timeout,
-                            self.tls.clone(),
-                        )),
-                        Ok(Err(bb8::RunError::User(e))) => {
-                            self.last_failure.record(Error::from(e));
-                            continue;
-                        }
-                        Ok(Err(bb8::RunError::TimedOut)) | Err(_) => continue,
-                    }
-                }
+            // bb8 starts a connect only for a request that has none under way, so one connect
+            // hung since a partition would hold every later request until its connect timeout.
+            // Each slice adds a request (each makes at most one connect) and keeps those of the
+            // last slices, so the one that connects first serves.
+            requests.push_back(self.request());
+            if requests.len() > self.requests_kept {
+                requests.pop_front();
+            }
+            let conn = match tokio::time::timeout_at(slice.into(), first(&mut requests)).await {
+                Ok(Got::Conn(conn)) => conn,
+                Ok(Got::Failed(e)) => return Err(e),
+                Ok(Got::Again) | Err(_) => continue,
             };
             if conn.client().is_closed() {
                 // Died while idle: nothing was sent on it, so asking again is always safe.
@@ -244,7 +277,59 @@ impl Pool {
                 discarded += 1;
                 continue;
             }
+            // Nothing but the check was sent on it: asking again is always safe.
+            if let Pooled::Own(own) = &conn
+                && !self.answers(own, deadline).await
+            {
+                discarded += 1;
+                continue;
+            }
             return Ok(conn);
+        }
+    }
+
+    /// Whether one of pgcoord's own connections can be trusted with a statement due by
+    /// `deadline` (see `db::fresh`). The application's pool checks its connections as its own
+    /// `test_on_check_out` says.
+    async fn answers(&self, conn: &CachingClient, deadline: Instant) -> bool {
+        let failed = *self.check_failed.lock().expect("check failed");
+        if failed.is_some_and(|failed| conn.answered_at() < failed) {
+            conn.discard();
+            return false;
+        }
+        let checked = Instant::now();
+        if super::fresh::answers(conn, deadline).await {
+            return true;
+        }
+        let mut failed = self.check_failed.lock().expect("check failed");
+        *failed = (*failed).max(Some(checked));
+        false
+    }
+
+    /// One request for a connection from the pool.
+    fn request(&self) -> BoxFuture<'_, Got<'_>> {
+        match &self.source {
+            Source::Own(pool) => Box::pin(async move {
+                match pool.get().await {
+                    Ok(conn) => Got::Conn(Pooled::Own(conn)),
+                    Err(bb8::RunError::User(e)) => Got::Failed(e),
+                    Err(bb8::RunError::TimedOut) => Got::Again,
+                }
+            }),
+            Source::Application(pool) => Box::pin(async move {
+                match pool.get().await {
+                    Ok(conn) => Got::Conn(Pooled::Application(Borrowed::new(
+                        conn,
+                        self.statement_timeout,
+                        self.tls.clone(),
+                    ))),
+                    Err(bb8::RunError::User(e)) => {
+                        self.last_failure.record(Error::from(e));
+                        Got::Again
+                    }
+                    Err(bb8::RunError::TimedOut) => Got::Again,
+                }
+            }),
         }
     }
 

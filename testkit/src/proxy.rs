@@ -36,6 +36,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 ///   rebooted peer does.
 /// - [`close`](Proxy::close) closes them cleanly (FIN) on both sides.
 /// - [`refuse`](Proxy::refuse) makes new connections fail at once, as when the database is down.
+/// - [`black_hole_new`](Proxy::black_hole_new) makes new connections hang, as a partition that
+///   drops packets does: with [`cut`](Proxy::cut), the partition as a client sees it.
 ///
 /// Connections made after a cut, reset or close pass as usual. It listens on 127.0.0.1 only and
 /// runs on the tokio runtime it was started on. Dropping it stops accepting connections; those
@@ -44,6 +46,7 @@ pub struct Proxy {
     port: u16,
     conns: Arc<Mutex<Vec<watch::Sender<Mode>>>>,
     refusing: Arc<AtomicBool>,
+    black_holing: Arc<AtomicBool>,
     delay: watch::Sender<Duration>,
     accepting: JoinHandle<()>,
 }
@@ -88,8 +91,9 @@ impl Proxy {
             .port();
         let conns: Arc<Mutex<Vec<watch::Sender<Mode>>>> = Arc::default();
         let refusing = Arc::new(AtomicBool::new(false));
+        let black_holing = Arc::new(AtomicBool::new(false));
         let (delay, delays) = watch::channel(Duration::ZERO);
-        let (all, refuse) = (conns.clone(), refusing.clone());
+        let (all, refuse, black_hole) = (conns.clone(), refusing.clone(), black_holing.clone());
         let accepting = tokio::spawn(async move {
             loop {
                 let client = match listener.accept().await {
@@ -105,7 +109,11 @@ impl Proxy {
                     continue;
                 }
                 // Registered before the upstream connect, so a fault injected meanwhile applies.
-                let (mode, rx) = watch::channel(Mode::Forward);
+                let first = match black_hole.load(Ordering::SeqCst) {
+                    true => Mode::Cut,
+                    false => Mode::Forward,
+                };
+                let (mode, rx) = watch::channel(first);
                 {
                     let mut all = all.lock().unwrap_or_else(PoisonError::into_inner);
                     all.retain(|conn| !conn.is_closed());
@@ -135,6 +143,7 @@ impl Proxy {
             port,
             conns,
             refusing,
+            black_holing,
             delay,
             accepting,
         })
@@ -186,6 +195,13 @@ impl Proxy {
     /// database, so connecting fails; off again, they pass. Open connections are unaffected.
     pub fn refuse(&self, on: bool) {
         self.refusing.store(on, Ordering::SeqCst);
+    }
+
+    /// While `on`, new connections are accepted and black-holed at once: connecting hangs until
+    /// the client gives up, as when a partition drops packets. Off again, new ones pass; those
+    /// black-holed stay so, as [`cut`](Self::cut) ones do.
+    pub fn black_hole_new(&self, on: bool) {
+        self.black_holing.store(on, Ordering::SeqCst);
     }
 
     fn set_mode(&self, mode: Mode) {

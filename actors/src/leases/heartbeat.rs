@@ -3,7 +3,8 @@
 //!
 //! Renewals run on a connection of their own: nothing that uses the pool can delay them. One
 //! that hangs is cut off at the earliest deadline (or a quarter lease) and retried at once on a
-//! new connection. A lease is reported lost only when its deadline passes unrenewed, or when a
+//! new connection; one idle since the last tick answers a check first, within a share of that
+//! bound, so a connection that died unseen costs little of it. A lease is reported lost only when its deadline passes unrenewed, or when a
 //! renewal finds it gone on the server.
 
 use std::collections::HashSet;
@@ -59,9 +60,13 @@ impl LockManager {
         let session = self.heartbeat.session.clone().filter(|s| !s.is_broken());
         let (config, table) = (self.config.clone(), self.table.clone());
         let renew = async move {
+            // One idle since the last tick may have died unseen (a partition): checked within a
+            // share of the bound, so a dead one costs that share, not the whole bound.
             let session = match session {
-                Some(session) => session,
-                None => {
+                Some(session) if pgcoord::__private::answers(&session.client, bound).await => {
+                    session
+                }
+                _ => {
                     let open = Pinned::open(&config, "heartbeat");
                     match tokio::time::timeout_at(bound.into(), open).await {
                         Ok(Ok(pinned)) => Arc::new(pinned),

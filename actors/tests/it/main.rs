@@ -12,6 +12,7 @@ mod deadlines;
 mod doorbell;
 mod election;
 mod health;
+mod idle_connections;
 mod lease_contention;
 mod lease_guarantees;
 mod leases;
