@@ -54,7 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => std::env::var("DATABASE_URL")?,
     };
     // Missing, a line says so and every worker runs on this machine's clock (under CI: fails).
-    let found = FAKETIME.iter().map(std::path::PathBuf::from).find(|lib| lib.exists());
+    let found = FAKETIME
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|lib| lib.exists());
     let faketime = pgcoord_testkit::require(found, "libfaketime", "faketime");
     let start = |name: String| {
         let mut command = Command::new(std::env::current_exe()?);

@@ -31,7 +31,9 @@ pub fn require(found: Option<PathBuf>, what: &str, package: &str) -> Option<Path
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let install = format!("Debian: apt-get install {package}");
     if !var("CI").is_empty() || var("PGCOORD_REQUIRE_ALL") == "1" {
-        panic!("{what} not found, and under CI or PGCOORD_REQUIRE_ALL=1 no test is skipped ({install})");
+        panic!(
+            "{what} not found, and under CI or PGCOORD_REQUIRE_ALL=1 no test is skipped ({install})"
+        );
     }
     // Straight to stderr, in one write: the test harness captures the print macros' output of
     // a passing test, and this line is for the person running the tests, whole.
