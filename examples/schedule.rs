@@ -53,9 +53,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(server) => server.dsn(),
         None => std::env::var("DATABASE_URL")?,
     };
-    let faketime = FAKETIME
+    // Missing, a line says so and every worker runs on this machine's clock (under CI: fails).
+    let found = FAKETIME
         .iter()
-        .find(|lib| std::path::Path::new(lib).exists());
+        .map(std::path::PathBuf::from)
+        .find(|lib| lib.exists());
+    let faketime = pgcoord_testkit::require(found, "libfaketime", "faketime");
     let start = |name: String| {
         let mut command = Command::new(std::env::current_exe()?);
         command
@@ -63,7 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .env("DATABASE_URL", &dsn)
             .kill_on_drop(true);
         if name == "worker-3"
-            && let Some(lib) = faketime
+            && let Some(lib) = &faketime
         {
             // The wall clock only: tokio's timers run on the monotonic one.
             command
@@ -73,9 +76,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         command.spawn().map(|child| (name, child))
     };
-    if faketime.is_none() {
-        println!("(libfaketime not found: every worker on this machine's clock)");
-    }
     let mut workers: Vec<(String, Child)> = Vec::new();
     for n in 1..=3 {
         workers.push(start(format!("worker-{n}"))?);

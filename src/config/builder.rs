@@ -84,7 +84,9 @@ impl Default for ConfigBuilder {
 impl ConfigBuilder {
     /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`); without a password
     /// in it, the password file's (`PGPASSFILE`, else `~/.pgpass`), as libpq. No default: a
-    /// DSN or [`pg_config`](Self::pg_config) is required.
+    /// DSN or [`pg_config`](Self::pg_config) is required. A malformed one is
+    /// [`ErrorKind::InvalidConfig`] from `build()`, naming what is wrong but never quoting the
+    /// password (nor an unknown option's name, when the DSN has a password it may be part of).
     pub fn dsn(mut self, dsn: impl Into<String>) -> Self {
         self.connection = Connection::Dsn(dsn.into());
         self

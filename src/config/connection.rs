@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::tls::{ClientCert, RootCerts, SslMode, TlsRequest};
 
 /// Where a connection goes, as the builder was told.
@@ -39,9 +39,8 @@ impl Settings<'_> {
                 tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
                 tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
                 tls.client_cert = ClientCert::given(options.sslcert, options.sslkey);
-                let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
-                    Error::new(ErrorKind::InvalidConfig, format!("invalid DSN: {e}")).with_source(e)
-                })?;
+                let mut pg = tokio_postgres::Config::from_str(&rest)
+                    .map_err(|e| super::dsn::refused(&rest, e))?;
                 // As libpq: a DSN that names no password takes the password file's.
                 if pg.get_password().is_none()
                     && let Some(password) = super::env::password_for_dsn(&pg)

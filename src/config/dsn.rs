@@ -4,6 +4,12 @@
 //! and `sslrootcert` as unknown. pgcoord takes every `ssl*` option it handles out of the DSN
 //! before tokio-postgres sees it, in both of libpq's forms (`key=value …` and
 //! `postgres://…?key=value&…`), and leaves the rest of the DSN byte for byte as it was.
+//!
+//! A DSN may carry a password (`password=…`, `postgres://user:…@`, `?password=…`), so no error
+//! about one quotes its text: an error names the part that is wrong, and of the DSN's words only
+//! the names of known options. A password with a space or `&` in it, unquoted or unencoded,
+//! splits into what look like more options, so even an unknown option's name may be a piece of
+//! one.
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -53,13 +59,25 @@ pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
 
 /// `postgres://…?a=b&c=d`: the query parameters are `&`-separated and percent-encoded.
 fn take_from_url(dsn: &str, take: &mut impl FnMut(&str, String) -> Result<bool>) -> Result<String> {
+    // The user-info's password, as tokio-postgres finds it (before the first `@`, after the
+    // first `:`): it takes bad percent-encoding there as literal text, a password the server
+    // then refuses; libpq refuses the DSN, as this does.
+    if let Some((credentials, _)) = dsn.split_once("://").and_then(|(_, r)| r.split_once('@'))
+        && let Some((_, password)) = credentials.split_once(':')
+    {
+        percent_decode_bytes(password).map_err(|why| invalid(format!("{why} in the password")))?;
+    }
     let Some((base, query)) = dsn.split_once('?') else {
         return Ok(dsn.to_owned());
     };
     let mut kept = Vec::new();
     for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if !take(&percent_decode(key)?, percent_decode(value)?)? {
+        let key = percent_decode(key)
+            .map_err(|why| invalid(format!("{why} in the name of a query parameter")))?;
+        let value =
+            percent_decode(value).map_err(|why| invalid(format!("{why} in {}", value_of(&key))))?;
+        if !take(&key, value)? {
             kept.push(pair);
         }
     }
@@ -69,7 +87,14 @@ fn take_from_url(dsn: &str, take: &mut impl FnMut(&str, String) -> Result<bool>)
     })
 }
 
-fn percent_decode(text: &str) -> Result<String> {
+/// `text` percent-decoded, as UTF-8; the error says what is wrong, never quoting `text`.
+fn percent_decode(text: &str) -> std::result::Result<String, &'static str> {
+    String::from_utf8(percent_decode_bytes(text)?)
+        .map_err(|_| "percent-encoding of bytes that are not UTF-8")
+}
+
+/// `text` percent-decoded.
+fn percent_decode_bytes(text: &str) -> std::result::Result<Vec<u8>, &'static str> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -79,7 +104,7 @@ fn percent_decode(text: &str) -> Result<String> {
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok());
             let Some(byte) = hex else {
-                return Err(invalid(format!("bad percent-encoding in {text:?}")));
+                return Err("bad percent-encoding");
             };
             out.push(byte);
             i += 3;
@@ -88,7 +113,82 @@ fn percent_decode(text: &str) -> Result<String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| invalid(format!("{text:?} is not UTF-8 once decoded")))
+    Ok(out)
+}
+
+/// The options tokio-postgres knows and the `ssl*` ones pgcoord takes: the only words of a DSN
+/// an error quotes.
+const KNOWN: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+    "sslmode",
+    "sslnegotiation",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+];
+
+/// The value of option `key`, named so only when it is a known option.
+fn value_of(key: &str) -> String {
+    match key {
+        "password" => "the password".to_owned(),
+        key if KNOWN.contains(&key) || UNSUPPORTED.contains(&key) => format!("the value of {key}"),
+        _ => "the value of an unknown query parameter".to_owned(),
+    }
+}
+
+/// tokio-postgres's refusal of `dsn`, told without its words where they may quote a password:
+/// its reason ("unknown option `…`", "… but got `…`") can quote the DSN's text, so in a DSN that
+/// may carry a password only reasons that quote nothing of it are passed on, and the error keeps
+/// no source to show them.
+pub(crate) fn refused(dsn: &str, e: tokio_postgres::Error) -> Error {
+    let reason = std::error::Error::source(&e).map_or_else(String::new, ToString::to_string);
+    let quotes_nothing = reason.starts_with("invalid value for option `")
+        || reason.starts_with("invalid utf-8 sequence")
+        || reason.starts_with("incomplete utf-8 byte sequence")
+        || ["", "unexpected EOF", "unterminated parameter"].contains(&reason.as_str())
+        || reason == "unterminated quoted connection parameter value";
+    if quotes_nothing || !may_carry_password(dsn) {
+        let reason = if reason.is_empty() {
+            e.to_string()
+        } else {
+            reason
+        };
+        return invalid(reason).with_source(e);
+    }
+    let reason = if reason.starts_with("unknown option") {
+        "an option tokio-postgres does not know (not named: it may be a piece of the password; \
+         quote a password with spaces, password='…', and percent-encode one in a URL)"
+            .to_owned()
+    } else if let Some((at, _)) = reason.split_once(" but got")
+        && at.starts_with("unexpected character at byte ")
+    {
+        at.to_owned()
+    } else {
+        "malformed (the detail is withheld: it may quote the password)".to_owned()
+    };
+    invalid(reason)
+}
+
+/// Whether `dsn` may name a password: the word anywhere, or a URL's user-info.
+fn may_carry_password(dsn: &str) -> bool {
+    let url = dsn.starts_with("postgres://") || dsn.starts_with("postgresql://");
+    dsn.to_ascii_lowercase().contains("password") || (url && dsn.contains('@'))
 }
 
 /// `key=value key='quoted \' value'`: whitespace-separated, values optionally single-quoted,

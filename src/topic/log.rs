@@ -20,14 +20,21 @@ pub struct Batch {
 }
 
 /// The oldest transaction still running with a transaction id: until it ends, no reader reads
-/// past the events appended since it began.
+/// past the events appended since it began. A session's, or a prepared transaction
+/// (`PREPARE TRANSACTION`), which no session holds and which waits for `COMMIT PREPARED` or
+/// `ROLLBACK PREPARED`, however long.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeldBack {
-    /// Its backend's process id (`pg_terminate_backend` ends it).
+    /// Its backend's process id (`pg_terminate_backend` ends it); 0 for a prepared transaction,
+    /// which has none.
     pub pid: i32,
+    /// A prepared transaction's global id (`ROLLBACK PREPARED 'gid'` ends it); `None` for a
+    /// session's transaction.
+    pub prepared: Option<String>,
     /// The database it runs in (the horizon is the whole cluster's).
     pub database: Option<String>,
-    /// How long the transaction has been running.
+    /// How long the transaction has been running; a prepared one's, since it was prepared.
     pub age: Duration,
 }
 
@@ -124,12 +131,18 @@ pub(super) fn lag_sql(t: &str) -> String {
     )
 }
 
-/// The oldest running transaction that has a transaction id, cluster-wide.
-pub(super) const HELD_BACK: &str = "SELECT pid, datname::text,
-        greatest(0, extract(epoch FROM clock_timestamp() - xact_start) * 1000)::int8
-    FROM pg_stat_activity
-    WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-    ORDER BY age(backend_xid) DESC LIMIT 1";
+/// The oldest running transaction that has a transaction id, cluster-wide: a session's, or a
+/// prepared one (in `pg_prepared_xacts`, not `pg_stat_activity`: no backend holds it).
+pub(super) const HELD_BACK: &str = "SELECT pid, gid, database,
+        greatest(0, extract(epoch FROM clock_timestamp() - since) * 1000)::int8
+    FROM (
+        SELECT pid, NULL::text AS gid, datname::text AS database, xact_start AS since, backend_xid AS xid
+        FROM pg_stat_activity
+        WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+        UNION ALL
+        SELECT 0, gid, database::text, prepared, transaction FROM pg_prepared_xacts
+    ) AS running
+    ORDER BY age(xid) DESC LIMIT 1";
 
 /// The largest body [`TopicTable::append`] takes: what a `bytea` holds, less room for the row.
 pub const MAX_BODY_BYTES: usize = 1 << 29;
@@ -345,16 +358,21 @@ impl TopicTable {
     /// The oldest running transaction with a transaction id, anywhere on the server, when
     /// there is one: until it ends, readers of every topic read no event appended after it
     /// began. A transaction left open (a stuck migration, an idle session in a transaction)
-    /// stops every consumer; `idle_in_transaction_session_timeout` bounds the idle kind.
+    /// stops every consumer; `idle_in_transaction_session_timeout` bounds the idle kind. So does
+    /// a prepared transaction (`PREPARE TRANSACTION`, named by its [`prepared`](HeldBack::prepared)
+    /// gid), which no timeout ends: only `COMMIT PREPARED` or `ROLLBACK PREPARED`. A transaction
+    /// that appended cannot itself be prepared (SQLSTATE 0A000: the append's doorbell is a
+    /// `NOTIFY`).
     pub async fn held_back(&self, client: &(impl Statements + ?Sized)) -> Result<Option<HeldBack>> {
         let rows = client.run(HELD_BACK, &[]).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        let ms: i64 = row.try_get(2)?;
+        let ms: i64 = row.try_get(3)?;
         Ok(Some(HeldBack {
             pid: row.try_get(0)?,
-            database: row.try_get(1)?,
+            prepared: row.try_get(1)?,
+            database: row.try_get(2)?,
             age: Duration::from_millis(ms.max(0) as u64),
         }))
     }

@@ -18,7 +18,8 @@
 //! read returns only events of transactions older than every transaction still running, so an
 //! event that commits late can never land before what a reader has read: nothing is skipped.
 //! Of two events, one appended after the other committed comes later. A transaction that stays
-//! open holds every reader back until it ends; [`held_back`](TopicTable::held_back) names it.
+//! open holds every reader back until it ends, a prepared one too; [`held_back`](TopicTable::held_back)
+//! names it.
 //! The argument is in docs/DESIGN.md, "Durable topics".
 
 use std::time::{Duration, SystemTime};

@@ -20,6 +20,8 @@
 //! [`TempPostgres::start_standby`], [`TempPostgres::wait_replayed`], [`TempPostgres::promote`],
 //! [`failover_pg_config`]), which replicate synchronously or asynchronously ([`Replication`]).
 //! For pooler deployments, a [`PgBouncer`] in transaction mode can stand in front of a cluster.
+//! A test needing an external program finds it with [`require_program`]: missing, the test is
+//! skipped with a line, or fails under CI.
 //! For TLS, a cluster can start with TLS on and a certificate signed by a
 //! [`CertificateAuthority`] made for the run ([`TempPostgres::start_tls`]).
 #![deny(missing_docs)]
@@ -41,6 +43,7 @@ mod control;
 mod fetch;
 mod install;
 mod pgbouncer;
+mod programs;
 mod proxy;
 mod reap;
 mod shared;
@@ -50,6 +53,7 @@ mod tls;
 
 pub use control::{backend_pids, terminate_backends};
 pub use pgbouncer::PgBouncer;
+pub use programs::{find_program, require, require_program};
 pub use proxy::Proxy;
 pub use standby::{Replication, failover_pg_config};
 pub use support::{eventually, from_env_or_start, test_pg_config, unique_name};

@@ -112,12 +112,7 @@ impl Drop for PgBouncer {
 }
 
 fn find_binary() -> Result<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("pgbouncer"))
-        .chain([PathBuf::from("/usr/sbin/pgbouncer")]);
-    on_path.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+    super::find_program("pgbouncer").ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
             "pgbouncer not found on PATH or in /usr/sbin (Debian: apt-get install pgbouncer)",

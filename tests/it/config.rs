@@ -178,3 +178,89 @@ fn schema_applies_to_unqualified_tables() {
     assert_eq!(config.payload_table().to_string(), "other.p");
     assert_eq!(config.lease_channel().as_str(), "pgcoord_locks");
 }
+
+/// A DSN's error says what is wrong and never shows the password, in any form a DSN carries one
+/// (user-info, query parameter, key=value), nor a piece of one: the secret's pieces `Zq9x` and
+/// `Wv7y` are in no message, Debug or source, of the pool's DSN or the sessions'.
+#[test]
+fn a_dsn_error_names_what_is_wrong_and_never_the_password() {
+    let refused = |dsn: &str, says: &str| {
+        for builder in [Config::builder().dsn(dsn), base().session_dsn(dsn)] {
+            let e = builder.build().expect_err(says);
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+            let mut shown = format!("{e} {e:?}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                shown += &format!(" {s} {s:?}");
+                source = s.source();
+            }
+            for secret in ["Zq9x", "Wv7y", "`Z`"] {
+                assert!(!shown.contains(secret), "{dsn}: {shown}");
+            }
+            assert!(e.to_string().contains(says), "{dsn}: {e}");
+        }
+    };
+    // Percent-encoding, wherever a URL carries the password.
+    let url = "postgres://app@127.0.0.1/db";
+    refused(
+        "postgres://app:Zq9x%ZZWv7y@127.0.0.1/db",
+        "bad percent-encoding in the password",
+    );
+    refused(
+        &format!("{url}?password=Zq9x%ZZWv7y"),
+        "bad percent-encoding in the password",
+    );
+    refused(
+        &format!("{url}?password=Zq9x%FFWv7y"),
+        "not UTF-8 in the password",
+    );
+    // Other parameters: a known one is named, an unknown one (a piece of a password with `&`
+    // unencoded, maybe) is not.
+    refused(
+        "postgres://app:Zq9xWv7y@127.0.0.1/db?port=%ZZ",
+        "bad percent-encoding in the value of port",
+    );
+    refused(
+        &format!("{url}?password=Zq9x&Wv7y=%ZZ"),
+        "in the value of an unknown query parameter",
+    );
+    refused(
+        &format!("{url}?password=Zq9x&Wv%ZZ7y=1"),
+        "in the name of a query parameter",
+    );
+    refused(
+        &format!("{url}?password=Zq9x&Wv7y=1"),
+        "an option tokio-postgres does not know",
+    );
+    // key=value: a quoted password and a bad part elsewhere.
+    let quoted = "host=127.0.0.1 password='Zq9x Wv7y'";
+    refused(
+        &format!("{quoted} port=notaport"),
+        "invalid value for option `port`",
+    );
+    refused(&format!("{quoted} sslmode=bogus"), "sslmode \"bogus\"");
+    refused(&format!("{quoted} user"), "unexpected EOF");
+    refused(
+        "host=127.0.0.1 password='Zq9x Wv7y",
+        "unterminated quoted connection parameter value",
+    );
+    // Unquoted, a password with a space splits into what looks like more options.
+    refused(
+        "host=127.0.0.1 password=Zq9x Wv7y=1",
+        "an option tokio-postgres does not know",
+    );
+    refused(
+        "host=127.0.0.1 password=Zq9x Wv7y Zq9x",
+        "unexpected character at byte",
+    );
+    refused("host=127.0.0.1 password Zq9x", "expected `=`");
+    // Without a password in it, an unknown option is named.
+    refused("host=127.0.0.1 hots=db", "unknown option `hots`");
+    // Accepted, the password is in no Debug either.
+    let config = Config::builder()
+        .dsn("host=127.0.0.1 password='Zq9x Wv7y'")
+        .session_dsn("postgres://app:Zq9xWv7y@127.0.0.1/db")
+        .build()
+        .unwrap();
+    assert!(!format!("{config:?}").contains("Zq9x"));
+}

@@ -145,6 +145,71 @@ async fn a_late_commit_is_never_skipped_and_holds_readers_back_until_it_ends() {
     assert_eq!(table.lag(&client, "t", cursor, 1).await.unwrap(), 1);
 }
 
+/// A prepared transaction holds every reader back as an open one does, though no session holds
+/// it: `held_back` names it by its gid (it is in `pg_prepared_xacts`, not `pg_stat_activity`),
+/// and what was appended after it is read once it is rolled back. One that appended cannot be
+/// prepared: the append's doorbell is a NOTIFY. (A cluster of its own, with prepared
+/// transactions on: the prepared one would hold back every other test's readers.)
+#[tokio::test]
+async fn a_prepared_transaction_holds_readers_back_and_is_named_by_its_gid() {
+    let server =
+        pgcoord_testkit::TempPostgres::start_with(&[("max_prepared_transactions", "2")]).unwrap();
+    let config = pgcoord::Config::builder()
+        .pg_config(&server.pg_config())
+        .build()
+        .unwrap();
+    let client = super::connect(&config).await;
+    pgcoord::schema::migrate(&client, &config).await.unwrap();
+    let table = TopicTable::new(&config);
+    table.append(&client, "t", b"first").await.unwrap();
+    let cursor = next_n(&table, &client, "t", Cursor::START, 1).await[0].cursor;
+
+    let mut appender = super::connect(&config).await;
+    let tx = appender.transaction().await.unwrap();
+    table.append(&tx, "t", b"never").await.unwrap();
+    let refused = tx
+        .batch_execute("PREPARE TRANSACTION 'appended'")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED),
+        "{refused:?}"
+    );
+    drop(tx);
+
+    // A transaction with an id, prepared: its session goes on to other things.
+    let preparer = super::connect(&config).await;
+    preparer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id(); PREPARE TRANSACTION 'stuck-migration'")
+        .await
+        .unwrap();
+    table.append(&client, "t", b"after").await.unwrap();
+    nothing_after(&table, &client, "t", cursor).await;
+    let held = table.held_back(&client).await.unwrap().expect("held back");
+    assert_eq!(
+        held.prepared.as_deref(),
+        Some("stuck-migration"),
+        "{held:?}"
+    );
+    assert_eq!((held.pid, held.database.as_deref()), (0, Some("postgres")));
+    assert!(held.age < Duration::from_secs(60), "{held:?}");
+
+    client
+        .batch_execute("ROLLBACK PREPARED 'stuck-migration'")
+        .await
+        .unwrap();
+    assert_eq!(
+        bodies(&table, &client, "t", cursor, 1).await,
+        [b"after".to_vec()]
+    );
+    let after = table.held_back(&client).await.unwrap();
+    assert!(
+        after.as_ref().is_none_or(|h| h.prepared.is_none()),
+        "{after:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_consumer_opens_once_and_its_cursor_moves_forward_only() {
     let (_config, mut client, table) = setup().await;

@@ -323,8 +323,10 @@ async fn look_for_held_back(run: &Run, warned: &mut Option<Instant>) {
         && warned.is_none_or(|at| at.elapsed() >= HELD_BACK_WARN_EVERY)
     {
         *warned = Some(Instant::now());
+        // A prepared transaction has no backend (pid 0): its gid is what ends it.
         warn!(
             pid = held.pid,
+            prepared = held.prepared.as_deref(),
             database = held.database.as_deref().unwrap_or("?"),
             age = ?held.age,
             "a transaction open this long holds every topic reader back until it ends"

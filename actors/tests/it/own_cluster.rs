@@ -20,11 +20,19 @@ pub(super) const HEARTBEAT: Duration = Duration::from_millis(400);
 
 /// A cluster of the test's own, migrated, with a [`Setup`] pointing at it and an admin client.
 pub(super) async fn own_cluster() -> (Arc<TempPostgres>, Setup, Client) {
+    own_cluster_with(&[]).await
+}
+
+/// [`own_cluster`] with server `settings` besides.
+pub(super) async fn own_cluster_with(
+    settings: &'static [(&'static str, &'static str)],
+) -> (Arc<TempPostgres>, Setup, Client) {
     super::init_tracing();
     // Durable commits (the throwaway default is synchronous_commit=off): a crash restart must
     // not forget grants the test saw acknowledged.
+    let settings = [&[("synchronous_commit", "on")], settings].concat();
     let server = Arc::new(
-        tokio::task::spawn_blocking(|| TempPostgres::start_with(&[("synchronous_commit", "on")]))
+        tokio::task::spawn_blocking(move || TempPostgres::start_with(&settings))
             .await
             .unwrap()
             .unwrap(),

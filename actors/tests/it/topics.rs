@@ -378,3 +378,43 @@ async fn a_transaction_left_open_is_warned_of_by_its_backend_and_holds_events_ba
         .unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::DurationTooSmall);
 }
+
+/// A prepared transaction holds the caught-up consumer back as an open one does, though no
+/// session holds it: the warning names its gid, as no backend holds it. Once it is rolled back,
+/// everything comes, in order. (A cluster of its own, with prepared transactions on.)
+#[actix_rt::test]
+async fn a_prepared_transaction_is_warned_of_by_its_gid() {
+    let (log, _capture) = super::capture_warnings();
+    let (_server, setup, admin) =
+        super::own_cluster::own_cluster_with(&[("max_prepared_transactions", "2")]).await;
+    let config = setup.builder("one").build().unwrap();
+    let table = TopicTable::new(&config);
+    let one = Coordinator::connect(config.clone()).await.unwrap();
+    let seen = Seen::default();
+    let consume = recording(&seen)
+        .poll(Duration::from_millis(50))
+        .held_back_warning(Duration::from_millis(500));
+    let consumer = one.consume(consume).unwrap();
+    until_active(&consumer).await;
+
+    let preparer = pgcoord::db::connect_spawned(&config).await.unwrap();
+    preparer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id(); PREPARE TRANSACTION 'stuck-2pc'")
+        .await
+        .unwrap();
+    append(&table, &admin, 0..3).await;
+    let warning = "holds every topic reader back";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.lines_containing(warning) == 0 {
+        assert!(Instant::now() < deadline, "no warning");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(log.lines_containing("stuck-2pc"), 1, "names it");
+    assert!(seen.lock().unwrap().is_empty(), "read past a prepared one");
+
+    admin
+        .batch_execute("ROLLBACK PREPARED 'stuck-2pc'")
+        .await
+        .unwrap();
+    assert_eq!(until_seen(&seen, 3).await, bodies(0..3));
+}

@@ -1,6 +1,8 @@
 //! The command in a real terminal (tmux), as a person runs it: what the screen shows, and what
 //! Ctrl-C does (the terminal sends SIGINT to the whole foreground group, not to one process).
 
+use pgcoord_testkit::require_program;
+
 use super::*;
 
 /// A tmux session, killed when dropped (a failed assertion too).
@@ -94,6 +96,9 @@ fn shell_line(table: &str, args: &[&str]) -> String {
 
 #[test]
 fn in_a_terminal_listen_shows_each_message_and_ctrl_c_ends_it() {
+    if require_program("tmux", "tmux").is_none() {
+        return;
+    }
     let table = unique_name("cli");
     assert!(pgcoord(&table, &["migrate"]).status.success());
     let channel = unique_name("screen");
@@ -120,6 +125,9 @@ fn in_a_terminal_listen_shows_each_message_and_ctrl_c_ends_it() {
 
 #[test]
 fn in_a_terminal_ctrl_c_stops_lock_runs_command_and_frees_the_lease_at_once() {
+    if require_program("tmux", "tmux").is_none() {
+        return;
+    }
     let table = unique_name("cli");
     assert!(pgcoord(&table, &["migrate"]).status.success());
     // A lease of a minute: only its release, not its expiry, frees it within the test.
