@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 use pgcoord::{Config, ErrorKind};
 
 mod deadline;
+mod group;
 mod hold;
 mod inspect;
 mod output;

@@ -54,7 +54,7 @@ pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use acquire::AcquireResponse;
-pub use held::MAX_LEASE;
+pub use held::{MAX_LEASE, margin};
 #[cfg(feature = "memory")]
 pub(crate) use held::checked_lease;
 pub use lease::Lease;
