@@ -181,9 +181,9 @@ fn resign_asks_the_leader_to_step_down_and_elect_stops_its_command() {
 }
 
 /// A shell loop that appends a line to `$WRITES` every 50 ms, for at most a minute (a failed
-/// test leaves nothing running for long). Run as `sh -c`, it is the command's child.
-const WRITER: &str =
-    r#"i=0; while [ $i -lt 1200 ]; do echo x >> "$WRITES"; i=$((i+1)); sleep 0.05; done"#;
+/// test leaves nothing running for long). Run as `sh -c`, it is the command's child. It holds
+/// no pipe of pgcoord's, so pgcoord's output ends when pgcoord does.
+const WRITER: &str = r#"exec >/dev/null 2>&1; i=0; while [ $i -lt 1200 ]; do echo x >> "$WRITES"; i=$((i+1)); sleep 0.05; done"#;
 
 /// A file for `WRITER`, new.
 fn writes() -> std::path::PathBuf {
@@ -205,12 +205,17 @@ fn wait_for_writes(file: &std::path::Path) {
 
 /// Waits (at most 5 s) until `file` stops growing: two sizes half a second apart are equal.
 fn assert_writes_stop(file: &std::path::Path) {
+    assert_writes_stop_for_now(file);
+    let _ = std::fs::remove_file(file);
+}
+
+/// As `assert_writes_stop`, the file kept.
+fn assert_writes_stop_for_now(file: &std::path::Path) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let before = size(file);
         std::thread::sleep(Duration::from_millis(500));
         if size(file) == before {
-            let _ = std::fs::remove_file(file);
             return;
         }
         assert!(
@@ -294,9 +299,9 @@ fn lock_run_stops_what_its_command_left_running_before_the_release() {
         .unwrap();
     let holder = holder.wait_with_output().unwrap();
     assert_eq!(holder.status.code(), Some(3), "{holder:?}");
+    assert_writes_stop(&file);
     let said = String::from_utf8_lossy(&holder.stderr);
     assert!(said.contains("leaving processes"), "{said}");
-    assert_writes_stop(&file);
     let show = pgcoord(&table, &["lock", "show", "job"]);
     assert_eq!(show.status.code(), Some(3), "released: {show:?}");
 }
@@ -322,6 +327,45 @@ fn a_sigkilled_pgcoord_leaves_nothing_of_its_command_running() {
         holder.wait().unwrap();
         assert_writes_stop(&file);
     }
+}
+
+#[test]
+fn lock_run_stops_its_command_with_it_on_sigtstp_and_continues_it_after() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let file = writes();
+    let script = format!("sh -c '{WRITER}'; echo finished");
+    let args = [
+        "lock", "run", "--lease", "10s", "job", "--", "sh", "-c", &script,
+    ];
+    let holder = pgcoord_command(&table, &args)
+        .env("WRITES", &file)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_writes(&file);
+    let kill = |signal: &str| {
+        let sent = Command::new("kill")
+            .args([signal, &holder.id().to_string()])
+            .output()
+            .unwrap();
+        assert!(sent.status.success(), "{sent:?}");
+    };
+    // Ctrl-Z's signal, to pgcoord alone: the command (its own group) is stopped with it.
+    kill("-TSTP");
+    assert_writes_stop_for_now(&file);
+    let before = size(&file);
+    kill("-CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while size(&file) <= before {
+        assert!(std::time::Instant::now() < deadline, "not continued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let freed = pgcoord(&table, &["lock", "release", "job", "--force"]);
+    assert!(freed.status.success(), "{freed:?}");
+    let holder = holder.wait_with_output().unwrap();
+    assert_eq!(holder.status.code(), Some(5), "{holder:?}");
+    assert_writes_stop(&file);
 }
 
 /// The command is stopped a margin (a tenth of the lease, as the runtime's) before the deadline
