@@ -180,10 +180,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                     release(config, &table, &client, &hold.name, token, announce).await;
                     return Ok(exit_code(status));
                 }
-                // They must not run on without the lease: stopped before it is released.
-                eprintln!("pgcoord: the command exited, leaving processes in its group: stopping them");
-                group::signal(pgid, libc::SIGTERM);
-                kill_at = kill_at.or(Some(Instant::now() + hold.kill_after));
+                // Its group's other members may be ending with it: looked at again in a moment.
                 exited = Some(status);
             }
             _ = sleep(POLL), if exited.is_some() => {
@@ -191,6 +188,14 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                     watchdog.disarm();
                     release(config, &table, &client, &hold.name, token, announce).await;
                     return Ok(exit_code(exited.unwrap_or_default()));
+                }
+                if kill_at.is_none() {
+                    // They must not run on without the lease: stopped before it is released.
+                    eprintln!(
+                        "pgcoord: the command exited, leaving processes in its group: stopping them"
+                    );
+                    group::signal(pgid, libc::SIGTERM);
+                    kill_at = Some(Instant::now() + hold.kill_after);
                 }
             }
             _ = terminate.recv() => group::signal(pgid, libc::SIGTERM),
