@@ -5,10 +5,16 @@
 //! `PGCOORD_LEASE_NAME`, `PGCOORD_LEASE_TOKEN` and `PGCOORD_LEASE_OWNER` in its environment, so
 //! its writes can be fenced by the token. The lease is renewed every third of its duration on a connection of its
 //! own. When it is lost — taken, freed by force, or its deadline passed unrenewed (measured on
-//! this process's monotonic clock from the moment each renewal was sent, so never later than
-//! the server's) — the command gets SIGTERM, then SIGKILL after `--kill-after`, and `pgcoord`
-//! exits with [`LOST`]. When the command exits first, the lease is released and `pgcoord` exits
-//! with the command's code. SIGTERM and SIGINT sent to `pgcoord` are passed to the command.
+//! this process's monotonic clock from the moment each renewal was sent, less the runtime's
+//! margin, so before the server's) — the command gets SIGTERM, then SIGKILL after
+//! `--kill-after`, and `pgcoord` exits with [`LOST`]. When the command exits first, the lease is
+//! released and `pgcoord` exits with the command's code. SIGTERM, SIGINT and SIGHUP sent to
+//! `pgcoord` are passed to the command; SIGTSTP stops the command with `pgcoord`.
+//!
+//! The command runs in a process group of its own and every signal goes to the group, so the
+//! processes a script started stop with it; any it leaves running when it exits are stopped
+//! (SIGTERM, SIGKILL after `--kill-after`) before the lease is released. If `pgcoord` dies —
+//! SIGKILL included — its watchdog kills the group (`group.rs`).
 //!
 //! `pgcoord elect NAME -- COMMAND…` is the same with the lease as an election's (the runtime's
 //! `Election` of that name): once elected it proclaims `--value` (observers hear of the new
@@ -23,8 +29,11 @@ use std::time::Duration;
 
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{Config, Error, ErrorKind, LeaseTable, Result};
+use pgcoord_actors::leases::margin;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
+
+use crate::group::{self, Watchdog};
 
 /// The exit code when the lease was lost while the command ran.
 pub(crate) const LOST: u8 = 5;
@@ -38,7 +47,7 @@ pub(crate) struct Hold {
     pub(crate) command: Vec<String>,
     /// How long the lease is waited for.
     pub(crate) wait: Duration,
-    /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
+    /// How long the command's group has between SIGTERM and SIGKILL.
     pub(crate) kill_after: Duration,
     /// For `elect`: the value the leader proclaims.
     pub(crate) proclaim: Option<Vec<u8>>,
@@ -56,6 +65,10 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
     let table = LeaseTable::new(config);
     let owner = table.owner(config.owner())?;
     let lease = config.lease();
+    // Held as the runtime holds a lease: given up a margin before the server's deadline.
+    let held_for = lease - margin(lease);
+    // Before any connection is opened: the watchdog holds no socket.
+    let mut watchdog = Watchdog::start().map_err(io)?;
     let deadline = Instant::now() + hold.wait;
     let within = |what: &str| {
         Error::new(
@@ -81,7 +94,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
         )
         .await;
         let holder = match attempt {
-            Ok(Ok(Attempt::Granted(grant))) => break (grant.token, sent + lease),
+            Ok(Ok(Attempt::Granted(grant))) => break (grant.token, sent + held_for),
             Ok(Ok(Attempt::Held(holder))) => holder,
             Ok(Ok(Attempt::Busy)) => None,
             Ok(Err(e)) => return Err(e),
@@ -120,44 +133,90 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
         }
     }
 
-    let mut child = match tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .env("PGCOORD_LEASE_NAME", &hold.name)
         .env("PGCOORD_LEASE_TOKEN", token.to_string())
         .env("PGCOORD_LEASE_OWNER", config.owner())
-        .kill_on_drop(true)
-        .spawn()
-    {
+        .kill_on_drop(true);
+    watchdog.guard(&mut command);
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
+            // Its group, if it had one, ended with it.
+            watchdog.disarm();
             release(config, &table, &client, &hold.name, token, announce).await;
+            let why = if e.raw_os_error() == Some(libc::EPIPE) {
+                format!("the watchdog that stops it should pgcoord die is gone ({e})")
+            } else {
+                e.to_string()
+            };
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
-                format!("cannot run {program}: {e}"),
+                format!("cannot run {program}: {why}"),
             ));
         }
     };
-    let pid = child.id().map(|pid| pid as i32);
+    // Its pid is its group's id (set before exec); known until the child is waited for.
+    let pgid = child.id().expect("a child not waited for has a pid") as i32;
     let mut terminate = signal(SignalKind::terminate()).map_err(io)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(io)?;
+    let mut suspend = signal(SignalKind::from_raw(libc::SIGTSTP)).map_err(io)?;
     let heartbeat = config.heartbeat().unwrap_or(lease / 3);
     let mut next_renewal = Instant::now() + heartbeat;
-    // Asked to resign (looked for no more), and when the command gets SIGKILL if it has not ended.
+    // Asked to resign (looked for no more), and when the group gets SIGKILL if it has not ended.
     let mut asked = false;
     let mut kill_at: Option<Instant> = None;
+    // The command's status once it exited, while processes it left in its group are stopped.
+    let mut exited: Option<ExitStatus> = None;
     let lost = loop {
         tokio::select! {
-            status = child.wait() => {
+            status = child.wait(), if exited.is_none() => {
                 let status = status.map_err(io)?;
-                release(config, &table, &client, &hold.name, token, announce).await;
-                return Ok(exit_code(status));
+                if !group::alive(pgid) {
+                    watchdog.disarm();
+                    release(config, &table, &client, &hold.name, token, announce).await;
+                    return Ok(exit_code(status));
+                }
+                // Its group's other members may be ending with it: looked at again in a moment.
+                exited = Some(status);
             }
-            _ = terminate.recv() => send(pid, libc::SIGTERM),
-            _ = interrupt.recv() => send(pid, libc::SIGINT),
+            _ = sleep(POLL), if exited.is_some() => {
+                if !group::alive(pgid) {
+                    watchdog.disarm();
+                    release(config, &table, &client, &hold.name, token, announce).await;
+                    return Ok(exit_code(exited.unwrap_or_default()));
+                }
+                if kill_at.is_none() {
+                    // They must not run on without the lease: stopped before it is released.
+                    eprintln!(
+                        "pgcoord: the command exited, leaving processes in its group: stopping them"
+                    );
+                    group::signal(pgid, libc::SIGTERM);
+                    kill_at = Some(Instant::now() + hold.kill_after);
+                }
+            }
+            _ = terminate.recv() => group::signal(pgid, libc::SIGTERM),
+            _ = interrupt.recv() => group::signal(pgid, libc::SIGINT),
+            _ = hangup.recv() => group::signal(pgid, libc::SIGHUP),
+            _ = suspend.recv() => {
+                // Stopped together: the command must not run on while the lease goes unrenewed.
+                group::signal(pgid, libc::SIGSTOP);
+                // SAFETY: raise has no memory preconditions; it returns once pgcoord is continued.
+                unsafe { libc::raise(libc::SIGSTOP) };
+                group::signal(pgid, libc::SIGCONT);
+            }
             _ = sleep_until(kill_at.unwrap_or(valid_until)), if kill_at.is_some() => {
                 eprintln!("pgcoord: the command outlived --kill-after: SIGKILL");
                 kill_at = None;
-                let _ = child.start_kill();
+                group::signal(pgid, libc::SIGKILL);
+                if let Some(status) = exited {
+                    watchdog.disarm();
+                    release(config, &table, &client, &hold.name, token, announce).await;
+                    return Ok(exit_code(status));
+                }
             }
             _ = sleep_until(valid_until) => break "its deadline passed unrenewed",
             _ = sleep_until(next_renewal) => {
@@ -173,7 +232,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                 let renew = owner.renew(&client, &held, lease);
                 match timeout_at(valid_until, renew).await {
                     Ok(Ok(renewed)) if renewed.contains(&token) => {
-                        valid_until = sent + lease;
+                        valid_until = sent + held_for;
                         next_renewal = sent + heartbeat;
                         if announce && !asked {
                             let look = owner.resign_requested(&client, &hold.name, token);
@@ -183,7 +242,7 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
                                     "pgcoord: asked to step down from {:?}: stopping the command",
                                     hold.name
                                 );
-                                send(pid, libc::SIGTERM);
+                                group::signal(pgid, libc::SIGTERM);
                                 kill_at = Some(Instant::now() + hold.kill_after);
                             }
                         }
@@ -199,11 +258,19 @@ pub(crate) async fn run(config: &Config, hold: Hold) -> Result<u8> {
         "pgcoord: lease {:?} lost ({lost}): stopping the command",
         hold.name
     );
-    send(pid, libc::SIGTERM);
-    if timeout(hold.kill_after, child.wait()).await.is_err() {
+    group::signal(pgid, libc::SIGTERM);
+    let ended = async {
+        let _ = child.wait().await;
+        while group::alive(pgid) {
+            sleep(POLL).await;
+        }
+    };
+    if timeout(hold.kill_after, ended).await.is_err() {
         eprintln!("pgcoord: the command outlived --kill-after: SIGKILL");
-        let _ = child.kill().await;
+        group::signal(pgid, libc::SIGKILL);
+        let _ = child.wait().await;
     }
+    watchdog.disarm();
     Ok(LOST)
 }
 
@@ -241,17 +308,6 @@ fn exit_code(status: ExitStatus) -> u8 {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => 128u8.saturating_add(signal as u8),
         (None, None) => 1,
-    }
-}
-
-/// Passes `signal` to the command.
-fn send(pid: Option<i32>, signal: i32) {
-    if let Some(pid) = pid {
-        // SAFETY: kill has no memory preconditions; the pid is our own child's, not yet reaped
-        // (tokio reaps it only in `wait`, which has not returned).
-        unsafe {
-            libc::kill(pid, signal);
-        }
     }
 }
 

@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 use pgcoord::{Config, ErrorKind};
 
 mod deadline;
+mod group;
 mod hold;
 mod inspect;
 mod output;
@@ -102,8 +103,9 @@ enum Command {
     Status,
     /// Run COMMAND while leader of the election NAME: campaign (until elected, or at most
     /// --wait), proclaim --value, run the command; the term ends when it exits. When the term is
-    /// lost, the command gets SIGTERM (SIGKILL after --kill-after) and pgcoord exits 5. The
-    /// command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN (the term) and PGCOORD_LEASE_OWNER.
+    /// lost, the command's process group gets SIGTERM (SIGKILL after --kill-after) and pgcoord
+    /// exits 5. The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN (the term) and
+    /// PGCOORD_LEASE_OWNER. It runs in a process group of its own, stopped as `lock run`'s is.
     Elect {
         /// The election's name (its lease's, as the runtime's `Election` names it).
         name: String,
@@ -194,10 +196,19 @@ enum LockAction {
         force: bool,
     },
     /// Run COMMAND while holding the lease NAME: waited for (at most --timeout), renewed while
-    /// the command runs, released when it exits (pgcoord then exits with its code). When the
-    /// lease is lost, the command gets SIGTERM (SIGKILL after --kill-after) and pgcoord exits 5.
-    /// The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN and PGCOORD_LEASE_OWNER (to
-    /// fence its writes) in its environment.
+    /// the command runs, released when it exits (pgcoord then exits with its code). The lease
+    /// counts as lost a tenth of --lease before the server's deadline, as the runtime counts it;
+    /// then the command's process group gets SIGTERM (SIGKILL after --kill-after) and pgcoord
+    /// exits 5. The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN and
+    /// PGCOORD_LEASE_OWNER (to fence its writes) in its environment.
+    ///
+    /// The command runs in a process group of its own, so everything it starts is stopped with
+    /// it: processes it leaves running when it exits get SIGTERM (SIGKILL after --kill-after)
+    /// before the release, and if pgcoord dies, even by SIGKILL, a watchdog process kills the
+    /// group (on every Unix: it sees the end of a pipe pgcoord held). pgcoord passes SIGTERM,
+    /// SIGINT (Ctrl-C) and SIGHUP to the group; SIGTSTP (Ctrl-Z) stops the group with pgcoord.
+    /// Out of the terminal's foreground group, a command that reads the terminal is stopped:
+    /// give it its input another way.
     Run {
         /// The lease's name.
         name: String,
@@ -213,7 +224,8 @@ struct Held {
     /// this.
     #[arg(long, default_value = "20s", value_parser = duration)]
     lease: std::time::Duration,
-    /// How long the command has between SIGTERM and SIGKILL once the lease is lost.
+    /// The grace between SIGTERM and SIGKILL when the command's process group is stopped: the
+    /// lease lost, a resign asked, or processes left running after the command exited.
     #[arg(long, default_value = "10s", value_parser = duration)]
     kill_after: std::time::Duration,
     /// The command and its arguments, after `--`.

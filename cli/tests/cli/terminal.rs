@@ -148,8 +148,8 @@ fn in_a_terminal_ctrl_c_stops_lock_runs_command_and_frees_the_lease_at_once() {
     terminal.wait_for("running");
     wait_until_held(&table, "nightly");
     terminal.ctrl_c();
-    // The command and pgcoord both get the terminal's SIGINT: the command ends, the lease is
-    // released, pgcoord exits as the command did (128 + SIGINT).
+    // pgcoord gets the terminal's SIGINT and passes it to the command's group (its own): the
+    // command ends, the lease is released, pgcoord exits as the command did (128 + SIGINT).
     terminal.wait_for("exited 130");
     let shown = pgcoord(&table, &["lock", "show", "nightly"]);
     assert!(!shown.status.success(), "still held: {}", stdout(&shown));
