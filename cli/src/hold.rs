@@ -27,9 +27,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use pgcoord::lease::margin;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::{Config, Error, ErrorKind, LeaseTable, Result};
-use pgcoord_actors::leases::margin;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 

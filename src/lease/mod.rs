@@ -202,6 +202,13 @@ impl LeaseTable {
     }
 }
 
+/// How much earlier than the server a holder gives up a lease of `lease`: a tenth of it, to
+/// absorb clock-rate differences and a deadline sweep's granularity. The runtime and the
+/// `pgcoord lock run` command keep the same margin.
+pub fn margin(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_millis(1))
+}
+
 /// Checks a lock name or owner without taking it: 1 to 255 bytes, no NUL.
 pub fn check_name(name: &str) -> Result<()> {
     // validate_name takes ownership to hand the string back; names here are borrowed.

@@ -150,12 +150,7 @@ impl Holdings {
     }
 }
 
-/// How much earlier than the server the holder gives up a lease of `lease`: a tenth of it, to
-/// absorb clock-rate differences and the sweep's granularity. Public for holders outside the
-/// runtime (the `pgcoord lock run` command), so that they keep the same margin.
-pub fn margin(lease: Duration) -> Duration {
-    (lease / 10).max(Duration::from_millis(1))
-}
+pub(crate) use pgcoord::lease::margin;
 
 /// The longest lease one acquire may ask for ([`Acquire::lease`](crate::Acquire::lease)): a
 /// year.

@@ -54,9 +54,9 @@ pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use acquire::AcquireResponse;
+pub use held::MAX_LEASE;
 #[cfg(feature = "memory")]
 pub(crate) use held::checked_lease;
-pub use held::{MAX_LEASE, margin};
 pub use lease::Lease;
 pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
