@@ -21,12 +21,16 @@ impl ListenerActor {
         if channel == self.reply_channel.as_str()
             && let Some(probe) = super::connection::probe_number(text)
         {
-            // Heard back: this connection delivers. A forged probe proves the same.
-            self.probes.send_if_modified(|last| {
-                let newer = probe > *last;
-                *last = (*last).max(probe);
-                newer
-            });
+            // Heard back: this connection delivers. Only a probe under way counts, by its exact
+            // random value: anyone can NOTIFY this channel, and a number they made up, or one
+            // they heard earlier, proves nothing about this connection.
+            match self.probes.remove(&probe) {
+                Some(heard) => {
+                    self.heard_back = true;
+                    let _ = heard.send(());
+                }
+                None => debug!("a probe that is not under way, ignored"),
+            }
             return;
         }
         if let Some(entry) = self.channels.get_mut(channel)

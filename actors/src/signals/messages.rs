@@ -307,7 +307,9 @@ pub struct ListenerStats {
     /// concurrent ones counted once each.
     pub notify_statements: u64,
     /// Whether the listener is connected with every LISTEN confirmed now (its last state was
-    /// [`ConnState::Connected`] or [`ConnState::Reconnected`]).
+    /// [`ConnState::Connected`] or [`ConnState::Reconnected`]) and has heard its own probe back
+    /// on this connection: notifications reach it. A connection found deaf never says so, and
+    /// neither does one whose first probe is still on its way.
     pub listening: bool,
 }
 

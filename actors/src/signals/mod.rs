@@ -86,9 +86,12 @@ pub struct ListenerActor {
     /// Messages read from the listening connection, ever: a ping waits for its answer as long
     /// as this moves (see `connection`).
     pub(crate) heard: Arc<AtomicU64>,
-    /// The last probe heard back (see `connection::hear_probe`), and the last one sent.
-    pub(crate) probes: Arc<tokio::sync::watch::Sender<u64>>,
-    pub(crate) probes_sent: u64,
+    /// The probes sent on this connection and not heard back yet, by their random value: each
+    /// is answered only by its own value (see `connection::ping`), and all are forgotten when the
+    /// connection is replaced.
+    pub(crate) probes: HashMap<u64, oneshot::Sender<()>>,
+    /// Whether a probe was heard back on this connection: until then it is not known to hear.
+    pub(crate) heard_back: bool,
     /// Handles of the metrics recorder, registered when the actor first starts.
     metrics: Option<crate::metrics::ListenerMetrics>,
 }
@@ -134,8 +137,8 @@ impl ListenerActor {
             notifier: None,
             notify_statements: Arc::default(),
             heard: Arc::default(),
-            probes: Arc::new(tokio::sync::watch::Sender::new(0)),
-            probes_sent: 0,
+            probes: HashMap::new(),
+            heard_back: false,
             metrics: None,
         }
     }
@@ -207,6 +210,8 @@ impl Supervised for ListenerActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
         self.client = None;
         self.ready = false;
+        self.probes.clear();
+        self.heard_back = false;
     }
 }
 
@@ -305,10 +310,11 @@ impl Handler<GetStats<ListenerStats>> for ListenerActor {
         ListenerStats {
             pending_requests: self.pending.lock().expect("pending").len(),
             notify_statements: self.notify_statements.load(Ordering::Relaxed),
-            listening: matches!(
-                self.conn_state,
-                Some(crate::ConnState::Connected | crate::ConnState::Reconnected)
-            ),
+            listening: self.heard_back
+                && matches!(
+                    self.conn_state,
+                    Some(crate::ConnState::Connected | crate::ConnState::Reconnected)
+                ),
             ..self.stats.clone()
         }
     }
