@@ -38,6 +38,10 @@ pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 /// report the server's last words before it reports the end itself.
 const CLOSED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Messages lost on a channel are announced at once, then at most once in this long, all those
+/// lost meanwhile in one [`ConnState::MessageLost`].
+pub(crate) const LOSS_REPORT_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One channel this process listens on.
 #[derive(Default)]
 pub(crate) struct Channel {
@@ -79,6 +83,11 @@ pub struct ListenerActor {
     pub(crate) stats: ListenerStats,
     /// Numbers the messages of channel backlogs.
     next_seq: u64,
+    /// Fetches of stored payloads under way (see `ordered`).
+    fetching: usize,
+    /// Channels whose lost messages were announced within the last [`LOSS_REPORT_GAP`]: how
+    /// many were lost since, and the last one's error (see `dispatch`).
+    losses: HashMap<String, (u64, String)>,
     /// Sends events, requests and replies; started on first use (inside the runtime) and kept
     /// across restarts.
     notifier: Option<notify::Notifier>,
@@ -134,6 +143,8 @@ impl ListenerActor {
             shut_down: false,
             stats: ListenerStats::default(),
             next_seq: 0,
+            fetching: 0,
+            losses: HashMap::new(),
             notifier: None,
             notify_statements: Arc::default(),
             heard: Arc::default(),
@@ -212,6 +223,9 @@ impl Supervised for ListenerActor {
         self.ready = false;
         self.probes.clear();
         self.heard_back = false;
+        // Their timers went with the context; the `Reconnected` to come covers what they would
+        // have announced.
+        self.losses.clear();
     }
 }
 

@@ -2,12 +2,17 @@
 //! payload-store references, forged "not here" answers and doorbell floods. Each must cost a
 //! bounded amount and never hide a fault, drop a message silently, or handle one twice.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use actix::prelude::*;
+use pgcoord::payload::{PayloadStore, PayloadTable};
+use pgcoord::signal::{Body, Envelope, Kind};
 use pgcoord_actors::*;
 use pgcoord_testkit::unique_name;
 
-use super::Setup;
+use super::{Collector, Setup};
 
 /// A listener whose session cannot hear its own probes stays found deaf — replaced again and
 /// again, never said to be listening — while an adversary NOTIFYs forged probes to it: the
@@ -81,4 +86,156 @@ async fn forged_and_replayed_probes_do_not_hide_a_deaf_listener() {
     forging.abort();
     // About one every second here (found deaf, then the backoff); a stuck one makes none.
     assert!(replaced >= 3, "replaced {replaced} times in 8 s");
+}
+
+/// A payload store that counts how it is read: one key at a time, or in batches (each one
+/// statement for the payload table).
+struct Reads {
+    inner: Arc<PayloadTable>,
+    gets: AtomicU64,
+    batches: AtomicU64,
+}
+
+impl PayloadStore for Reads {
+    fn put(&self, payload: Vec<u8>) -> pgcoord::BoxFuture<'_, pgcoord::Result<String>> {
+        self.inner.put(payload)
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> pgcoord::BoxFuture<'a, pgcoord::Result<Vec<u8>>> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        self.inner.get(key)
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> pgcoord::BoxFuture<'a, Vec<pgcoord::Result<Vec<u8>>>> {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_many(keys)
+    }
+}
+
+/// A random key shaped like the store's (a UUID), pointing at no row.
+fn forged_key() -> String {
+    let (a, b) = (pgcoord::signal::new_id(), pgcoord::signal::new_id());
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// A flood of references to payloads that are in no store, on a subscribed channel: each is
+/// counted, fetched in batches (a few statements for thousands), warned about at a bounded
+/// rate and announced in a few coalesced `MessageLost`s that add up to all of them — none
+/// silently dropped — and the valid message sent after them is delivered once they are read.
+#[actix_rt::test]
+async fn a_flood_of_forged_payload_references_costs_a_few_statements_and_announcements() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let (log, _guard) = super::capture_warnings();
+    let config = setup.builder("flooded").build().unwrap();
+    let reads = Arc::new(Reads {
+        inner: Arc::new(PayloadTable::new(&config, pgcoord::Pool::new(&config))),
+        gets: AtomicU64::new(0),
+        batches: AtomicU64::new(0),
+    });
+    let store = PayloadStoreActor::new(reads.clone(), 2).start();
+    let listener =
+        ListenerActor::new(config, Some(PayloadStoreActor::store(store))).start_supervised();
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
+    let channel = unique_name("flooded");
+    let (events, recipient) = Collector::<Signal>::start_new();
+    (listener.send(Subscribe::new(&channel, recipient)))
+        .await
+        .unwrap()
+        .unwrap();
+
+    const FORGED: usize = 5_000;
+    let texts: Vec<String> = (0..FORGED)
+        .map(|_| {
+            let mut envelope = Envelope::new(Kind::Event, Vec::new());
+            envelope.body = Body::Stored(forged_key());
+            envelope.encode().unwrap()
+        })
+        .collect();
+    let flood = Instant::now();
+    admin
+        .execute(
+            "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) AS t",
+            &[&channel, &texts],
+        )
+        .await
+        .unwrap();
+    (listener.send(Publish::new(&channel, b"valid".to_vec())))
+        .await
+        .unwrap()
+        .unwrap();
+    // After the flood, in order: 50 statements of 100 keys, 4 at a time, take well under this.
+    let got = events.wait_for(1, Duration::from_secs(10)).await;
+    let took = flood.elapsed();
+    assert_eq!(got[0].payload[..], *b"valid");
+    assert!(took < Duration::from_secs(5), "delivered after {took:?}");
+    let stats = listener.send(GetStats::new()).await.unwrap();
+    assert_eq!(stats.undeliverable, FORGED as u64);
+    // Fetched in batches: far fewer statements than references.
+    let batches = reads.batches.load(Ordering::Relaxed);
+    assert_eq!(reads.gets.load(Ordering::Relaxed), 0);
+    assert!(batches <= (FORGED / 10) as u64, "{batches} fetches");
+
+    // Announced at once, then once a second at most for what was lost meanwhile: every loss
+    // is in some announcement, the last one after the last loss.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let lost: Vec<String> = (states.received().into_iter())
+        .filter_map(|s| match s {
+            ConnState::MessageLost { channel: on, error } if on == channel => Some(error),
+            _ => None,
+        })
+        .collect();
+    let announced: u64 = (lost.iter())
+        .map(|e| match e.split_once(" more lost") {
+            Some((n, _)) => n.parse::<u64>().unwrap(),
+            None => 1,
+        })
+        .sum();
+    assert_eq!(announced, FORGED as u64, "{lost:?}");
+    let seconds = took.as_secs() + 1;
+    assert!(
+        lost.len() as u64 <= 1 + seconds,
+        "{} announcements",
+        lost.len()
+    );
+    // As garbage is: at the first and every power of two, 13 lines for 5,000.
+    assert_eq!(log.lines_containing("cannot fetch a stored payload"), 13);
+}
+
+/// The payload table reads many keys in one statement, whatever the keys: found, missing, not
+/// even UUIDs (which must not fail the others), or in capitals.
+#[actix_rt::test]
+async fn the_payload_table_reads_many_keys_at_once_whatever_they_are() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("many").build().unwrap();
+    let table = PayloadTable::new(&config, pgcoord::Pool::new(&config));
+    let (one, two) = (
+        table.put(b"one".to_vec()).await.unwrap(),
+        table.put(b"two".to_vec()).await.unwrap(),
+    );
+    let keys = [
+        one,
+        "not-a-key".to_owned(),
+        "-".repeat(36),
+        forged_key(),
+        two.to_ascii_uppercase(),
+    ];
+    let found = table.get_many(&keys).await;
+    assert_eq!(found.len(), keys.len());
+    assert_eq!(found[0].as_deref().unwrap(), b"one");
+    for missing in &found[1..4] {
+        let kind = missing.as_ref().unwrap_err().kind();
+        assert_eq!(kind, pgcoord::ErrorKind::NotFound);
+    }
+    assert_eq!(found[4].as_deref().unwrap(), b"two");
 }
