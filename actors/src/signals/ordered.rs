@@ -31,12 +31,15 @@ pub(crate) const BATCHES_AT_ONCE: usize = 4;
 /// The most messages a channel's backlog holds.
 pub(crate) const BACKLOG_AT_MOST: usize = 10_000;
 
-/// A message of a channel's backlog: its order, its key while its payload is not asked for
-/// yet, and its payload once fetched.
+/// A message's id and payload, or why it cannot be delivered.
+type Outcome = Result<(u64, Vec<u8>)>;
+
+/// A message of a channel's backlog: its order, its id and key while its payload is not asked
+/// for yet, and its payload once fetched.
 pub(crate) struct Slot {
     seq: u64,
     waiting: Option<(u64, String)>,
-    outcome: Option<Result<(u64, Vec<u8>)>>,
+    outcome: Option<Outcome>,
 }
 
 /// Messages waiting for an earlier one's payload.
@@ -47,7 +50,7 @@ pub(crate) type Backlog = VecDeque<Slot>;
 #[rtype(result = "()")]
 struct Fetched {
     channel: String,
-    outcomes: Vec<(u64, Result<(u64, Vec<u8>)>)>,
+    outcomes: Vec<(u64, Outcome)>,
 }
 
 impl ListenerActor {
