@@ -38,6 +38,10 @@ pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 /// report the server's last words before it reports the end itself.
 const CLOSED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Doorbells (notifications that only say "look") closer together than this make one look:
+/// anyone can NOTIFY, and a flood costs a look per gap, not one each.
+pub(crate) const DOORBELL_GAP: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Messages lost on a channel are announced at once, then at most once in this long, all those
 /// lost meanwhile in one [`ConnState::MessageLost`].
 pub(crate) const LOSS_REPORT_GAP: std::time::Duration = std::time::Duration::from_secs(1);

@@ -2,8 +2,9 @@
 //! payload-store references, forged "not here" answers and doorbell floods. Each must cost a
 //! bounded amount and never hide a fault, drop a message silently, or handle one twice.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -238,4 +239,162 @@ async fn the_payload_table_reads_many_keys_at_once_whatever_they_are() {
         assert_eq!(kind, pgcoord::ErrorKind::NotFound);
     }
     assert_eq!(found[4].as_deref().unwrap(), b"two");
+}
+
+/// Takes 400 ms over each routed message (a number), counting how often it handled each.
+struct Sluggish {
+    handled: Arc<Mutex<HashMap<u64, u32>>>,
+}
+
+impl Actor for Sluggish {
+    type Context = Context<Self>;
+}
+
+impl Handler<StopWorker> for Sluggish {
+    type Result = ();
+    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Routed> for Sluggish {
+    type Result = ResponseFuture<Result<Vec<u8>, String>>;
+    fn handle(&mut self, routed: Routed, _: &mut Context<Self>) -> Self::Result {
+        let handled = self.handled.clone();
+        Box::pin(async move {
+            let n: u64 = routed.value().map_err(|e| e.to_string())?;
+            *handled.lock().unwrap().entry(n).or_default() += 1;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            pgcoord::signal::to_payload(&(n * 10)).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// An adversary LISTENs on a routed pool member's channel, and for each request it sees
+/// NOTIFYs a forged "not here" to the request's reply channel while the worker (400 ms) has
+/// it: the router sends again, but the member does not deliver it again — each message is
+/// handled exactly once, and a call that answers answers with the worker's answer.
+#[actix_rt::test]
+async fn a_forged_not_here_does_not_get_a_routed_message_handled_twice() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("member").build().unwrap();
+    let locks = LockManager::new(config.clone()).start();
+    let handled: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let counts = handled.clone();
+    let factory = move |_: WorkerKey| Sluggish {
+        handled: counts.clone(),
+    };
+    let pool = WorkerPool::new(&config, locks.clone(), "routed", vec!["k".into()], factory)
+        .routed(ListenerActor::new(config.clone(), None).start_supervised())
+        .start();
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the key held", async || {
+        !pool.send(GetAssignment).await.unwrap().keys.is_empty()
+    })
+    .await;
+    let sender = setup.builder("sender").build().unwrap();
+    let router = KeyRouter::new(
+        "routed",
+        LockManager::new(sender.clone()).start(),
+        ListenerActor::new(sender, None).start_supervised(),
+    );
+
+    // The member's channel, as anyone can work it out from the names.
+    let table = config.lock_table().quoted();
+    let scope = format!("route {}:{table} 6:routed ", table.len());
+    let channel = pgcoord::lease::holder_channel(&scope, "member");
+    let channel = pgcoord::ident::Ident::channel(&channel).unwrap();
+    let (_ears, mut heard) = super::listen_on(&config, &[&channel]).await;
+    let (mouth, _) = super::listen_on(&config, &[]).await;
+    let forging = tokio::spawn(async move {
+        while let Some(text) = heard.recv().await {
+            let payload = text.split_once(": ").unwrap().1;
+            let Ok(request) = Envelope::decode(payload) else {
+                continue;
+            };
+            let Some(reply_to) = request.reply_to else {
+                continue;
+            };
+            let mut not_here = Envelope::new(Kind::Reply, vec![2]);
+            not_here.id = request.id;
+            let text = not_here.encode().unwrap();
+            mouth
+                .execute("SELECT pg_notify($1, $2)", &[&reply_to, &text])
+                .await
+                .unwrap();
+        }
+    });
+
+    const ASKS: u64 = 20;
+    let asks = (0..ASKS).map(|n| {
+        let router = router.clone();
+        async move {
+            let asked = router.ask_value::<u64, u64>("k", &n, Duration::from_secs(5));
+            (n, asked.await)
+        }
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    forging.abort();
+    let handled = handled.lock().unwrap().clone();
+    assert_eq!(handled.len() as u64, ASKS, "{handled:?}");
+    assert!(
+        handled.values().all(|&n| n == 1),
+        "handled twice: {handled:?}"
+    );
+    for (n, answer) in answers {
+        match answer {
+            Ok(answer) => assert_eq!(answer, n * 10),
+            // The adversary may win every race for the answer: then the caller is told it
+            // may have been handled, which it was, once.
+            Err(e) => assert!(e.to_string().contains("may or may not"), "{n}: {e}"),
+        }
+    }
+}
+
+/// A flood of forged doorbells on a topic's channel (anyone can NOTIFY it, with the topic's
+/// name) makes a consumer read at most once per 50 ms, not once per doorbell; an event
+/// appended after it still arrives.
+#[actix_rt::test]
+async fn a_flood_of_topic_doorbells_costs_a_read_per_gap() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("consumer").build().unwrap();
+    let table = pgcoord::topic::TopicTable::new(&config);
+    let coordinator = Coordinator::connect(config).await.unwrap();
+    let seen = Arc::new(AtomicU64::new(0));
+    let counted = seen.clone();
+    let consume = Consume::new("t", "c", move |_: Delivery| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async { Ok(()) }
+    })
+    // Only the doorbells make it read during the flood.
+    .poll(Duration::from_secs(30));
+    let consumer = coordinator.consume(consume).unwrap();
+    let stats = async || consumer.send(GetConsumerStats).await.unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(10), "active and read", async || {
+        let now = stats().await;
+        now.active && now.reads > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = stats().await.reads;
+
+    let (flood, mut sent) = (Instant::now(), 0);
+    while flood.elapsed() < Duration::from_secs(1) {
+        admin
+            .execute("SELECT pg_notify($1, 't')", &[&table.channel()])
+            .await
+            .unwrap();
+        sent += 1;
+    }
+    let lasted = flood.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reads = stats().await.reads - before;
+    // One per 50 ms of the flood and the 300 ms after, and one under way.
+    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    assert!(reads <= most, "{reads} reads for {sent} doorbells");
+
+    table.append(&admin, "t", b"real").await.unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the event handled", async || {
+        seen.load(Ordering::Relaxed) == 1
+    })
+    .await;
 }
