@@ -398,3 +398,73 @@ async fn a_flood_of_topic_doorbells_costs_a_read_per_gap() {
     })
     .await;
 }
+
+/// Forged references flooded on another channel of the observer's listener do not make an
+/// election observer report again; flooded on the election channel, they make it resync — a
+/// couple of times, not once per reference.
+#[actix_rt::test]
+async fn forged_references_make_an_election_observer_resync_only_for_its_own_channel() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("watcher").build().unwrap();
+    let election_channel = config.election_channel().as_str().to_owned();
+    let watcher = Coordinator::start(config);
+    let (lost, recipient) = Collector::<ConnState>::start_new();
+    watcher
+        .signals
+        .send(SubscribeConnState(recipient))
+        .await
+        .unwrap();
+    let (observed, recipient) = Collector::<LeaderChanged>::start_new();
+    let _observer = watcher.election("e").unwrap().observe(recipient);
+    observed.wait_for(1, Duration::from_secs(5)).await;
+    let other = unique_name("other");
+    let (_, recipient) = Collector::<Signal>::start_new();
+    (watcher.signals.send(Subscribe::new(&other, recipient)))
+        .await
+        .unwrap()
+        .unwrap();
+    let flood = async |channel: &str| {
+        let texts: Vec<String> = (0..200)
+            .map(|_| {
+                let mut envelope = Envelope::new(Kind::Event, Vec::new());
+                envelope.body = Body::Stored(forged_key());
+                envelope.encode().unwrap()
+            })
+            .collect();
+        admin
+            .execute(
+                "SELECT count(pg_notify($1, t)) FROM unnest($2::text[]) AS t",
+                &[&channel, &texts],
+            )
+            .await
+            .unwrap();
+        // Until every loss is announced (at once, then once a second for the rest).
+        let announced = async || {
+            (lost.received().iter())
+                .filter_map(|s| match s {
+                    ConnState::MessageLost { channel: on, error } if on == channel => {
+                        Some(match error.split_once(" more lost") {
+                            Some((n, _)) => n.parse::<u64>().unwrap(),
+                            None => 1,
+                        })
+                    }
+                    _ => None,
+                })
+                .sum::<u64>()
+                == 200
+        };
+        pgcoord_testkit::eventually(Duration::from_secs(10), "every loss announced", announced)
+            .await;
+    };
+
+    flood(&other).await;
+    // Time for any read a loss would have asked for.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(observed.received().len(), 1, "{:?}", observed.received());
+
+    flood(&election_channel).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reports = observed.received();
+    assert!((2..=3).contains(&reports.len()), "{reports:?}");
+    assert!(reports.iter().all(|r| r.resync && r.leader.is_none()));
+}
