@@ -122,35 +122,35 @@ impl ListenerActor {
             }
             pgcoord::Result::Ok(hear_probe(heard_back, timeout, &heard).await)
         };
+        let ping = ping.into_actor(self).map(move |result, act, _| {
+            // Heard or not, this probe is over.
+            act.probes.remove(&probe);
+            result
+        });
         ctx.spawn(
-            ping.into_actor(self)
-                .map(move |result: pgcoord::Result<bool>, act, ctx| {
-                    // Heard or not, this probe is over.
-                    act.probes.remove(&probe);
-                    match result {
-                        Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
-                        // The socket broke under the ping (no SQLSTATE): the connection's own stream
-                        // is about to end with the server's words ("terminating connection …"), which
-                        // tell an operator more. It reports first when it can (and this timer goes with
-                        // the restart); otherwise this does, a ping timeout later.
-                        Err(e) if e.code().is_none() => {
-                            let error = e.to_string();
-                            let grace = act.config.ping_timeout();
-                            ctx.run_later(grace, move |act, ctx| {
-                                act.fail(ctx, ConnState::Disconnected { error })
-                            });
-                        }
-                        Err(e) => act.fail(
-                            ctx,
-                            ConnState::Disconnected {
-                                error: e.to_string(),
-                            },
-                        ),
-                        Ok(false) => act.fail(ctx, ConnState::Deaf),
-                        // Heard back: an outage, if there was one, is over.
-                        Ok(true) => act.failures = 0,
-                    }
-                }),
+            ping.map(|result: pgcoord::Result<bool>, act, ctx| match result {
+                Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
+                // The socket broke under the ping (no SQLSTATE): the connection's own stream
+                // is about to end with the server's words ("terminating connection …"), which
+                // tell an operator more. It reports first when it can (and this timer goes with
+                // the restart); otherwise this does, a ping timeout later.
+                Err(e) if e.code().is_none() => {
+                    let error = e.to_string();
+                    let grace = act.config.ping_timeout();
+                    ctx.run_later(grace, move |act, ctx| {
+                        act.fail(ctx, ConnState::Disconnected { error })
+                    });
+                }
+                Err(e) => act.fail(
+                    ctx,
+                    ConnState::Disconnected {
+                        error: e.to_string(),
+                    },
+                ),
+                Ok(false) => act.fail(ctx, ConnState::Deaf),
+                // Heard back: an outage, if there was one, is over.
+                Ok(true) => act.failures = 0,
+            }),
         );
     }
 
