@@ -194,12 +194,12 @@ impl Handler<Fetched> for ListenerActor {
         if let Some(entry) = self.channels.get_mut(&channel) {
             let mut outcomes = outcomes.into_iter().peekable();
             for slot in entry.backlog.iter_mut() {
-                match outcomes.peek() {
-                    None => break,
-                    Some((seq, _)) if *seq == slot.seq => {
-                        slot.outcome = outcomes.next().map(|(_, outcome)| outcome);
-                    }
-                    Some(_) => {}
+                // Outcomes of slots that are gone (the channel was dropped and made again).
+                while outcomes.next_if(|(seq, _)| *seq < slot.seq).is_some() {}
+                match outcomes.next_if(|(seq, _)| *seq == slot.seq) {
+                    Some((_, outcome)) => slot.outcome = Some(outcome),
+                    None if outcomes.peek().is_none() => break,
+                    None => {}
                 }
             }
             self.settle(&channel, ctx);
