@@ -272,8 +272,8 @@ impl Handler<Routed> for Sluggish {
 
 /// An adversary LISTENs on a routed pool member's channel, and for each request it sees
 /// NOTIFYs a forged "not here" to the request's reply channel while the worker (400 ms) has
-/// it: the router sends again, but the member does not deliver it again — each message is
-/// handled exactly once, and a call that answers answers with the worker's answer.
+/// it: the router sends again, but the member does not deliver it again — each message, asked
+/// or told, is handled exactly once, and a call that answers answers with the worker's answer.
 #[actix_rt::test]
 async fn a_forged_not_here_does_not_get_a_routed_message_handled_twice() {
     let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
@@ -333,9 +333,21 @@ async fn a_forged_not_here_does_not_get_a_routed_message_handled_twice() {
         }
     });
     let answers = futures_util::future::join_all(asks).await;
+    // Tells too: in the mailbox once, whatever the adversary says.
+    let tells = (100..100 + ASKS).map(|n| {
+        let router = router.clone();
+        async move { router.tell_value("k", &n, Duration::from_secs(5)).await }
+    });
+    for told in futures_util::future::join_all(tells).await {
+        if let Err(e) = told {
+            assert!(e.to_string().contains("may or may not"), "{e}");
+        }
+    }
+    // Time for the last tells' worker, and for a second delivery if there were one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     forging.abort();
     let handled = handled.lock().unwrap().clone();
-    assert_eq!(handled.len() as u64, ASKS, "{handled:?}");
+    assert_eq!(handled.len() as u64, 2 * ASKS, "{handled:?}");
     assert!(
         handled.values().all(|&n| n == 1),
         "handled twice: {handled:?}"
