@@ -21,6 +21,19 @@ pub trait PayloadStore: Send + Sync + 'static {
     fn put(&self, payload: Vec<u8>) -> BoxFuture<'_, Result<String>>;
     /// The payload stored under `key`; [`ErrorKind::NotFound`] when there is none.
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<u8>>>;
+
+    /// [`get`](Self::get) for each of `keys`, in order. One at a time unless a store does
+    /// better ([`PayloadTable`]: one statement for all): a listener fetches what arrived
+    /// meanwhile this way, so a flood of references costs a statement per batch, not per key.
+    fn get_many<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Vec<Result<Vec<u8>>>> {
+        Box::pin(async move {
+            let mut found = Vec::with_capacity(keys.len());
+            for key in keys {
+                found.push(self.get(key).await);
+            }
+            found
+        })
+    }
 }
 
 /// The [`PayloadStore`] in PostgreSQL: `bytea` rows with an expiry, in the configured payload
@@ -30,6 +43,7 @@ pub struct PayloadTable {
     pool: Pool,
     insert: String,
     select: String,
+    select_many: String,
     delete_expired: String,
     ttl: Duration,
 }
@@ -45,6 +59,10 @@ impl PayloadTable {
                  RETURNING key::text"
             ),
             select: format!("SELECT data FROM {t} WHERE key = $1::text::uuid AND expires_at > now()"),
+            select_many: format!(
+                "SELECT key::text, data FROM {t}
+                 WHERE key = ANY($1::text[]::uuid[]) AND expires_at > now()"
+            ),
             delete_expired: format!(
                 "WITH deleted AS (DELETE FROM {t} WHERE expires_at <= now() RETURNING 1)
                  SELECT count(*) FROM deleted"
@@ -83,23 +101,70 @@ impl PayloadStore for PayloadTable {
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<u8>>> {
         Box::pin(async move {
-            let not_found = || {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("payload {key:?} is not in the store (expired or deleted)"),
-                )
-            };
             // A key that is not even a UUID cannot be in the table.
-            if key.len() != 36 || !key.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-                return Err(not_found());
+            if !is_uuid(key) {
+                return Err(not_found(key));
             }
             // A read: safe to run twice.
             let statements = self.pool.idempotent(None);
             let rows = statements.run(&self.select, &[(&key, Type::TEXT)]).await?;
             match rows.first() {
                 Some(row) => Ok(row.try_get(0)?),
-                None => Err(not_found()),
+                None => Err(not_found(key)),
             }
         })
     }
+
+    fn get_many<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Vec<Result<Vec<u8>>>> {
+        Box::pin(async move {
+            // Only UUIDs reach the statement: one that is not would fail the cast, and the
+            // whole batch with it. Compared as the server writes them, in lower case.
+            let asked: Vec<String> = (keys.iter())
+                .filter(|k| is_uuid(k))
+                .map(|k| k.to_ascii_lowercase())
+                .collect();
+            let mut found = std::collections::HashMap::new();
+            if !asked.is_empty() {
+                // A read: safe to run twice.
+                let statements = self.pool.idempotent(None);
+                let rows = statements
+                    .run(&self.select_many, &[(&asked, Type::TEXT_ARRAY)])
+                    .await;
+                let read = rows.and_then(|rows| {
+                    (rows.iter())
+                        .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get(1)?)))
+                        .collect::<Result<Vec<(String, Vec<u8>)>>>()
+                });
+                match read {
+                    Ok(rows) => found.extend(rows),
+                    // Each key gets the statement's error.
+                    Err(e) => {
+                        return (keys.iter())
+                            .map(|_| Err(Error::new(e.kind(), e.to_string())))
+                            .collect();
+                    }
+                }
+            }
+            (keys.iter())
+                .map(|key| (found.remove(&key.to_ascii_lowercase())).ok_or_else(|| not_found(key)))
+                .collect()
+        })
+    }
+}
+
+/// What a key without a row is.
+fn not_found(key: &str) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        format!("payload {key:?} is not in the store (expired or deleted)"),
+    )
+}
+
+/// Whether `key` is a UUID as the table's keys are written: 8-4-4-4-12 hex digits.
+fn is_uuid(key: &str) -> bool {
+    key.len() == 36
+        && key.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
 }

@@ -4,11 +4,13 @@
 //! who can connect can NOTIFY). What makes it read: a proclamation on the election channel (a new
 //! term or a new value of this election); a release on the lease channel (a resignation); the
 //! current leader's expiry on the server's clock (a leader that stopped renewing is gone then);
-//! the listener's `Reconnected` (announcements may have been missed: reported as a resync); and a
-//! poll every quarter lease as a fallback. One read at a time (asked while one is under way, it
-//! reads again when that ends), so results apply in the order of their snapshots and a flood of
-//! doorbells costs one read. A change is reported once, and never one older than a change already
-//! reported: terms are ordered by their tokens. A term shorter than a read may go unreported.
+//! the listener's `Reconnected`, or its `MessageLost` on the election channel (announcements may
+//! have been missed: reported as a resync); and a poll every quarter lease as a fallback. One
+//! read at a time (asked while one is under way, it reads again when that ends), so results
+//! apply in the order of their snapshots and a flood of doorbells costs one read. A change is
+//! reported once, except that a resync reports what it reads even when nothing changed (the
+//! same leader again, `resync` set); never is one older than a change already reported: terms
+//! are ordered by their tokens. A term shorter than a read may go unreported.
 
 use std::time::Duration;
 
@@ -32,8 +34,11 @@ pub struct LeaderChanged {
     pub election: String,
     /// The leader now; `None` between terms.
     pub leader: Option<Leader>,
-    /// True for the first report, and after the listener reconnected: announcements may have
-    /// been missed, and this is the current state as read from the database.
+    /// True for the first report, after the listener reconnected, and after it could not
+    /// deliver a message of the election channel ([`ConnState::MessageLost`], which anyone who
+    /// can NOTIFY can cause, coalesced by the listener): announcements may have been missed,
+    /// and this is the current state as read from the database — possibly the same leader as
+    /// the last report.
     pub resync: bool,
 }
 
@@ -224,10 +229,13 @@ impl Handler<ConnState> for LeaderObserver {
     type Result = ();
 
     fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
-        if matches!(
-            state,
-            ConnState::Reconnected | ConnState::MessageLost { .. }
-        ) {
+        // A message lost on another channel says nothing about this election.
+        let missed = match &state {
+            ConnState::Reconnected => true,
+            ConnState::MessageLost { channel, .. } => *channel == self.election_channel,
+            _ => false,
+        };
+        if missed {
             self.read(true, ctx);
         }
     }

@@ -85,6 +85,12 @@ pub struct Put(pub Vec<u8>);
 #[rtype(result = "Result<Vec<u8>>")]
 pub struct Fetch(pub String);
 
+/// Fetches the payloads stored under several keys, in one place of the bound (one statement
+/// for the payload table): each key's payload or error, in order.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<Result<Vec<u8>>>")]
+pub struct FetchMany(pub Vec<String>);
+
 /// Delete expired payloads now; returns how many. [`ErrorKind::InvalidConfig`] for an actor
 /// without a table to expire.
 #[derive(Debug, Clone, Message)]
@@ -109,6 +115,18 @@ impl Handler<Fetch> for PayloadStoreActor {
             // The semaphore is never closed.
             let _place = fetches.acquire().await;
             store.get(&key).await
+        })
+    }
+}
+
+impl Handler<FetchMany> for PayloadStoreActor {
+    type Result = ResponseFuture<Vec<Result<Vec<u8>>>>;
+
+    fn handle(&mut self, FetchMany(keys): FetchMany, _: &mut Context<Self>) -> Self::Result {
+        let (store, fetches) = (self.store.clone(), self.fetches.clone());
+        Box::pin(async move {
+            let _place = fetches.acquire().await;
+            store.get_many(&keys).await
         })
     }
 }
@@ -148,6 +166,22 @@ impl PayloadStore for Through {
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<u8>>> {
         Box::pin(crate::Call::call(&self.0, Fetch(key.to_owned())))
+    }
+
+    fn get_many<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Vec<Result<Vec<u8>>>> {
+        Box::pin(async move {
+            match self.0.send(FetchMany(keys.to_vec())).await {
+                Ok(found) => found,
+                Err(_) => (keys.iter())
+                    .map(|_| {
+                        Err(Error::new(
+                            ErrorKind::Unavailable,
+                            "the payload store stopped",
+                        ))
+                    })
+                    .collect(),
+            }
+        })
     }
 }
 

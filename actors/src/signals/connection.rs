@@ -105,11 +105,13 @@ impl ListenerActor {
         let (Some(client), true) = (self.client.clone(), self.ready) else {
             return;
         };
-        self.probes_sent += 1;
-        let (probe, channel) = (self.probes_sent, self.reply_channel.clone());
+        // Unguessable, and answered only by itself: see `dispatch`.
+        let probe = pgcoord::signal::new_id();
+        let (back, heard_back) = oneshot::channel();
+        self.probes.insert(probe, back);
+        let channel = self.reply_channel.clone();
         let (pool, timeout) = (self.pool.clone(), self.config.ping_timeout());
         let heard = self.heard.clone();
-        let probes = self.probes.subscribe();
         let ping = async move {
             ping_or_hear(&client, timeout, &heard).await?;
             let text = format!("{PROBE}{probe}");
@@ -118,10 +120,15 @@ impl ListenerActor {
                 debug!(error = %e, "cannot send the listener's probe; not judged");
                 return Ok(true);
             }
-            pgcoord::Result::Ok(hear_probe(probes, probe, timeout, &heard).await)
+            pgcoord::Result::Ok(hear_probe(heard_back, timeout, &heard).await)
         };
-        ctx.spawn(ping.into_actor(self).map(
-            |result: pgcoord::Result<bool>, act, ctx| match result {
+        let ping = ping.into_actor(self).map(move |result, act, _| {
+            // Heard or not, this probe is over.
+            act.probes.remove(&probe);
+            result
+        });
+        ctx.spawn(
+            ping.map(|result: pgcoord::Result<bool>, act, ctx| match result {
                 Err(e) if e.is_timeout() => act.fail(ctx, ConnState::Stalled),
                 // The socket broke under the ping (no SQLSTATE): the connection's own stream
                 // is about to end with the server's words ("terminating connection …"), which
@@ -143,8 +150,8 @@ impl ListenerActor {
                 Ok(false) => act.fail(ctx, ConnState::Deaf),
                 // Heard back: an outage, if there was one, is over.
                 Ok(true) => act.failures = 0,
-            },
-        ));
+            }),
+        );
     }
 
     /// Reports `state` and stops, so the supervisor restarts the actor on a new connection.
@@ -298,18 +305,12 @@ async fn ping_or_hear(
     }
 }
 
-/// Whether probe `probe` is heard back within `timeout` of the last message read: a connection
-/// still reading the notifications queued before it is given the time to.
-async fn hear_probe(
-    mut probes: tokio::sync::watch::Receiver<u64>,
-    probe: u64,
-    timeout: Duration,
-    heard: &AtomicU64,
-) -> bool {
+/// Whether a probe is heard back (`back` answered) within `timeout` of the last message read: a
+/// connection still reading the notifications queued before it is given the time to.
+async fn hear_probe(mut back: oneshot::Receiver<()>, timeout: Duration, heard: &AtomicU64) -> bool {
     let mut seen = heard.load(Ordering::Relaxed);
     loop {
-        let back = probes.wait_for(|last| *last >= probe);
-        match tokio::time::timeout(timeout, back).await {
+        match tokio::time::timeout(timeout, &mut back).await {
             Ok(back) => return back.is_ok(),
             Err(_) => {
                 let now = heard.load(Ordering::Relaxed);

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use super::messages::*;
-use super::{Channel, ListenerActor};
+use super::{Channel, LOSS_REPORT_GAP, ListenerActor};
 
 impl ListenerActor {
     /// Routes one notification. Never waits: stored payloads (see `ordered`) and handlers run on
@@ -21,12 +21,16 @@ impl ListenerActor {
         if channel == self.reply_channel.as_str()
             && let Some(probe) = super::connection::probe_number(text)
         {
-            // Heard back: this connection delivers. A forged probe proves the same.
-            self.probes.send_if_modified(|last| {
-                let newer = probe > *last;
-                *last = (*last).max(probe);
-                newer
-            });
+            // Heard back: this connection delivers. Only a probe under way counts, by its exact
+            // random value: anyone can NOTIFY this channel, and a number they made up, or one
+            // they heard earlier, proves nothing about this connection.
+            match self.probes.remove(&probe) {
+                Some(heard) => {
+                    self.heard_back = true;
+                    let _ = heard.send(());
+                }
+                None => debug!("a probe that is not under way, ignored"),
+            }
             return;
         }
         if let Some(entry) = self.channels.get_mut(channel)
@@ -82,15 +86,42 @@ impl ListenerActor {
         }
     }
 
-    /// A message whose stored payload cannot be fetched (expired, deleted, store unreachable):
-    /// counted, and announced to `ConnState` subscribers, since its subscribers miss it.
-    pub(crate) fn undeliverable(&mut self, channel: &str, error: &Error) {
+    /// A message whose stored payload cannot be fetched (expired, deleted, store unreachable,
+    /// or a reference to no row that anyone could NOTIFY, which cannot be told from an expired
+    /// one): counted, and announced to `ConnState` subscribers, since its subscribers miss it.
+    /// As garbage is, warned about at the first and every power of two; announced at once,
+    /// then at most once per [`LOSS_REPORT_GAP`] for the channel with every loss since in one
+    /// announcement, so a flood is a few announcements and never a silent loss.
+    pub(crate) fn undeliverable(&mut self, channel: &str, error: &Error, ctx: &mut Context<Self>) {
         self.stats.undeliverable += 1;
         self.count(|m| m.undeliverable.increment(1));
-        warn!(%channel, error = %error, "cannot fetch a stored payload; message not delivered");
+        if self.stats.undeliverable.is_power_of_two() {
+            warn!(%channel, error = %error, undeliverable = self.stats.undeliverable, "cannot fetch a stored payload; message not delivered");
+        }
+        if let Some((since, last)) = self.losses.get_mut(channel) {
+            *since += 1;
+            *last = error.to_string();
+            return;
+        }
+        self.announce_loss(channel.to_owned(), error.to_string(), ctx);
+    }
+
+    /// Announces a loss on `channel`, and those to come within [`LOSS_REPORT_GAP`] after it.
+    fn announce_loss(&mut self, channel: String, error: String, ctx: &mut Context<Self>) {
+        self.losses.insert(channel.clone(), (0, String::new()));
         self.broadcast(ConnState::MessageLost {
-            channel: channel.to_owned(),
-            error: error.to_string(),
+            channel: channel.clone(),
+            error,
+        });
+        ctx.run_later(LOSS_REPORT_GAP, move |act, ctx| {
+            match act.losses.remove(&channel) {
+                Some((0, _)) | None => {}
+                Some((n, last)) => {
+                    let error =
+                        format!("{n} more lost since the last announcement; the last: {last}");
+                    act.announce_loss(channel, error, ctx);
+                }
+            }
         });
     }
 

@@ -56,7 +56,10 @@ pub enum ConnState {
     Reconnected,
     /// A message arrived on `channel` but its payload, kept in the payload store, could not be
     /// fetched (expired, deleted, or the store failed): its subscribers did not get it. Resync
-    /// what that channel drives.
+    /// what that channel drives. Announced at once, then at most once a second for the
+    /// channel, for all lost meanwhile (the error says how many): a reference to no row, which
+    /// anyone who can NOTIFY can send, cannot be told from an expired one, so a flood of them
+    /// is a few announcements.
     MessageLost {
         /// The channel the message arrived on.
         channel: String,
@@ -294,8 +297,9 @@ pub struct ListenerStats {
     /// Notifications that were not valid envelopes, skipped (warned about at the first and then
     /// at every power of two).
     pub garbage: u64,
-    /// Messages whose stored payload could not be fetched; each is announced as
-    /// [`ConnState::MessageLost`].
+    /// Messages whose stored payload could not be fetched, or that found their channel's
+    /// backlog full; announced as [`ConnState::MessageLost`] (several in one at times) and
+    /// warned about at the first and then at every power of two.
     pub undeliverable: u64,
     /// Replies that arrived for no pending request (late, or a second handler's), dropped.
     pub unmatched_replies: u64,
@@ -307,7 +311,9 @@ pub struct ListenerStats {
     /// concurrent ones counted once each.
     pub notify_statements: u64,
     /// Whether the listener is connected with every LISTEN confirmed now (its last state was
-    /// [`ConnState::Connected`] or [`ConnState::Reconnected`]).
+    /// [`ConnState::Connected`] or [`ConnState::Reconnected`]) and has heard its own probe back
+    /// on this connection: notifications reach it. A connection found deaf never says so, and
+    /// neither does one whose first probe is still on its way.
     pub listening: bool,
 }
 

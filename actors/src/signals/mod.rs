@@ -38,6 +38,14 @@ pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 /// report the server's last words before it reports the end itself.
 const CLOSED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Doorbells (notifications that only say "look") closer together than this make one look:
+/// anyone can NOTIFY, and a flood costs a look per gap, not one each.
+pub(crate) const DOORBELL_GAP: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Messages lost on a channel are announced at once, then at most once in this long, all those
+/// lost meanwhile in one [`ConnState::MessageLost`].
+pub(crate) const LOSS_REPORT_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One channel this process listens on.
 #[derive(Default)]
 pub(crate) struct Channel {
@@ -79,6 +87,11 @@ pub struct ListenerActor {
     pub(crate) stats: ListenerStats,
     /// Numbers the messages of channel backlogs.
     next_seq: u64,
+    /// Fetches of stored payloads under way (see `ordered`).
+    fetching: usize,
+    /// Channels whose lost messages were announced within the last [`LOSS_REPORT_GAP`]: how
+    /// many were lost since, and the last one's error (see `dispatch`).
+    losses: HashMap<String, (u64, String)>,
     /// Sends events, requests and replies; started on first use (inside the runtime) and kept
     /// across restarts.
     notifier: Option<notify::Notifier>,
@@ -86,9 +99,12 @@ pub struct ListenerActor {
     /// Messages read from the listening connection, ever: a ping waits for its answer as long
     /// as this moves (see `connection`).
     pub(crate) heard: Arc<AtomicU64>,
-    /// The last probe heard back (see `connection::hear_probe`), and the last one sent.
-    pub(crate) probes: Arc<tokio::sync::watch::Sender<u64>>,
-    pub(crate) probes_sent: u64,
+    /// The probes sent on this connection and not heard back yet, by their random value: each
+    /// is answered only by its own value (see `connection::ping`), and all are forgotten when the
+    /// connection is replaced.
+    pub(crate) probes: HashMap<u64, oneshot::Sender<()>>,
+    /// Whether a probe was heard back on this connection: until then it is not known to hear.
+    pub(crate) heard_back: bool,
     /// Handles of the metrics recorder, registered when the actor first starts.
     metrics: Option<crate::metrics::ListenerMetrics>,
 }
@@ -131,11 +147,13 @@ impl ListenerActor {
             shut_down: false,
             stats: ListenerStats::default(),
             next_seq: 0,
+            fetching: 0,
+            losses: HashMap::new(),
             notifier: None,
             notify_statements: Arc::default(),
             heard: Arc::default(),
-            probes: Arc::new(tokio::sync::watch::Sender::new(0)),
-            probes_sent: 0,
+            probes: HashMap::new(),
+            heard_back: false,
             metrics: None,
         }
     }
@@ -207,6 +225,11 @@ impl Supervised for ListenerActor {
     fn restarting(&mut self, _: &mut Context<Self>) {
         self.client = None;
         self.ready = false;
+        self.probes.clear();
+        self.heard_back = false;
+        // Their timers went with the context; the `Reconnected` to come covers what they would
+        // have announced.
+        self.losses.clear();
     }
 }
 
@@ -305,10 +328,11 @@ impl Handler<GetStats<ListenerStats>> for ListenerActor {
         ListenerStats {
             pending_requests: self.pending.lock().expect("pending").len(),
             notify_statements: self.notify_statements.load(Ordering::Relaxed),
-            listening: matches!(
-                self.conn_state,
-                Some(crate::ConnState::Connected | crate::ConnState::Reconnected)
-            ),
+            listening: self.heard_back
+                && matches!(
+                    self.conn_state,
+                    Some(crate::ConnState::Connected | crate::ConnState::Reconnected)
+                ),
             ..self.stats.clone()
         }
     }

@@ -202,6 +202,9 @@ pub struct ConsumerStats {
     pub handler_errors: u64,
     /// Acks that moved the cursor.
     pub acks: u64,
+    /// Pages read from the topic (statements): at the poll, at a doorbell — rings closer
+    /// together than 50 ms make one read — and while pages come full.
+    pub reads: u64,
     /// Tenures: times this process took the consumer's lease.
     pub tenures: u64,
     /// Whether this process holds the consumer's lease now.

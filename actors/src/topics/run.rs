@@ -13,6 +13,7 @@ use super::handover::{PageEnd, deliver};
 use super::{Acker, Run, stats};
 use crate::Call;
 use crate::leases::{Acquire, Lease};
+use crate::signals::DOORBELL_GAP;
 
 /// How the loop ended a tenure.
 enum Ended {
@@ -138,11 +139,14 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     });
     let mut prefetched: Option<Result<Batch>> = None;
     let mut lag = Lag::new();
+    // When the doorbell last made a read.
+    let mut rung: Option<Instant> = None;
     loop {
         let batch = match prefetched.take() {
             Some(batch) => batch,
             None => {
                 let read = async {
+                    stats(run, |s| s.reads += 1);
                     let statements = run.pool.idempotent(None);
                     (run.table)
                         .read(&statements, topic, *cursor, run.consume.window)
@@ -180,7 +184,15 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
                 look_for_held_back(run, &mut warned).await;
             }
             tokio::select! {
-                () = run.doorbell.notified() => {}
+                () = run.doorbell.notified() => {
+                    // Rings closer together than the gap make one read: anyone can NOTIFY, and
+                    // a flood costs a read per gap, not one each.
+                    let since = rung.map_or(DOORBELL_GAP, |at| at.elapsed());
+                    if pause(run, DOORBELL_GAP.saturating_sub(since)).await {
+                        return Ended::Stopping;
+                    }
+                    rung = Some(Instant::now());
+                }
                 () = tokio::time::sleep(run.consume.poll) => {}
                 _ = &mut lost => return Ended::Lost,
                 () = run.stopping.notified() => return Ended::Stopping,
@@ -194,6 +206,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
         let last = batch.events.last().map_or(*cursor, |e| e.cursor);
         let next = async {
             if read_on {
+                stats(run, |s| s.reads += 1);
                 let statements = run.pool.idempotent(None);
                 Some(
                     (run.table)

@@ -14,7 +14,7 @@ use super::{StopWorker, WorkerPool, wire};
 use crate::signals::SubscribeRaw;
 
 /// Rings closer together than this make one look.
-const RING_GAP: Duration = Duration::from_millis(50);
+const RING_GAP: Duration = crate::signals::DOORBELL_GAP;
 
 impl<W> WorkerPool<W>
 where

@@ -2,9 +2,13 @@
 //! key's worker — only while the key's lease is held here (otherwise "not here": nothing was
 //! delivered, and the router looks again). See [`route`](super::route) for the sender's side.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use tokio::sync::watch;
+use tracing::warn;
 
 use super::backend::Listening;
 use super::route::Routed;
@@ -21,6 +25,8 @@ where
     pub(super) listening: Listening,
     pub(super) channel: String,
     pub(super) serve: Option<MakeServe<W>>,
+    /// The messages delivered here lately, by id.
+    pub(super) delivered: Delivered,
 }
 
 /// Makes the pool's [`Serve`] once its address exists.
@@ -56,6 +62,7 @@ where
                 let pool = pool.clone();
                 async move {
                     let wire::Request {
+                        id,
                         key,
                         payload,
                         wait,
@@ -63,7 +70,7 @@ where
                     } = wire::decode_request(request)?;
                     let routed = Routed { key, payload };
                     // A pool that stopped holds no key.
-                    let delivered = pool.send(Deliver(routed, wait, within));
+                    let delivered = pool.send(Deliver(routed, wait, within, id));
                     let reply = delivered.await.unwrap_or(Reply::NotHere);
                     Ok(reply.encode())
                 }
@@ -73,8 +80,64 @@ where
             listening,
             channel,
             serve: Some(Box::new(serve)),
+            delivered: Delivered::default(),
         });
         self
+    }
+}
+
+/// The most messages a member remembers having delivered. Past it (a flood of routed messages
+/// with long deadlines) a message sent again after a forged "not here" may be delivered again:
+/// warned about.
+const REMEMBERED_AT_MOST: usize = 100_000;
+
+/// How often what is remembered is swept of the messages whose senders stopped waiting.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// What became of a delivered message: `None` while its worker has it.
+type Outcome = watch::Receiver<Option<Reply>>;
+
+/// The routed messages this member delivered, by id, each kept while its sender waits: a
+/// router sends a message again after "not here", which anyone can forge, and the member that
+/// has it answers with its outcome instead of delivering it twice.
+#[derive(Default)]
+pub(super) struct Delivered {
+    by_id: HashMap<u64, (Instant, Outcome)>,
+    swept: Option<Instant>,
+    /// Messages not remembered for want of room, ever.
+    forgotten: u64,
+}
+
+impl Delivered {
+    /// What became of message `id`, when it was delivered here and its sender still waits.
+    fn get(&mut self, id: u64) -> Option<Outcome> {
+        let now = Instant::now();
+        if self
+            .swept
+            .is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY)
+        {
+            self.by_id.retain(|_, (until, _)| *until > now);
+            self.swept = Some(now);
+        }
+        let (until, outcome) = self.by_id.get(&id)?;
+        (*until > now).then(|| outcome.clone())
+    }
+
+    /// Remembers message `id`, delivered now, for `within` (its sender's wait).
+    fn remember(&mut self, id: u64, within: Duration) -> watch::Sender<Option<Reply>> {
+        let (outcome, receiver) = watch::channel(None);
+        if self.by_id.len() >= REMEMBERED_AT_MOST {
+            self.forgotten += 1;
+            if self.forgotten.is_power_of_two() {
+                warn!(
+                    forgotten = self.forgotten,
+                    "too many routed messages in flight to remember each: one sent again may be delivered twice"
+                );
+            }
+            return outcome;
+        }
+        self.by_id.insert(id, (Instant::now() + within, receiver));
+        outcome
     }
 }
 
@@ -82,10 +145,11 @@ where
 /// sender tries again until its deadline.
 const TOLD_AT_MOST: usize = 16;
 
-/// A routed message arrived for a key: to its worker, if this process holds the key.
+/// A routed message arrived for a key: to its worker, if this process holds the key, and
+/// unless it was delivered here already (its id).
 #[derive(Message)]
 #[rtype(result = "Reply")]
-struct Deliver(Routed, Wait, std::time::Duration);
+struct Deliver(Routed, Wait, Duration, u64);
 
 impl<W> Handler<Deliver> for WorkerPool<W>
 where
@@ -95,10 +159,23 @@ where
 
     fn handle(
         &mut self,
-        Deliver(routed, wait, within): Deliver,
+        Deliver(routed, wait, within, id): Deliver,
         _: &mut Context<Self>,
     ) -> Self::Result {
         let answer = |reply: Reply| -> Self::Result { Box::pin(async move { reply }) };
+        let Some(routing) = self.routing.as_mut() else {
+            return answer(Reply::NotHere);
+        };
+        // Sent again: its router heard "not here" from someone else. What the first delivery
+        // became, not a second one.
+        if let Some(mut first) = routing.delivered.get(id) {
+            return Box::pin(async move {
+                match tokio::time::timeout(within, first.wait_for(Option::is_some)).await {
+                    Ok(Ok(outcome)) => outcome.clone().unwrap_or(Reply::Unknown),
+                    Ok(Err(_)) | Err(_) => Reply::Unknown,
+                }
+            });
+        }
         let Some(worker) = self.awake_worker(&routed.key) else {
             return answer(Reply::NotHere);
         };
@@ -114,6 +191,8 @@ where
             }
             // In the mailbox now; its answer goes nowhere.
             let handled = worker.send(routed);
+            let remembered = self.remember(id, within);
+            let _ = remembered.send(Some(Reply::Accepted));
             let waiting = self.metrics.told.clone();
             waiting.increment(1.0);
             actix::spawn(async move {
@@ -124,14 +203,30 @@ where
             return answer(Reply::Accepted);
         }
         let handled = worker.send(routed);
+        let remembered = self.remember(id, within);
         Box::pin(async move {
             // Bounded by the sender's own wait: past it nobody listens for the answer.
-            match tokio::time::timeout(within, handled).await {
+            let reply = match tokio::time::timeout(within, handled).await {
                 Ok(Ok(Ok(answer))) => Reply::Handled(answer),
                 Ok(Ok(Err(why))) => Reply::Failed(why),
                 // It was in the worker's mailbox (it may still be handled, once): no one can say.
                 Ok(Err(_)) | Err(_) => Reply::Unknown,
-            }
+            };
+            let _ = remembered.send(Some(reply.clone()));
+            reply
         })
+    }
+}
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// Remembers message `id` as delivered now (see [`Delivered`]).
+    fn remember(&mut self, id: u64, within: Duration) -> watch::Sender<Option<Reply>> {
+        match self.routing.as_mut() {
+            Some(routing) => routing.delivered.remember(id, within),
+            None => watch::channel(None).0,
+        }
     }
 }

@@ -13,7 +13,11 @@
 //!
 //! At most once: a message is handled by the key's worker once or not at all. When no answer
 //! came in time the router cannot know which, and says so ([`ErrorKind::Timeout`]); it never
-//! sends a message again after it may have been delivered. [`KeyRouter::tell`] is answered as
+//! sends a message again after it may have been delivered, except after a "not here" — which
+//! anyone can forge. So every send of one message carries the same id, and a member remembers
+//! the ids it delivered for as long as their senders wait: a message sent again to the member
+//! that has it is not delivered again, and gets the first delivery's answer. (A forged "not
+//! here" while the key moves to another process can still have the message handled by both.) [`KeyRouter::tell`] is answered as
 //! soon as the message is in the worker's mailbox, [`KeyRouter::ask`] once the worker has
 //! handled it. Anyone who can connect to the database can NOTIFY a member's channel: a worker
 //! takes routed messages as a signal's subscriber takes signals, from the database's users,
@@ -290,12 +294,15 @@ impl KeyRouter {
         sent: &mut bool,
     ) -> Result<Vec<u8>> {
         let lease = format!("{}/keys/{key}", self.pool);
+        // One id for every send of this message: a member that has it already answers with
+        // what became of it rather than deliver it again.
+        let id = pgcoord::signal::new_id();
         let mut looks = 0u32;
         loop {
             looks += 1;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The member waits for its worker no longer than this sender waits.
-            let request = encode_request(key, wait, left, &payload);
+            let request = encode_request(id, key, wait, left, &payload);
             let answer = match &self.via {
                 Via::Postgres {
                     locks,
@@ -326,7 +333,9 @@ impl KeyRouter {
                     ));
                 }
                 // Not delivered: the key moved on (or not yet in), so sending again is still at
-                // most once.
+                // most once. Or a forged answer (anyone can NOTIFY it) while the worker has the
+                // message: sent again with the same id, the member answers with the first
+                // delivery's outcome.
                 Some(Reply::NotHere) => {
                     *sent = false;
                     debug!("the key is not at its holder's; looking again");

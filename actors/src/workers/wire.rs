@@ -35,11 +35,19 @@ pub(super) enum Wait {
     Mailbox,
 }
 
-/// A request on the wire: what the sender waits for (1 byte: 0 the answer, 1 the mailbox), the
-/// key's length (4 bytes, big-endian), the key, how long the sender waits (milliseconds, 4
-/// bytes), the payload.
-pub(super) fn encode_request(key: &str, wait: Wait, within: Duration, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(9 + key.len() + payload.len());
+/// A request on the wire: the message's id (8 bytes, big-endian: the same each time one call
+/// sends it, so a member that delivered it already does not deliver it again), what the sender
+/// waits for (1 byte: 0 the answer, 1 the mailbox), the key's length (4 bytes, big-endian), the
+/// key, how long the sender waits (milliseconds, 4 bytes), the payload.
+pub(super) fn encode_request(
+    id: u64,
+    key: &str,
+    wait: Wait,
+    within: Duration,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(17 + key.len() + payload.len());
+    bytes.extend_from_slice(&id.to_be_bytes());
     bytes.push(match wait {
         Wait::Answer => 0,
         Wait::Mailbox => 1,
@@ -55,6 +63,7 @@ pub(super) fn encode_request(key: &str, wait: Wait, within: Duration, payload: &
 /// A request as a member reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Request {
+    pub(super) id: u64,
     pub(super) key: String,
     pub(super) payload: Vec<u8>,
     pub(super) wait: Wait,
@@ -69,17 +78,20 @@ pub(super) fn decode_request(mut bytes: Vec<u8>) -> std::result::Result<Request,
         let four = bytes.get(at..at + 4).ok_or_else(bad)?;
         Ok(u32::from_be_bytes(four.try_into().map_err(|_| bad())?))
     };
-    let wait = match bytes.first() {
+    let id = bytes.get(..8).ok_or_else(bad)?;
+    let id = u64::from_be_bytes(id.try_into().map_err(|_| bad())?);
+    let wait = match bytes.get(8) {
         Some(0) => Wait::Answer,
         Some(1) => Wait::Mailbox,
         _ => return Err(bad()),
     };
-    let len = number(&bytes, 1)? as usize;
-    let within = Duration::from_millis(u64::from(number(&bytes, 5 + len)?));
-    let key = bytes.get(5..5 + len).ok_or_else(bad)?;
+    let len = number(&bytes, 9)? as usize;
+    let within = Duration::from_millis(u64::from(number(&bytes, 13 + len)?));
+    let key = bytes.get(13..13 + len).ok_or_else(bad)?;
     let key = std::str::from_utf8(key).map_err(|_| bad())?.to_owned();
-    let payload = bytes.split_off(9 + len);
+    let payload = bytes.split_off(17 + len);
     Ok(Request {
+        id,
         key,
         payload,
         wait,
@@ -140,23 +152,24 @@ mod tests {
     #[test]
     fn requests_and_replies_round_trip() {
         let second = Duration::from_secs(1);
-        let request = encode_request("customer-7", Wait::Answer, second, b"hello");
+        let request = encode_request(7, "customer-7", Wait::Answer, second, b"hello");
         let read = decode_request(request).unwrap();
         assert_eq!(
             read,
             Request {
+                id: 7,
                 key: "customer-7".into(),
                 payload: b"hello".to_vec(),
                 wait: Wait::Answer,
                 within: second,
             }
         );
-        let request = encode_request("", Wait::Mailbox, Duration::ZERO, b"");
+        let request = encode_request(u64::MAX, "", Wait::Mailbox, Duration::ZERO, b"");
         let empty = decode_request(request).unwrap();
         assert_eq!((empty.key.as_str(), &empty.payload[..]), ("", &b""[..]));
-        assert_eq!(empty.wait, Wait::Mailbox);
+        assert_eq!((empty.wait, empty.id), (Wait::Mailbox, u64::MAX));
         // More milliseconds than 4 bytes hold: as many as they do.
-        let request = encode_request("k", Wait::Answer, Duration::MAX, b"");
+        let request = encode_request(1, "k", Wait::Answer, Duration::MAX, b"");
         let within = decode_request(request).unwrap().within;
         assert_eq!(within, Duration::from_millis(u64::from(u32::MAX)));
         for reply in [
@@ -172,12 +185,14 @@ mod tests {
 
     #[test]
     fn bytes_no_router_sent_are_refused() {
+        let id = |rest: &[u8]| [&[0u8; 8][..], rest].concat();
         assert!(decode_request(vec![]).is_err());
-        assert!(decode_request(vec![2, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
-        assert!(decode_request(vec![0, 0, 0]).is_err());
-        assert!(decode_request(vec![0, 0, 0, 0, 9, b'a']).is_err());
-        assert!(decode_request(vec![0, 0, 0, 0, 1, 0xff, 0, 0, 0, 1]).is_err());
-        assert!(decode_request(vec![1, 0, 0, 0, 1, b'k', 0, 0]).is_err());
+        assert!(decode_request(vec![0; 7]).is_err());
+        assert!(decode_request(id(&[2, 0, 0, 0, 0, 0, 0, 0, 0])).is_err());
+        assert!(decode_request(id(&[0, 0, 0])).is_err());
+        assert!(decode_request(id(&[0, 0, 0, 0, 9, b'a'])).is_err());
+        assert!(decode_request(id(&[0, 0, 0, 0, 1, 0xff, 0, 0, 0, 1])).is_err());
+        assert!(decode_request(id(&[1, 0, 0, 0, 1, b'k', 0, 0])).is_err());
         assert!(Reply::decode(vec![]).is_err());
         assert!(Reply::decode(vec![7]).is_err());
     }

@@ -1,6 +1,7 @@
 //! Integration tests of the actix runtime against a real PostgreSQL: the shared throwaway
 //! cluster, or `DATABASE_URL` when it is set.
 
+mod adversary;
 mod advisory;
 mod app_pool;
 mod backend_pools;
