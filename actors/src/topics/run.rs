@@ -139,7 +139,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     });
     let mut prefetched: Option<Result<Batch>> = None;
     let mut lag = Lag::new();
-    // When the doorbell last made a read.
+    // When the doorbell last made a read that has found nothing yet.
     let mut rung: Option<Instant> = None;
     loop {
         let batch = match prefetched.take() {
@@ -185,8 +185,9 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
             }
             tokio::select! {
                 () = run.doorbell.notified() => {
-                    // Rings closer together than the gap make one read: anyone can NOTIFY, and
-                    // a flood costs a read per gap, not one each.
+                    // After a ring whose read found nothing, the next waits out the gap: anyone
+                    // can NOTIFY, and a flood costs a read per gap, not one each. A ring that
+                    // brought events (below) lets the next one read at once.
                     let since = rung.map_or(DOORBELL_GAP, |at| at.elapsed());
                     if pause(run, DOORBELL_GAP.saturating_sub(since)).await {
                         return Ended::Stopping;
@@ -199,6 +200,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
             }
             continue;
         }
+        rung = None;
         // A full page means more may follow: the next page is read while this one is handled,
         // and the last page's ack is written meanwhile (two more statements in flight, at most
         // two windows in memory). A page that ends early discards the next one unused.

@@ -12,10 +12,10 @@
 //! For effects applied exactly once, the worker acks in its own transaction with [`Mail::ack`],
 //! fenced by the key's lease. A doorbell only wakes the reader; a lost one costs a tick.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
@@ -24,7 +24,9 @@ use pgcoord::topic::{Cursor, Event, Pending, Start, TopicTable};
 use tracing::{debug, warn};
 
 use super::{Mail, StopWorker, WorkerPool, mail_topic};
-use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
+use crate::signals::{
+    ConnState, DOORBELL_GAP, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw,
+};
 use crate::topics::{Acker, Delivery, Tenure};
 
 /// The most events of one key read at once.
@@ -48,6 +50,16 @@ pub(super) struct Mailing<W: Actor> {
     /// Busy keys asked for again meanwhile (a doorbell rang during their read, whose snapshot
     /// may have missed its mail): read again once idle, not a tick later.
     rang: HashSet<String>,
+    /// Keys whose next read a doorbell asked for.
+    ringing: HashSet<String>,
+    /// Keys a doorbell's read found nothing for, and when: anyone can NOTIFY, so a doorbell for
+    /// one within [`DOORBELL_GAP`] is put off to the gap's end, and a flood costs a read per
+    /// gap. A doorbell that brought mail lets the next one read at once.
+    quiet: HashMap<String, Instant>,
+    /// Keys whose put-off read is scheduled.
+    put_off: HashSet<String>,
+    /// Read statements so far.
+    pub(super) reads: u64,
     /// Keys whose cursor row this process made sure of (an ack needs it).
     opened: HashSet<String>,
     /// Keys warned of as behind retention (once each).
@@ -78,6 +90,10 @@ where
             send,
             busy: HashSet::new(),
             rang: HashSet::new(),
+            ringing: HashSet::new(),
+            quiet: HashMap::new(),
+            put_off: HashSet::new(),
+            reads: 0,
             opened: HashSet::new(),
             compacted: HashSet::new(),
         });
@@ -123,6 +139,7 @@ where
         mailing.rang.extend(busy);
         mailing.busy.extend(keys.iter().cloned());
         let (table, db) = (mailing.table.clone(), mailing.db.clone());
+        mailing.reads += keys.len().div_ceil(KEYS_PER_READ) as u64;
         for keys in keys.chunks(KEYS_PER_READ) {
             let keys = keys.to_vec();
             let topics: Vec<String> = keys.iter().map(|k| mail_topic(&self.name, k)).collect();
@@ -171,10 +188,46 @@ where
                 }
             }
         }
+        if let Some(mailing) = self.mailing.as_mut() {
+            let now = Instant::now();
+            mailing.quiet.retain(|_, at| now - *at < DOORBELL_GAP);
+            for key in &keys {
+                if delivering.contains(key) {
+                    mailing.quiet.remove(key);
+                } else if mailing.ringing.remove(key) {
+                    mailing.quiet.insert(key.clone(), now);
+                }
+            }
+        }
         let idle: Vec<String> = (keys.into_iter())
             .filter(|k| !delivering.contains(k))
             .collect();
         self.idle_mail(ctx, idle);
+    }
+
+    /// A doorbell for `key`'s mail: read it now, or at the gap's end after one that found
+    /// nothing (see `Mailing::quiet`).
+    fn ring_mail(&mut self, ctx: &mut Context<Self>, key: String) {
+        // Only keys held here are read: nothing is kept for the others, whatever is rung.
+        let (Some(mailing), true) = (self.mailing.as_mut(), self.running.contains_key(&key)) else {
+            return;
+        };
+        let wait = (mailing.quiet.get(&key)).map_or(Duration::ZERO, |at| {
+            DOORBELL_GAP.saturating_sub(at.elapsed())
+        });
+        if wait.is_zero() {
+            mailing.ringing.insert(key.clone());
+            return self.read_mail(ctx, vec![key]);
+        }
+        if mailing.put_off.insert(key.clone()) {
+            ctx.run_later(wait, move |pool, ctx| {
+                if let Some(mailing) = pool.mailing.as_mut() {
+                    mailing.put_off.remove(&key);
+                    mailing.quiet.remove(&key);
+                }
+                pool.ring_mail(ctx, key);
+            });
+        }
     }
 
     /// `keys` are read and delivered for now; those asked for meanwhile are read again.
@@ -189,8 +242,10 @@ where
                 again.push(key);
             }
         }
-        if !again.is_empty() {
-            self.read_mail(ctx, again);
+        // Rung during their read: read again as a doorbell says (put off after a read that
+        // found nothing).
+        for key in again {
+            self.ring_mail(ctx, key);
         }
     }
 
@@ -332,7 +387,7 @@ where
         // The payload is the topic's name: only this pool's mail topics concern it.
         let prefix = mail_topic(&self.name, "");
         if let Some(key) = notification.payload.strip_prefix(&prefix) {
-            self.read_mail(ctx, vec![key.to_owned()]);
+            self.ring_mail(ctx, key.to_owned());
         }
     }
 }

@@ -84,6 +84,8 @@ pub struct Assignment {
     pub ticks: u64,
     /// Keys held here whose idle worker was stopped ([`passivate_after`](super::WorkerPool::passivate_after)).
     pub passive: usize,
+    /// Read statements of a durable pool's mail so far.
+    pub mail_reads: u64,
 }
 
 /// Replaces the pool's keys: workers of keys no longer listed stop and their leases go.

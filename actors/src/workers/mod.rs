@@ -310,6 +310,7 @@ where
             ticks: self.ticks,
             passive: self.running.values().filter(|r| r.passive).count(),
             restarts: self.restarts,
+            mail_reads: self.mailing.as_ref().map_or(0, |m| m.reads),
         }
     }
 }

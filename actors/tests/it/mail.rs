@@ -322,3 +322,39 @@ async fn mail_sent_around_a_server_restart_and_a_lost_listener_all_arrives_in_or
     }
     let _ = (pool, coordinator);
 }
+
+/// Anyone can NOTIFY: a flood of doorbells for a key's mail costs a read per doorbell gap (50
+/// ms), not one per doorbell, and mail sent after it still arrives.
+#[actix_rt::test]
+async fn a_flood_of_mail_doorbells_costs_a_read_per_gap() {
+    let (setup, mut admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let keys = vec!["k".to_owned()];
+    let table = TopicTable::new(&setup.builder("admin").build().unwrap());
+    let received = Received::default();
+    let member = start(&setup, "a", &keys, &received, None).await;
+    send(&mut admin, &table, &keys, 0..1).await;
+    until_received(&received, &keys, 1).await;
+    let reads = async || member.pool.send(GetAssignment).await.unwrap().mail_reads;
+    let before = reads().await;
+
+    let (flood, mut sent) = (std::time::Instant::now(), 0);
+    let topic = mail_topic("mailed", "k");
+    while flood.elapsed() < Duration::from_secs(1) {
+        let notify = "SELECT pg_notify($1, $2)";
+        admin
+            .execute(notify, &[&table.channel(), &topic])
+            .await
+            .unwrap();
+        sent += 1;
+    }
+    let lasted = flood.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read = reads().await - before;
+    // One per 50 ms of the flood and the 300 ms after, one under way, and a tick's.
+    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 3;
+    assert!(read <= most, "{read} reads for {sent} doorbells");
+
+    send(&mut admin, &table, &keys, 1..2).await;
+    until_received(&received, &keys, 2).await;
+    drop(member.coordinator);
+}
