@@ -22,6 +22,7 @@ use super::lease::Lease;
 use super::line::{Ask, Line, Next};
 use super::queues::NameQueue;
 use crate::reply::caller_gone;
+use crate::signals::DOORBELL_GAP;
 
 pub(crate) use super::line::Answer;
 
@@ -155,6 +156,9 @@ impl<A: Attempts> Wait<A> {
         // sending: the lease, plus a margin for the clocks' rates.
         let expires_after = attempts.lease() + attempts.lease() / 10;
         let name = attempts.name();
+        // When a doorbell woke the attempt just refused. Anyone can NOTIFY: the next doorbell
+        // is then put off to the gap's end, so a flood costs an attempt per gap, not one each.
+        let mut rung: Option<Instant> = None;
         loop {
             if line.passed(Instant::now()) {
                 return Outcome::Failed(Error::not_acquired(name, line.holder()));
@@ -196,8 +200,10 @@ impl<A: Attempts> Wait<A> {
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
             debug!(lease.name = %name, ?nap, holder = ?line.holder(), "waiting");
-            match sleep(wake, nap, reply, line.deadline()).await {
-                Woken::Up => {}
+            let put_off = rung.map(|at| at + DOORBELL_GAP);
+            match sleep(wake, nap, reply, line.deadline(), put_off).await {
+                Woken::Rung => rung = Some(Instant::now()),
+                Woken::Up => rung = None,
                 Woken::CallerGone => return Outcome::Cancelled,
                 Woken::DeadlinePassed => {
                     return Outcome::Failed(Error::not_acquired(name, line.holder()));
@@ -287,21 +293,31 @@ async fn attempt<A: Attempts>(
 
 /// How a nap ended.
 enum Woken {
-    /// A wake-up, or the nap's end: ask again.
+    /// A doorbell: ask again.
+    Rung,
+    /// The nap's end: ask again.
     Up,
     CallerGone,
     DeadlinePassed,
 }
 
-/// Naps for `nap` at most, woken early by `wake`, the caller leaving or the deadline.
+/// Naps for `nap` at most, woken early by `wake` (not before `put_off`), the caller leaving or
+/// the deadline.
 async fn sleep(
     wake: &tokio::sync::Notify,
     nap: Duration,
     reply: &mut Option<Reply>,
     deadline: Option<Instant>,
+    put_off: Option<Instant>,
 ) -> Woken {
+    let rung = async {
+        wake.notified().await;
+        if let Some(put_off) = put_off {
+            tokio::time::sleep_until(put_off.into()).await;
+        }
+    };
     tokio::select! {
-        _ = wake.notified() => Woken::Up,
+        _ = rung => Woken::Rung,
         _ = tokio::time::sleep(nap) => Woken::Up,
         _ = caller_gone(reply) => Woken::CallerGone,
         _ = deadline_passes(deadline) => Woken::DeadlinePassed,

@@ -294,6 +294,35 @@ async fn forged_announcements_of_any_form_grant_nothing_and_release_nothing() {
     lease.release().await.unwrap();
 }
 
+/// A flood of announcements naming the waited-for lease costs the waiter an attempt per
+/// doorbell gap (50 ms), not one per announcement; the real release still hands it the lease.
+#[actix_rt::test]
+async fn a_flood_of_forged_announcements_costs_an_attempt_per_gap() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let channel = LeaseTable::new(&setup.builder("admin").build().unwrap())
+        .channel()
+        .to_owned();
+    let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
+    let (held, waits) = contend(&setup, &admin, &holder, &waiter, None).await;
+    let before = stats(&waiter).await.acquire_statements;
+    let (flood, mut sent) = (Instant::now(), 0);
+    while flood.elapsed() < Duration::from_secs(1) {
+        let notify = "SELECT pg_notify($1, 'job')";
+        admin.execute(notify, &[&channel]).await.unwrap();
+        sent += 1;
+    }
+    let lasted = flood.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = stats(&waiter).await.acquire_statements - before;
+    // One per 50 ms of the flood and the 300 ms after, and one under way.
+    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    assert!(asked <= most, "{asked} attempts for {sent} announcements");
+    assert!(!waits.is_finished(), "the waiter was granted on a forgery");
+    held.release().await.unwrap();
+    let lease = waits.await.unwrap().unwrap().unwrap();
+    lease.release().await.unwrap();
+}
+
 #[actix_rt::test]
 async fn a_release_nobody_waits_for_sends_no_notify() {
     let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
