@@ -6,8 +6,9 @@
 //! current leader's expiry on the server's clock (a leader that stopped renewing is gone then);
 //! the listener's `Reconnected`, or its `MessageLost` on the election channel (announcements may
 //! have been missed: reported as a resync); and a poll every quarter lease as a fallback. One
-//! read at a time (asked while one is under way, it reads again when that ends), so results
-//! apply in the order of their snapshots and a flood of doorbells costs one read. A change is
+//! read at a time (asked while one is under way, it reads again when that ends, after the
+//! doorbell gap if that read found no new leader), so results apply in the order of their
+//! snapshots and a flood of doorbells costs a read per gap. A change is
 //! reported once, except that a resync reports what it reads even when nothing changed (the
 //! same leader again, `resync` set); never is one older than a change already reported: terms
 //! are ordered by their tokens. A term shorter than a read may go unreported.
@@ -22,7 +23,8 @@ use tracing::{debug, warn};
 use super::{Election, Leader, term_of};
 use crate::leases::LockManager;
 use crate::signals::{
-    ConnState, ListenerActor, RawNotification, Signal, Subscribe, SubscribeConnState, SubscribeRaw,
+    ConnState, DOORBELL_GAP, ListenerActor, RawNotification, Signal, Subscribe, SubscribeConnState,
+    SubscribeRaw,
 };
 
 /// A change of leader, told to an observer's recipient.
@@ -55,8 +57,8 @@ pub struct LeaderObserver {
     reported: Option<Option<Leader>>,
     /// The greatest token reported: nothing older is reported after it.
     highest: i64,
-    /// A read is under way: one at a time, so results apply in the order of their snapshots
-    /// and a flood of doorbells costs one read more, not one each.
+    /// A read is under way (or put off): one at a time, so results apply in the order of
+    /// their snapshots, and a flood of doorbells costs a read per doorbell gap, not one each.
     reading: bool,
     /// Asked to read while one was under way: read again when it ends.
     again: bool,
@@ -102,29 +104,52 @@ impl LeaderObserver {
         let (locks, name) = (self.locks.clone(), self.election.clone());
         let read = async move { term_of(&locks, &name).await };
         ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
+            let changed = act.apply(result, resync, ctx);
             act.reading = false;
-            if std::mem::take(&mut act.again) {
+            if !std::mem::take(&mut act.again) {
+                return;
+            }
+            if changed {
+                return act.read(false, ctx);
+            }
+            // Asked again during a read that found no new leader. Anyone can NOTIFY: the next
+            // read waits out the doorbell gap (one at a time still), so a flood costs a read per
+            // gap.
+            act.reading = true;
+            ctx.run_later(DOORBELL_GAP, |act, ctx| {
+                act.reading = false;
                 act.read(false, ctx);
-            }
-            let term = match result {
-                Ok(term) => term,
-                Err(e) => {
-                    // Asked again by the next doorbell, expiry or poll.
-                    act.resync |= resync;
-                    debug!(election.name = %act.election, error = %e, "cannot read the leader; polling");
-                    return;
-                }
-            };
-            if let Some(handle) = act.expiry.take() {
-                ctx.cancel_future(handle);
-            }
-            let leader = term.map(|(leader, remaining)| {
-                let at = remaining + Duration::from_millis(5);
-                act.expiry = Some(ctx.run_later(at, |act, ctx| act.read(false, ctx)));
-                leader
             });
-            act.report(leader, resync, ctx);
         }));
+    }
+
+    /// Applies what a read found; true when it is another leader than the last reported.
+    fn apply(
+        &mut self,
+        result: pgcoord::Result<Option<(Leader, Duration)>>,
+        resync: bool,
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let term = match result {
+            Ok(term) => term,
+            Err(e) => {
+                // Asked again by the next doorbell, expiry or poll.
+                self.resync |= resync;
+                debug!(election.name = %self.election, error = %e, "cannot read the leader; polling");
+                return false;
+            }
+        };
+        if let Some(handle) = self.expiry.take() {
+            ctx.cancel_future(handle);
+        }
+        let leader = term.map(|(leader, remaining)| {
+            let at = remaining + Duration::from_millis(5);
+            self.expiry = Some(ctx.run_later(at, |act, ctx| act.read(false, ctx)));
+            leader
+        });
+        let changed = self.reported.as_ref() != Some(&leader);
+        self.report(leader, resync, ctx);
+        changed
     }
 
     /// Reports `leader` if it is a change, and never an older term than one reported.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Counters {
     pub(crate) acquire_statements: AtomicU64,
     pub(crate) release_statements: AtomicU64,
+    pub(crate) read_statements: AtomicU64,
     pub(crate) renew_statements: AtomicU64,
     pub(crate) renew_failures: AtomicU64,
     pub(crate) granted: AtomicU64,

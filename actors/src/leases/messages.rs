@@ -305,6 +305,8 @@ pub struct ManagerStats {
     /// Release statements sent: single releases, and batches of concurrent releases counted
     /// once each.
     pub release_statements: u64,
+    /// Reads sent: [`Get`], [`List`] and [`ListPrefix`] (an election observer's reads among them).
+    pub read_statements: u64,
     /// Leases reported lost.
     pub lost: u64,
     /// Renewals that failed in a row now: 0 when the last one succeeded (or none was needed).

@@ -338,6 +338,7 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             granted: Counters::get(&counters.granted),
             acquire_statements: Counters::get(&counters.acquire_statements),
             release_statements: Counters::get(&counters.release_statements),
+            read_statements: Counters::get(&counters.read_statements),
             lost: Counters::get(&counters.lost),
             renewals_failing: self.heartbeat.failures(),
         }

@@ -427,3 +427,53 @@ async fn an_observer_reports_what_it_reads_not_what_a_notification_says() {
     leader.shutdown(Duration::from_secs(5)).await.unwrap();
     watcher.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A flood of proclamations (anyone who can connect can NOTIFY one) costs an observer a read
+/// per doorbell gap (50 ms), not one each, and a real change is still reported.
+#[actix_rt::test]
+async fn a_flood_of_proclamations_costs_an_observer_a_read_per_gap() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let config = setup.builder("watcher").build().unwrap();
+    let watcher = Coordinator::start(config.clone());
+    let (observed, recipient) = Collector::<LeaderChanged>::start_new();
+    let _observer = watcher.election("flooded").unwrap().observe(recipient);
+    observed.wait_for(1, Duration::from_secs(5)).await;
+    let (listening, mut heard) = super::listen_on(&config, &[config.election_channel()]).await;
+    let leader = Coordinator::start(setup.builder("leader").build().unwrap());
+    let term = (leader.election("flooded").unwrap())
+        .campaign("v1", None)
+        .await
+        .unwrap();
+    observed.wait_for(2, Duration::from_secs(5)).await;
+    // The term's own proclamation, replayed.
+    let heard = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let (channel, text) = heard.split_once(": ").unwrap();
+    let reads = async || {
+        let stats: ManagerStats = watcher.locks.send(GetStats::new()).await.unwrap();
+        stats.read_statements
+    };
+    let before = reads().await;
+
+    let (flood, mut sent) = (Instant::now(), 0);
+    while flood.elapsed() < Duration::from_secs(1) {
+        let notify = "SELECT pg_notify($1, $2)";
+        listening.execute(notify, &[&channel, &text]).await.unwrap();
+        sent += 1;
+    }
+    let lasted = flood.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read = reads().await - before;
+    // One per 50 ms of the flood and the 300 ms after, one under way, a poll's.
+    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 3;
+    assert!(read <= most, "{read} reads for {sent} proclamations");
+    assert_eq!(observed.received().len(), 2, "{:?}", observed.received());
+
+    term.resign().await.unwrap();
+    let changes = observed.wait_for(3, Duration::from_secs(5)).await;
+    assert_eq!(changes[2].leader, None);
+    leader.shutdown(Duration::from_secs(5)).await.unwrap();
+    watcher.shutdown(Duration::from_secs(5)).await.unwrap();
+}
