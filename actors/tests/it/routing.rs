@@ -735,3 +735,38 @@ async fn deployments_on_one_database_never_answer_each_others_routed_messages() 
         "the other deployment's workers got none"
     );
 }
+
+/// The pool's doorbell (rung when a router records a key that came to life) is a NOTIFY anyone
+/// can send: a flood of it costs a member a look per doorbell gap (50 ms), not one each.
+#[actix_rt::test]
+async fn a_flood_of_pool_doorbells_costs_a_look_per_gap() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(2)).await;
+    let received = Received::default();
+    let member = start_with(&setup, "a", &[], &received, true, |pool| {
+        pool.activate_keys()
+    });
+    pgcoord_testkit::eventually(Duration::from_secs(4), "a first tick", async || {
+        member.pool.send(GetAssignment).await.unwrap().ticks > 0
+    })
+    .await;
+    // The pool's doorbell: the holder channel of an empty owner in the pool's scope.
+    let config = setup.builder("a").build().unwrap();
+    let (table, pool) = (config.lock_table().quoted(), "routed");
+    let scope = format!("route {}:{table} {}:{pool} ", table.len(), pool.len());
+    let channel = pgcoord::lease::holder_channel(&scope, "");
+    let looks = async || member.pool.send(GetAssignment).await.unwrap().ticks;
+    let before = looks().await;
+    let (flood, mut sent) = (Instant::now(), 0);
+    while flood.elapsed() < Duration::from_secs(1) {
+        let notify = "SELECT pg_notify($1, 'x')";
+        admin.execute(notify, &[&channel]).await.unwrap();
+        sent += 1;
+    }
+    let lasted = flood.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let looked = looks().await - before;
+    // One per 50 ms of the flood and the 300 ms after, and a tick's.
+    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    assert!(looked <= most, "{looked} looks for {sent} doorbells");
+    assert!(looked >= 2, "the doorbell is heard: {looked} looks");
+}
