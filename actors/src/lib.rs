@@ -107,7 +107,7 @@ pub use leases::{
     with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
-pub use payloads::{DeleteExpired, Fetch, FetchMany, PayloadStoreActor, Put};
+pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
 pub use rates::RateLimiter;
 pub use schedules::{
     GetScheduleStats, Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler,

@@ -89,7 +89,7 @@ pub struct Fetch(pub String);
 /// for the payload table): each key's payload or error, in order.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Vec<Result<Vec<u8>>>")]
-pub struct FetchMany(pub Vec<String>);
+pub(crate) struct FetchMany(pub(crate) Vec<String>);
 
 /// Delete expired payloads now; returns how many. [`ErrorKind::InvalidConfig`] for an actor
 /// without a table to expire.
