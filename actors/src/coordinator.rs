@@ -45,8 +45,11 @@ impl Coordinator {
     /// Checks the server, then starts the actors as [`start`](Self::start) does: the start that
     /// can fail. [`pgcoord::ErrorKind::Unavailable`] (with the cause) when the database cannot
     /// be reached within the connect timeout, [`pgcoord::ErrorKind::ReadOnly`] on a standby,
-    /// [`pgcoord::ErrorKind::NotFound`] when the tables do not exist (`pgcoord::schema::migrate`).
+    /// [`pgcoord::ErrorKind::NotFound`] when the tables do not exist (`pgcoord::schema::migrate`),
+    /// [`pgcoord::ErrorKind::Unsupported`] outside an actix System (from any tokio runtime, use
+    /// [`Runtime`](crate::Runtime)).
     pub async fn connect(config: Config) -> pgcoord::Result<Coordinator> {
+        in_actix_system()?;
         pgcoord::__private::check_server(&config).await?;
         Ok(Coordinator::start(config))
     }
@@ -68,6 +71,7 @@ impl Coordinator {
     /// Checks the server, then starts the actors on `pool` as
     /// [`start_with_pool`](Self::start_with_pool) does.
     pub async fn connect_with_pool(config: Config, pool: Pool) -> pgcoord::Result<Coordinator> {
+        in_actix_system()?;
         pgcoord::__private::check_server(&config).await?;
         Ok(Coordinator::start_with_pool(config, pool))
     }
@@ -263,4 +267,20 @@ impl std::fmt::Debug for Coordinator {
             .field("lock_table", &self.config.lock_table().to_string())
             .finish_non_exhaustive()
     }
+}
+
+/// [`ErrorKind::Unsupported`](pgcoord::ErrorKind::Unsupported) outside an actix System, where
+/// starting an actor would panic (a plain `#[tokio::main]` has none): it names the door that
+/// works there.
+fn in_actix_system() -> pgcoord::Result<()> {
+    if actix::System::try_current().is_some() {
+        return Ok(());
+    }
+    Err(pgcoord::Error::new(
+        pgcoord::ErrorKind::Unsupported,
+        "Coordinator::connect runs its actors on the calling thread's actix System, and there is \
+         none (a plain tokio runtime, #[tokio::main]): start one (#[actix::main], \
+         actix::System::new), or use pgcoord_actors::Runtime::connect, which runs them on a \
+         thread of its own and works from any tokio runtime",
+    ))
 }

@@ -107,6 +107,23 @@ async fn a_threaded_runtime_that_cannot_start_says_why() {
     assert!(error.to_string().contains("does not exist"), "{error}");
 }
 
+/// Under a plain tokio runtime there is no actix System to start actors on: `Coordinator::connect`
+/// says so, naming the door that works there, instead of panicking.
+#[tokio::test]
+async fn coordinator_connect_outside_an_actix_system_names_runtime() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(5)).await;
+    let config = setup.builder("tokio").build().unwrap();
+    let pool = pgcoord::Pool::new(&config);
+    for error in [
+        Coordinator::connect(config.clone()).await.err(),
+        Coordinator::connect_with_pool(config, pool).await.err(),
+    ] {
+        let error = error.expect("refused");
+        assert_eq!(error.kind(), pgcoord::ErrorKind::Unsupported, "{error}");
+        assert!(error.to_string().contains("Runtime"), "{error}");
+    }
+}
+
 /// The lease's row: its owner and token, if it is there.
 async fn holder(
     admin: &tokio_postgres::Client,
