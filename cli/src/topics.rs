@@ -121,10 +121,14 @@ pub async fn reset(
 /// The oldest transaction on the server, when one holds readers back.
 async fn held_back(table: &TopicTable, client: &Client) -> Result<()> {
     if let Some(held) = table.held_back(client).await? {
+        // A prepared transaction has no backend: its gid is what ends it.
+        let which = match &held.prepared {
+            Some(gid) => format!("the prepared transaction {gid:?}"),
+            None => format!("pid {}", held.pid),
+        };
         eprintln!(
-            "readers wait for transactions from {:.1}s ago on: pid {} ({})",
+            "readers wait for transactions from {:.1}s ago on: {which} ({})",
             held.age.as_secs_f64(),
-            held.pid,
             held.database.as_deref().unwrap_or("?")
         );
     }

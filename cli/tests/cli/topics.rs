@@ -146,3 +146,42 @@ async fn schedules_lists_the_latest_tick_of_each_and_one_schedules_runs() {
         "a bad name is bad input"
     );
 }
+
+/// A prepared transaction holds readers back as an open one does, and has no backend: `topics`
+/// names it by its gid. (A cluster of its own, with prepared transactions on.)
+#[tokio::test]
+async fn topics_names_a_prepared_transaction_that_holds_readers_back() {
+    let server = tokio::task::spawn_blocking(|| {
+        TempPostgres::start_with(&[("max_prepared_transactions", "2")])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let table = unique_name("cli");
+    let run = |args: &[&str]| {
+        let mut command = pgcoord_command(&table, args);
+        command.env("DATABASE_URL", server.dsn());
+        command.output().unwrap()
+    };
+    assert!(run(&["migrate"]).status.success());
+    let config = Config::builder()
+        .pg_config(&server.pg_config())
+        .build()
+        .unwrap();
+    let preparer = pgcoord::db::connect_spawned(&config).await.unwrap();
+    preparer
+        .batch_execute("BEGIN; SELECT pg_current_xact_id(); PREPARE TRANSACTION 'stuck-migration'")
+        .await
+        .unwrap();
+    let out = run(&["topics"]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    preparer
+        .batch_execute("ROLLBACK PREPARED 'stuck-migration'")
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("the prepared transaction \"stuck-migration\""),
+        "{said}"
+    );
+}
