@@ -17,8 +17,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The protocols and their safety argument are in `docs/DESIGN.md`; deployment in
-//! `docs/OPERATIONS.md`.
+//! Every capability, with its code, is in `docs/GUIDE.md`; the protocols and their safety
+//! argument in `docs/DESIGN.md`; deployment in `docs/OPERATIONS.md`.
 //!
 //! Layout — one actor per concept, each in its folder, owning its state privately:
 //! - [`leases`] — [`LockManager`]: held leases, the heartbeat (one renew statement per tick, on
@@ -63,11 +63,15 @@
 //!   a statement (acquires, releases, notifications).
 #![deny(missing_docs)]
 
-// The README's and the operations guide's examples are doctests (`cargo test --doc`): they
-// cannot rot, and the README's quick start runs against a throwaway cluster.
+// The README's, the tour's and the operations guide's examples are doctests (`cargo test
+// --doc`): they compile, so they cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/GUIDE.md")]
+struct GuideExamples;
 
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/OPERATIONS.md")]
