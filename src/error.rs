@@ -52,7 +52,7 @@ pub enum ErrorKind {
     Tls,
     /// The server accepts no writes: a hot standby, or `default_transaction_read_only` is on.
     ReadOnly,
-    /// The role lacks a privilege a statement needs (SQLSTATE 42501): see the README's grants
+    /// The role lacks a privilege a statement needs (SQLSTATE 42501): see OPERATIONS.md's grants
     /// for a service role.
     PermissionDenied,
     /// A serialization failure or deadlock persisted through every retry.

@@ -11,7 +11,7 @@
 //! copy of the sequence fell behind (before this, both holders had token 1 and the old holder's
 //! renewals and fenced writes matched the new holder's row); the old holder's fence is rejected
 //! at once and its next renewal reports the loss. Lost acknowledged writes cannot be helped:
-//! pgcoord requires synchronous replication for its guarantees to survive a failover (README,
+//! pgcoord requires synchronous replication for its guarantees to survive a failover (OPERATIONS,
 //! docs/RELIABILITY.md).
 
 use std::sync::Arc;
