@@ -387,21 +387,8 @@ async fn a_flood_of_topic_doorbells_costs_a_read_per_gap() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = stats().await.reads;
-
-    let (flood, mut sent) = (Instant::now(), 0);
-    while flood.elapsed() < Duration::from_secs(1) {
-        admin
-            .execute("SELECT pg_notify($1, 't')", &[&table.channel()])
-            .await
-            .unwrap();
-        sent += 1;
-    }
-    let lasted = flood.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let reads = stats().await.reads - before;
-    // One per 50 ms of the flood and the 300 ms after, and one under way.
-    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    let reads = async || stats().await.reads;
+    let (sent, reads, most) = super::flood(&admin, table.channel(), "t", reads).await;
     assert!(reads <= most, "{reads} reads for {sent} doorbells");
 
     table.append(&admin, "t", b"real").await.unwrap();

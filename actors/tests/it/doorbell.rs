@@ -304,18 +304,8 @@ async fn a_flood_of_forged_announcements_costs_an_attempt_per_gap() {
         .to_owned();
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
     let (held, waits) = contend(&setup, &admin, &holder, &waiter, None).await;
-    let before = stats(&waiter).await.acquire_statements;
-    let (flood, mut sent) = (Instant::now(), 0);
-    while flood.elapsed() < Duration::from_secs(1) {
-        let notify = "SELECT pg_notify($1, 'job')";
-        admin.execute(notify, &[&channel]).await.unwrap();
-        sent += 1;
-    }
-    let lasted = flood.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let asked = stats(&waiter).await.acquire_statements - before;
-    // One per 50 ms of the flood and the 300 ms after, and one under way.
-    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    let asked = async || stats(&waiter).await.acquire_statements;
+    let (sent, asked, most) = super::flood(&admin, &channel, "job", asked).await;
     assert!(asked <= most, "{asked} attempts for {sent} announcements");
     assert!(!waits.is_finished(), "the waiter was granted on a forgery");
     held.release().await.unwrap();

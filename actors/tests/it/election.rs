@@ -455,19 +455,7 @@ async fn a_flood_of_proclamations_costs_an_observer_a_read_per_gap() {
         let stats: ManagerStats = watcher.locks.send(GetStats::new()).await.unwrap();
         stats.read_statements
     };
-    let before = reads().await;
-
-    let (flood, mut sent) = (Instant::now(), 0);
-    while flood.elapsed() < Duration::from_secs(1) {
-        let notify = "SELECT pg_notify($1, $2)";
-        listening.execute(notify, &[&channel, &text]).await.unwrap();
-        sent += 1;
-    }
-    let lasted = flood.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let read = reads().await - before;
-    // One per 50 ms of the flood and the 300 ms after, one under way, a poll's.
-    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 3;
+    let (sent, read, most) = super::flood(&listening, channel, text, reads).await;
     assert!(read <= most, "{read} reads for {sent} proclamations");
     assert_eq!(observed.received().len(), 2, "{:?}", observed.received());
 

@@ -335,23 +335,8 @@ async fn a_flood_of_mail_doorbells_costs_a_read_per_gap() {
     send(&mut admin, &table, &keys, 0..1).await;
     until_received(&received, &keys, 1).await;
     let reads = async || member.pool.send(GetAssignment).await.unwrap().mail_reads;
-    let before = reads().await;
-
-    let (flood, mut sent) = (std::time::Instant::now(), 0);
     let topic = mail_topic("mailed", "k");
-    while flood.elapsed() < Duration::from_secs(1) {
-        let notify = "SELECT pg_notify($1, $2)";
-        admin
-            .execute(notify, &[&table.channel(), &topic])
-            .await
-            .unwrap();
-        sent += 1;
-    }
-    let lasted = flood.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let read = reads().await - before;
-    // One per 50 ms of the flood and the 300 ms after, one under way, and a tick's.
-    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 3;
+    let (sent, read, most) = super::flood(&admin, table.channel(), &topic, reads).await;
     assert!(read <= most, "{read} reads for {sent} doorbells");
 
     send(&mut admin, &table, &keys, 1..2).await;

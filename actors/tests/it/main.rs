@@ -402,3 +402,27 @@ pub async fn listen_on(
     }
     (client, rx)
 }
+
+/// A flood of doorbells, as anyone who can connect may send: NOTIFYs `payload` on `channel` as
+/// fast as `client` can for a second, then waits 300 ms for what the flood started. Returns how
+/// many were sent, how much `count` (read before and after) grew, and the most it may grow if a
+/// flood costs one statement per doorbell gap (50 ms) of the flood and the 300 ms after, plus
+/// one under way and one of a tick or poll.
+pub async fn flood(
+    client: &Client,
+    channel: &str,
+    payload: &str,
+    mut count: impl AsyncFnMut() -> u64,
+) -> (u64, u64, u64) {
+    let before = count().await;
+    let (started, mut sent) = (std::time::Instant::now(), 0);
+    while started.elapsed() < Duration::from_secs(1) {
+        let notify = "SELECT pg_notify($1, $2)";
+        client.execute(notify, &[&channel, &payload]).await.unwrap();
+        sent += 1;
+    }
+    let lasted = started.elapsed() + Duration::from_millis(300);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let most = lasted.as_millis() as u64 / 50 + 3;
+    (sent, count().await - before, most)
+}

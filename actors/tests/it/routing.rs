@@ -755,18 +755,7 @@ async fn a_flood_of_pool_doorbells_costs_a_look_per_gap() {
     let scope = format!("route {}:{table} {}:{pool} ", table.len(), pool.len());
     let channel = pgcoord::lease::holder_channel(&scope, "");
     let looks = async || member.pool.send(GetAssignment).await.unwrap().ticks;
-    let before = looks().await;
-    let (flood, mut sent) = (Instant::now(), 0);
-    while flood.elapsed() < Duration::from_secs(1) {
-        let notify = "SELECT pg_notify($1, 'x')";
-        admin.execute(notify, &[&channel]).await.unwrap();
-        sent += 1;
-    }
-    let lasted = flood.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let looked = looks().await - before;
-    // One per 50 ms of the flood and the 300 ms after, and a tick's.
-    let most = (lasted + Duration::from_millis(300)).as_millis() as u64 / 50 + 2;
+    let (sent, looked, most) = super::flood(&admin, &channel, "x", looks).await;
     assert!(looked <= most, "{looked} looks for {sent} doorbells");
     assert!(looked >= 2, "the doorbell is heard: {looked} looks");
 }
