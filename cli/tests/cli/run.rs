@@ -226,6 +226,17 @@ fn assert_writes_stop_for_now(file: &std::path::Path) {
     }
 }
 
+/// `pgcoord` with `args` started, its command writing to `file`, once the writes began.
+fn writing(table: &str, args: &[&str], file: &std::path::Path) -> std::process::Child {
+    let holder = pgcoord_command(table, args)
+        .env("WRITES", file)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_writes(file);
+    holder
+}
+
 #[test]
 fn lock_run_stops_the_commands_children_when_the_lease_is_lost() {
     let table = unique_name("cli");
@@ -236,12 +247,7 @@ fn lock_run_stops_the_commands_children_when_the_lease_is_lost() {
     let args = [
         "lock", "run", "--lease", "3s", "job", "--", "sh", "-c", &script,
     ];
-    let holder = pgcoord_command(&table, &args)
-        .env("WRITES", &file)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_writes(&file);
+    let holder = writing(&table, &args, &file);
     let freed = pgcoord(&table, &["lock", "release", "job", "--force"]);
     assert!(freed.status.success(), "{freed:?}");
     let holder = holder.wait_with_output().unwrap();
@@ -269,12 +275,7 @@ fn lock_run_kills_the_group_after_kill_after_when_it_ignores_sigterm() {
         "-c",
         &script,
     ];
-    let holder = pgcoord_command(&table, &args)
-        .env("WRITES", &file)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_writes(&file);
+    let holder = writing(&table, &args, &file);
     let freed = pgcoord(&table, &["lock", "release", "job", "--force"]);
     assert!(freed.status.success(), "{freed:?}");
     let holder = holder.wait_with_output().unwrap();
@@ -338,12 +339,7 @@ fn lock_run_stops_its_command_with_it_on_sigtstp_and_continues_it_after() {
     let args = [
         "lock", "run", "--lease", "10s", "job", "--", "sh", "-c", &script,
     ];
-    let holder = pgcoord_command(&table, &args)
-        .env("WRITES", &file)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_writes(&file);
+    let holder = writing(&table, &args, &file);
     let kill = |signal: &str| {
         let sent = Command::new("kill")
             .args([signal, &holder.id().to_string()])
