@@ -57,6 +57,47 @@ impl Default for Backoff {
     }
 }
 
+/// Failures in a row: the one failure counter of pgcoord. Each is warned of at a bounded rate
+/// (the first, then every power of two: an outage of a thousand failures writes ten lines, see
+/// [`warn_due`]), and the next try waits a [`Backoff`] delay that grows with them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Failures {
+    in_a_row: u32,
+}
+
+impl Failures {
+    /// Counts a failure; true when it is to be warned of.
+    pub fn failed(&mut self) -> bool {
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        warn_due(u64::from(self.in_a_row))
+    }
+
+    /// A success: the next failure is the first again.
+    pub fn succeeded(&mut self) {
+        self.in_a_row = 0;
+    }
+
+    /// Failures in a row now.
+    pub fn in_a_row(&self) -> u32 {
+        self.in_a_row
+    }
+
+    /// How long to wait before trying again: nothing after none, nor after the first `at_once`
+    /// (a connection dropped once is usually back at once), then `backoff`'s growing delay.
+    pub fn delay(&self, backoff: Backoff, at_once: u32) -> Duration {
+        match self.in_a_row.checked_sub(at_once + 1) {
+            None => Duration::ZERO,
+            Some(attempt) => backoff.delay(attempt),
+        }
+    }
+}
+
+/// Whether the `count`-th occurrence of something worth a warning is warned of: the first, then
+/// every power of two. The rate every warning of a repeated failure keeps.
+pub fn warn_due(count: u64) -> bool {
+    count.is_power_of_two()
+}
+
 /// A random number from std's per-instance hash keys; enough for suffixes and jitter.
 pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -73,6 +114,22 @@ pub(crate) fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_are_warned_of_at_powers_of_two_and_back_off_after_those_at_once() {
+        let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
+        let mut failures = Failures::default();
+        assert_eq!(failures.delay(backoff, 0), Duration::ZERO);
+        let warned: Vec<u32> = (1..=20).filter(|_| failures.failed()).collect();
+        assert_eq!(warned, [1, 2, 4, 8, 16]);
+        assert!(failures.delay(backoff, 0) <= Duration::from_millis(500));
+        failures.succeeded();
+        assert!(failures.failed(), "the first again");
+        assert_eq!(failures.delay(backoff, 1), Duration::ZERO);
+        assert!(failures.delay(backoff, 0) <= Duration::from_millis(5));
+        failures.failed();
+        assert!(failures.delay(backoff, 1) <= Duration::from_millis(5));
+    }
 
     #[test]
     fn a_configured_backoff_grows_from_initial_to_max() {

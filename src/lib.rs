@@ -94,6 +94,7 @@ pub use topic::TopicTable;
 /// release without notice; nothing here is covered by semver.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::backoff::{Failures, warn_due};
     pub use crate::db::borrowed::Borrowed;
     pub use crate::db::bounded::{Until, run_until, until};
     pub use crate::db::check::{check_reachable, check_server};

@@ -79,17 +79,18 @@ impl Drop for Borrowed {
         };
         let bound = self.statement_timeout;
         runtime.spawn(async move {
-            let mut failed = 0u32;
+            let mut failed = crate::backoff::Failures::default();
             loop {
                 match super::ping(&conn, bound).await {
                     Ok(()) => {
+                        let failed = failed.in_a_row();
                         debug!(failed, "a connection kept aside answers again; back to the pool");
                         return;
                     }
                     Err(_) if conn.is_closed() => return,
                     Err(e) => {
-                        failed += 1;
-                        if failed.is_power_of_two() {
+                        if failed.failed() {
+                            let failed = failed.in_a_row();
                             warn!(error = %e, failed, "a connection of the application's pool does not answer; kept out of the pool");
                         }
                         tokio::time::sleep(QUARANTINE_PING_EVERY).await;

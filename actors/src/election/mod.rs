@@ -258,7 +258,7 @@ impl Leadership {
         };
         async move {
             tokio::pin!(ended);
-            let mut failures = 0u32;
+            let mut failures = pgcoord::__private::Failures::default();
             loop {
                 tokio::select! {
                     _ = &mut ended => return false,
@@ -266,10 +266,10 @@ impl Leadership {
                 }
                 match locks.call(asked.clone()).await {
                     Ok(true) => return true,
-                    Ok(false) => failures = 0,
+                    Ok(false) => failures.succeeded(),
                     Err(e) => {
-                        failures += 1;
-                        if failures.is_power_of_two() {
+                        if failures.failed() {
+                            let failures = failures.in_a_row();
                             warn!(election.name = %asked.name, error = %e, failures, "cannot look for a resign request; looking again");
                         }
                     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use pgcoord::__private::Failures;
 use pgcoord::Error;
 use tracing::{debug, warn};
 
@@ -28,13 +29,13 @@ pub(crate) struct Heartbeat {
     /// Its own connection, reopened when it fails.
     session: Option<Arc<Pinned>>,
     renewing: bool,
-    failures: u32,
+    failures: Failures,
 }
 
 impl Heartbeat {
     /// Renewals failed in a row now.
     pub(crate) fn failures(&self) -> u32 {
-        self.failures
+        self.failures.in_a_row()
     }
 }
 
@@ -95,7 +96,7 @@ impl LockManager {
                     act.heartbeat.session = session.filter(|s| !s.is_broken());
                     match result {
                         Ok(renewed) => {
-                            act.heartbeat.failures = 0;
+                            act.heartbeat.failures.succeeded();
                             if let Some(metrics) = &act.metrics {
                                 metrics.renew.record(sent.elapsed().as_secs_f64());
                             }
@@ -127,14 +128,13 @@ impl LockManager {
 
     /// Tries again soon: the leases are still ours until their deadlines.
     fn renew_failed(&mut self, error: Error, ctx: &mut Context<Self>) {
-        self.heartbeat.failures += 1;
-        let failures = self.heartbeat.failures;
+        let warn = self.heartbeat.failures.failed();
+        let failures = self.heartbeat.failures.in_a_row();
         Counters::add(&self.counters.renew_failures);
         if let Some(metrics) = &self.metrics {
             metrics.renew_failures.increment(1);
         }
-        // The first failure, then every power of two: an outage must not flood the log.
-        if failures.is_power_of_two() {
+        if warn {
             warn!(
                 error = %error,
                 leases = self.holdings.len(),
@@ -142,8 +142,8 @@ impl LockManager {
                 "lease renewal failed; retrying (leases not renewed by their deadline are reported lost)"
             );
         }
-        let retry = (self.config.backoff())
-            .delay(failures - 1)
+        let retry = (self.heartbeat.failures)
+            .delay(self.config.backoff(), 0)
             .max(Duration::from_millis(10))
             .min(self.config.heartbeat().unwrap_or(self.config.lease() / 4));
         debug!(?retry, "renewal retry scheduled");

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use pgcoord::__private::{Failures, warn_due};
+use pgcoord::db::Backoff;
 use pgcoord::schedule::{Next, RunState, plan};
 use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
@@ -23,7 +25,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
         let mut since = None;
         let mut wake = Instant::now();
         let mut next_tick = None;
-        let mut failures = 0u32;
+        let mut failures = Failures::default();
         loop {
             let jitter = shared.schedule.jitter.mul_f64(rand::random::<f64>());
             let sleep = wake.saturating_duration_since(Instant::now()) + jitter;
@@ -33,17 +35,18 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
             match tenure(&shared, &mut since, &mut next_tick).await {
                 Ok(Some(at)) => {
-                    failures = 0;
+                    failures.succeeded();
                     wake = at;
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    failures += 1;
-                    if failures.is_power_of_two() {
+                    if failures.failed() {
+                        let failures = failures.in_a_row();
                         warn!(error = %e, failures, "the schedule cannot run; trying again");
                     }
-                    let backoff = Duration::from_millis(100) * failures.min(50);
-                    wake = Instant::now() + backoff;
+                    // From 100 ms to 5 s: the table is back within seconds of the server.
+                    let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+                    wake = Instant::now() + failures.delay(backoff, 0);
                 }
             }
         }
@@ -145,7 +148,7 @@ async fn run_due(
                     s.abandoned
                 });
                 shared.metrics.abandoned.increment(1);
-                if abandoned.is_power_of_two() {
+                if warn_due(abandoned) {
                     warn!(tick = ?tick, attempts = schedule.policy.max_attempts, abandoned, "a tick is abandoned");
                 }
             }
@@ -239,7 +242,7 @@ async fn run_tick(
             });
             shared.metrics.failed.increment(1);
             // Bounded: a schedule failing every tick says so at 1, 2, 4, 8… failures.
-            if failed.is_power_of_two() {
+            if warn_due(failed) {
                 warn!(tick = ?tick, attempt, failed, error = error.unwrap_or_default(), "a tick's run failed");
             }
         }
@@ -249,7 +252,7 @@ async fn run_tick(
                 s.taken_over
             });
             shared.metrics.taken_over.increment(1);
-            if taken_over.is_power_of_two() {
+            if warn_due(taken_over) {
                 warn!(tick = ?tick, taken_over, "a tick's run finished after another process took it over; it does not count");
             }
             return Ok(false);

@@ -149,7 +149,7 @@ impl ListenerActor {
                 ),
                 Ok(false) => act.fail(ctx, ConnState::Deaf),
                 // Heard back: an outage, if there was one, is over.
-                Ok(true) => act.failures = 0,
+                Ok(true) => act.failures.succeeded(),
             }),
         );
     }
@@ -163,16 +163,14 @@ impl ListenerActor {
         if ctx.state() != ActorState::Running {
             return;
         }
-        let first = self.failures == 0;
-        self.failures += 1;
-        if first || self.failures.is_power_of_two() {
+        if self.failures.failed() {
             warn!(
                 ?state,
-                failures = self.failures,
+                failures = self.failures.in_a_row(),
                 "listener connection lost; reconnecting"
             );
         }
-        if first {
+        if self.failures.in_a_row() == 1 {
             self.broadcast(state);
         }
         ctx.stop();
@@ -334,33 +332,5 @@ async fn listen_on(
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("LISTEN not confirmed within {bound:?}")),
-    }
-}
-
-/// No delay for the first connection (or the first after a working one), then the configured
-/// jittered backoff (default at most 500 ms: the listener is back within half a second of the
-/// server).
-pub(super) fn backoff(failures: u32, backoff: pgcoord::db::Backoff) -> Duration {
-    match failures {
-        0 | 1 => Duration::ZERO,
-        n => backoff.delay(n - 2),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::backoff;
-    use pgcoord::db::Backoff;
-    use std::time::Duration;
-
-    #[test]
-    fn backoff_starts_at_once_and_is_capped() {
-        let configured = Backoff::new(Duration::from_millis(5), Duration::from_millis(500));
-        assert_eq!(backoff(0, configured), Duration::ZERO);
-        assert_eq!(backoff(1, configured), Duration::ZERO);
-        for failures in 2..40 {
-            assert!(backoff(failures, configured) <= Duration::from_millis(500));
-        }
-        assert!(backoff(2, configured) <= Duration::from_millis(5));
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use bytes::Bytes;
+use pgcoord::__private::warn_due;
 use pgcoord::ident::Ident;
 use pgcoord::signal::{self, Body, Envelope, Kind};
 use pgcoord::{Error, ErrorKind, Result};
@@ -81,7 +82,7 @@ impl ListenerActor {
         self.count(|m| m.garbage.increment(1));
         // Anyone can NOTIFY any channel: a flood must not become a flood of log lines. The
         // first, then every power of two; the stat counts them all.
-        if self.stats.garbage.is_power_of_two() {
+        if warn_due(self.stats.garbage) {
             warn!(%channel, error = %why, skipped = self.stats.garbage, "skipping notifications that are not pgcoord messages");
         }
     }
@@ -95,7 +96,7 @@ impl ListenerActor {
     pub(crate) fn undeliverable(&mut self, channel: &str, error: &Error, ctx: &mut Context<Self>) {
         self.stats.undeliverable += 1;
         self.count(|m| m.undeliverable.increment(1));
-        if self.stats.undeliverable.is_power_of_two() {
+        if warn_due(self.stats.undeliverable) {
             warn!(%channel, error = %error, undeliverable = self.stats.undeliverable, "cannot fetch a stored payload; message not delivered");
         }
         if let Some((since, last)) = self.losses.get_mut(channel) {
@@ -155,7 +156,7 @@ impl ListenerActor {
             }
             Err(SendError::Full(_)) => {
                 stats.overflowed += 1;
-                if stats.overflowed.is_power_of_two() {
+                if warn_due(stats.overflowed) {
                     warn!(%channel, overflowed = stats.overflowed, "a subscriber's mailbox is full; messages dropped for it");
                 }
                 true

@@ -80,7 +80,7 @@ pub struct ListenerActor {
     conn_subscribers: Vec<Recipient<ConnState>>,
     /// The connection's state as last broadcast, told to each new subscriber at once.
     pub(crate) conn_state: Option<ConnState>,
-    failures: u32,
+    failures: pgcoord::__private::Failures,
     /// Set by [`Shutdown`]: the supervisor restarts a stopped actor while anyone holds its
     /// address, so a shut-down listener stays idle instead of connecting again.
     shut_down: bool,
@@ -143,7 +143,7 @@ impl ListenerActor {
             pending: Pending::default(),
             conn_subscribers: Vec::new(),
             conn_state: None,
-            failures: 0,
+            failures: Default::default(),
             shut_down: false,
             stats: ListenerStats::default(),
             next_seq: 0,
@@ -211,7 +211,9 @@ impl Actor for ListenerActor {
         if self.config.poll_only() {
             return;
         }
-        let delay = connection::backoff(self.failures, self.config.backoff());
+        // The first reconnect at once (a connection dropped once is usually back), then the
+        // configured backoff: at most 500 ms by default, back within half a second of the server.
+        let delay = self.failures.delay(self.config.backoff(), 1);
         if delay.is_zero() {
             self.open(ctx);
         } else {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
+use pgcoord::__private::Failures;
 use pgcoord::topic::{Cursor, Event};
 use tracing::warn;
 
@@ -39,7 +40,7 @@ pub(super) async fn deliver(
     tenure: &Arc<Tenure>,
     events: Vec<Event>,
     from: Cursor,
-    errors: &mut u32,
+    errors: &mut Failures,
 ) -> Page {
     let mut page = Page {
         handled: from,
@@ -82,14 +83,13 @@ pub(super) async fn deliver(
             Ok(()) => {
                 run.metrics.handled.increment(1);
                 page.handled = at;
-                *errors = 0;
+                errors.succeeded();
             }
             Err(why) => {
                 run.metrics.failed.increment(1);
-                *errors += 1;
                 failed += 1;
-                if errors.is_power_of_two() {
-                    warn!(cursor = %at, error = %why, errors = *errors, "the handler failed; handing the event over again");
+                if errors.failed() {
+                    warn!(cursor = %at, error = %why, errors = errors.in_a_row(), "the handler failed; handing the event over again");
                 }
                 page.end = PageEnd::Failed;
                 break;

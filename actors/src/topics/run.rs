@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pgcoord::__private::Failures;
 use pgcoord::topic::{Batch, Cursor};
 use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
@@ -30,7 +31,7 @@ pub(super) async fn run(run: Arc<Run>) {
     let span =
         info_span!("topic_consumer", topic = %run.consume.topic, consumer = %run.consume.consumer);
     async move {
-        let mut failures = 0u32;
+        let mut failures = Failures::default();
         loop {
             // Waits in line for the lease as long as it takes: a second instance waits here.
             let acquire = run.locks.call(Acquire::new(run.lease_name.clone()));
@@ -45,8 +46,7 @@ pub(super) async fn run(run: Arc<Run>) {
                     if e.kind() == ErrorKind::AlreadyHeld {
                         debug!("the consumer's lease is held by this process; waiting");
                     } else {
-                        failures += 1;
-                        warn_every(failures, &e, "cannot take the consumer's lease");
+                        warn_every(&mut failures, &e, "cannot take the consumer's lease");
                     }
                     if pause(&run, run.consume.poll).await {
                         return;
@@ -54,7 +54,7 @@ pub(super) async fn run(run: Arc<Run>) {
                     continue;
                 }
             };
-            failures = 0;
+            failures.succeeded();
             stats(&run, |s| {
                 s.tenures += 1;
                 s.active = true;
@@ -87,7 +87,7 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
     // A statement's bound starts when it is made: one per statement, never one per tenure (a
     // tenure outlives the statement timeout).
-    let mut failures = 0u32;
+    let mut failures = Failures::default();
     let mut cursor = loop {
         match run
             .table
@@ -101,9 +101,8 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
         {
             Ok(cursor) => break cursor,
             Err(e) => {
-                failures += 1;
-                warn_every(failures, &e, "cannot open the consumer's cursor");
-                if pause(run, backoff(failures, run.consume.poll)).await {
+                warn_every(&mut failures, &e, "cannot open the consumer's cursor");
+                if pause(run, backoff(&failures, run.consume.poll)).await {
                     return Ended::Stopping;
                 }
             }
@@ -127,7 +126,7 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
 /// fails for good.
 async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut Cursor) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
-    let (mut failures, mut errors) = (0u32, 0u32);
+    let (mut failures, mut errors) = (Failures::default(), Failures::default());
     let (mut last_look, mut warned) = (Instant::now(), None);
     let lost = lease.lost();
     tokio::pin!(lost);
@@ -161,14 +160,13 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
         };
         let batch = match batch {
             Ok(batch) => {
-                failures = 0;
+                failures.succeeded();
                 batch
             }
             Err(e) if e.kind() == ErrorKind::Compacted => return Ended::Failed(e),
             Err(e) => {
-                failures += 1;
-                warn_every(failures, &e, "cannot read the topic");
-                if pause(run, backoff(failures, run.consume.poll)).await {
+                warn_every(&mut failures, &e, "cannot read the topic");
+                if pause(run, backoff(&failures, run.consume.poll)).await {
                     return Ended::Stopping;
                 }
                 continue;
@@ -233,7 +231,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
             PageEnd::Lost => return Ended::Lost,
             PageEnd::Stopping => return Ended::Stopping,
             PageEnd::Failed => {
-                if pause(run, backoff(errors, run.consume.poll)).await {
+                if pause(run, backoff(&errors, run.consume.poll)).await {
                     return Ended::Stopping;
                 }
                 // Read on from what the database holds: a handler that acked in its own
@@ -357,14 +355,14 @@ async fn pause(run: &Run, how_long: Duration) -> bool {
     }
 }
 
-/// The project's jittered backoff for the `failures`-th failure in a row, at most the poll.
-pub(crate) fn backoff(failures: u32, poll: Duration) -> Duration {
-    pgcoord::__private::backoff(failures.saturating_sub(1)).min(poll)
+/// The project's jittered backoff after `failures`, at most the poll.
+pub(crate) fn backoff(failures: &Failures, poll: Duration) -> Duration {
+    failures.delay(pgcoord::db::Backoff::DEFAULT, 0).min(poll)
 }
 
-/// A warning at the 1st, 2nd, 4th, 8th... failure in a row.
-fn warn_every(failures: u32, error: &pgcoord::Error, what: &str) {
-    if failures.is_power_of_two() {
-        warn!(error = %error, failures, "{what}; trying again");
+/// Counts a failure, warned of at the rate every repeated failure is.
+fn warn_every(failures: &mut Failures, error: &pgcoord::Error, what: &str) {
+    if failures.failed() {
+        warn!(error = %error, failures = failures.in_a_row(), "{what}; trying again");
     }
 }

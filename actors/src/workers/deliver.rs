@@ -128,7 +128,7 @@ impl Delivered {
         let (outcome, receiver) = watch::channel(None);
         if self.by_id.len() >= REMEMBERED_AT_MOST {
             self.forgotten += 1;
-            if self.forgotten.is_power_of_two() {
+            if pgcoord::__private::warn_due(self.forgotten) {
                 warn!(
                     forgotten = self.forgotten,
                     "too many routed messages in flight to remember each: one sent again may be delivered twice"

@@ -186,7 +186,7 @@ async fn tenure(
         acker,
         lease: lease.clone(),
     });
-    let mut errors = 0u32;
+    let mut errors = pgcoord::__private::Failures::default();
     loop {
         // Registered before the read, so an append after it wakes the wait below.
         let appended = shared.appended.notified();
@@ -215,7 +215,7 @@ async fn tenure(
                 event,
                 tenure: tenure.clone(),
             };
-            let again = errors > 0;
+            let again = errors.in_a_row() > 0;
             running.update(|s| {
                 s.delivered += 1;
                 s.redelivered += u64::from(again);
@@ -224,10 +224,10 @@ async fn tenure(
                 .await
                 .is_err()
             {
-                errors += 1;
+                errors.failed();
                 running.update(|s| s.handler_errors += 1);
                 tokio::select! {
-                    () = tokio::time::sleep(crate::topics::backoff(errors, consume.poll)) => {}
+                    () = tokio::time::sleep(crate::topics::backoff(&errors, consume.poll)) => {}
                     () = running.stopping.notified() => return true,
                 }
                 // A handler that acked in its own "transaction" has its event behind already.
@@ -235,7 +235,7 @@ async fn tenure(
                 cursor = cursor.max(stored);
                 break;
             }
-            errors = 0;
+            errors.succeeded();
             cursor = at;
             if shared.lock().topics.ack(topic, consumer, cursor) {
                 running.update(|s| s.acks += 1);
