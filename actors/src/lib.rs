@@ -114,8 +114,7 @@ pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
 pub use rates::RateLimiter;
 pub use schedules::{
-    GetScheduleStats, Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler,
-    TickResult,
+    Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler, TickResult,
 };
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
@@ -126,8 +125,8 @@ pub use signals::{
 pub use stats::GetStats;
 pub use threaded::{Runtime, Subscription};
 pub use topics::{
-    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, GetConsumerStats,
-    StopConsuming, TopicAppender, TopicConsumer, TopicRetention, TrimNow,
+    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, StopConsuming,
+    TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{
     AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,

@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 use actix::Message;
 
 /// Ask an actor for its counters: [`ManagerStats`](crate::ManagerStats) from a `LockManager`,
-/// [`ListenerStats`](crate::ListenerStats) from a `ListenerActor`,
+/// [`ListenerStats`](crate::ListenerStats) from a `ListenerActor`, [`ConsumerStats`](crate::ConsumerStats) from a
+/// `TopicConsumer`, [`ScheduleStats`](crate::ScheduleStats) from a `ScheduleRunner`,
 /// [`AdvisoryStats`](crate::AdvisoryStats) from `AdvisoryLocks`. The actor decides the type, so
 /// the caller does not name it:
 ///

@@ -56,9 +56,7 @@ use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
 };
-use crate::topics::{
-    Append, Consume, ConsumerStats, GetConsumerStats, StopConsuming, TopicConsumer,
-};
+use crate::topics::{Append, Consume, ConsumerStats, StopConsuming, TopicConsumer};
 use pgcoord::topic::Cursor;
 
 #[cfg(feature = "memory")]
@@ -143,7 +141,7 @@ impl Consuming {
     pub async fn stats(&self) -> Result<ConsumerStats> {
         match &self.inner {
             ConsumingInner::Postgres(consumer) => {
-                consumer.send(GetConsumerStats).await.map_err(|e| {
+                consumer.send(crate::GetStats::new()).await.map_err(|e| {
                     pgcoord::Error::new(
                         pgcoord::ErrorKind::Unavailable,
                         format!("the consumer stopped: {e}"),

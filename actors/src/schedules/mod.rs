@@ -23,6 +23,7 @@ use pgcoord::schedule::{CatchUp, Policy, ScheduleTable, Timing};
 use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 
+use crate::GetStats;
 use crate::leases::{Lease, LockManager};
 
 mod run;
@@ -257,11 +258,6 @@ pub struct ScheduleStats {
     pub busy: u64,
 }
 
-/// Asks a [`ScheduleRunner`] for its [`ScheduleStats`].
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "ScheduleStats")]
-pub struct GetScheduleStats;
-
 /// Stops a [`ScheduleRunner`]: a run under way is finished (within the schedule's
 /// [`Schedule::run_within`], when it has one), the lease released; answers the runner's final
 /// [`ScheduleStats`].
@@ -347,10 +343,10 @@ impl Actor for ScheduleRunner {
     }
 }
 
-impl Handler<GetScheduleStats> for ScheduleRunner {
+impl Handler<GetStats<ScheduleStats>> for ScheduleRunner {
     type Result = ScheduleStats;
 
-    fn handle(&mut self, _: GetScheduleStats, _: &mut Context<Self>) -> ScheduleStats {
+    fn handle(&mut self, _: GetStats<ScheduleStats>, _: &mut Context<Self>) -> ScheduleStats {
         self.shared.stats.lock().expect("stats lock").clone()
     }
 }

@@ -19,7 +19,7 @@
 //!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
-//! [`GetConsumerStats`] and [`StopConsuming`].
+//! [`GetStats`] and [`StopConsuming`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,6 +32,7 @@ use pgcoord::topic::{Cursor, Start, TopicTable};
 use pgcoord::{Error, ErrorKind, Pool, Result};
 use tokio::sync::Notify;
 
+use crate::GetStats;
 use crate::leases::LockManager;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
@@ -213,11 +214,6 @@ pub struct ConsumerStats {
     pub failed: Option<String>,
 }
 
-/// Asks a [`TopicConsumer`] for its [`ConsumerStats`].
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "ConsumerStats")]
-pub struct GetConsumerStats;
-
 /// Stops a [`TopicConsumer`]: the event being handled is finished, its lease released.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
@@ -316,10 +312,10 @@ impl Handler<ConnState> for TopicConsumer {
     }
 }
 
-impl Handler<GetConsumerStats> for TopicConsumer {
+impl Handler<GetStats<ConsumerStats>> for TopicConsumer {
     type Result = ConsumerStats;
 
-    fn handle(&mut self, _: GetConsumerStats, _: &mut Context<Self>) -> ConsumerStats {
+    fn handle(&mut self, _: GetStats<ConsumerStats>, _: &mut Context<Self>) -> ConsumerStats {
         self.run.stats.lock().expect("stats lock").clone()
     }
 }

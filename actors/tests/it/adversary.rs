@@ -380,7 +380,7 @@ async fn a_flood_of_topic_doorbells_costs_a_read_per_gap() {
     // Only the doorbells make it read during the flood.
     .poll(Duration::from_secs(30));
     let consumer = coordinator.consume(consume).unwrap();
-    let stats = async || consumer.send(GetConsumerStats).await.unwrap();
+    let stats = async || consumer.send(GetStats::new()).await.unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(10), "active and read", async || {
         let now = stats().await;
         now.active && now.reads > 0

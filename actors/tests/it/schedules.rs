@@ -160,7 +160,7 @@ async fn a_failed_run_is_retried_and_one_that_keeps_failing_is_abandoned() {
     let flaky = one.schedule(flaky).unwrap();
     let broken = one.schedule(broken).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(flaky.send(GetScheduleStats).await.unwrap().failed >= 1);
+    assert!(flaky.send(GetStats::new()).await.unwrap().failed >= 1);
     let flaky_stats = flaky.send(StopSchedule).await.unwrap();
     let broken_stats = broken.send(StopSchedule).await.unwrap();
 

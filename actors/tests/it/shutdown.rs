@@ -26,7 +26,7 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
         .consume(Consume::new("t", "c", |_| async { Ok(()) }).poll(Duration::from_millis(50)))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !consumer.send(GetConsumerStats).await.unwrap().active {
+    while !consumer.send(GetStats::new()).await.unwrap().active {
         assert!(
             Instant::now() < deadline,
             "the consumer never took its lease"
@@ -80,7 +80,7 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     drop(guard);
     // The consumer stopped instead of waiting for a lease from a stopped manager.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = consumer.send(GetConsumerStats).await.unwrap();
+    let stats = consumer.send(GetStats::new()).await.unwrap();
     assert_eq!((stats.active, stats.tenures), (false, 1), "{stats:?}");
 }
 

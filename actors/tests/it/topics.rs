@@ -55,7 +55,7 @@ pub(super) async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
 }
 
 pub(super) async fn stats(consumer: &actix::Addr<TopicConsumer>) -> ConsumerStats {
-    consumer.send(GetConsumerStats).await.unwrap()
+    consumer.send(GetStats::new()).await.unwrap()
 }
 
 #[actix_rt::test]
