@@ -21,3 +21,11 @@ pub(crate) fn refuse<T>(reply: Option<OneshotSender<Result<T>>>, error: Error) {
         let _ = reply.send(Err(error));
     }
 }
+
+/// Resolves at `deadline`; never without one.
+pub(crate) async fn deadline_passes(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

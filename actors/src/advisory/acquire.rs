@@ -2,6 +2,7 @@
 //! server when the caller gives up.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
@@ -10,6 +11,7 @@ use pgcoord::{Error, ErrorKind, Result};
 use tracing::debug;
 
 use super::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, Session};
+use crate::reply::deadline_passes;
 use crate::session::Pinned;
 
 /// The reply to [`AdvisoryLock`]: waits on the lock's own session, cancelling the wait on the
@@ -60,7 +62,8 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
             Ok(job) => job,
             Err(error) => return crate::reply::refuse(reply, error),
         };
-        let AdvisoryLock { key, mode, wait } = request;
+        let AdvisoryLock { key, mode, timeout } = request;
+        let deadline = timeout.map(|t| Instant::now() + t);
         let attempt = async move {
             let mut reply = reply;
             // A parked session is reused when its connection is still open.
@@ -73,6 +76,10 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                         _ = crate::reply::caller_gone(&mut reply) => {
                             Err(Error::new(ErrorKind::Timeout, "caller gave up"))
                         }
+                        () = deadline_passes(deadline) => Err(Error::new(
+                            ErrorKind::Unavailable,
+                            "no session for the advisory lock within its timeout",
+                        )),
                     };
                     match opened {
                         Ok(pinned) => pinned,
@@ -80,10 +87,18 @@ impl MessageResponse<AdvisoryLocks, AdvisoryLock> for AdvisoryResponse {
                     }
                 }
             };
-            // Bounded like every statement: a wait by its own timeout plus the statement
-            // timeout, a try by the statement timeout.
-            let bound =
-                std::time::Instant::now() + wait.unwrap_or_default() + config.statement_timeout();
+            // A try is bounded by the statement timeout; a wait by the caller's deadline, the
+            // server's lock_timeout ending it a share earlier so that its answer (and the
+            // session's reset) is back in time.
+            let now = Instant::now();
+            let (bound, wait) = match deadline {
+                None => (now + config.statement_timeout(), None),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(now);
+                    let answer = (left / 4).min(Duration::from_millis(250));
+                    (deadline, Some(left - answer))
+                }
+            };
             let client = &pgcoord::__private::until(&pinned.client, bound);
             let cancel = pinned.client.cancel_token();
             let locking = async {

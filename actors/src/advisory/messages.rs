@@ -17,7 +17,7 @@ use super::AdvisoryGuard;
 pub struct AdvisoryLock {
     pub(crate) key: i64,
     pub(crate) mode: pgcoord::advisory::Mode,
-    pub(crate) wait: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl Message for AdvisoryLock {
@@ -30,7 +30,7 @@ impl AdvisoryLock {
         AdvisoryLock {
             key,
             mode: pgcoord::advisory::Mode::Exclusive,
-            wait: None,
+            timeout: None,
         }
     }
 
@@ -52,9 +52,13 @@ impl AdvisoryLock {
         self
     }
 
-    /// Wait up to `timeout` for it (enforced by the server's `lock_timeout`). Default: one try.
-    pub fn wait(mut self, timeout: Duration) -> AdvisoryLock {
-        self.wait = Some(timeout);
+    /// Waits for it, and answers within `timeout` whatever the connections do, as every
+    /// pgcoord timeout does: the session is opened within it, and the wait on the server is
+    /// its `lock_timeout`, set to what is left less a share for the answer to come back, so a
+    /// wait that ends leaves nothing behind on the server. Default: one try, bounded by the
+    /// statement timeout.
+    pub fn timeout(mut self, timeout: Duration) -> AdvisoryLock {
+        self.timeout = Some(timeout);
         self
     }
 }

@@ -21,7 +21,7 @@ use super::context::WaitContext;
 use super::lease::Lease;
 use super::line::{Ask, Line, Next};
 use super::queues::NameQueue;
-use crate::reply::caller_gone;
+use crate::reply::{caller_gone, deadline_passes};
 use crate::signals::DOORBELL_GAP;
 
 pub(crate) use super::line::Answer;
@@ -328,14 +328,6 @@ async fn sleep(
 pub(crate) fn bound(deadline: Option<Instant>, statement_timeout: Duration) -> Instant {
     let bound = Instant::now() + statement_timeout;
     deadline.map_or(bound, |d| d.min(bound))
-}
-
-/// Resolves at `deadline`; never without one.
-pub(crate) async fn deadline_passes(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Frees what an attempt of unknown outcome may have granted, asked again after a backoff

@@ -133,7 +133,7 @@ async fn a_frozen_advisory_backend_is_reported_and_its_lock_stays_out_of_reach()
     // ...until the session ends (its client closed it when it gave the lock up).
     server.thaw_backend(pid as u32).unwrap();
     let _guard4 = other
-        .send(AdvisoryLock::new(7).wait(Duration::from_secs(5)))
+        .send(AdvisoryLock::new(7).timeout(Duration::from_secs(5)))
         .await
         .unwrap()
         .unwrap();
