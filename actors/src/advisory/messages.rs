@@ -9,7 +9,7 @@ use super::AdvisoryGuard;
 
 /// Take an advisory lock on a dedicated session of its own; the answer is an [`AdvisoryGuard`]:
 /// the lock is held while the guard lives, and released when it is dropped or
-/// [released](AdvisoryGuard::release). With no [`wait`](AdvisoryLock::wait), one try:
+/// [released](AdvisoryGuard::release). With no [`timeout`](AdvisoryLock::timeout), one try:
 /// [`pgcoord::ErrorKind::NotAcquired`] at once when it is taken. Re-acquiring a key held here is
 /// refused ([`pgcoord::ErrorKind::AlreadyHeld`]): locks never stack. A caller that gives up
 /// while waiting cancels the wait on the server.
