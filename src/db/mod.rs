@@ -21,6 +21,7 @@ pub(crate) mod bounded;
 pub(crate) mod check;
 pub(crate) mod connect;
 pub(crate) mod fresh;
+pub(crate) mod manager;
 pub(crate) mod pool;
 pub(crate) mod retry;
 
