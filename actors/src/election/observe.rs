@@ -13,7 +13,7 @@
 //! same leader again, `resync` set); never is one older than a change already reported: terms
 //! are ordered by their tokens. A term shorter than a read may go unreported.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::election::Proclamation;
@@ -62,6 +62,8 @@ pub struct LeaderObserver {
     reading: bool,
     /// Asked to read while one was under way: read again when it ends.
     again: bool,
+    /// When the last read ended having found no new leader.
+    found_nothing: Option<std::time::Instant>,
     /// A resync was asked for (the first report, a reconnect): the next read started carries it.
     resync: bool,
     /// The read scheduled at the current leader's expiry.
@@ -85,6 +87,7 @@ impl LeaderObserver {
             highest: i64::MIN,
             reading: false,
             again: false,
+            found_nothing: None,
             resync: true,
             expiry: None,
         }
@@ -99,6 +102,19 @@ impl LeaderObserver {
             self.again = true;
             return;
         }
+        // After a read that found no new leader, the next waits out the doorbell gap (still
+        // one at a time): anyone can NOTIFY, and a flood costs a read per gap.
+        if let Some(at) = self.found_nothing.take() {
+            let wait = DOORBELL_GAP.saturating_sub(at.elapsed());
+            if !wait.is_zero() {
+                self.reading = true;
+                ctx.run_later(wait, |act, ctx| {
+                    act.reading = false;
+                    act.read(false, ctx);
+                });
+                return;
+            }
+        }
         self.reading = true;
         let resync = std::mem::take(&mut self.resync);
         let (locks, name) = (self.locks.clone(), self.election.clone());
@@ -106,20 +122,10 @@ impl LeaderObserver {
         ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
             let changed = act.apply(result, resync, ctx);
             act.reading = false;
-            if !std::mem::take(&mut act.again) {
-                return;
-            }
-            if changed {
-                return act.read(false, ctx);
-            }
-            // Asked again during a read that found no new leader. Anyone can NOTIFY: the next
-            // read waits out the doorbell gap (one at a time still), so a flood costs a read per
-            // gap.
-            act.reading = true;
-            ctx.run_later(DOORBELL_GAP, |act, ctx| {
-                act.reading = false;
+            act.found_nothing = (!changed).then(Instant::now);
+            if std::mem::take(&mut act.again) {
                 act.read(false, ctx);
-            });
+            }
         }));
     }
 
