@@ -10,6 +10,9 @@ use crate::leases::LockManager;
 use crate::payloads::PayloadStoreActor;
 use crate::signals::ListenerActor;
 
+/// A pool to drain at shutdown, if it still runs.
+type Drained = Box<dyn Fn() -> Option<Recipient<crate::Drain>> + Send>;
+
 /// The addresses of a process's pgcoord actors, which share one connection pool.
 #[derive(Clone)]
 pub struct Coordinator {
@@ -33,7 +36,7 @@ pub struct Coordinator {
     /// service's, through [`Runtime`](crate::Runtime)).
     arbiter: ArbiterHandle,
     /// Worker pools drained by [`shutdown`](Self::shutdown) before anything is released.
-    drained: std::sync::Arc<std::sync::Mutex<Vec<Recipient<crate::Drain>>>>,
+    drained: std::sync::Arc<std::sync::Mutex<Vec<Drained>>>,
 }
 
 impl Coordinator {
@@ -218,7 +221,19 @@ impl Coordinator {
     /// rest of the process's leases go. Without it the shutdown releases the keys' leases with
     /// the others while their workers are being told to stop.
     pub fn drain_on_shutdown(&self, pool: Recipient<crate::Drain>) {
-        self.drained.lock().expect("pools lock").push(pool);
+        self.drained
+            .lock()
+            .expect("pools lock")
+            .push(Box::new(move || Some(pool.clone())));
+    }
+
+    /// Has [`shutdown`](Self::shutdown) drain `pool` first while it runs, without keeping it
+    /// running (a [`Workers`](crate::Workers) handle's pool stops when the handle is dropped).
+    pub(crate) fn drain_while_running(&self, pool: actix::WeakRecipient<crate::Drain>) {
+        self.drained
+            .lock()
+            .expect("pools lock")
+            .push(Box::new(move || pool.upgrade()));
     }
 
     /// Stops this process's pgcoord gracefully, within `within`: the worker pools given to
@@ -234,7 +249,7 @@ impl Coordinator {
     pub async fn shutdown(&self, within: std::time::Duration) -> pgcoord::Result<usize> {
         let deadline = tokio::time::Instant::now() + within;
         let pools = std::mem::take(&mut *self.drained.lock().expect("pools lock"));
-        let drains = pools.iter().map(|pool| pool.send(crate::Drain));
+        let drains = (pools.iter().filter_map(|pool| pool())).map(|pool| pool.send(crate::Drain));
         // A pool that stopped already answers at once; one that cannot drain in time is
         // released with the rest below.
         let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(drains)).await;

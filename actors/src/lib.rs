@@ -94,6 +94,7 @@ mod schedules;
 mod session;
 pub mod signals;
 mod stats;
+mod streams;
 mod threaded;
 pub mod topics;
 pub mod workers;
@@ -123,12 +124,13 @@ pub use signals::{
     WaitNext,
 };
 pub use stats::GetStats;
-pub use threaded::{Runtime, Subscription};
+pub use streams::{Heard, Subscription};
+pub use threaded::Runtime;
 pub use topics::{
     Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, StopConsuming,
     TopicAppender, TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{
     AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,
-    SetKeys, StopWorker, SubscribeMembers, WorkerKey, WorkerPool, mail_topic,
+    SetKeys, StopWorker, SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
 };

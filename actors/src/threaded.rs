@@ -12,12 +12,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::Stream;
 use pgcoord::{Config, Error, ErrorKind, Result};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::coordinator::Coordinator;
-use crate::signals::{Signal, Subscribe, Unsubscribe};
+use crate::streams::Subscription;
 
 /// The runtime on a thread of its own: an actix System running a [`Coordinator`]'s actors,
 /// usable from any tokio runtime. Stop it with [`shutdown`](Self::shutdown), which releases
@@ -62,25 +61,10 @@ impl Runtime {
         &self.coordinator
     }
 
-    /// Every message published on `channel` from now on, as a stream. Buffered without bound
-    /// as an actor's mailbox is, so read it; dropping the stream unsubscribes.
+    /// Every message published on `channel` from now on, and a [`Heard::Gap`](crate::Heard)
+    /// wherever some may have been missed ([`Coordinator::subscribe`]).
     pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let channel = channel.to_owned();
-        let forward =
-            Forwarder::start_in_arbiter(self.system.arbiter(), move |_| Forwarder { sender });
-        let recipient = forward.recipient();
-        crate::Call::call(
-            &self.coordinator.signals,
-            Subscribe::new(channel.clone(), recipient.clone()),
-        )
-        .await?;
-        Ok(Subscription {
-            receiver,
-            signals: self.coordinator.signals.clone(),
-            channel,
-            recipient,
-        })
+        self.coordinator.subscribe(channel).await
     }
 
     /// Stops gracefully within `within`: [`Coordinator::shutdown`] (every lease and advisory
@@ -114,60 +98,5 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         // Without shutdown: stop the thread; held leases expire on the server.
         self.system.stop();
-    }
-}
-
-/// Messages of one channel from [`Runtime::subscribe`]; unsubscribes when dropped.
-pub struct Subscription {
-    receiver: mpsc::UnboundedReceiver<Signal>,
-    signals: Addr<crate::ListenerActor>,
-    channel: String,
-    recipient: Recipient<Signal>,
-}
-
-impl Subscription {
-    /// The next message; `None` once the runtime stopped.
-    pub async fn next(&mut self) -> Option<Signal> {
-        self.receiver.recv().await
-    }
-}
-
-impl Stream for Subscription {
-    type Item = Signal;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Signal>> {
-        self.receiver.poll_recv(cx)
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.signals.do_send(Unsubscribe::new(
-            self.channel.clone(),
-            self.recipient.clone(),
-        ));
-    }
-}
-
-/// Hands a subscription's messages from the System's thread to the stream's task.
-struct Forwarder {
-    sender: mpsc::UnboundedSender<Signal>,
-}
-
-impl Actor for Forwarder {
-    type Context = Context<Self>;
-}
-
-impl Handler<Signal> for Forwarder {
-    type Result = ();
-
-    fn handle(&mut self, signal: Signal, ctx: &mut Context<Self>) {
-        if self.sender.send(signal).is_err() {
-            // The stream is gone: so is this subscriber (the listener forgets stopped ones).
-            ctx.stop();
-        }
     }
 }

@@ -177,6 +177,17 @@ impl Election {
             None => observer.start(),
         }
     }
+
+    /// Each change of leader, as [`observe`](Self::observe) tells it, as a stream: the first
+    /// item the leader now (`resync` set). Dropping it stops the observer.
+    pub fn changes(
+        &self,
+    ) -> impl futures_util::Stream<Item = LeaderChanged> + Send + Unpin + use<> {
+        let arbiter = self.arbiter.clone().unwrap_or_else(Arbiter::current);
+        let (forwarder, feed) = crate::streams::forward(&arbiter, None);
+        self.observe(forwarder.recipient());
+        feed
+    }
 }
 
 /// The leader of `name` as `Get` reports it.

@@ -44,6 +44,7 @@ mod members;
 mod messages;
 mod rebalance;
 pub mod route;
+mod tasks;
 mod wire;
 
 use deliver::Routing;
@@ -53,6 +54,7 @@ pub use messages::{
     AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, StopWorker, WorkerKey, mail_topic,
 };
 pub use route::{KeyRouter, Routed};
+pub use tasks::{TaskPool, Workers};
 
 /// What stands for the lock table's name on the in-memory backend (routes are scoped to it).
 #[cfg(feature = "memory")]
@@ -72,7 +74,8 @@ struct Running<W: Actor> {
 }
 
 /// One process's part of a worker pool. Start it with [`WorkerPool::new`] and `.start()`;
-/// [`crate::Shutdown`] (or dropping every address) stops its workers and releases its keys.
+/// [`crate::Shutdown`] stops its workers and releases its keys (its ticks keep it running when
+/// every address is dropped).
 pub struct WorkerPool<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,

@@ -47,10 +47,14 @@ async fn a_tokio_service_holds_leases_and_exchanges_messages_through_the_threade
     // A message published from the tokio side comes back through the subscription's stream.
     let publish = Publish::value(&channel, &42u32).unwrap();
     runtime.coordinator().signals.call(publish).await.unwrap();
-    let signal = tokio::time::timeout(Duration::from_secs(10), messages.next())
+    let signal = match tokio::time::timeout(Duration::from_secs(10), messages.next())
         .await
         .expect("the message within 10 s")
-        .expect("the runtime is running");
+        .expect("the runtime is running")
+    {
+        Heard::Signal(signal) => signal,
+        other => panic!("a message, not {other:?}"),
+    };
     assert_eq!(signal.value::<u32>().unwrap(), 42);
 
     // The graceful stop releases the lease on the server at once and ends the thread.

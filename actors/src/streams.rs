@@ -1,0 +1,241 @@
+//! The tokio door's streams: what the actors tell their recipients (losses, connection states,
+//! leaders, members, a channel's messages), as a `Stream` for a task that is not an actor.
+//!
+//! A small forwarding actor on the coordinator's thread is the recipient; it hands each message
+//! to an unbounded channel the stream reads. Unbounded as an actor's mailbox is: a loss or a gap
+//! is never dropped because the reader is slow. Dropping the stream stops the forwarder at once,
+//! so the broadcaster forgets it (every broadcaster keeps only connected recipients).
+
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use actix::prelude::*;
+use futures_util::Stream;
+use pgcoord::{Error, ErrorKind, Result};
+use tokio::sync::mpsc;
+
+use crate::call::Call;
+use crate::coordinator::Coordinator;
+use crate::losses::{LockLost, SubscribeLockLost};
+use crate::signals::{
+    ConnState, ListenerActor, Signal, Subscribe, SubscribeConnState, Unsubscribe,
+};
+
+/// Whether an item goes on to the stream.
+pub(crate) type Keep<T> = Box<dyn Fn(&T) -> bool + Send>;
+
+/// Hands what it is told to its stream, as `T`; stops when the stream is dropped.
+pub(crate) struct Forward<T: Send + 'static> {
+    sender: mpsc::UnboundedSender<T>,
+    /// What to pass on; everything without one.
+    filter: Option<Keep<T>>,
+}
+
+impl<T: Send + 'static> Forward<T> {
+    /// Passes `item` on, unless the filter keeps it back.
+    pub(crate) fn pass(&mut self, item: T, ctx: &mut Context<Self>) {
+        if self.filter.as_ref().is_some_and(|keep| !keep(&item)) {
+            return;
+        }
+        if self.sender.send(item).is_err() {
+            ctx.stop();
+        }
+    }
+}
+
+impl<T: Send + 'static> Actor for Forward<T> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The stream dropped: stop now, not at the next message, so that broadcasters see a
+        // disconnected recipient and forget it.
+        let sender = self.sender.clone();
+        ctx.spawn(
+            async move { sender.closed().await }
+                .into_actor(self)
+                .map(|(), _, ctx| ctx.stop()),
+        );
+    }
+}
+
+impl<T> Handler<T> for Forward<T>
+where
+    T: Message<Result = ()> + Send + 'static,
+{
+    type Result = ();
+
+    fn handle(&mut self, item: T, ctx: &mut Context<Self>) {
+        self.pass(item, ctx);
+    }
+}
+
+/// The stream of one forwarder.
+pub(crate) struct Feed<T> {
+    receiver: mpsc::UnboundedReceiver<T>,
+}
+
+impl<T> Stream for Feed<T> {
+    type Item = T;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<T>> {
+        self.receiver.poll_recv(cx)
+    }
+}
+
+impl<T> Feed<T> {
+    /// The next item; `None` once the forwarder stopped (its thread ended).
+    pub(crate) async fn recv(&mut self) -> Option<T> {
+        self.receiver.recv().await
+    }
+}
+
+/// A forwarder started on `arbiter` (the coordinator's thread), keeping back what `keep`
+/// refuses, and the stream it feeds.
+pub(crate) fn forward<T: Send + 'static>(
+    arbiter: &ArbiterHandle,
+    keep: Option<Keep<T>>,
+) -> (Addr<Forward<T>>, Feed<T>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let forwarder = Forward::start_in_arbiter(arbiter, move |_| Forward {
+        sender,
+        filter: keep,
+    });
+    (forwarder, Feed { receiver })
+}
+
+/// What a [`Subscription`] yields: a message, or word that messages may have been missed.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Heard {
+    /// A message published on the channel.
+    Signal(Signal),
+    /// Messages of the channel may have been missed: the listener reconnected
+    /// ([`ConnState::Reconnected`]: what was published while it was away was not delivered), or
+    /// a message's stored payload could not be fetched ([`ConnState::MessageLost`] of this
+    /// channel). Resync from the database whatever the messages drive, as after a start.
+    Gap(ConnState),
+}
+
+/// Messages of one channel, with gaps marked ([`Heard::Gap`]): from
+/// [`Coordinator::subscribe`] or [`Runtime::subscribe`](crate::Runtime::subscribe).
+/// Unsubscribes when dropped.
+pub struct Subscription {
+    feed: Feed<Heard>,
+    signals: Addr<ListenerActor>,
+    channel: String,
+    recipient: Recipient<Signal>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The next message or gap; `None` once the runtime stopped.
+    pub async fn next(&mut self) -> Option<Heard> {
+        self.feed.recv().await
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Heard;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Heard>> {
+        Pin::new(&mut self.feed).poll_next(cx)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.signals.do_send(Unsubscribe::new(
+            self.channel.clone(),
+            self.recipient.clone(),
+        ));
+    }
+}
+
+impl Handler<Signal> for Forward<Heard> {
+    type Result = ();
+
+    fn handle(&mut self, signal: Signal, ctx: &mut Context<Self>) {
+        self.pass(Heard::Signal(signal), ctx);
+    }
+}
+
+impl Handler<ConnState> for Forward<Heard> {
+    type Result = ();
+
+    fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
+        self.pass(Heard::Gap(state), ctx);
+    }
+}
+
+/// The streams, for either door: an actix service reads them as a tokio one does.
+impl Coordinator {
+    /// Every message published on `channel` from now on, and a [`Heard::Gap`] wherever some may
+    /// have been missed, as a stream. Dropping it unsubscribes. Typed errors for a bad channel
+    /// name.
+    pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        let channel = channel.to_owned();
+        let ours = channel.clone();
+        let keep = move |heard: &Heard| match heard {
+            Heard::Signal(_) | Heard::Gap(ConnState::Reconnected) => true,
+            Heard::Gap(ConnState::MessageLost { channel, .. }) => *channel == ours,
+            Heard::Gap(_) => false,
+        };
+        let (forwarder, feed) = forward(&self.arbiter(), Some(Box::new(keep)));
+        // Connection states first: a gap between the two subscriptions is then reported.
+        told(
+            self.signals
+                .send(SubscribeConnState(forwarder.clone().recipient())),
+        )
+        .await?;
+        let recipient = forwarder.recipient::<Signal>();
+        self.signals
+            .call(Subscribe::new(channel.clone(), recipient.clone()))
+            .await?;
+        Ok(Subscription {
+            feed,
+            signals: self.signals.clone(),
+            channel,
+            recipient,
+        })
+    }
+
+    /// Every lock this process loses from now on — leases and advisory locks alike, each once
+    /// ([`LockLost`]) — as a stream. Dropping it unsubscribes.
+    pub async fn lock_losses(&self) -> Result<impl Stream<Item = LockLost> + Send + Unpin + use<>> {
+        let (forwarder, feed) = forward(&self.arbiter(), None);
+        told(
+            self.locks
+                .send(SubscribeLockLost(forwarder.clone().recipient())),
+        )
+        .await?;
+        told(self.advisory.send(SubscribeLockLost(forwarder.recipient()))).await?;
+        Ok(feed)
+    }
+
+    /// The listener's connection states from now on ([`ConnState`]; the current one first), as
+    /// a stream: `Reconnected` and `MessageLost` are what a service resyncs on. Dropping it
+    /// unsubscribes.
+    pub async fn conn_states(
+        &self,
+    ) -> Result<impl Stream<Item = ConnState> + Send + Unpin + use<>> {
+        let (forwarder, feed) = forward(&self.arbiter(), None);
+        told(self.signals.send(SubscribeConnState(forwarder.recipient()))).await?;
+        Ok(feed)
+    }
+}
+
+/// A registration's answer: the actor got it, or it stopped ([`ErrorKind::Unavailable`]).
+pub(crate) async fn told<F>(sent: F) -> Result<()>
+where
+    F: std::future::Future<Output = std::result::Result<(), MailboxError>>,
+{
+    sent.await
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("the actor stopped: {e}")))
+}
