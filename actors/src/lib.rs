@@ -20,23 +20,25 @@
 //! Every capability, with its code, is in `docs/GUIDE.md`; the protocols and their safety
 //! argument in `docs/DESIGN.md`; deployment in `docs/OPERATIONS.md`.
 //!
-//! Layout — one actor per concept, each in its folder, owning its state privately:
-//! - [`leases`] — [`LockManager`]: held leases, the heartbeat (one renew statement per tick, on
+//! Layout — one actor per concept, each in its folder, owning its state privately; every public
+//! type is re-exported here, and only here:
+//! - `leases` — [`LockManager`]: held leases, the heartbeat (one renew statement per tick, on
 //!   a connection of its own), monotonic deadlines, waiters; [`Lease`], the handle of a held
 //!   lease (token, data, fencing guard, loss signal; released when dropped); [`with_lock`].
-//! - [`advisory`] — [`AdvisoryLocks`]: advisory locks on dedicated, pinged sessions;
+//! - `advisory` — [`AdvisoryLocks`]: advisory locks on dedicated, pinged sessions;
 //!   [`AdvisoryGuard`], released when dropped.
-//! - [`signals`] — [`ListenerActor`]: the process's one LISTEN connection, supervised and
+//! - `signals` — [`ListenerActor`]: the process's one LISTEN connection, supervised and
 //!   reconnecting, with [`ConnState`] broadcasts; publish/subscribe, serving, request/reply.
-//! - [`payloads`] — [`PayloadStoreActor`]: owns the store of payloads too large for a
+//! - `payloads` — [`PayloadStoreActor`]: owns the store of payloads too large for a
 //!   notification — puts, fetches (bounded at once), expiry.
-//! - [`election`] — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
+//! - `election` — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
 //!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
-//! - [`workers`] — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
+//! - `workers` — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
 //!   by leases, each worker given its key's lease to fence with; [`KeyRouter`]: a message to a
 //!   key's worker wherever it runs (at most once); [`Mail`]: a key's durable mail, appended in
-//!   the sender's transaction, handed to its worker at least once and in order.
-//! - [`topics`] — [`TopicConsumer`]: a durable topic's named consumer, one active instance
+//!   the sender's transaction, handed to its worker at least once and in order; [`TaskPool`],
+//!   a pool whose workers are async closures, and [`Workers`], its handle.
+//! - `topics` — [`TopicConsumer`]: a durable topic's named consumer, one active instance
 //!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
 //!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
 //!   commit). Appending in the caller's transaction is the core's
@@ -45,14 +47,17 @@
 //!   server's clock, a wait for room bounded by the caller's timeout.
 //! - `schedules` — [`Schedule`]: each tick runs once across the fleet on the server's clock,
 //!   under the schedule's lease; [`Tick::complete`] marks it done in the run's transaction.
-//! - [`coordinator`] — [`Coordinator`]: starts them all over one pool; [`Health`], what
+//! - `coordinator` — [`Coordinator`]: starts them all over one pool; [`Health`], what
 //!   `coordinator.health(within)` finds for a readiness endpoint.
 //! - [`Runtime`] — the same on a thread of its own, for a service that is not actix (axum,
-//!   tonic under `#[tokio::main]`); [`Subscription`], a channel's messages as a `Stream`.
+//!   tonic under `#[tokio::main]`): the tokio door to the same house.
+//! - `streams` — what the actors tell recipients, as a `Stream` on either door: a channel's
+//!   [`Subscription`] (with [`Heard::Gap`] where messages may have been missed), losses,
+//!   connection states, leaders ([`Election::changes`]), members ([`Workers::members`]).
 //! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
 //!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
 //!   tests of applications' actors.
-//! - [`losses`] — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
+//! - `losses` — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
 //! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
 //! - [`GetStats`] — one message for every actor's counters.
@@ -77,50 +82,46 @@ struct GuideExamples;
 #[doc = include_str!("../../docs/OPERATIONS.md")]
 struct OperationsExamples;
 
-pub mod advisory;
+mod advisory;
 pub mod backend;
 mod batch;
 mod call;
-pub mod coordinator;
-pub mod election;
+mod coordinator;
+mod election;
 mod health;
-pub mod leases;
-pub mod losses;
+mod leases;
+mod losses;
 pub mod metrics;
-pub mod payloads;
+mod payloads;
 mod rates;
 mod reply;
 mod schedules;
 mod session;
-pub mod signals;
+mod signals;
 mod stats;
 mod streams;
 mod threaded;
-pub mod topics;
-pub mod workers;
+mod topics;
+mod workers;
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
-pub use election::{
-    Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim, RequestResign,
-};
+pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
 pub use health::Health;
 pub use leases::{
-    Acquire, AcquirePermit, AcquireResponse, Claim, Get, GetLimit, Lease, List, ListPrefix,
-    LockManager, MAX_LEASE, ManagerStats, PermitResponse, Release, ReleaseAll, RenewNow, SetLimit,
-    with_lock,
+    Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, List, LockManager, MAX_LEASE,
+    ManagerStats, Release, ReleaseAll, RenewNow, SetLimit, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
-pub use payloads::{DeleteExpired, Fetch, PayloadStoreActor, Put};
+pub use payloads::{DeleteExpired, PayloadStoreActor};
 pub use rates::RateLimiter;
 pub use schedules::{
     Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler, TickResult,
 };
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
-    RawNotification, RequestHandler, RequestResponse, RoundTrip, Serve, Signal, StopServing,
-    Subscribe, SubscribeConnState, SubscribeRaw, TypedRequest, TypedResponse, Unsubscribe,
+    RequestHandler, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
     WaitNext,
 };
 pub use stats::GetStats;

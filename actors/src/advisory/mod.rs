@@ -30,7 +30,6 @@ mod acquire;
 mod guard;
 mod messages;
 
-pub use acquire::AdvisoryResponse;
 pub use guard::AdvisoryGuard;
 pub use messages::{AdvisoryLock, AdvisoryStats, AdvisoryUnlock};
 

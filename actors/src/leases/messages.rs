@@ -305,7 +305,7 @@ pub struct ManagerStats {
     /// Release statements sent: single releases, and batches of concurrent releases counted
     /// once each.
     pub release_statements: u64,
-    /// Reads sent: [`Get`], [`List`] and [`ListPrefix`] (an election observer's reads among them).
+    /// Reads sent: [`Get`], [`List`] and prefix listings (an election observer's reads among them).
     pub read_statements: u64,
     /// Leases reported lost.
     pub lost: u64,

@@ -53,7 +53,6 @@ pub(crate) use acquire::already_held;
 pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
-pub use acquire::AcquireResponse;
 pub use held::MAX_LEASE;
 #[cfg(feature = "memory")]
 pub(crate) use held::checked_lease;
@@ -62,7 +61,6 @@ pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
     ReleaseAll, RenewNow, SetLimit,
 };
-pub use permit::PermitResponse;
 pub use with_lock::with_lock;
 
 /// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of

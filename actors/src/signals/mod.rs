@@ -32,7 +32,6 @@ mod round_trip;
 
 pub use messages::*;
 pub(crate) use round_trip::AskThrough;
-pub use round_trip::{RequestResponse, RoundTrip, TypedResponse};
 
 /// How long a connection that ended without an error waits for the request under way to
 /// report the server's last words before it reports the end itself.

@@ -49,7 +49,7 @@ pub(crate) use delivery::Tenure;
 // The in-memory backend's consumer hands over and backs off as this one does.
 #[cfg(feature = "memory")]
 pub(crate) use handover::handle;
-pub use retention::{MAX_BATCHES_PER_TICK, TopicRetention, TrimNow};
+pub use retention::{TopicRetention, TrimNow};
 #[cfg(feature = "memory")]
 pub(crate) use run::backoff;
 

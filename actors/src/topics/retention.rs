@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 /// Events deleted per statement.
 const BATCH: u32 = 1_000;
 /// Statements per tick at most: a backlog of old events is worked off over several ticks.
-pub const MAX_BATCHES_PER_TICK: u32 = 100;
+pub(crate) const MAX_BATCHES_PER_TICK: u32 = 100;
 
 /// Trim the topic now, as a tick would; answers how many events were deleted.
 #[derive(Debug, Clone, Copy, Message)]

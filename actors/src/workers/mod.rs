@@ -43,7 +43,7 @@ mod mail;
 mod members;
 mod messages;
 mod rebalance;
-pub mod route;
+mod route;
 mod tasks;
 mod wire;
 
