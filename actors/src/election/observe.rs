@@ -6,9 +6,10 @@
 //! current leader's expiry on the server's clock (a leader that stopped renewing is gone then);
 //! the listener's `Reconnected`, or its `MessageLost` on the election channel (announcements may
 //! have been missed: reported as a resync); and a poll every quarter lease as a fallback. One
-//! read at a time (asked while one is under way, it reads again when that ends, after the
-//! doorbell gap if that read found no new leader), so results apply in the order of their
-//! snapshots and a flood of doorbells costs a read per gap. A change is
+//! read at a time, through the doorbell's `Gate` (asked while one is under way, it reads again
+//! when that ends; a doorbell after a doorbell's read that found no new leader waits out the
+//! gap), so results apply in the order of their snapshots and a flood of doorbells costs a read
+//! per gap. A change is
 //! reported once, except that a resync reports what it reads even when nothing changed (the
 //! same leader again, `resync` set); never is one older than a change already reported: terms
 //! are ordered by their tokens. A term shorter than a read may go unreported.
@@ -22,9 +23,9 @@ use tracing::{debug, warn};
 
 use super::{Election, Leader, term_of};
 use crate::leases::LockManager;
+use crate::signals::doorbell::{Gate, Go};
 use crate::signals::{
-    ConnState, DOORBELL_GAP, ListenerActor, RawNotification, Signal, Subscribe, SubscribeConnState,
-    SubscribeRaw,
+    ConnState, ListenerActor, RawNotification, Signal, Subscribe, SubscribeConnState, SubscribeRaw,
 };
 
 /// A change of leader, told to an observer's recipient.
@@ -57,13 +58,9 @@ pub struct LeaderObserver {
     reported: Option<Option<Leader>>,
     /// The greatest token reported: nothing older is reported after it.
     highest: i64,
-    /// A read is under way (or put off): one at a time, so results apply in the order of
-    /// their snapshots, and a flood of doorbells costs a read per doorbell gap, not one each.
-    reading: bool,
-    /// Asked to read while one was under way: read again when it ends.
-    again: bool,
-    /// When the last read ended having found no new leader.
-    found_nothing: Option<std::time::Instant>,
+    /// Reads one at a time, so results apply in the order of their snapshots, and a flood of
+    /// doorbells costs a read per doorbell gap, not one each.
+    gate: Gate,
     /// A resync was asked for (the first report, a reconnect): the next read started carries it.
     resync: bool,
     /// The read scheduled at the current leader's expiry.
@@ -85,48 +82,48 @@ impl LeaderObserver {
             recipient,
             reported: None,
             highest: i64::MIN,
-            reading: false,
-            again: false,
-            found_nothing: None,
+            gate: Gate::default(),
             resync: true,
             expiry: None,
         }
     }
 
-    /// Reads the leader and applies what it finds — or, while a read is under way, reads again
-    /// once it ends. A leader found is read again at its lease's expiry, when one that stopped
-    /// renewing is gone.
+    /// Reads the leader, for a cause other than a doorbell (a poll, the expiry, a reconnect), and
+    /// applies what it finds — or, while a read is under way, reads again once it ends.
     fn read(&mut self, resync: bool, ctx: &mut Context<Self>) {
         self.resync |= resync;
-        if self.reading {
-            self.again = true;
-            return;
-        }
-        // After a read that found no new leader, the next waits out the doorbell gap (still
-        // one at a time): anyone can NOTIFY, and a flood costs a read per gap.
-        if let Some(at) = self.found_nothing.take() {
-            let wait = DOORBELL_GAP.saturating_sub(at.elapsed());
-            if !wait.is_zero() {
-                self.reading = true;
-                ctx.run_later(wait, |act, ctx| {
-                    act.reading = false;
-                    act.read(false, ctx);
+        let go = self.gate.ask();
+        self.go(go, ctx);
+    }
+
+    /// A doorbell: the leader may have changed. Read now, or at the end of the doorbell's gap.
+    fn rung(&mut self, ctx: &mut Context<Self>) {
+        let go = self.gate.ring(Instant::now());
+        self.go(go, ctx);
+    }
+
+    /// Does what the gate says. A leader found is read again at its lease's expiry, when one
+    /// that stopped renewing is gone.
+    fn go(&mut self, go: Go, ctx: &mut Context<Self>) {
+        match go {
+            Go::Covered => {}
+            Go::At(at) => {
+                ctx.run_later(at.saturating_duration_since(Instant::now()), |act, ctx| {
+                    let go = act.gate.due(Instant::now());
+                    act.go(go, ctx);
                 });
-                return;
+            }
+            Go::Now => {
+                let resync = std::mem::take(&mut self.resync);
+                let (locks, name) = (self.locks.clone(), self.election.clone());
+                let read = async move { term_of(&locks, &name).await };
+                ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
+                    let changed = act.apply(result, resync, ctx);
+                    let go = act.gate.finished(changed, Instant::now());
+                    act.go(go, ctx);
+                }));
             }
         }
-        self.reading = true;
-        let resync = std::mem::take(&mut self.resync);
-        let (locks, name) = (self.locks.clone(), self.election.clone());
-        let read = async move { term_of(&locks, &name).await };
-        ctx.spawn(read.into_actor(self).map(move |result, act, ctx| {
-            let changed = act.apply(result, resync, ctx);
-            act.reading = false;
-            act.found_nothing = (!changed).then(Instant::now);
-            if std::mem::take(&mut act.again) {
-                act.read(false, ctx);
-            }
-        }));
     }
 
     /// Applies what a read found; true when it is another leader than the last reported.
@@ -239,7 +236,7 @@ impl Handler<Signal> for LeaderObserver {
         };
         // Only a doorbell: what it says is read from the table.
         if proclamation.election == self.election {
-            self.read(false, ctx);
+            self.rung(ctx);
         }
     }
 }
@@ -251,7 +248,7 @@ impl Handler<RawNotification> for LeaderObserver {
         // A term ended (or the first waiter left the line): who leads now is read, since the
         // announcement does not say which term it was.
         if Released::parse(&notification.payload).is_some_and(|r| r.name == self.election) {
-            self.read(false, ctx);
+            self.rung(ctx);
         }
     }
 }

@@ -2,9 +2,11 @@
 //! turn it may be), or a listener (re)connected (everyone asks again: announcements may have
 //! been missed).
 //!
-//! An announcement is a doorbell, never a grant: it only ends a waiter's nap early, and the
+//! An announcement is a doorbell, never a grant: it only rings the bell of the name it names (a
+//! hint of which waiter asks), ending that waiter's nap early (see `signals::doorbell`), and the
 //! waiter's own attempt decides. Anyone who can NOTIFY the channel can ring it; a forged or late
-//! announcement costs at most one attempt statement.
+//! announcement costs at most one attempt statement, a flood one per doorbell gap. One this
+//! drops (another process's waiter first in line) is as good as lost: the waiter's poll covers it.
 
 use actix::prelude::*;
 use pgcoord::lease::Released;

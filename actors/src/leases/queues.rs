@@ -16,15 +16,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use crate::signals::doorbell::Bell;
 
 /// The local waiters of one name (a lease's, or a semaphore's queue key).
 pub(crate) struct NameQueue {
     key: String,
     /// Held by the one waiter whose turn it is, and by its clean-up after its answer.
     pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
-    /// Signalled when the lease may have become free.
-    pub(crate) wake: Notify,
+    /// Rung when the lease may have become free (a doorbell: the waiter's attempt decides).
+    pub(crate) wake: Bell,
 }
 
 impl NameQueue {
@@ -48,7 +48,7 @@ impl Queues {
             Arc::new(NameQueue {
                 key: key.to_owned(),
                 turn: Arc::default(),
-                wake: Notify::new(),
+                wake: Bell::default(),
             })
         });
         queue.clone()
@@ -66,14 +66,14 @@ impl Queues {
     /// Wakes the waiter whose turn it is for `key`, if any.
     pub(crate) fn wake(&self, key: &str) {
         if let Some(queue) = self.names.lock().expect("queues").get(key) {
-            queue.wake.notify_one();
+            queue.wake.ring();
         }
     }
 
     /// Wakes every name's waiter: notifications may have been missed.
     pub(crate) fn wake_all(&self) {
         for queue in self.names.lock().expect("queues").values() {
-            queue.wake.notify_one();
+            queue.wake.ring();
         }
     }
 }

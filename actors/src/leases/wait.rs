@@ -22,7 +22,7 @@ use super::lease::Lease;
 use super::line::{Ask, Line, Next};
 use super::queues::NameQueue;
 use crate::reply::{caller_gone, deadline_passes};
-use crate::signals::DOORBELL_GAP;
+use crate::signals::doorbell::{Bell, Reader};
 
 pub(crate) use super::line::Answer;
 
@@ -156,9 +156,9 @@ impl<A: Attempts> Wait<A> {
         // sending: the lease, plus a margin for the clocks' rates.
         let expires_after = attempts.lease() + attempts.lease() / 10;
         let name = attempts.name();
-        // When a doorbell woke the attempt just refused. Anyone can NOTIFY: the next doorbell
-        // is then put off to the gap's end, so a flood costs an attempt per gap, not one each.
-        let mut rung: Option<Instant> = None;
+        // Anyone can NOTIFY: after a doorbell's attempt was refused, the next doorbell is put
+        // off to the gap's end, so a flood costs an attempt per gap, not one each.
+        let mut reader = Reader::default();
         loop {
             if line.passed(Instant::now()) {
                 return Outcome::Failed(Error::not_acquired(name, line.holder()));
@@ -177,6 +177,8 @@ impl<A: Attempts> Wait<A> {
                     return outcome;
                 }
             };
+            // Whatever it answered: only a grant ends the wait, and it returns below.
+            reader.read(false);
             let next = match line.after(answer, Instant::now()) {
                 Next::CheckOrphans(error) => {
                     let until =
@@ -200,10 +202,8 @@ impl<A: Attempts> Wait<A> {
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
             debug!(lease.name = %name, ?nap, holder = ?line.holder(), "waiting");
-            let put_off = rung.map(|at| at + DOORBELL_GAP);
-            match sleep(wake, nap, reply, line.deadline(), put_off).await {
-                Woken::Rung => rung = Some(Instant::now()),
-                Woken::Up => rung = None,
+            match sleep(wake, &mut reader, nap, reply, line.deadline()).await {
+                Woken::Rung | Woken::Up => {}
                 Woken::CallerGone => return Outcome::Cancelled,
                 Woken::DeadlinePassed => {
                     return Outcome::Failed(Error::not_acquired(name, line.holder()));
@@ -301,23 +301,17 @@ enum Woken {
     DeadlinePassed,
 }
 
-/// Naps for `nap` at most, woken early by `wake` (not before `put_off`), the caller leaving or
-/// the deadline.
+/// Naps for `nap` at most, woken early by `wake` (at the end of `reader`'s gap), the caller
+/// leaving or the deadline.
 async fn sleep(
-    wake: &tokio::sync::Notify,
+    wake: &Bell,
+    reader: &mut Reader,
     nap: Duration,
     reply: &mut Option<Reply>,
     deadline: Option<Instant>,
-    put_off: Option<Instant>,
 ) -> Woken {
-    let rung = async {
-        wake.notified().await;
-        if let Some(put_off) = put_off {
-            tokio::time::sleep_until(put_off.into()).await;
-        }
-    };
     tokio::select! {
-        _ = rung => Woken::Rung,
+        _ = reader.rung(wake) => Woken::Rung,
         _ = tokio::time::sleep(nap) => Woken::Up,
         _ = caller_gone(reply) => Woken::CallerGone,
         _ = deadline_passes(deadline) => Woken::DeadlinePassed,

@@ -7,7 +7,8 @@
 //! supervisor restarts it: the state (subscriptions, handlers, pending requests) survives, a new
 //! connection is opened after a backoff, every channel is LISTENed again, and only then is
 //! `Reconnected` broadcast. Routing of what arrives is in `dispatch`; keeping the order of
-//! messages whose payloads are fetched from the store, in `ordered`.
+//! messages whose payloads are fetched from the store, in `ordered`; the rule every reader of a
+//! doorbell (a notification that only says "look") follows, in `doorbell`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +26,7 @@ use crate::stats::GetStats;
 
 mod connection;
 mod dispatch;
+pub(crate) mod doorbell;
 mod messages;
 mod notify;
 mod ordered;
@@ -36,10 +38,6 @@ pub(crate) use round_trip::AskThrough;
 /// How long a connection that ended without an error waits for the request under way to
 /// report the server's last words before it reports the end itself.
 const CLOSED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Doorbells (notifications that only say "look") closer together than this make one look:
-/// anyone can NOTIFY, and a flood costs a look per gap, not one each.
-pub(crate) const DOORBELL_GAP: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Messages lost on a channel are announced at once, then at most once in this long, all those
 /// lost meanwhile in one [`ConnState::MessageLost`].

@@ -34,6 +34,7 @@ use tokio::sync::Notify;
 
 use crate::GetStats;
 use crate::leases::LockManager;
+use crate::signals::doorbell::Bell;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
@@ -60,7 +61,7 @@ pub(super) struct Run {
     pub(super) table: Arc<TopicTable>,
     pub(super) pool: Pool,
     pub(super) locks: Addr<LockManager>,
-    pub(super) doorbell: Notify,
+    pub(super) doorbell: Bell,
     pub(super) stats: Mutex<ConsumerStats>,
     pub(super) metrics: crate::metrics::TopicMetrics,
     pub(super) stopping: Notify,
@@ -247,7 +248,7 @@ impl TopicConsumer {
                 table: Arc::new(table),
                 pool,
                 locks,
-                doorbell: Notify::new(),
+                doorbell: Bell::default(),
                 stats: Mutex::default(),
                 stopping: Notify::new(),
                 stop_requested: AtomicBool::new(false),
@@ -294,9 +295,10 @@ impl Handler<RawNotification> for TopicConsumer {
     type Result = ();
 
     fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
-        // The payload is the topic's name; any other only costs a read.
+        // The payload names the topic (the channel is the table's): only a hint of whose ring it
+        // is. A forged one rings as a real one does; one dropped here is as good as lost.
         if notification.payload == self.run.consume.topic {
-            self.run.doorbell.notify_one();
+            self.run.doorbell.ring();
         }
     }
 }
@@ -307,7 +309,7 @@ impl Handler<ConnState> for TopicConsumer {
     fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
         // Doorbells may have been missed while the listener was away.
         if matches!(state, ConnState::Reconnected) {
-            self.run.doorbell.notify_one();
+            self.run.doorbell.ring();
         }
     }
 }

@@ -14,7 +14,7 @@ use super::handover::{PageEnd, deliver};
 use super::{Acker, Run, stats};
 use crate::Call;
 use crate::leases::{Acquire, Lease};
-use crate::signals::DOORBELL_GAP;
+use crate::signals::doorbell::Reader;
 
 /// How the loop ended a tenure.
 enum Ended {
@@ -122,127 +122,152 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
     ended
 }
 
+/// What a tenure's reading carries from one page to the next.
+struct Reading {
+    tenure: Arc<Tenure>,
+    /// Failed reads, and failed deliveries, in a row.
+    failures: Failures,
+    errors: Failures,
+    /// The next page, read while the last one was handled.
+    prefetched: Option<Result<Batch>>,
+    lag: Lag,
+    /// When the held-back transaction was last looked for, and last warned of.
+    last_look: Instant,
+    warned: Option<Instant>,
+    /// The doorbell's side of the loop: a ring's read that found nothing puts off the next.
+    reader: Reader,
+}
+
 /// Reads and hands over pages from `cursor` on until the lease is lost, the consumer stops or
 /// fails for good.
 async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut Cursor) -> Ended {
     let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
-    let (mut failures, mut errors) = (Failures::default(), Failures::default());
-    let (mut last_look, mut warned) = (Instant::now(), None);
     let lost = lease.lost();
     tokio::pin!(lost);
-    let tenure = Arc::new(Tenure {
-        topic: topic.clone(),
-        consumer: consumer.clone(),
-        acker: Acker::Table(run.table.clone()),
-        lease: lease.clone(),
-    });
-    let mut prefetched: Option<Result<Batch>> = None;
-    let mut lag = Lag::new();
-    // When the doorbell last made a read that has found nothing yet.
-    let mut rung: Option<Instant> = None;
+    let mut reading = Reading {
+        tenure: Arc::new(Tenure {
+            topic: topic.clone(),
+            consumer: consumer.clone(),
+            acker: Acker::Table(run.table.clone()),
+            lease: lease.clone(),
+        }),
+        failures: Failures::default(),
+        errors: Failures::default(),
+        prefetched: None,
+        lag: Lag::new(),
+        last_look: Instant::now(),
+        warned: None,
+        reader: Reader::default(),
+    };
     loop {
-        let batch = match prefetched.take() {
+        let batch = match reading.prefetched.take() {
             Some(batch) => batch,
-            None => {
-                let read = async {
-                    stats(run, |s| s.reads += 1);
-                    let statements = run.pool.idempotent(None);
-                    (run.table)
-                        .read(&statements, topic, *cursor, run.consume.window)
-                        .await
-                };
-                tokio::select! {
-                    batch = read => batch,
-                    _ = &mut lost => return Ended::Lost,
-                    () = run.stopping.notified() => return Ended::Stopping,
-                }
-            }
+            None => tokio::select! {
+                batch = read(run, *cursor) => batch,
+                _ = &mut lost => return Ended::Lost,
+                () = run.stopping.notified() => return Ended::Stopping,
+            },
         };
         let batch = match batch {
             Ok(batch) => {
-                failures.succeeded();
+                reading.failures.succeeded();
+                reading.reader.read(!batch.events.is_empty());
                 batch
             }
             Err(e) if e.kind() == ErrorKind::Compacted => return Ended::Failed(e),
             Err(e) => {
-                warn_every(&mut failures, &e, "cannot read the topic");
-                if pause(run, backoff(&failures, run.consume.poll)).await {
+                reading.reader.read(false);
+                warn_every(&mut reading.failures, &e, "cannot read the topic");
+                if pause(run, backoff(&reading.failures, run.consume.poll)).await {
                     return Ended::Stopping;
                 }
                 continue;
             }
         };
-        note_lag(run, *cursor, batch.events.len(), &mut lag).await;
+        note_lag(run, *cursor, batch.events.len(), &mut reading.lag).await;
         if batch.events.is_empty() {
             ack(run, *acked, *cursor).await;
             *acked = *cursor;
-            // Every ten polls, at most every 10 s.
-            if last_look.elapsed() >= (run.consume.poll * 10).min(HELD_BACK_LOOK) {
-                last_look = Instant::now();
-                look_for_held_back(run, &mut warned).await;
-            }
+            look_now_and_then(run, &mut reading).await;
             tokio::select! {
-                () = run.doorbell.notified() => {
-                    // After a ring whose read found nothing, the next waits out the gap: anyone
-                    // can NOTIFY, and a flood costs a read per gap, not one each. A ring that
-                    // brought events (below) lets the next one read at once.
-                    let since = rung.map_or(DOORBELL_GAP, |at| at.elapsed());
-                    if pause(run, DOORBELL_GAP.saturating_sub(since)).await {
-                        return Ended::Stopping;
-                    }
-                    rung = Some(Instant::now());
-                }
+                // Now, or at the end of the doorbell's gap: anyone can NOTIFY.
+                () = reading.reader.rung(&run.doorbell) => {}
                 () = tokio::time::sleep(run.consume.poll) => {}
                 _ = &mut lost => return Ended::Lost,
                 () = run.stopping.notified() => return Ended::Stopping,
             }
             continue;
         }
-        rung = None;
-        // A full page means more may follow: the next page is read while this one is handled,
-        // and the last page's ack is written meanwhile (two more statements in flight, at most
-        // two windows in memory). A page that ends early discards the next one unused.
-        let read_on = batch.events.len() == run.consume.window as usize;
-        let last = batch.events.last().map_or(*cursor, |e| e.cursor);
-        let next = async {
-            if read_on {
-                stats(run, |s| s.reads += 1);
-                let statements = run.pool.idempotent(None);
-                Some(
-                    (run.table)
-                        .read(&statements, topic, last, run.consume.window)
-                        .await,
-                )
-            } else {
-                None
+        if let Some(ended) = hand_over(run, &mut reading, batch, cursor, acked).await {
+            return ended;
+        }
+    }
+}
+
+/// One page of the topic after `cursor`, counted.
+async fn read(run: &Run, cursor: Cursor) -> Result<Batch> {
+    stats(run, |s| s.reads += 1);
+    let statements = run.pool.idempotent(None);
+    (run.table)
+        .read(&statements, &run.consume.topic, cursor, run.consume.window)
+        .await
+}
+
+/// Looks for the transaction holding readers back every ten polls, at most every 10 s.
+async fn look_now_and_then(run: &Run, reading: &mut Reading) {
+    if reading.last_look.elapsed() >= (run.consume.poll * 10).min(HELD_BACK_LOOK) {
+        reading.last_look = Instant::now();
+        look_for_held_back(run, &mut reading.warned).await;
+    }
+}
+
+/// Hands `batch` over from `cursor`, reading the next page meanwhile when it is full. `None`:
+/// read on.
+async fn hand_over(
+    run: &Run,
+    reading: &mut Reading,
+    batch: Batch,
+    cursor: &mut Cursor,
+    acked: &mut Cursor,
+) -> Option<Ended> {
+    // A full page means more may follow: the next page is read while this one is handled,
+    // and the last page's ack is written meanwhile (two more statements in flight, at most
+    // two windows in memory). A page that ends early discards the next one unused.
+    let read_on = batch.events.len() == run.consume.window as usize;
+    let last = batch.events.last().map_or(*cursor, |e| e.cursor);
+    let next = async {
+        match read_on {
+            true => Some(read(run, last).await),
+            false => None,
+        }
+    };
+    // The statements first, so they are on their way before the handler runs.
+    let (next, (), page) = tokio::join!(
+        biased;
+        next,
+        ack(run, *acked, *cursor),
+        deliver(run, &reading.tenure, batch.events, *cursor, &mut reading.errors),
+    );
+    *acked = (*cursor).max(*acked);
+    *cursor = page.handled;
+    match page.end {
+        PageEnd::Done => reading.prefetched = next,
+        PageEnd::Lost => return Some(Ended::Lost),
+        PageEnd::Stopping => return Some(Ended::Stopping),
+        PageEnd::Failed => {
+            if pause(run, backoff(&reading.errors, run.consume.poll)).await {
+                return Some(Ended::Stopping);
             }
-        };
-        // The statements first, so they are on their way before the handler runs.
-        let (next, (), page) = tokio::join!(
-            biased;
-            next,
-            ack(run, *acked, *cursor),
-            deliver(run, &tenure, batch.events, *cursor, &mut errors),
-        );
-        *acked = (*cursor).max(*acked);
-        *cursor = page.handled;
-        match page.end {
-            PageEnd::Done => prefetched = next,
-            PageEnd::Lost => return Ended::Lost,
-            PageEnd::Stopping => return Ended::Stopping,
-            PageEnd::Failed => {
-                if pause(run, backoff(&errors, run.consume.poll)).await {
-                    return Ended::Stopping;
-                }
-                // Read on from what the database holds: a handler that acked in its own
-                // transaction and then failed has its event behind the cursor already.
-                let statements = run.pool.idempotent(None);
-                if let Ok(stored) = run.table.cursor(&statements, topic, consumer).await {
-                    *cursor = (*cursor).max(stored);
-                }
+            // Read on from what the database holds: a handler that acked in its own
+            // transaction and then failed has its event behind the cursor already.
+            let (topic, consumer) = (&run.consume.topic, &run.consume.consumer);
+            let statements = run.pool.idempotent(None);
+            if let Ok(stored) = run.table.cursor(&statements, topic, consumer).await {
+                *cursor = (*cursor).max(stored);
             }
         }
     }
+    None
 }
 
 /// Acks through `cursor` when it moved past `from`. A failed ack is only logged: the events

@@ -3,18 +3,16 @@
 //! written by a [`KeyRouter`](super::KeyRouter) whose message found no holder — under the same
 //! fair share. Its claims keep their rows, so a recorded key stays known across moves. The
 //! router rings the pool's doorbell after recording; a member that hears it rebalances at
-//! once (at most every [`RING_GAP`]) instead of at its next tick. The doorbell only wakes: what
-//! a member serves is read from the table.
+//! once (a look per doorbell gap, at most) instead of at its next tick. The doorbell only wakes:
+//! what a member serves is read from the table.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::{StopWorker, WorkerPool, wire};
 use crate::signals::SubscribeRaw;
-
-/// Rings closer together than this make one look.
-const RING_GAP: Duration = crate::signals::DOORBELL_GAP;
+use crate::signals::doorbell::Go;
 
 impl<W> WorkerPool<W>
 where
@@ -48,19 +46,29 @@ where
         self.activate_keys && channel == wire::pool_channel(&self.lock_table, &self.name)
     }
 
-    /// The doorbell rang: a key may have been recorded. Rebalance now, or once [`RING_GAP`]
-    /// after the last ring's rebalance.
+    /// The doorbell rang: a key may have been recorded. Rebalance now, or at the end of the
+    /// doorbell's gap after the last ring's look.
     pub(super) fn rung(&mut self, ctx: &mut Context<Self>) {
-        if self.look_scheduled {
-            return;
+        let go = self.doorbell.ring(Instant::now());
+        self.look(ctx, go);
+    }
+
+    /// Does what the doorbell's gate says. A look is over once started (its statements are the
+    /// rebalance's own), and counts as finding nothing: every ring's look opens a gap.
+    fn look(&mut self, ctx: &mut Context<Self>, go: Go) {
+        match go {
+            Go::Covered => {}
+            Go::At(at) => {
+                ctx.run_later(at.saturating_duration_since(Instant::now()), |pool, ctx| {
+                    let go = pool.doorbell.due(Instant::now());
+                    pool.look(ctx, go);
+                });
+            }
+            Go::Now => {
+                self.rebalance(ctx);
+                let go = self.doorbell.finished(false, Instant::now());
+                self.look(ctx, go);
+            }
         }
-        self.look_scheduled = true;
-        let wait =
-            (self.rang_at).map_or(Duration::ZERO, |at| RING_GAP.saturating_sub(at.elapsed()));
-        ctx.run_later(wait, |pool, ctx| {
-            pool.look_scheduled = false;
-            pool.rang_at = Some(Instant::now());
-            pool.rebalance(ctx);
-        });
     }
 }

@@ -102,8 +102,7 @@ where
             mailing: None,
             activate_keys: false,
             recorded: Default::default(),
-            rang_at: None,
-            look_scheduled: false,
+            doorbell: Default::default(),
         }
     }
 

@@ -10,7 +10,9 @@
 //! answers `Ok` the member acks (the cursor moves past it); on `Err`, a stopped worker or a lost
 //! lease it stops there, and the event comes again, to this member or the key's next holder.
 //! For effects applied exactly once, the worker acks in its own transaction with [`Mail::ack`],
-//! fenced by the key's lease. A doorbell only wakes the reader; a lost one costs a tick.
+//! fenced by the key's lease. A doorbell only wakes the reader; a lost one costs a tick. Each
+//! key's reads go through a doorbell `Gate`: one at a time (a key's mail is read or delivered,
+//! never both at once), and a flood of doorbells for a key costs a read per gap.
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -24,9 +26,9 @@ use pgcoord::topic::{Cursor, Event, Pending, Start, TopicTable};
 use tracing::{debug, warn};
 
 use super::{Mail, StopWorker, WorkerPool, mail_topic};
-use crate::signals::{
-    ConnState, DOORBELL_GAP, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw,
-};
+use crate::metrics::MailMetrics;
+use crate::signals::doorbell::{Gate, Go};
+use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 use crate::topics::{Acker, Delivery, Tenure};
 
 /// The most events of one key read at once.
@@ -44,20 +46,11 @@ pub(super) struct Mailing<W: Actor> {
     db: pgcoord::Pool,
     listener: Addr<ListenerActor>,
     send: SendMail<W>,
-    /// Keys read or delivered now: a read skips them, so a worker never gets a message twice at
-    /// once, and a key's messages go one at a time, in order.
-    busy: HashSet<String>,
-    /// Busy keys asked for again meanwhile (a doorbell rang during their read, whose snapshot
-    /// may have missed its mail): read again once idle, not a tick later.
-    rang: HashSet<String>,
-    /// Keys whose next read a doorbell asked for.
-    ringing: HashSet<String>,
-    /// Keys a doorbell's read found nothing for, and when: anyone can NOTIFY, so a doorbell for
-    /// one within [`DOORBELL_GAP`] is put off to the gap's end, and a flood costs a read per
-    /// gap. A doorbell that brought mail lets the next one read at once.
-    quiet: HashMap<String, Instant>,
-    /// Keys whose put-off read is scheduled.
-    put_off: HashSet<String>,
+    /// Each key's reads (a key's read runs until its delivery ends): one at a time, so a worker
+    /// never gets a message twice at once and a key's messages go in order; asked for during
+    /// one, read again after it; a doorbell after a doorbell's read that found nothing put off.
+    /// Forgotten once at rest.
+    gates: HashMap<String, Gate>,
     /// Read statements so far.
     pub(super) reads: u64,
     /// Keys whose cursor row this process made sure of (an ack needs it).
@@ -88,11 +81,7 @@ where
             db: coordinator.pool().clone(),
             listener: coordinator.signals.clone(),
             send,
-            busy: HashSet::new(),
-            rang: HashSet::new(),
-            ringing: HashSet::new(),
-            quiet: HashMap::new(),
-            put_off: HashSet::new(),
+            gates: HashMap::new(),
             reads: 0,
             opened: HashSet::new(),
             compacted: HashSet::new(),
@@ -127,17 +116,67 @@ where
         }
     }
 
-    /// Reads the mail of `keys` that are held here (not lost) and idle, and delivers what came.
+    /// Reads the mail of `keys` that are held here (not lost), now or, for those read or
+    /// delivered now, once that ends.
     pub(super) fn read_mail(&mut self, ctx: &mut Context<Self>, keys: Vec<String>) {
         let Some(mailing) = self.mailing.as_mut() else {
             return;
         };
-        let running = &self.running;
-        let (keys, busy): (Vec<String>, Vec<String>) = (keys.into_iter())
-            .filter(|k| running.get(k).is_some_and(|r| r.lease.loss().is_none()))
-            .partition(|k| !mailing.busy.contains(k));
-        mailing.rang.extend(busy);
-        mailing.busy.extend(keys.iter().cloned());
+        let keys = (keys.into_iter())
+            .filter(|k| held(&self.running, k))
+            .filter(|k| mailing.gates.entry(k.clone()).or_default().ask() == Go::Now)
+            .collect();
+        self.fetch_mail(ctx, keys);
+    }
+
+    /// A doorbell for `key`'s mail: read it now, or at the end of the doorbell's gap.
+    fn ring_mail(&mut self, ctx: &mut Context<Self>, key: String) {
+        // Only keys held here are read: nothing is kept for the others, whatever is rung.
+        let (Some(mailing), true) = (self.mailing.as_mut(), self.running.contains_key(&key)) else {
+            return;
+        };
+        let go = mailing
+            .gates
+            .entry(key.clone())
+            .or_default()
+            .ring(Instant::now());
+        self.mail_go(ctx, key, go);
+    }
+
+    /// Does what `key`'s gate says.
+    fn mail_go(&mut self, ctx: &mut Context<Self>, key: String, go: Go) {
+        let Some(mailing) = self.mailing.as_mut() else {
+            return;
+        };
+        match go {
+            Go::Covered => {}
+            Go::At(at) => {
+                ctx.run_later(
+                    at.saturating_duration_since(Instant::now()),
+                    move |pool, ctx| {
+                        let gate = (pool.mailing.as_mut()).and_then(|m| m.gates.get_mut(&key));
+                        if let Some(go) = gate.map(|gate| gate.due(Instant::now())) {
+                            pool.mail_go(ctx, key, go);
+                        }
+                    },
+                );
+            }
+            Go::Now if held(&self.running, &key) => self.fetch_mail(ctx, vec![key]),
+            // No longer held here: the read is over before it began.
+            Go::Now => {
+                if let Some(gate) = mailing.gates.get_mut(&key) {
+                    let go = gate.finished(false, Instant::now());
+                    self.mail_go(ctx, key, go);
+                }
+            }
+        }
+    }
+
+    /// Reads `keys`' mail (their gates let them), and delivers what came.
+    fn fetch_mail(&mut self, ctx: &mut Context<Self>, keys: Vec<String>) {
+        let Some(mailing) = self.mailing.as_mut() else {
+            return;
+        };
         let (table, db) = (mailing.table.clone(), mailing.db.clone());
         mailing.reads += keys.len().div_ceil(KEYS_PER_READ) as u64;
         for keys in keys.chunks(KEYS_PER_READ) {
@@ -188,69 +227,26 @@ where
                 }
             }
         }
-        if let Some(mailing) = self.mailing.as_mut() {
-            let now = Instant::now();
-            mailing.quiet.retain(|_, at| now - *at < DOORBELL_GAP);
-            for key in &keys {
-                if delivering.contains(key) {
-                    mailing.quiet.remove(key);
-                } else if mailing.ringing.remove(key) {
-                    mailing.quiet.insert(key.clone(), now);
-                }
-            }
-        }
-        let idle: Vec<String> = (keys.into_iter())
-            .filter(|k| !delivering.contains(k))
-            .collect();
-        self.idle_mail(ctx, idle);
-    }
-
-    /// A doorbell for `key`'s mail: read it now, or at the gap's end after one that found
-    /// nothing (see `Mailing::quiet`).
-    fn ring_mail(&mut self, ctx: &mut Context<Self>, key: String) {
-        // Only keys held here are read: nothing is kept for the others, whatever is rung.
-        let (Some(mailing), true) = (self.mailing.as_mut(), self.running.contains_key(&key)) else {
-            return;
-        };
-        let wait = (mailing.quiet.get(&key)).map_or(Duration::ZERO, |at| {
-            DOORBELL_GAP.saturating_sub(at.elapsed())
-        });
-        if wait.is_zero() {
-            mailing.ringing.insert(key.clone());
-            return self.read_mail(ctx, vec![key]);
-        }
-        if mailing.put_off.insert(key.clone()) {
-            ctx.run_later(wait, move |pool, ctx| {
-                if let Some(mailing) = pool.mailing.as_mut() {
-                    mailing.put_off.remove(&key);
-                    mailing.quiet.remove(&key);
-                }
-                pool.ring_mail(ctx, key);
-            });
-        }
-    }
-
-    /// `keys` are read and delivered for now; those asked for meanwhile are read again.
-    fn idle_mail(&mut self, ctx: &mut Context<Self>, keys: Vec<String>) {
         let Some(mailing) = self.mailing.as_mut() else {
             return;
         };
-        let mut again = Vec::new();
-        for key in keys {
-            mailing.busy.remove(&key);
-            if mailing.rang.remove(&key) {
-                again.push(key);
+        // The keys delivering are read on when their delivery ends; the others' reads are over.
+        let now = Instant::now();
+        mailing.gates.retain(|_, gate| !gate.at_rest(now));
+        let mut next = Vec::new();
+        for key in keys.into_iter().filter(|k| !delivering.contains(k)) {
+            if let Some(gate) = mailing.gates.get_mut(&key) {
+                next.push((gate.finished(false, now), key));
             }
         }
-        // Rung during their read: read again as a doorbell says (put off after a read that
-        // found nothing).
-        for key in again {
-            self.ring_mail(ctx, key);
+        for (go, key) in next {
+            self.mail_go(ctx, key, go);
         }
     }
 
-    /// Hands `events` of `key`'s mail to its worker, one at a time; acks through the last one
-    /// handled. False when there is no worker to hand them to now (the next read tries again).
+    /// Hands `events` of `key`'s mail to its worker, one at a time, on a future of the pool's;
+    /// acks through the last one handled. False when there is no worker to hand them to now
+    /// (the next read tries again).
     fn deliver_mail(
         &mut self,
         ctx: &mut Context<Self>,
@@ -266,109 +262,136 @@ where
         };
         let mailing = self.mailing.as_ref().expect("reading mail");
         let topic = mail_topic(&self.name, key);
-        let (table, db, send) = (
-            mailing.table.clone(),
-            mailing.db.clone(),
-            mailing.send.clone(),
-        );
-        let metrics = self.metrics.mail.clone();
-        let open = !mailing.opened.contains(key);
-        let tenure = Arc::new(Tenure {
-            topic: topic.clone(),
-            consumer: self.name.clone(),
-            acker: Acker::Table(table.clone()),
-            lease: lease.clone(),
-        });
-        let key = key.to_owned();
-        let delivery = {
-            let key = key.clone();
-            async move {
-                let pool = &tenure.consumer;
-                if open {
-                    // The cursor row first, where this read began: an ack moves only a row.
-                    let at = (table.open_consumer(
-                        &db.idempotent(None),
-                        &topic,
-                        pool,
-                        Start::After(from),
-                    ))
-                    .await;
-                    match at {
-                        Ok(at) if at == from => {}
-                        Ok(_) => return (Delivered::Moved, true),
-                        Err(e) => {
-                            debug!(error = %e, "opening a key's mail cursor");
-                            return (Delivered::Failed, false);
-                        }
-                    }
-                }
-                let mut handled = None;
-                let mut ended = Delivered::Done;
-                for event in events {
-                    if lease.loss().is_some() {
-                        break;
-                    }
-                    let cursor = event.cursor;
-                    if let Ok(lag) = std::time::SystemTime::now().duration_since(event.appended_at)
-                    {
-                        metrics.lag.record(lag.as_secs_f64());
-                    }
-                    let mail = Mail {
-                        key: key.clone(),
-                        delivery: Delivery {
-                            event,
-                            tenure: tenure.clone(),
-                        },
-                    };
-                    match send(&worker, mail).await {
-                        Ok(()) => {
-                            metrics.handled.increment(1);
-                            handled = Some(cursor);
-                        }
-                        Err(why) => {
-                            metrics.failed.increment(1);
-                            debug!(worker.key = %key, %cursor, error = %why, "mail not handled; it comes again");
-                            ended = Delivered::Failed;
-                            break;
-                        }
-                    }
-                }
-                if let Some(cursor) = handled {
-                    // A failed ack only means the handled mail comes again.
-                    let acked = table.ack(&db.idempotent(None), &topic, pool, cursor).await;
-                    if let Err(e) = acked {
-                        warn!(worker.key = %key, error = %e, "cannot ack the key's mail; it comes again");
-                    }
-                }
-                (ended, true)
-            }
+        let handing = Handing {
+            open: (!mailing.opened.contains(key)).then_some(from),
+            db: mailing.db.clone(),
+            send: mailing.send.clone(),
+            worker,
+            metrics: self.metrics.mail.clone(),
+            key: key.to_owned(),
+            tenure: Arc::new(Tenure {
+                topic,
+                consumer: self.name.clone(),
+                acker: Acker::Table(mailing.table.clone()),
+                lease,
+            }),
+            table: mailing.table.clone(),
         };
+        let key = key.to_owned();
         ctx.spawn(
-            delivery
-                .into_actor(self)
-                .map(move |(ended, opened), pool, ctx| {
-                    let Some(mailing) = pool.mailing.as_mut() else {
-                        return;
-                    };
-                    mailing.busy.remove(&key);
-                    // Read again now or after the pause below: a doorbell meanwhile is covered.
-                    mailing.rang.remove(&key);
-                    if opened {
-                        mailing.opened.insert(key.clone());
-                    }
-                    match ended {
-                        Delivered::Done | Delivered::Moved => pool.read_mail(ctx, vec![key]),
-                        Delivered::Failed => {
-                            // Again after a pause, not in a tight loop on a failing worker.
-                            ctx.run_later(FAILED_PAUSE, move |pool, ctx| {
-                                pool.read_mail(ctx, vec![key])
-                            });
-                        }
-                    }
-                }),
+            (hand_over(handing, events).into_actor(self))
+                .map(move |(ended, opened), pool, ctx| pool.delivered(ctx, key, ended, opened)),
         );
         true
     }
+
+    /// `key`'s delivery ended: its mail is read on, now or after a pause.
+    fn delivered(&mut self, ctx: &mut Context<Self>, key: String, ended: Delivered, opened: bool) {
+        let Some(mailing) = self.mailing.as_mut() else {
+            return;
+        };
+        if opened {
+            mailing.opened.insert(key.clone());
+        }
+        // The read goes on, a read of its own: doorbells rung meanwhile are covered.
+        if let Some(gate) = mailing.gates.get_mut(&key) {
+            gate.read_on();
+        }
+        match ended {
+            Delivered::Done | Delivered::Moved => self.mail_go(ctx, key, Go::Now),
+            // Again after a pause, not in a tight loop on a failing worker.
+            Delivered::Failed => {
+                ctx.run_later(FAILED_PAUSE, move |pool, ctx| {
+                    pool.mail_go(ctx, key, Go::Now)
+                });
+            }
+        }
+    }
+}
+
+/// Whether `key` is held here and not lost.
+fn held<W: Actor>(running: &HashMap<String, super::Running<W>>, key: &str) -> bool {
+    running.get(key).is_some_and(|r| r.lease.loss().is_none())
+}
+
+/// What one key's delivery needs, off the actor.
+struct Handing<W: Actor> {
+    table: Arc<TopicTable>,
+    db: pgcoord::Pool,
+    send: SendMail<W>,
+    worker: Addr<W>,
+    tenure: Arc<Tenure>,
+    key: String,
+    metrics: MailMetrics,
+    /// Where this read began, when this process has not made sure of the key's cursor row yet.
+    open: Option<Cursor>,
+}
+
+/// Hands `events` over, one at a time, and acks through the last one handled; also whether the
+/// key's cursor row is known to exist.
+async fn hand_over<W: Actor>(handing: Handing<W>, events: Vec<Event>) -> (Delivered, bool) {
+    let Handing {
+        table,
+        db,
+        send,
+        worker,
+        tenure,
+        key,
+        metrics,
+        open,
+    } = handing;
+    let (topic, pool) = (&tenure.topic, &tenure.consumer);
+    if let Some(from) = open {
+        // The cursor row first, where this read began: an ack moves only a row.
+        let at = (table.open_consumer(&db.idempotent(None), topic, pool, Start::After(from))).await;
+        match at {
+            Ok(at) if at == from => {}
+            Ok(_) => return (Delivered::Moved, true),
+            Err(e) => {
+                debug!(error = %e, "opening a key's mail cursor");
+                return (Delivered::Failed, false);
+            }
+        }
+    }
+    let mut handled = None;
+    let mut ended = Delivered::Done;
+    for event in events {
+        if tenure.lease.loss().is_some() {
+            break;
+        }
+        let cursor = event.cursor;
+        if let Ok(lag) = std::time::SystemTime::now().duration_since(event.appended_at) {
+            metrics.lag.record(lag.as_secs_f64());
+        }
+        let delivery = Delivery {
+            event,
+            tenure: tenure.clone(),
+        };
+        let mail = Mail {
+            key: key.clone(),
+            delivery,
+        };
+        match send(&worker, mail).await {
+            Ok(()) => {
+                metrics.handled.increment(1);
+                handled = Some(cursor);
+            }
+            Err(why) => {
+                metrics.failed.increment(1);
+                debug!(worker.key = %key, %cursor, error = %why, "mail not handled; it comes again");
+                ended = Delivered::Failed;
+                break;
+            }
+        }
+    }
+    if let Some(cursor) = handled {
+        // A failed ack only means the handled mail comes again.
+        let acked = table.ack(&db.idempotent(None), topic, pool, cursor).await;
+        if let Err(e) = acked {
+            warn!(worker.key = %key, error = %e, "cannot ack the key's mail; it comes again");
+        }
+    }
+    (ended, true)
 }
 
 /// How long a key whose worker failed a message waits before it is handed over again.

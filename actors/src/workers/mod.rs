@@ -114,10 +114,8 @@ where
     activate_keys: bool,
     /// The keys recorded under the pool at the last tick that are not in `keys`.
     recorded: std::collections::HashSet<String>,
-    /// When a doorbell last made the pool look for recorded keys at once.
-    rang_at: Option<std::time::Instant>,
-    /// A look for recorded keys is scheduled.
-    look_scheduled: bool,
+    /// The routers' doorbell: when a ring makes the pool look for recorded keys.
+    doorbell: crate::signals::doorbell::Gate,
 }
 
 impl<W> WorkerPool<W>

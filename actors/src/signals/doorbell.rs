@@ -1,0 +1,331 @@
+//! The doorbell: a notification that only says "look", and the one rule every reader of one
+//! follows.
+//!
+//! Anyone who can connect can NOTIFY, so a ring may be late, lost, forged, replayed or flooded.
+//! It never carries a verdict: it only makes a reader read the truth from the database, and a
+//! lost one costs the reader's poll. Nothing here takes a payload: a wing may turn one into a
+//! hint of *which* of its readers to ring (a topic's, a key's, a name's), never into what a read
+//! finds, and never into skipping a read (a ring it drops is one lost, which the poll covers).
+//!
+//! The rule, in [`Quiet`]: after a read that a ring asked for found nothing new, the next ring's
+//! read waits until [`GAP`] has passed since that read ended, so a flood costs a read per gap,
+//! not one each. A read that found something lifts the gap: the next ring reads at once.
+//!
+//! Two ways to be rung:
+//! - [`Gate`], for an actor that reads: one read at a time, rings during a read make one more
+//!   read after it, rings before a put-off read are covered by it. Pure: the actor does what it
+//!   answers ([`Go`]).
+//! - [`Bell`] and [`Reader`], for a loop on a task of its own: the actor rings the `Bell`, the
+//!   loop waits for it with its `Reader`; rings during a read leave one wake-up behind.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// After a ring's read that found nothing, the next ring's read waits this long.
+const GAP: Duration = Duration::from_millis(50);
+
+/// The flood rule alone: when a ring may make its reader read.
+#[derive(Debug, Default)]
+pub(crate) struct Quiet {
+    /// The end of the gap after a ring's read that found nothing.
+    until: Option<Instant>,
+}
+
+impl Quiet {
+    /// A read ended at `now`: `rung` when a ring asked for it, `found` when it found something
+    /// new. Only a ring's read that found nothing opens a gap (a poll's does not: polls are
+    /// bounded by their own rate); any read that found something closes it.
+    pub(crate) fn read(&mut self, rung: bool, found: bool, now: Instant) {
+        if found {
+            self.until = None;
+        } else if rung {
+            self.until = Some(now + GAP);
+        }
+    }
+
+    /// When a ring heard at `now` may read: `now`, or the end of the gap.
+    pub(crate) fn opens(&self, now: Instant) -> Instant {
+        self.until.map_or(now, |until| until.max(now))
+    }
+}
+
+/// What a [`Gate`] tells its reader to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Go {
+    /// Read now; report its end with [`Gate::finished`].
+    Now,
+    /// Read at this instant: call [`Gate::due`] then.
+    At(Instant),
+    /// Nothing: a read under way or put off covers it.
+    Covered,
+}
+
+/// One reader's reads, one at a time, for an actor: see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    quiet: Quiet,
+    /// A read under way, and whether a ring asked for it.
+    reading: Option<bool>,
+    /// Rung during the read under way, whose snapshot may predate what was rung for: read again
+    /// after it.
+    again: bool,
+    /// When the put-off read is due.
+    put_off: Option<Instant>,
+}
+
+impl Gate {
+    /// A ring at `now`.
+    pub(crate) fn ring(&mut self, now: Instant) -> Go {
+        if self.reading.is_some() {
+            self.again = true;
+            return Go::Covered;
+        }
+        if self.put_off.is_some() {
+            return Go::Covered;
+        }
+        let opens = self.quiet.opens(now);
+        if opens > now {
+            self.put_off = Some(opens);
+            return Go::At(opens);
+        }
+        self.reading = Some(true);
+        Go::Now
+    }
+
+    /// The instant a put-off read was due came (`now`). A timer left from a put-off read that a
+    /// read of another cause covered since does nothing.
+    pub(crate) fn due(&mut self, now: Instant) -> Go {
+        match self.put_off {
+            Some(at) if at <= now => {
+                self.put_off = None;
+                self.ring(now)
+            }
+            _ => Go::Covered,
+        }
+    }
+
+    /// A read of another cause (a poll, a tick, a reconnect): now, unless one is under way
+    /// (then once more after it). It covers a put-off read: what was rung before it started has
+    /// committed before it.
+    pub(crate) fn ask(&mut self) -> Go {
+        if self.reading.is_some() {
+            self.again = true;
+            return Go::Covered;
+        }
+        self.put_off = None;
+        self.reading = Some(false);
+        Go::Now
+    }
+
+    /// The read under way ended at `now`, having `found` something new or not.
+    pub(crate) fn finished(&mut self, found: bool, now: Instant) -> Go {
+        let rung = self.reading.take() == Some(true);
+        self.quiet.read(rung, found, now);
+        match std::mem::take(&mut self.again) {
+            true => self.ring(now),
+            false => Go::Covered,
+        }
+    }
+
+    /// The read under way found something and the reader reads on at once, a read of its own
+    /// (not a ring's): it covers whatever was rung so far.
+    pub(crate) fn read_on(&mut self) {
+        self.quiet.until = None;
+        self.again = false;
+        self.reading = Some(false);
+    }
+
+    /// Nothing under way, put off or remembered at `now`: the gate can be forgotten.
+    pub(crate) fn at_rest(&self, now: Instant) -> bool {
+        self.reading.is_none() && self.put_off.is_none() && self.quiet.opens(now) <= now
+    }
+}
+
+/// The ringing side of a doorbell whose reader is a loop on a task of its own. Rings while the
+/// loop is not waiting leave one wake-up behind: the loop reads once more, however many came.
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    notify: Notify,
+}
+
+impl Bell {
+    /// Rings: the reader reads, now or at the end of its gap.
+    pub(crate) fn ring(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// The reading side of a [`Bell`]: the loop's [`Quiet`], and whether its next read is a ring's.
+#[derive(Debug, Default)]
+pub(crate) struct Reader {
+    quiet: Quiet,
+    rung: bool,
+}
+
+impl Reader {
+    /// Waits for a ring, then for the instant its read may start. Cancel-safe: a ring taken
+    /// and not read yet is covered by the read the loop makes instead (or the loop ends).
+    pub(crate) async fn rung(&mut self, bell: &Bell) {
+        bell.notify.notified().await;
+        tokio::time::sleep_until(self.quiet.opens(Instant::now()).into()).await;
+        self.rung = true;
+    }
+
+    /// A read ended, having `found` something new or not.
+    pub(crate) fn read(&mut self, found: bool) {
+        let rung = std::mem::take(&mut self.rung);
+        self.quiet.read(rung, found, Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_ring_reads_at_once_when_no_gap_is_open() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.finished(true, t0 + MS), Go::Covered);
+        assert_eq!(gate.ring(t0 + 2 * MS), Go::Now);
+    }
+
+    #[test]
+    fn after_a_rings_read_found_nothing_the_next_ring_waits_out_the_gap() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        let ended = t0 + 5 * MS;
+        assert_eq!(gate.finished(false, ended), Go::Covered);
+        // However slow the flood: any ring within the gap is put off to its end.
+        assert_eq!(gate.ring(ended + 10 * MS), Go::At(ended + GAP));
+        assert_eq!(gate.ring(ended + 20 * MS), Go::Covered, "put off already");
+        assert_eq!(gate.due(ended + GAP), Go::Now);
+        // Past the gap, a ring reads at once.
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.finished(false, t0), Go::Covered);
+        assert_eq!(gate.ring(t0 + GAP), Go::Now);
+    }
+
+    #[test]
+    fn a_flood_costs_a_read_per_gap() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        let (mut reads, mut due) = (0, None);
+        // A ring every millisecond for a second; each read takes 2 ms and finds nothing.
+        let mut reading_until = None;
+        for ms in 0..1000u32 {
+            let now = t0 + ms * MS;
+            if reading_until == Some(now) {
+                reading_until = None;
+                if let Go::At(at) = gate.finished(false, now) {
+                    due = Some(at);
+                }
+            }
+            if due.is_some_and(|at| at <= now) {
+                due = None;
+                if gate.due(now) == Go::Now {
+                    reads += 1;
+                    reading_until = Some(now + 2 * MS);
+                }
+            }
+            match gate.ring(now) {
+                Go::Now => {
+                    reads += 1;
+                    reading_until = Some(now + 2 * MS);
+                }
+                Go::At(at) => due = Some(at),
+                Go::Covered => {}
+            }
+        }
+        assert!(reads <= 1000 / 50 + 1, "{reads} reads");
+        assert!(
+            reads >= 1000 / 52 - 1,
+            "{reads} reads: the flood is still heard"
+        );
+    }
+
+    #[test]
+    fn a_ring_during_a_read_makes_one_read_after_it() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        for ms in 1..10 {
+            assert_eq!(gate.ring(t0 + ms * MS), Go::Covered);
+        }
+        // The read found something: the rings during it read again at once.
+        assert_eq!(gate.finished(true, t0 + 10 * MS), Go::Now);
+        assert_eq!(gate.finished(true, t0 + 11 * MS), Go::Covered, "once");
+        // Found nothing: the read again is put off to the gap's end.
+        assert_eq!(gate.ring(t0 + 12 * MS), Go::Now);
+        assert_eq!(gate.ring(t0 + 13 * MS), Go::Covered);
+        let ended = t0 + 14 * MS;
+        assert_eq!(gate.finished(false, ended), Go::At(ended + GAP));
+    }
+
+    #[test]
+    fn a_read_of_another_cause_is_one_at_a_time_and_covers_a_put_off_read() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.finished(false, t0), Go::Covered);
+        assert_eq!(gate.ring(t0 + MS), Go::At(t0 + GAP));
+        // A poll meanwhile reads at once, and the put-off read is then covered.
+        assert_eq!(gate.ask(), Go::Now);
+        assert_eq!(gate.ask(), Go::Covered, "one at a time");
+        assert_eq!(gate.due(t0 + GAP), Go::Covered);
+        // Asked during it: once more after it; a poll's read that found nothing opens no gap
+        // of its own, and the one the ring opened still holds.
+        assert_eq!(gate.finished(false, t0 + 2 * MS), Go::At(t0 + GAP));
+        assert_eq!(gate.due(t0 + GAP), Go::Now);
+        assert_eq!(gate.finished(false, t0 + GAP), Go::Covered);
+        assert!(!gate.at_rest(t0 + GAP), "its gap is open");
+        assert!(gate.at_rest(t0 + 2 * GAP));
+        assert_eq!(gate.ask(), Go::Now);
+        assert_eq!(gate.finished(false, t0 + 2 * GAP), Go::Covered);
+        assert_eq!(gate.ring(t0 + 2 * GAP + MS), Go::Now, "a poll opens no gap");
+    }
+
+    #[test]
+    fn a_timer_left_from_a_covered_read_does_not_read_early() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.finished(false, t0), Go::Covered);
+        assert_eq!(gate.ring(t0 + MS), Go::At(t0 + GAP));
+        assert_eq!(gate.ask(), Go::Now);
+        assert_eq!(gate.ring(t0 + 2 * MS), Go::Covered);
+        // The ring during the poll's read waits out the gap still open.
+        assert_eq!(gate.finished(false, t0 + 3 * MS), Go::At(t0 + GAP));
+        assert_eq!(gate.due(t0 + GAP), Go::Now);
+        assert_eq!(gate.ring(t0 + GAP + MS), Go::Covered);
+        let ended = t0 + GAP + 2 * MS;
+        assert_eq!(gate.finished(false, ended), Go::At(ended + GAP));
+        // The first timer again, or one fired before its instant: nothing.
+        assert_eq!(gate.due(ended + MS), Go::Covered);
+        assert_eq!(gate.due(ended + GAP), Go::Now);
+    }
+
+    #[test]
+    fn reading_on_covers_the_rings_so_far_and_lifts_the_gap() {
+        let (mut gate, t0) = (Gate::default(), Instant::now());
+        assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.ring(t0 + MS), Go::Covered);
+        gate.read_on();
+        assert_eq!(gate.finished(false, t0 + 2 * MS), Go::Covered, "covered");
+        // A read of its own that found nothing opens no gap.
+        assert_eq!(gate.ring(t0 + 3 * MS), Go::Now);
+    }
+
+    #[test]
+    fn quiet_opens_a_gap_only_after_a_rings_read_that_found_nothing() {
+        let (mut quiet, t0) = (Quiet::default(), Instant::now());
+        quiet.read(false, false, t0);
+        assert_eq!(quiet.opens(t0), t0);
+        quiet.read(true, false, t0);
+        assert_eq!(quiet.opens(t0 + MS), t0 + GAP);
+        assert_eq!(quiet.opens(t0 + 2 * GAP), t0 + 2 * GAP);
+        quiet.read(false, true, t0 + MS);
+        assert_eq!(quiet.opens(t0 + 2 * MS), t0 + 2 * MS);
+    }
+}
