@@ -104,6 +104,12 @@ mod threaded;
 mod topics;
 mod workers;
 
+// What a user must name beside this crate's types, so that one dependency line suffices: the
+// core crate itself (`pgcoord_actors::pgcoord::topic::TopicTable`), its configuration and errors,
+// and the payload type of a `Signal`.
+pub use bytes::Bytes;
+pub use pgcoord::{self, Config, Error, ErrorKind, Result};
+
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
