@@ -17,7 +17,7 @@ use super::LockManager;
 use super::context::WaitContext;
 use super::counters::Counters;
 use super::lease::Lease;
-use super::line::{Answer, Ask};
+use super::one_wait::{Answer, Ask};
 use super::messages::Acquire;
 use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};

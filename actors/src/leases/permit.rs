@@ -25,7 +25,7 @@ use super::context::WaitContext;
 use super::counters::Counters;
 use super::held::OnRelease;
 use super::lease::Lease;
-use super::line::{Answer, Ask};
+use super::one_wait::{Answer, Ask};
 use super::messages::{AcquirePermit, GetLimit, SetLimit};
 use super::queues::{NameQueue, Queues};
 use super::settle::spawn_wait;

@@ -19,12 +19,12 @@ use tracing::{debug, warn};
 
 use super::context::WaitContext;
 use super::lease::Lease;
-use super::line::{Ask, Line, Next};
+use super::one_wait::{Ask, OneWait, Next};
 use super::queues::NameQueue;
 use crate::reply::{caller_gone, deadline_passes};
 use crate::signals::doorbell::{Bell, Reader};
 
-pub(crate) use super::line::Answer;
+pub(crate) use super::one_wait::Answer;
 
 /// A granted attempt: the grant, when its statement was sent (the start of the holder's
 /// deadline), and the slot's name for a permit.
@@ -80,7 +80,7 @@ pub(crate) struct Wait<A> {
     pub(crate) attempts: A,
     context: Arc<WaitContext>,
     queue: Arc<NameQueue>,
-    line: Line,
+    line: OneWait,
     /// The name's turn once had, kept until the clean-up is done.
     turn: Option<OwnedMutexGuard<()>>,
     /// Until when a grant nobody received may be held: the clean-up frees it.
@@ -102,7 +102,7 @@ impl<A: Attempts> Wait<A> {
             attempts,
             context: context.clone(),
             queue: context.queues.join(key),
-            line: Line::new(deadline, context.poll, once),
+            line: OneWait::new(deadline, context.poll, once),
             turn: None,
             orphans_until: None,
         }

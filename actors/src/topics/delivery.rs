@@ -12,11 +12,11 @@ use crate::leases::Lease;
 /// One event handed to a consumer's handler, and the lease it is handled under.
 pub struct Delivery {
     pub(crate) event: Event,
-    pub(crate) tenure: Arc<Tenure>,
+    pub(crate) tenure: Arc<DeliveryContext>,
 }
 
 /// What every delivery of one tenure shares: one reference per event, not one per field.
-pub(crate) struct Tenure {
+pub(crate) struct DeliveryContext {
     pub(crate) topic: String,
     pub(crate) consumer: String,
     pub(crate) acker: Acker,
@@ -70,7 +70,7 @@ impl Delivery {
     /// [`ErrorKind::AlreadyAcknowledged`] when the cursor is already past the event. On either,
     /// the transaction must not commit (`?` drops it, which rolls it back).
     pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
-        let Tenure {
+        let DeliveryContext {
             topic,
             consumer,
             acker,

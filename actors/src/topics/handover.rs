@@ -9,7 +9,7 @@ use pgcoord::__private::Failures;
 use pgcoord::topic::{Cursor, Event};
 use tracing::warn;
 
-use super::delivery::Tenure;
+use super::delivery::DeliveryContext;
 use super::{ConsumeHandler, ConsumeResult, Delivery};
 use super::{Run, stats};
 
@@ -37,7 +37,7 @@ pub(super) struct Page {
 /// not once an event.
 pub(super) async fn deliver(
     run: &Run,
-    tenure: &Arc<Tenure>,
+    tenure: &Arc<DeliveryContext>,
     events: Vec<Event>,
     from: Cursor,
     errors: &mut Failures,

@@ -46,7 +46,7 @@ mod run;
 pub use append::{Append, TopicAppender};
 pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
-pub(crate) use delivery::Tenure;
+pub(crate) use delivery::DeliveryContext;
 // The in-memory backend's consumer hands over and backs off as this one does.
 #[cfg(feature = "memory")]
 pub(crate) use handover::handle;

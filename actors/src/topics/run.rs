@@ -9,7 +9,7 @@ use pgcoord::topic::{Batch, Cursor};
 use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::delivery::Tenure;
+use super::delivery::DeliveryContext;
 use super::handover::{PageEnd, deliver};
 use super::{Acker, Run, stats};
 use crate::Call;
@@ -124,7 +124,7 @@ async fn tenure(run: &Run, lease: &Arc<Lease>) -> Ended {
 
 /// What a tenure's reading carries from one page to the next.
 struct Reading {
-    tenure: Arc<Tenure>,
+    tenure: Arc<DeliveryContext>,
     /// Failed reads, and failed deliveries, in a row.
     failures: Failures,
     errors: Failures,
@@ -145,7 +145,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
     let lost = lease.lost();
     tokio::pin!(lost);
     let mut reading = Reading {
-        tenure: Arc::new(Tenure {
+        tenure: Arc::new(DeliveryContext {
             topic: topic.clone(),
             consumer: consumer.clone(),
             acker: Acker::Table(run.table.clone()),

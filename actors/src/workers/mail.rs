@@ -29,7 +29,7 @@ use super::{Mail, StopWorker, WorkerPool, mail_topic};
 use crate::metrics::MailMetrics;
 use crate::signals::doorbell::{Gate, Go};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
-use crate::topics::{Acker, Delivery, Tenure};
+use crate::topics::{Acker, Delivery, DeliveryContext};
 
 /// The most events of one key read at once.
 const WINDOW: u32 = 100;
@@ -269,7 +269,7 @@ where
             worker,
             metrics: self.metrics.mail.clone(),
             key: key.to_owned(),
-            tenure: Arc::new(Tenure {
+            tenure: Arc::new(DeliveryContext {
                 topic,
                 consumer: self.name.clone(),
                 acker: Acker::Table(mailing.table.clone()),
@@ -320,7 +320,7 @@ struct Handing<W: Actor> {
     db: pgcoord::Pool,
     send: SendMail<W>,
     worker: Addr<W>,
-    tenure: Arc<Tenure>,
+    tenure: Arc<DeliveryContext>,
     key: String,
     metrics: MailMetrics,
     /// Where this read began, when this process has not made sure of the key's cursor row yet.

@@ -28,11 +28,11 @@ pub(super) struct LeaseState {
 
 /// A lock's row: a holder while held; kept without one after a keep-on-release.
 struct Row {
-    tenure: Option<Tenure>,
+    tenure: Option<HeldBy>,
     data: Option<Vec<u8>>,
 }
 
-struct Tenure {
+struct HeldBy {
     owner: String,
     coordinator: u64,
     token: i64,
@@ -90,7 +90,7 @@ impl LeaseState {
         if row.data.is_none() || request.replace_data {
             row.data = request.data.as_ref().map(|d| d.to_vec());
         }
-        row.tenure = Some(Tenure {
+        row.tenure = Some(HeldBy {
             owner: owner.to_owned(),
             coordinator,
             token,

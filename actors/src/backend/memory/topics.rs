@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use super::{MemoryCoordinator, Shared};
 use crate::backend::Locking;
 use crate::leases::{Acquire, Lease};
-use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery, Tenure};
+use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery, DeliveryContext};
 
 /// Every topic's log and every consumer's cursor of one in-memory backend.
 #[derive(Default)]
@@ -180,7 +180,7 @@ async fn tenure(
             },
         ))
     };
-    let tenure = Arc::new(Tenure {
+    let tenure = Arc::new(DeliveryContext {
         topic: topic.clone(),
         consumer: consumer.clone(),
         acker,

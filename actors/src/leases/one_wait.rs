@@ -52,7 +52,7 @@ pub(crate) enum Next<G> {
     Again,
     /// Wait for a wake-up, at most this long (the deadline and the caller end it too).
     Nap(Duration),
-    /// Free any grant of the unknown attempt, then call [`Line::after_check`].
+    /// Free any grant of the unknown attempt, then call [`OneWait::after_check`].
     CheckOrphans(Error),
 }
 
@@ -62,7 +62,7 @@ const QUICK_RETRIES: u32 = 4;
 
 /// The state of one wait.
 #[derive(Debug)]
-pub(crate) struct Line {
+pub(crate) struct OneWait {
     deadline: Option<Instant>,
     /// The longest nap without a wake-up.
     poll: Duration,
@@ -77,11 +77,11 @@ pub(crate) struct Line {
     holder: Option<Holder>,
 }
 
-impl Line {
+impl OneWait {
     /// A wait until `deadline` (forever without one), napping at most `poll`; `once` for a
     /// single attempt that does not wait.
-    pub(crate) fn new(deadline: Option<Instant>, poll: Duration, once: bool) -> Line {
-        Line {
+    pub(crate) fn new(deadline: Option<Instant>, poll: Duration, once: bool) -> OneWait {
+        OneWait {
             deadline,
             poll,
             once,
@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn the_first_attempt_asks_plainly_a_refusal_gets_in_line_and_a_grant_ends_it() {
         let now = Instant::now();
-        let mut line = Line::new(None, POLL, false);
+        let mut line = OneWait::new(None, POLL, false);
         assert_eq!(line.ask(), Ask::First);
         assert!(!line.in_line(), "a plain attempt puts nobody in line");
         let next = line.after::<u8>(Answer::Held(Some(holder(POLL))), now);
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn in_line_a_waiter_naps_until_the_holders_expiry_the_poll_or_the_deadline() {
         let now = Instant::now();
-        let mut line = Line::new(None, POLL, false);
+        let mut line = OneWait::new(None, POLL, false);
         let _ = (line.ask(), line.ask());
         let soon = Duration::from_millis(30);
         let next = line.after(Answer::Held(Some(holder(soon))), now);
@@ -248,7 +248,7 @@ mod tests {
         // Free, but another waiter is first: its grant or its lapse comes by the poll.
         assert_eq!(nap(line.after(Answer::Held(None), now)), POLL);
         assert_eq!(nap(line.after(Answer::Full, now)), POLL);
-        let mut line = Line::new(Some(now + soon), POLL, false);
+        let mut line = OneWait::new(Some(now + soon), POLL, false);
         let _ = (line.ask(), line.ask());
         assert_eq!(nap(line.after(Answer::Held(Some(holder(POLL))), now)), soon);
         assert!(!line.passed(now) && line.passed(now + soon));
@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn busy_rows_are_asked_again_quickly_in_line_then_less_and_less_often() {
         let now = Instant::now();
-        let mut line = Line::new(None, POLL, false);
+        let mut line = OneWait::new(None, POLL, false);
         let _ = (line.ask(), line.ask());
         let quick: Vec<Duration> = (0..QUICK_RETRIES)
             .map(|_| nap(line.after(Answer::Busy, now)))
@@ -273,7 +273,7 @@ mod tests {
     #[test]
     fn once_a_refusal_or_a_busy_row_is_not_acquired() {
         let now = Instant::now();
-        let mut line = Line::new(None, POLL, true);
+        let mut line = OneWait::new(None, POLL, true);
         assert_eq!(line.ask(), Ask::Once);
         assert!(!line.in_line(), "once never gets in line");
         let next = line.after::<()>(Answer::Held(Some(holder(POLL))), now);
@@ -286,7 +286,7 @@ mod tests {
     fn an_unknown_outcome_is_checked_then_asked_again_only_with_time_left() {
         let now = Instant::now();
         let deadline = now + Duration::from_secs(1);
-        let mut line = Line::new(Some(deadline), POLL, false);
+        let mut line = OneWait::new(Some(deadline), POLL, false);
         line.ask();
         let next = line.after::<()>(Answer::Unknown(unavailable()), now);
         let Next::CheckOrphans(error) = next else {
@@ -302,7 +302,7 @@ mod tests {
         let next = line.after_check::<()>(true, unavailable(), deadline);
         assert!(matches!(next, Next::Fail(_)));
         // A wait without a deadline asks again once nothing is left behind.
-        let mut forever = Line::new(None, POLL, false);
+        let mut forever = OneWait::new(None, POLL, false);
         let next = forever.after_check::<()>(true, unavailable(), now);
         assert!(matches!(next, Next::Again));
         // A failure known to have granted nothing needs no check.
