@@ -1,13 +1,12 @@
-//! The life of held leases in `LockManager`: the heartbeat (one renew statement for all of
-//! them), the monotonic deadlines, and loss reports.
+//! The life of held leases in `LockManager`, the I/O of the book (`book`): the heartbeat (one
+//! renew statement for all of them), the deadline sweep, and loss reports.
 //!
 //! Renewals run on a connection of their own: nothing that uses the pool can delay them. One
 //! that hangs is cut off at the earliest deadline (or a quarter lease) and retried at once on a
 //! new connection; one idle since the last tick answers a check first, within a share of that
-//! bound, so a connection that died unseen costs little of it. A lease is reported lost only when its deadline passes unrenewed, or when a
-//! renewal finds it gone on the server.
+//! bound, so a connection that died unseen costs little of it. A lease is reported lost only
+//! when its deadline passes unrenewed, or when a renewal finds it gone on the server.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,18 +16,19 @@ use pgcoord::Error;
 use tracing::{debug, warn};
 
 use super::LockManager;
+use super::book::{Answer, Verdict};
 use super::counters::Counters;
 use super::held::Held;
 use super::permit::wake_released;
 use crate::losses::{LockKey, LockLost, LossReason, Tenure};
 use crate::session::Pinned;
 
-/// The heartbeat's state: its connection, whether a renewal is under way, failures in a row.
+/// The heartbeat's state: its connection and failures in a row (the renewal under way is the
+/// book's).
 #[derive(Default)]
 pub(crate) struct Heartbeat {
     /// Its own connection, reopened when it fails.
     session: Option<Arc<Pinned>>,
-    renewing: bool,
     failures: Failures,
 }
 
@@ -40,24 +40,17 @@ impl Heartbeat {
 }
 
 impl LockManager {
-    /// Runs the heartbeat: one renew statement for every held lease.
+    /// Runs the heartbeat: one renew statement for every held lease, as the book plans it.
     pub(crate) fn renew_all(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
         // Too late for those: the sweep reports them; the rest are renewed.
-        self.sweep_deadlines();
-        let Some(earliest) = self.holdings.earliest_deadline() else {
+        self.sweep_deadlines_at(now);
+        let (timeout, lease) = (self.config.statement_timeout(), self.config.lease());
+        let Some(renewal) = self.holdings.plan(now, timeout, lease) else {
             return;
         };
-        if self.heartbeat.renewing {
-            return;
-        }
-        // A renewal confirmed after the earliest deadline saves nothing, and one unanswered after
-        // a quarter lease is stuck: a retry on a new connection still has most of the lease.
-        let now = Instant::now();
-        let attempt = self.config.statement_timeout().min(self.config.lease() / 4);
-        let bound = earliest.min(now + attempt);
-        self.heartbeat.renewing = true;
         Counters::add(&self.counters.renew_statements);
-        let tenures = self.holdings.tenures();
+        let bound = renewal.bound;
         let session = self.heartbeat.session.clone().filter(|s| !s.is_broken());
         let (config, table) = (self.config.clone(), self.table.clone());
         let renew = async move {
@@ -71,13 +64,13 @@ impl LockManager {
                     let open = Pinned::open(&config, "heartbeat");
                     match tokio::time::timeout_at(bound.into(), open).await {
                         Ok(Ok(pinned)) => Arc::new(pinned),
-                        Ok(Err(e)) => return (None, now, tenures, Err(e)),
+                        Ok(Err(e)) => return (None, now, renewal, Err(e)),
                         Err(_) => {
                             let error = Error::new(
                                 pgcoord::ErrorKind::Unavailable,
                                 "no heartbeat connection before the earliest lease deadline",
                             );
-                            return (None, now, tenures, Err(error));
+                            return (None, now, renewal, Err(error));
                         }
                     }
                 }
@@ -85,45 +78,34 @@ impl LockManager {
             let sent = Instant::now();
             let statements = pgcoord::__private::until(&session.client, bound);
             let owner = table.owner(config.owner()).expect("a configured owner");
-            let renewed = owner.renew_each(&statements, &tenures).await;
-            (Some(session), sent, tenures, renewed)
+            let renewed = owner.renew_each(&statements, &renewal.tenures).await;
+            (Some(session), sent, renewal, renewed)
         };
         ctx.spawn(
             renew
                 .into_actor(self)
-                .map(move |(session, sent, tenures, result), act, ctx| {
-                    act.heartbeat.renewing = false;
+                .map(move |(session, sent, renewal, result), act, ctx| {
                     act.heartbeat.session = session.filter(|s| !s.is_broken());
-                    match result {
-                        Ok(renewed) => {
+                    let (answer, failed) = match result {
+                        Ok(tokens) => (Answer::Renewed(tokens), None),
+                        Err(e) => (Answer::Unknown, Some(e)),
+                    };
+                    for (name, token, verdict) in act.holdings.answered(renewal, sent, answer) {
+                        if let Verdict::Lost(reason, held) = verdict {
+                            act.announce_loss(&name, token, held, reason);
+                        }
+                    }
+                    match failed {
+                        None => {
                             act.heartbeat.failures.succeeded();
                             if let Some(metrics) = &act.metrics {
                                 metrics.renew.record(sent.elapsed().as_secs_f64());
                             }
-                            act.renewed(sent, tenures, renewed);
                         }
-                        Err(e) => act.renew_failed(e, ctx),
+                        Some(e) => act.renew_failed(e, ctx),
                     }
                 }),
         );
-    }
-
-    /// Moves the deadline of every lease the renewal confirmed, each by its own lease; the
-    /// others are gone on the server.
-    fn renewed(
-        &mut self,
-        sent: Instant,
-        tenures: Vec<(Arc<str>, i64, Duration)>,
-        renewed: Vec<i64>,
-    ) {
-        let renewed: HashSet<i64> = renewed.into_iter().collect();
-        for (name, token, _) in tenures {
-            if renewed.contains(&token) {
-                self.holdings.extend(&name, token, sent);
-            } else {
-                self.lose(&name, token, LossReason::TakenOver);
-            }
-        }
     }
 
     /// Tries again soon: the leases are still ours until their deadlines.
@@ -152,28 +134,21 @@ impl LockManager {
 
     /// Reports every lease whose deadline has passed.
     pub(crate) fn sweep_deadlines(&mut self) {
-        for (name, token) in self.holdings.past_deadline(Instant::now()) {
-            let Some(held) = self.holdings.remove(&name, token) else {
-                continue;
-            };
+        self.sweep_deadlines_at(Instant::now());
+    }
+
+    fn sweep_deadlines_at(&mut self, now: Instant) {
+        for (name, token, held) in self.holdings.sweep(now) {
             let on_release = held.on_release;
-            self.announce_loss(&name, held, LossReason::DeadlinePassed);
+            self.announce_loss(&name, token, held, LossReason::DeadlinePassed);
             // A renewal may still land after we gave up: free the row so it does not linger.
             let releaser = &self.context().releaser;
             releaser.release_in_background(name, token, on_release, "after its deadline passed");
         }
     }
 
-    /// Forgets a held lease and tells its holder and every subscriber, once.
-    pub(crate) fn lose(&mut self, name: &str, token: i64, reason: LossReason) {
-        if let Some(held) = self.holdings.remove(name, token) {
-            self.announce_loss(name, held, reason);
-        }
-    }
-
     /// Tells the holder of a lease no longer held, and every subscriber, that it was lost.
-    pub(crate) fn announce_loss(&mut self, name: &str, held: Held, reason: LossReason) {
-        let token = held.token;
+    pub(crate) fn announce_loss(&mut self, name: &str, token: i64, held: Held, reason: LossReason) {
         held.end(Tenure::Lost(reason));
         self.report_loss(name, token, reason);
     }

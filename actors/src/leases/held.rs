@@ -1,12 +1,14 @@
-//! The leases a `LockManager` holds: their tokens, monotonic deadlines and loss signals, and the
-//! names held, shared with the waits under way (a wait refuses a name held meanwhile).
+//! The leases a `LockManager` holds: their book (tokens, monotonic deadlines: `book`), their
+//! loss signals, and the names held, shared with the waits under way (a wait refuses a name
+//! held meanwhile).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::book::{Answer, Book, Renewal, Verdict};
 use crate::losses::Tenure;
 
 /// What a lease's release does besides ending the tenure.
@@ -19,36 +21,18 @@ pub(crate) struct OnRelease {
     pub(crate) announce_always: bool,
 }
 
-/// One lease this process holds.
+/// What the holder of a lease keeps beside its entry in the book: how to release it, and its
+/// handle's loss signal.
 pub(crate) struct Held {
-    pub(crate) token: i64,
     pub(crate) on_release: OnRelease,
-    /// How long each (re)grant lasts: the manager's lease, or the acquire's own.
-    pub(crate) lease: Duration,
-    /// Monotonic: when the last confirmed (re)grant was sent, plus the lease, minus a margin.
-    /// Past it the server may give the lease away, so it is reported lost.
-    pub(crate) deadline: Instant,
     tenure: watch::Sender<Tenure>,
 }
 
 impl Held {
-    /// A lease granted with `token` for `lease`, held until `deadline` unless renewed; the
-    /// receiver is its handle's.
-    pub(crate) fn new(
-        token: i64,
-        on_release: OnRelease,
-        lease: Duration,
-        deadline: Instant,
-    ) -> (Held, watch::Receiver<Tenure>) {
+    /// A lease just granted; the receiver is its handle's.
+    pub(crate) fn new(on_release: OnRelease) -> (Held, watch::Receiver<Tenure>) {
         let (tenure, receiver) = watch::channel(Tenure::Held);
-        let held = Held {
-            token,
-            on_release,
-            lease,
-            deadline,
-            tenure,
-        };
-        (held, receiver)
+        (Held { on_release, tenure }, receiver)
     }
 
     /// Tells the handle how the tenure ended.
@@ -66,13 +50,24 @@ impl HeldNames {
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.0.lock().expect("held names").contains(name)
     }
+
+    fn insert(&self, name: Arc<str>) {
+        self.0.lock().expect("held names").insert(name);
+    }
+
+    fn remove<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut held = self.0.lock().expect("held names");
+        for name in names {
+            held.remove(name);
+        }
+    }
 }
 
-/// Every lease held, by name. The names are shared (`Arc<str>`), so a heartbeat tick copies
-/// none.
+/// Every lease held: the book (tokens, deadlines, renewals), and the names held as waits see
+/// them, kept in step with it.
 #[derive(Default)]
 pub(crate) struct Holdings {
-    leases: HashMap<Arc<str>, Held>,
+    book: Book<Held>,
     names: HeldNames,
 }
 
@@ -82,75 +77,78 @@ impl Holdings {
         self.names.clone()
     }
 
-    /// Records `name` as held; returns what was held under that name, which the turns of
-    /// names rule out (see `queues`).
-    pub(crate) fn insert(&mut self, name: Arc<str>, held: Held) -> Option<Held> {
-        self.names
-            .0
-            .lock()
-            .expect("held names")
-            .insert(name.clone());
-        self.leases.insert(name, held)
+    /// Records `name` as held with `token`, granted for `lease` by a statement sent at `sent`;
+    /// returns what was held under that name, which the turns of names rule out (see
+    /// `queues`).
+    pub(crate) fn insert(
+        &mut self,
+        name: Arc<str>,
+        token: i64,
+        (sent, lease): (Instant, Duration),
+        held: Held,
+    ) -> Option<(i64, Held)> {
+        self.names.insert(name.clone());
+        self.book.hold(name, token, lease, sent, held)
     }
 
     /// Forgets `name` when it is held with `token`, returning what was held.
     pub(crate) fn remove(&mut self, name: &str, token: i64) -> Option<Held> {
-        if !self.holds(name, token) {
-            return None;
-        }
-        self.names.0.lock().expect("held names").remove(name);
-        self.leases.remove(name)
+        let held = self.book.remove(name, token)?;
+        self.names.remove([name]);
+        Some(held)
     }
 
     /// Whether `name` is held with `token`.
     pub(crate) fn holds(&self, name: &str, token: i64) -> bool {
-        self.leases.get(name).is_some_and(|h| h.token == token)
+        self.book.holds(name, token)
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {
-        self.leases.contains_key(name)
+        self.book.contains(name)
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.leases.len()
+        self.book.len()
     }
 
-    /// The earliest deadline of all.
-    pub(crate) fn earliest_deadline(&self) -> Option<Instant> {
-        self.leases.values().map(|h| h.deadline).min()
+    /// The book's renewal to send at `now` (see [`Book::plan`]).
+    pub(crate) fn plan(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        lease: Duration,
+    ) -> Option<Renewal> {
+        self.book.plan(now, timeout, lease)
     }
 
-    /// Every lease by name, token and lease: what a renewal sends.
-    pub(crate) fn tenures(&self) -> Vec<(Arc<str>, i64, Duration)> {
-        (self.leases.iter())
-            .map(|(name, h)| (name.clone(), h.token, h.lease))
-            .collect()
+    /// The book's verdicts on a renewal's answer (see [`Book::answered`]).
+    pub(crate) fn answered(
+        &mut self,
+        renewal: Renewal,
+        sent: Instant,
+        answer: Answer,
+    ) -> Vec<(Arc<str>, i64, Verdict<Held>)> {
+        let verdicts = self.book.answered(renewal, sent, answer);
+        let lost = verdicts
+            .iter()
+            .filter(|(_, _, v)| matches!(v, Verdict::Lost(..)));
+        self.names.remove(lost.map(|(name, _, _)| &**name));
+        verdicts
     }
 
-    /// Moves the deadline of `name` when it is still held with `token`: its lease from `sent`,
-    /// less the margin.
-    pub(crate) fn extend(&mut self, name: &str, token: i64, sent: Instant) {
-        if let Some(held) = self.leases.get_mut(name).filter(|h| h.token == token) {
-            held.deadline = sent + held.lease - margin(held.lease);
-        }
-    }
-
-    /// The leases whose deadline is `now` or earlier.
-    pub(crate) fn past_deadline(&self, now: Instant) -> Vec<(Arc<str>, i64)> {
-        (self.leases.iter())
-            .filter(|(_, h)| h.deadline <= now)
-            .map(|(name, h)| (name.clone(), h.token))
-            .collect()
+    /// Gives up every lease whose deadline is `now` or earlier, returning them.
+    pub(crate) fn sweep(&mut self, now: Instant) -> Vec<(Arc<str>, i64, Held)> {
+        let past = self.book.sweep(now);
+        self.names.remove(past.iter().map(|(name, _, _)| &**name));
+        past
     }
 
     /// Forgets every lease, returning them.
-    pub(crate) fn drain(&mut self) -> Vec<(Arc<str>, Held)> {
+    pub(crate) fn drain(&mut self) -> Vec<(Arc<str>, i64, Held)> {
         self.names.0.lock().expect("held names").clear();
-        self.leases.drain().collect()
+        self.book.drain()
     }
 }
-
-pub(crate) use pgcoord::lease::margin;
 
 /// The longest lease one acquire may ask for ([`Acquire::lease`](crate::Acquire::lease)): a
 /// year.

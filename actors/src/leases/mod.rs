@@ -2,8 +2,11 @@
 //!
 //! - `messages` — every message the manager answers, and [`ManagerStats`].
 //! - `lease` — [`Lease`], the handle of a held lease; `with_lock`.
-//! - `held` — the leases held: tokens, monotonic deadlines, loss signals.
-//! - `heartbeat` — one renew statement per tick for all of them; deadlines and loss reports.
+//! - `book` — the holding side's decisions (pure): the leases held with their monotonic
+//!   deadlines, what a renewal asks for, what its answer means, which deadlines passed.
+//! - `held` — the leases held: the book, loss signals, the names held as waits see them.
+//! - `heartbeat` — the book's I/O: one renew statement per tick for all of them, the deadline
+//!   sweep, loss reports.
 //! - `line` — one wait's decisions (pure): which statement next, what an answer means, the nap.
 //! - `wait` — one wait's I/O loop, shared by leases (`acquire`) and permits (`permit`).
 //! - `queues` — the local FIFO turn per name, and wake-ups.
@@ -30,6 +33,7 @@ use held::{Held, Holdings, OnRelease};
 mod acquire;
 mod announced;
 mod batch;
+mod book;
 mod claim;
 mod context;
 mod counters;
@@ -174,12 +178,15 @@ impl LockManager {
         (sent, lease): (Instant, Duration),
         ctx: &mut Context<Self>,
     ) -> Lease {
-        let deadline = sent + lease - held::margin(lease);
-        let (held, tenure) = Held::new(grant.token, on_release, lease, deadline);
+        let (held, tenure) = Held::new(on_release);
         Counters::add(&self.counters.granted);
-        if let Some(replaced) = self.holdings.insert(Arc::from(name.as_str()), held) {
+        let shared = Arc::from(name.as_str());
+        if let Some((token, replaced)) =
+            self.holdings
+                .insert(shared, grant.token, (sent, lease), held)
+        {
             // Never, by the turns of names; said if it were, never silent.
-            self.announce_loss(&name, replaced, LossReason::TakenOver);
+            self.announce_loss(&name, token, replaced, LossReason::TakenOver);
         }
         self.count_held();
         Lease {
@@ -243,7 +250,7 @@ impl Actor for LockManager {
             ctx.run_interval(heartbeat, |act, ctx| act.renew_all(ctx));
         }
         // Every lease is at least the manager's (see `Acquire::lease`): its margin at least this.
-        let sweep = (held::margin(self.config.lease()) / 2).max(Duration::from_millis(1));
+        let sweep = book::sweep_every(self.config.lease());
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
         // The pool's gauges, once a second.
         ctx.run_interval(Duration::from_secs(1), |act, _| {
@@ -273,8 +280,8 @@ impl LockManager {
     /// with [`LossReason::Shutdown`]; what is left to release on the server.
     fn end_all(&mut self) -> Vec<(Arc<str>, i64, OnRelease)> {
         let mut ended = Vec::new();
-        for (name, held) in self.holdings.drain() {
-            let (token, on_release) = (held.token, held.on_release);
+        for (name, token, held) in self.holdings.drain() {
+            let on_release = held.on_release;
             held.end(Tenure::Lost(LossReason::Shutdown));
             self.subscribers.broadcast(LockLost {
                 key: LockKey::Lease(name.to_string()),

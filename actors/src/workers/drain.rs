@@ -3,7 +3,7 @@
 use actix::prelude::*;
 use tracing::info;
 
-use super::{Drain, StopWorker, WorkerPool};
+use super::{Drain, StopWorker, WorkerPool, plan};
 
 /// A pool handing its keys over before it stops.
 #[derive(Default)]
@@ -20,11 +20,10 @@ impl<W> WorkerPool<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
 {
-    /// A draining pool's tick: up to `max_moves` keys let go (each worker stopped before its
-    /// lease goes); once none is left, the releases are awaited, the callers told, the pool
-    /// stopped.
-    pub(super) fn drain_some(&mut self, ctx: &mut Context<Self>) {
-        let going: Vec<String> = self.running.keys().take(self.max_moves).cloned().collect();
+    /// A draining pool's tick: the keys `going` let go (up to `max_moves`, as `plan::drain`
+    /// picks them; each worker stopped before its lease goes); once none is left, the releases
+    /// are awaited, the callers told, the pool stopped.
+    pub(super) fn drain_some(&mut self, going: Vec<String>, ctx: &mut Context<Self>) {
         let released: Vec<_> = going.iter().filter_map(|key| self.stop_key(key)).collect();
         let Some(drain) = self.drain.as_mut() else {
             return;
@@ -66,7 +65,8 @@ where
                 });
             }
             // The first keys go now, the rest at the next ticks (at most `max_moves` each).
-            self.drain_some(ctx);
+            let going = plan::drain(self.running.keys().map(String::as_str), self.max_moves);
+            self.drain_some(going, ctx);
         }
         // Resolves also when the pool stopped another way (its keys are then released too).
         Box::pin(async move {

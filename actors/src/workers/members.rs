@@ -3,6 +3,8 @@
 use actix::prelude::*;
 use pgcoord::LeaseInfo;
 
+use super::plan::Member;
+
 /// Tell `0` the pool's live members now, and again whenever they change (read at each tick,
 /// so a join or leave is told within about a quarter lease of the table showing it).
 #[derive(Debug, Clone, Message)]
@@ -33,23 +35,17 @@ pub(super) fn live(infos: &[LeaseInfo], prefix: &str) -> Vec<String> {
     owners
 }
 
-/// This member's share of `keys`: its weight's part of the live members' total weight, rounded
-/// up (so the shares cover every key). A member lease without a weight (an older version's)
-/// weighs 1; `mine` counts until this member's own lease is in the table.
-pub(super) fn share(infos: &[LeaseInfo], prefix: &str, me: &str, mine: u32, keys: usize) -> usize {
-    let weight = |info: &LeaseInfo| info.value::<u32>().ok().flatten().unwrap_or(1).max(1);
-    let live = infos
-        .iter()
-        .filter(|i| i.is_held() && i.name.starts_with(prefix));
-    let (mut total, mut counted) = (0u64, false);
-    for info in live {
-        counted |= info.name[prefix.len()..] == *me;
-        total += u64::from(weight(info));
-    }
-    if !counted {
-        total += u64::from(mine);
-    }
-    (keys as u64 * u64::from(mine)).div_ceil(total.max(1)) as usize
+/// The members whose member lease (`{prefix}{owner}`) is held, with their weights. A member
+/// lease without a weight (an older version's) weighs 1.
+pub(super) fn weighed(infos: &[LeaseInfo], prefix: &str) -> Vec<Member> {
+    (infos.iter())
+        .filter(|info| info.is_held())
+        .filter_map(|info| {
+            let owner = info.name.strip_prefix(prefix)?.to_owned();
+            let weight = info.value::<u32>().ok().flatten().unwrap_or(1).max(1);
+            Some(Member { owner, weight })
+        })
+        .collect()
 }
 
 /// The change from `before` to `now` (both sorted); `None` when there is none.
@@ -74,6 +70,9 @@ pub(super) fn change(before: &[String], now: &[String]) -> Option<MembersChanged
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::plan::share;
+
+    const P: &str = "p/members/";
 
     fn names(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| n.to_string()).collect()
@@ -92,15 +91,15 @@ mod tests {
     #[test]
     fn shares_follow_the_weights_and_cover_every_key() {
         let infos = [member("a", Some(1), true), member("b", Some(3), true)];
-        assert_eq!(share(&infos, "p/members/", "a", 1, 40), 10);
-        assert_eq!(share(&infos, "p/members/", "b", 3, 40), 30);
+        assert_eq!(share(&weighed(&infos, P), "a", 1, 40), 10);
+        assert_eq!(share(&weighed(&infos, P), "b", 3, 40), 30);
         // Rounded up: 41 keys, shares 11 and 31.
-        assert_eq!(share(&infos, "p/members/", "a", 1, 41), 11);
+        assert_eq!(share(&weighed(&infos, P), "a", 1, 41), 11);
         // No weight stored (an older member): 1. An expired member: not counted.
         let infos = [member("a", None, true), member("b", Some(2), false)];
-        assert_eq!(share(&infos, "p/members/", "a", 1, 10), 10);
+        assert_eq!(share(&weighed(&infos, P), "a", 1, 10), 10);
         // Not yet registered: counted with its own weight.
-        assert_eq!(share(&infos, "p/members/", "c", 1, 10), 5);
+        assert_eq!(share(&weighed(&infos, P), "c", 1, 10), 5);
     }
 
     #[test]

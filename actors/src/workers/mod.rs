@@ -42,6 +42,7 @@ mod drain;
 mod mail;
 mod members;
 mod messages;
+mod plan;
 mod rebalance;
 mod route;
 mod tasks;
