@@ -6,7 +6,7 @@ use super::connection::{Connection, Settings};
 use super::{Config, SEQUENCE_SUFFIX, default_owner, validate_name};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ident::{Ident, QualifiedName};
-use crate::tls::{RootCerts, SslMode, TlsRequest};
+use crate::tls::{RootCerts, SslMode, Tls, TlsRequest};
 
 /// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
 pub struct ConfigBuilder {
@@ -355,25 +355,60 @@ impl ConfigBuilder {
     }
 
     /// Validates every value and returns the configuration, or the first error found.
-    pub fn build(self) -> Result<Config> {
+    pub fn build(mut self) -> Result<Config> {
+        // Checked in this order, so the first error found does not depend on how it is split.
+        let connections = self.connections()?;
+        let owner = match self.owner.take() {
+            Some(owner) => validate_name("owner", owner)?,
+            None => default_owner(),
+        };
+        let names = self.names()?;
+        self.check_values(connections.connect_timeout)?;
+        let (initial, max) = self.backoff;
+        Ok(Config {
+            pg: connections.pg,
+            owner,
+            lock_table: names.lock_table,
+            lock_sequence: names.lock_sequence,
+            lock_queue: names.lock_queue,
+            lease_channel: names.lease_channel,
+            election_channel: names.election_channel,
+            session_pg: connections.session_pg,
+            tls: connections.tls,
+            session_tls: connections.session_tls,
+            prepared_statements: self.prepared_statements,
+            payload_table: names.payload_table,
+            topic_table: names.topic_table,
+            schedule_table: names.schedule_table,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
+            ping_interval: self.ping_interval,
+            ping_timeout: self.ping_timeout,
+            pool_size: self.pool_size,
+            pool_timeout: self.pool_timeout,
+            pool_idle_timeout: self.pool_idle_timeout,
+            connect_timeout: connections.connect_timeout,
+            statement_timeout: self.statement_timeout,
+            inline_limit: self.inline_limit,
+            unlogged_lock_table: self.unlogged_lock_table,
+            poll_only: self.poll_only,
+            payload_ttl: self.payload_ttl,
+            backoff: crate::backoff::Backoff::new(initial, max),
+        })
+    }
+
+    /// The pool's and the sessions' connection settings, taken out of the builder, with its
+    /// settings applied and TLS resolved; the sessions' are the pool's unless set apart.
+    fn connections(&mut self) -> Result<Connections> {
+        let connection = std::mem::replace(&mut self.connection, Connection::Unset);
+        let session = std::mem::replace(&mut self.session, Connection::Unset);
         let settings = Settings {
             application_name: self.application_name.as_deref(),
             connect_timeout: self.connect_timeout,
             lease: self.lease,
             tcp_user_timeout: self.tcp_user_timeout,
         };
-        let tls_over = |mut request: TlsRequest| {
-            request.mode = self.ssl_mode.or(request.mode);
-            if let Some(roots) = &self.ssl_root_cert {
-                request.roots = Some(RootCerts::parse(roots));
-            }
-            #[cfg(feature = "tls")]
-            {
-                request.client_config = self.tls_client_config.clone();
-            }
-            request
-        };
-        let (mut pg, connect_timeout, tls) = match self.connection {
+        let (mut pg, connect_timeout, tls) = match connection {
             Connection::Unset => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
@@ -382,21 +417,40 @@ impl ConfigBuilder {
             }
             connection => settings.apply(connection)?,
         };
-        let tls = tls_over(tls).resolve(&mut pg)?;
-        let (session_pg, session_tls) = match self.session {
+        let tls = self.tls_over(tls).resolve(&mut pg)?;
+        let (session_pg, session_tls) = match session {
             Connection::Unset => (pg.clone(), tls.clone()),
             session => {
                 let (mut session_pg, _, session_tls) = settings.apply(session)?;
-                let session_tls = tls_over(session_tls).resolve(&mut session_pg)?;
+                let session_tls = self.tls_over(session_tls).resolve(&mut session_pg)?;
                 (session_pg, session_tls)
             }
         };
+        Ok(Connections {
+            pg,
+            session_pg,
+            tls,
+            session_tls,
+            connect_timeout,
+        })
+    }
 
-        let owner = match self.owner {
-            Some(owner) => validate_name("owner", owner)?,
-            None => default_owner(),
-        };
+    /// What a connection's settings ask of TLS, with the builder's TLS settings over it.
+    fn tls_over(&self, mut request: TlsRequest) -> TlsRequest {
+        request.mode = self.ssl_mode.or(request.mode);
+        if let Some(roots) = &self.ssl_root_cert {
+            request.roots = Some(RootCerts::parse(roots));
+        }
+        #[cfg(feature = "tls")]
+        {
+            request.client_config = self.tls_client_config.clone();
+        }
+        request
+    }
 
+    /// The tables and channels, validated, in the schema when one is set; the derived ones
+    /// (the sequence, the queue, the default channels) named after the lock table.
+    fn names(&self) -> Result<Names> {
         let schema = self.schema.as_deref().map(Ident::new).transpose()?;
         let lock_table = QualifiedName::parse(&self.lock_table, SEQUENCE_SUFFIX.len())?
             .in_schema(schema.as_ref());
@@ -417,7 +471,21 @@ impl ConfigBuilder {
             .in_schema(schema.as_ref());
         let schedule_table =
             QualifiedName::parse(&self.schedule_table, 0)?.in_schema(schema.as_ref());
+        Ok(Names {
+            lock_table,
+            lock_sequence,
+            lock_queue,
+            lease_channel,
+            election_channel,
+            payload_table,
+            topic_table,
+            schedule_table,
+        })
+    }
 
+    /// Every duration and the pool size in range; `connect_timeout` is the one in force (the
+    /// connection settings' own, else the builder's).
+    fn check_values(&self, connect_timeout: Duration) -> Result<()> {
         if self.lease < Duration::from_millis(1) {
             return Err(Error::new(
                 ErrorKind::DurationTooSmall,
@@ -464,35 +532,72 @@ impl ConfigBuilder {
                 "pool size must be at least 1",
             ));
         }
-        Ok(Config {
-            pg,
-            owner,
-            lock_table,
-            lock_sequence,
-            lock_queue,
-            lease_channel,
-            election_channel,
-            session_pg,
-            tls,
-            session_tls,
-            prepared_statements: self.prepared_statements,
-            payload_table,
-            topic_table,
-            schedule_table,
-            lease: self.lease,
-            heartbeat: self.heartbeat,
-            ping_interval: self.ping_interval,
-            ping_timeout: self.ping_timeout,
-            pool_size: self.pool_size,
-            pool_timeout: self.pool_timeout,
-            pool_idle_timeout: self.pool_idle_timeout,
-            connect_timeout,
-            statement_timeout: self.statement_timeout,
-            inline_limit: self.inline_limit,
-            unlogged_lock_table: self.unlogged_lock_table,
-            poll_only: self.poll_only,
-            payload_ttl: self.payload_ttl,
-            backoff: crate::backoff::Backoff::new(initial, max),
-        })
+        Ok(())
+    }
+}
+
+/// The connection settings [`ConfigBuilder::build`] derives, for the pool and the sessions.
+struct Connections {
+    pg: tokio_postgres::Config,
+    session_pg: tokio_postgres::Config,
+    tls: Tls,
+    session_tls: Tls,
+    connect_timeout: Duration,
+}
+
+/// The tables and channels [`ConfigBuilder::build`] validates.
+struct Names {
+    lock_table: QualifiedName,
+    lock_sequence: QualifiedName,
+    lock_queue: QualifiedName,
+    lease_channel: Ident,
+    election_channel: Ident,
+    payload_table: QualifiedName,
+    topic_table: QualifiedName,
+    schedule_table: QualifiedName,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(builder: ConfigBuilder, connect_timeout: Duration) -> (ErrorKind, String) {
+        let e = builder.check_values(connect_timeout).unwrap_err();
+        (e.kind(), e.to_string())
+    }
+
+    #[test]
+    fn values_are_checked_at_their_bounds() {
+        let ms = Duration::from_millis;
+        let five = Duration::from_secs(5);
+        let ok = |builder: ConfigBuilder| builder.check_values(five).is_ok();
+        assert!(ok(ConfigBuilder::default()));
+        assert!(ok(ConfigBuilder::default().lease(ms(10)).heartbeat(ms(5))));
+        assert!(ok(ConfigBuilder::default().backoff(ms(1), ms(1))));
+        assert!(ok(ConfigBuilder::default().heartbeat(Duration::ZERO)));
+
+        let (kind, text) = refused(
+            ConfigBuilder::default().lease(ms(10)).heartbeat(ms(6)),
+            five,
+        );
+        assert_eq!(kind, ErrorKind::DurationTooSmall);
+        assert!(
+            text.contains("the heartbeat must be at most half the lease"),
+            "{text}"
+        );
+        let (kind, text) = refused(ConfigBuilder::default(), Duration::ZERO);
+        assert_eq!(kind, ErrorKind::DurationTooSmall);
+        assert!(text.contains("connect timeout must not be zero"), "{text}");
+        let (kind, text) = refused(ConfigBuilder::default().payload_ttl(Duration::ZERO), five);
+        assert_eq!(kind, ErrorKind::DurationTooSmall);
+        assert!(
+            text.contains("payload time-to-live must not be zero"),
+            "{text}"
+        );
+        let (kind, _) = refused(ConfigBuilder::default().backoff(ms(2), ms(1)), five);
+        assert_eq!(kind, ErrorKind::DurationTooSmall);
+        let (kind, text) = refused(ConfigBuilder::default().pool_size(0), five);
+        assert_eq!(kind, ErrorKind::InvalidConfig);
+        assert!(text.contains("pool size must be at least 1"), "{text}");
     }
 }

@@ -9,7 +9,7 @@ use pgcoord::schedule::{Next, RunState, plan};
 use pgcoord::{ErrorKind, Result};
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{Shared, Tick};
+use super::{Schedule, Shared, Tick, TickResult};
 use crate::Call;
 use crate::leases::{Acquire, Lease, Release};
 
@@ -200,17 +200,7 @@ async fn run_tick(
         table: shared.table.clone(),
         next,
     };
-    let outcome = {
-        use futures_util::FutureExt;
-        let run = std::panic::AssertUnwindSafe((schedule.handler)(handed)).catch_unwind();
-        let ran = match schedule.run_within {
-            Some(bound) => tokio::time::timeout(bound, run)
-                .await
-                .unwrap_or_else(|_| Ok(Err(format!("the run passed its bound of {bound:?}")))),
-            None => run.await,
-        };
-        ran.unwrap_or_else(|_| Err("the handler panicked".to_owned()))
-    };
+    let outcome = run_handler(schedule, handed).await;
     let (state, error) = match &outcome {
         Ok(()) => (RunState::Done, None),
         Err(why) => (RunState::Failed, Some(why.as_str())),
@@ -228,14 +218,55 @@ async fn run_tick(
             next,
         )
         .await;
-    // The row says how the run ended: a handler whose future passed its bound may still have
-    // committed `Tick::complete`, and then the tick is done.
+    let ended = ended(finished)?;
+    count(shared, ended, tick, attempt, error);
+    Ok(ended != Ended::TakenOver)
+}
+
+/// Runs the handler on `tick` within the schedule's bound: a panic, or the bound passing, is a
+/// failed run.
+async fn run_handler(schedule: &Schedule, tick: Tick) -> TickResult {
+    use futures_util::FutureExt;
+    let run = std::panic::AssertUnwindSafe((schedule.handler)(tick)).catch_unwind();
+    let ran = match schedule.run_within {
+        Some(bound) => tokio::time::timeout(bound, run)
+            .await
+            .unwrap_or_else(|_| Ok(Err(format!("the run passed its bound of {bound:?}")))),
+        None => run.await,
+    };
+    ran.unwrap_or_else(|_| Err("the handler panicked".to_owned()))
+}
+
+/// How a claimed run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Done,
+    Failed,
+    /// Another process took the tick over meanwhile: this run does not count.
+    TakenOver,
+}
+
+/// How a run ended, from what finishing its row answered. The row decides, not the handler: a
+/// handler whose future passed its bound may still have committed `Tick::complete`, and then
+/// the tick is done.
+fn ended(finished: Result<RunState>) -> Result<Ended> {
     match finished {
-        Ok(RunState::Done) => {
+        Ok(RunState::Done) => Ok(Ended::Done),
+        Ok(_) => Ok(Ended::Failed),
+        Err(e) if e.kind() == ErrorKind::LockLost => Ok(Ended::TakenOver),
+        // The row stays 'running': the next holder starts the tick again.
+        Err(e) => Err(e),
+    }
+}
+
+/// Counts a run that ended, and warns of a failed or taken-over one at a bounded rate.
+fn count(shared: &Shared, ended: Ended, tick: SystemTime, attempt: u32, error: Option<&str>) {
+    match ended {
+        Ended::Done => {
             stats(shared, |s| s.done += 1);
             shared.metrics.done.increment(1);
         }
-        Ok(_) => {
+        Ended::Failed => {
             let failed = stats(shared, |s| {
                 s.failed += 1;
                 s.failed
@@ -246,7 +277,7 @@ async fn run_tick(
                 warn!(tick = ?tick, attempt, failed, error = error.unwrap_or_default(), "a tick's run failed");
             }
         }
-        Err(e) if e.kind() == ErrorKind::LockLost => {
+        Ended::TakenOver => {
             let taken_over = stats(shared, |s| {
                 s.taken_over += 1;
                 s.taken_over
@@ -255,14 +286,29 @@ async fn run_tick(
             if warn_due(taken_over) {
                 warn!(tick = ?tick, taken_over, "a tick's run finished after another process took it over; it does not count");
             }
-            return Ok(false);
         }
-        // The row stays 'running': the next holder starts the tick again.
-        Err(e) => return Err(e),
     }
-    Ok(true)
 }
 
 fn stats<R>(shared: &Shared, f: impl FnOnce(&mut super::ScheduleStats) -> R) -> R {
     f(&mut shared.stats.lock().expect("stats lock"))
+}
+
+#[cfg(test)]
+mod tests {
+    use pgcoord::Error;
+
+    use super::*;
+
+    #[test]
+    fn the_row_says_how_a_run_ended() {
+        assert_eq!(ended(Ok(RunState::Done)).unwrap(), Ended::Done);
+        assert_eq!(ended(Ok(RunState::Failed)).unwrap(), Ended::Failed);
+        assert_eq!(ended(Ok(RunState::Abandoned)).unwrap(), Ended::Failed);
+        let lost = Error::new(ErrorKind::LockLost, "taken over");
+        assert_eq!(ended(Err(lost)).unwrap(), Ended::TakenOver);
+        // Any other error leaves the row running, for the next holder to start again.
+        let down = Error::new(ErrorKind::Unavailable, "server down");
+        assert_eq!(ended(Err(down)).unwrap_err().kind(), ErrorKind::Unavailable);
+    }
 }
