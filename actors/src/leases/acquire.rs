@@ -17,8 +17,8 @@ use super::LockManager;
 use super::context::WaitContext;
 use super::counters::Counters;
 use super::lease::Lease;
-use super::one_wait::{Answer, Ask};
 use super::messages::Acquire;
+use super::one_wait::{Answer, Ask};
 use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};
 

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use super::context::WaitContext;
 use super::lease::Lease;
-use super::one_wait::{Ask, OneWait, Next};
+use super::one_wait::{Ask, Next, OneWait};
 use super::queues::NameQueue;
 use crate::reply::{caller_gone, deadline_passes};
 use crate::signals::doorbell::{Bell, Reader};

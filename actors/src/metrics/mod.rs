@@ -142,6 +142,14 @@ pub const ALL: [&str; 31] = [
 /// Gives the recorder each metric's unit and help text. Called whenever an actor registers its
 /// handles (a few times per process), so a recorder installed before then has them.
 pub(crate) fn describe() {
+    describe_leases();
+    describe_signals();
+    describe_topics();
+    describe_workers();
+}
+
+/// Leases, losses and the pool.
+fn describe_leases() {
     describe_gauge!(LEASES_HELD, Unit::Count, "leases a LockManager holds");
     describe_counter!(
         ACQUIRES,
@@ -175,6 +183,10 @@ pub(crate) fn describe() {
         Unit::Microseconds,
         "time spent waiting for a pooled connection"
     );
+}
+
+/// Advisory locks, the listener and requests.
+fn describe_signals() {
     describe_gauge!(ADVISORY_HELD, Unit::Count, "advisory locks held");
     describe_gauge!(
         LISTENER_CONNECTED,
@@ -195,6 +207,10 @@ pub(crate) fn describe() {
         Unit::Count,
         "requests waiting for their reply"
     );
+}
+
+/// Durable topics.
+fn describe_topics() {
     describe_counter!(
         TOPIC_DELIVERIES,
         Unit::Count,
@@ -230,6 +246,10 @@ pub(crate) fn describe() {
         Unit::Count,
         "events a consumer could read now and has not handled"
     );
+}
+
+/// Worker pools, schedules and rate limits.
+fn describe_workers() {
     describe_gauge!(
         WORKER_KEYS,
         Unit::Count,
