@@ -7,8 +7,11 @@ use pgcoord::{Config, Pool};
 use crate::advisory::AdvisoryLocks;
 use crate::election::Election;
 use crate::leases::LockManager;
+use crate::losses::{LockLost, SubscribeLockLost};
 use crate::payloads::PayloadStoreActor;
-use crate::signals::ListenerActor;
+use crate::signals::{ConnState, ListenerActor, SubscribeConnState};
+use futures_util::Stream;
+use pgcoord::Result;
 
 /// A pool to drain at shutdown, if it still runs.
 type Drained = Box<dyn Fn() -> Option<Recipient<crate::Drain>> + Send>;
@@ -271,6 +274,40 @@ impl Coordinator {
                 format!("the leases were not all released within {within:?}; the rest expire"),
             )),
         }
+    }
+}
+
+/// The streams, for either door: an actix service reads them as a tokio one does.
+impl Coordinator {
+    /// Every message published on `channel` from now on, and a [`Heard::Gap`] wherever some may
+    /// have been missed, as a stream. Dropping it unsubscribes. Typed errors for a bad channel
+    /// name.
+    pub async fn subscribe(&self, channel: &str) -> Result<crate::Subscription> {
+        crate::streams::subscription(&self.signals, &self.arbiter, channel).await
+    }
+
+    /// Every lock this process loses from now on — leases and advisory locks alike, each once
+    /// ([`LockLost`]) — as a stream. Dropping it unsubscribes.
+    pub async fn lock_losses(&self) -> Result<impl Stream<Item = LockLost> + Send + Unpin + use<>> {
+        let (forwarder, feed) = crate::streams::forward(&self.arbiter(), None);
+        crate::streams::told(
+            self.locks
+                .send(SubscribeLockLost(forwarder.clone().recipient())),
+        )
+        .await?;
+        crate::streams::told(self.advisory.send(SubscribeLockLost(forwarder.recipient()))).await?;
+        Ok(feed)
+    }
+
+    /// The listener's connection states from now on ([`ConnState`]; the current one first), as
+    /// a stream: `Reconnected` and `MessageLost` are what a service resyncs on. Dropping it
+    /// unsubscribes.
+    pub async fn conn_states(
+        &self,
+    ) -> Result<impl Stream<Item = ConnState> + Send + Unpin + use<>> {
+        let (forwarder, feed) = crate::streams::forward(&self.arbiter(), None);
+        crate::streams::told(self.signals.send(SubscribeConnState(forwarder.recipient()))).await?;
+        Ok(feed)
     }
 }
 

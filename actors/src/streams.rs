@@ -12,11 +12,10 @@ use std::task::{Context as TaskContext, Poll};
 use actix::prelude::*;
 use futures_util::Stream;
 use pgcoord::{Error, ErrorKind, Result};
-use tokio::sync::mpsc;
 
 use crate::call::Call;
-use crate::coordinator::Coordinator;
-use crate::losses::{LockLost, SubscribeLockLost};
+use tokio::sync::mpsc;
+
 use crate::signals::{
     ConnState, ListenerActor, Signal, Subscribe, SubscribeConnState, Unsubscribe,
 };
@@ -174,61 +173,33 @@ impl Handler<ConnState> for Forward<Heard> {
     }
 }
 
-/// The streams, for either door: an actix service reads them as a tokio one does.
-impl Coordinator {
-    /// Every message published on `channel` from now on, and a [`Heard::Gap`] wherever some may
-    /// have been missed, as a stream. Dropping it unsubscribes. Typed errors for a bad channel
-    /// name.
-    pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
-        let channel = channel.to_owned();
-        let ours = channel.clone();
-        let keep = move |heard: &Heard| match heard {
-            Heard::Signal(_) | Heard::Gap(ConnState::Reconnected) => true,
-            Heard::Gap(ConnState::MessageLost { channel, .. }) => *channel == ours,
-            Heard::Gap(_) => false,
-        };
-        let (forwarder, feed) = forward(&self.arbiter(), Some(Box::new(keep)));
-        // Connection states first: a gap between the two subscriptions is then reported.
-        told(
-            self.signals
-                .send(SubscribeConnState(forwarder.clone().recipient())),
-        )
+/// The subscription of [`Coordinator::subscribe`](crate::Coordinator::subscribe): connection
+/// states first (a gap between the two registrations is then reported), then the channel.
+pub(crate) async fn subscription(
+    signals: &Addr<ListenerActor>,
+    arbiter: &ArbiterHandle,
+    channel: &str,
+) -> Result<Subscription> {
+    let channel = channel.to_owned();
+    let ours = channel.clone();
+    let keep = move |heard: &Heard| match heard {
+        Heard::Signal(_) | Heard::Gap(ConnState::Reconnected) => true,
+        Heard::Gap(ConnState::MessageLost { channel, .. }) => *channel == ours,
+        Heard::Gap(_) => false,
+    };
+    let (forwarder, feed) = crate::streams::forward(arbiter, Some(Box::new(keep)));
+    // Connection states first: a gap between the two subscriptions is then reported.
+    crate::streams::told(signals.send(SubscribeConnState(forwarder.clone().recipient()))).await?;
+    let recipient = forwarder.recipient::<Signal>();
+    signals
+        .call(Subscribe::new(channel.clone(), recipient.clone()))
         .await?;
-        let recipient = forwarder.recipient::<Signal>();
-        self.signals
-            .call(Subscribe::new(channel.clone(), recipient.clone()))
-            .await?;
-        Ok(Subscription {
-            feed,
-            signals: self.signals.clone(),
-            channel,
-            recipient,
-        })
-    }
-
-    /// Every lock this process loses from now on — leases and advisory locks alike, each once
-    /// ([`LockLost`]) — as a stream. Dropping it unsubscribes.
-    pub async fn lock_losses(&self) -> Result<impl Stream<Item = LockLost> + Send + Unpin + use<>> {
-        let (forwarder, feed) = forward(&self.arbiter(), None);
-        told(
-            self.locks
-                .send(SubscribeLockLost(forwarder.clone().recipient())),
-        )
-        .await?;
-        told(self.advisory.send(SubscribeLockLost(forwarder.recipient()))).await?;
-        Ok(feed)
-    }
-
-    /// The listener's connection states from now on ([`ConnState`]; the current one first), as
-    /// a stream: `Reconnected` and `MessageLost` are what a service resyncs on. Dropping it
-    /// unsubscribes.
-    pub async fn conn_states(
-        &self,
-    ) -> Result<impl Stream<Item = ConnState> + Send + Unpin + use<>> {
-        let (forwarder, feed) = forward(&self.arbiter(), None);
-        told(self.signals.send(SubscribeConnState(forwarder.recipient()))).await?;
-        Ok(feed)
-    }
+    Ok(Subscription {
+        feed,
+        signals: signals.clone(),
+        channel,
+        recipient,
+    })
 }
 
 /// A registration's answer: the actor got it, or it stopped ([`ErrorKind::Unavailable`]).
