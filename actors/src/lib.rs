@@ -92,6 +92,8 @@ mod health;
 mod leases;
 mod losses;
 pub mod metrics;
+#[cfg(test)]
+mod models;
 mod payloads;
 mod rates;
 mod reply;

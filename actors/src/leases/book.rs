@@ -55,7 +55,7 @@ impl<T> Default for Book<T> {
 }
 
 /// One renewal statement: what it asks for and when its answer is too late to matter.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Renewal {
     /// Every lease held, by name, token and lease.
     pub(crate) tenures: Vec<(Arc<str>, i64, Duration)>,

@@ -33,7 +33,7 @@ use held::{Held, Holdings, OnRelease};
 mod acquire;
 mod announced;
 mod batch;
-mod book;
+pub(crate) mod book;
 mod claim;
 mod context;
 mod counters;
