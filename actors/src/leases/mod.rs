@@ -42,7 +42,7 @@ mod held;
 mod lease;
 mod listing;
 mod messages;
-mod one_wait;
+pub(crate) mod one_wait;
 mod permit;
 mod queues;
 mod reach;

@@ -61,7 +61,7 @@ pub(crate) enum Next<G> {
 const QUICK_RETRIES: u32 = 4;
 
 /// The state of one wait.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct OneWait {
     deadline: Option<Instant>,
     /// The longest nap without a wake-up.

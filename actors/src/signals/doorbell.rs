@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 const GAP: Duration = Duration::from_millis(50);
 
 /// The flood rule alone: when a ring may make its reader read.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Quiet {
     /// The end of the gap after a ring's read that found nothing.
     until: Option<Instant>,
@@ -63,7 +63,7 @@ pub(crate) enum Go {
 }
 
 /// One reader's reads, one at a time, for an actor: see the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Gate {
     quiet: Quiet,
     /// A read under way, and whether a ring asked for it.
