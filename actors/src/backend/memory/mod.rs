@@ -226,7 +226,7 @@ impl Locking for MemoryCoordinator {
                 name,
                 token,
                 data,
-                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
+                holder: Arc::new(MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -242,7 +242,7 @@ impl Locking for MemoryCoordinator {
                 name,
                 token,
                 data: None,
-                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
+                holder: Arc::new(MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -350,14 +350,32 @@ struct MemoryHolder {
     shared: Arc<Shared>,
 }
 
-impl crate::leases::LeaseKeeper for MemoryHolder {
-    fn release(&self, name: &str, token: i64) -> Result<()> {
+impl crate::leases::lease::Keeper for MemoryHolder {
+    fn release(&self, name: String, token: i64) -> BoxFuture<Result<()>> {
+        Box::pin(std::future::ready(self.release_now(&name, token)))
+    }
+
+    fn release_later(&self, name: String, token: i64) {
+        let _ = self.release_now(&name, token);
+    }
+
+    fn fence<'a>(
+        &'a self,
+        _: &'a dyn pgcoord::Statements,
+        name: &'a str,
+        token: i64,
+    ) -> pgcoord::BoxFuture<'a, Result<()>> {
+        // No transaction to guard: the token is checked.
+        Box::pin(std::future::ready(
+            self.shared.lock().leases.check(name, token),
+        ))
+    }
+}
+
+impl MemoryHolder {
+    fn release_now(&self, name: &str, token: i64) -> Result<()> {
         let released = self.shared.lock().leases.release(name, token);
         self.shared.released.notify_waiters();
         released
-    }
-
-    fn check(&self, name: &str, token: i64) -> Result<()> {
-        self.shared.lock().leases.check(name, token)
     }
 }
