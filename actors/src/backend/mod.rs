@@ -129,55 +129,57 @@ pub trait Topics: Send + Sync {
 /// A consumer started through [`Topics::consume`], on either backend.
 #[derive(Clone)]
 pub struct Consuming {
-    inner: ConsumingInner,
+    running: std::sync::Arc<dyn Consumer>,
 }
 
-#[derive(Clone)]
-enum ConsumingInner {
-    Postgres(Addr<TopicConsumer>),
-    #[cfg(feature = "memory")]
-    Memory(std::sync::Arc<memory::topics::Running>),
+/// What a started consumer answers, on each backend: the consumer actor on PostgreSQL.
+pub(crate) trait Consumer: Send + Sync {
+    /// What it has done so far.
+    fn stats(&self) -> BoxFuture<Result<ConsumerStats>>;
+    /// Stops it; done when the future is.
+    fn stop(&self) -> BoxFuture<()>;
 }
 
-impl std::fmt::Debug for Consuming {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend = match &self.inner {
-            ConsumingInner::Postgres(_) => "postgres",
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(_) => "memory",
-        };
-        f.debug_struct("Consuming")
-            .field("backend", &backend)
-            .finish()
+impl Consumer for Addr<TopicConsumer> {
+    fn stats(&self) -> BoxFuture<Result<ConsumerStats>> {
+        let stats = self.send(crate::GetStats::new());
+        Box::pin(async move {
+            stats.await.map_err(|e| {
+                pgcoord::Error::new(
+                    pgcoord::ErrorKind::Unavailable,
+                    format!("the consumer stopped: {e}"),
+                )
+            })
+        })
+    }
+
+    fn stop(&self) -> BoxFuture<()> {
+        let stopped = self.send(StopConsuming);
+        Box::pin(async move {
+            let _ = stopped.await;
+        })
     }
 }
 
 impl Consuming {
+    pub(crate) fn new(running: std::sync::Arc<dyn Consumer>) -> Consuming {
+        Consuming { running }
+    }
+
     /// What the consumer has done so far.
     pub async fn stats(&self) -> Result<ConsumerStats> {
-        match &self.inner {
-            ConsumingInner::Postgres(consumer) => {
-                consumer.send(crate::GetStats::new()).await.map_err(|e| {
-                    pgcoord::Error::new(
-                        pgcoord::ErrorKind::Unavailable,
-                        format!("the consumer stopped: {e}"),
-                    )
-                })
-            }
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(running) => Ok(running.stats()),
-        }
+        self.running.stats().await
     }
 
     /// Stops the consumer: the event in hand is finished and acked, the lease released.
     pub async fn stop(&self) {
-        match &self.inner {
-            ConsumingInner::Postgres(consumer) => {
-                let _ = consumer.send(StopConsuming).await;
-            }
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(running) => running.stop(),
-        }
+        self.running.stop().await;
+    }
+}
+
+impl std::fmt::Debug for Consuming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consuming").finish_non_exhaustive()
     }
 }
 
@@ -227,9 +229,8 @@ impl Topics for Coordinator {
     }
 
     fn consume(&self, consume: Consume) -> Result<Consuming> {
-        Coordinator::consume(self, consume).map(|consumer| Consuming {
-            inner: ConsumingInner::Postgres(consumer),
-        })
+        Coordinator::consume(self, consume)
+            .map(|consumer| Consuming::new(std::sync::Arc::new(consumer)))
     }
 }
 

@@ -43,7 +43,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
-use super::{BoxFuture, Consuming, ConsumingInner, Locking, Signalling, Topics};
+use super::{BoxFuture, Consuming, Locking, Signalling, Topics};
 use crate::leases::{Acquire, AcquirePermit, Lease, SetLimit};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
@@ -53,7 +53,7 @@ mod leases;
 mod permits;
 mod rates;
 mod signals;
-pub(crate) mod topics;
+mod topics;
 
 /// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
 /// PostgreSQL. Cheap to clone; clones are the same backend.
@@ -318,9 +318,7 @@ impl Topics for MemoryCoordinator {
     }
 
     fn consume(&self, consume: crate::Consume) -> Result<Consuming> {
-        topics::consume(self, consume).map(|running| Consuming {
-            inner: ConsumingInner::Memory(running),
-        })
+        topics::consume(self, consume).map(|running| Consuming::new(running))
     }
 }
 
