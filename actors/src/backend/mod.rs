@@ -51,10 +51,11 @@ use pgcoord::{LeaseInfo, Result};
 
 use crate::call::Call;
 use crate::coordinator::Coordinator;
-use crate::leases::{Acquire, AcquirePermit, Get, Lease, SetLimit};
+use crate::leases::{Acquire, AcquirePermit, Claim, Get, Lease, ListPrefix, LockManager, SetLimit};
 use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
-    Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
+    Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
+    SubscribeConnState, Unsubscribe,
 };
 use crate::topics::{Append, Consume, ConsumerStats, StopConsuming, TopicConsumer};
 use pgcoord::topic::Cursor;
@@ -95,6 +96,11 @@ pub trait Locking: Send + Sync {
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>>;
     /// Registers `recipient` for [`LockLost`], sent once per lease of this backend lost.
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>>;
+    /// Takes each of the [`Claim`]'s names that is free now, without waiting: the leases
+    /// granted (what a worker pool claims its keys with).
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>>;
+    /// Every lock whose name starts with `prefix`, by name ([`ListPrefix`]).
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>>;
 }
 
 /// Publish/subscribe and request/reply: what a [`ListenerActor`](crate::ListenerActor) does, as
@@ -201,25 +207,63 @@ where
     })
 }
 
-impl Locking for Coordinator {
+impl Locking for Addr<LockManager> {
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
-        Box::pin(self.locks.call(Get(name.to_owned())))
+        Box::pin(self.call(Get(name.to_owned())))
     }
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
-        sent(&self.locks, SubscribeLockLost(recipient))
+        sent(self, SubscribeLockLost(recipient))
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        Box::pin(self.call(claim))
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        Box::pin(self.call(ListPrefix(prefix.to_owned())))
+    }
+}
+
+impl Locking for Coordinator {
+    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
+        self.locks.acquire(request)
+    }
+
+    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
+        self.locks.acquire_permit(request)
+    }
+
+    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
+        self.locks.set_limit(request)
+    }
+
+    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
+        self.locks.get(name)
+    }
+
+    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
+        self.locks.subscribe_lock_lost(recipient)
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        self.locks.claim(claim)
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        self.locks.list_prefix(prefix)
     }
 }
 
@@ -234,16 +278,13 @@ impl Topics for Coordinator {
     }
 }
 
-impl Signalling for Coordinator {
+impl Signalling for Addr<ListenerActor> {
     fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
-        Box::pin(self.signals.call(publish))
+        Box::pin(self.call(publish))
     }
 
     fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        Box::pin(
-            self.signals
-                .call(Subscribe::new(channel.to_owned(), recipient)),
-        )
+        Box::pin(self.call(Subscribe::new(channel.to_owned(), recipient)))
     }
 
     fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
@@ -251,22 +292,52 @@ impl Signalling for Coordinator {
             channel: channel.to_owned(),
             recipient,
         };
-        sent(&self.signals, unsubscribe)
+        sent(self, unsubscribe)
     }
 
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
-        Box::pin(self.signals.call(serve))
+        Box::pin(self.call(serve))
     }
 
     fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
-        sent(&self.signals, StopServing(channel.to_owned()))
+        sent(self, StopServing(channel.to_owned()))
     }
 
     fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
-        Box::pin(self.signals.call(ask))
+        Box::pin(self.call(ask))
     }
 
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
-        sent(&self.signals, SubscribeConnState(recipient))
+        sent(self, SubscribeConnState(recipient))
+    }
+}
+
+impl Signalling for Coordinator {
+    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
+        self.signals.publish(publish)
+    }
+
+    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        self.signals.subscribe(channel, recipient)
+    }
+
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        self.signals.unsubscribe(channel, recipient)
+    }
+
+    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
+        self.signals.serve(serve)
+    }
+
+    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
+        self.signals.stop_serving(channel)
+    }
+
+    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
+        self.signals.ask(ask)
+    }
+
+    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
+        self.signals.subscribe_conn_state(recipient)
     }
 }

@@ -44,7 +44,7 @@ use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
 use super::{BoxFuture, Consuming, Locking, Signalling, Topics};
-use crate::leases::{Acquire, AcquirePermit, Lease, SetLimit};
+use crate::leases::{Acquire, AcquirePermit, Claim, Lease, SetLimit};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
 use pgcoord::lease::LimitChange;
@@ -54,6 +54,7 @@ mod permits;
 mod rates;
 mod signals;
 mod topics;
+mod workers;
 
 /// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
 /// PostgreSQL. Cheap to clone; clones are the same backend.
@@ -175,37 +176,9 @@ impl MemoryCoordinator {
         self.shared.lock().topics.cursor(topic, consumer)
     }
 
-    /// Every lease whose name starts with `prefix`, by name (what a worker pool lists).
-    pub(crate) fn list_prefix(&self, prefix: &str) -> Vec<LeaseInfo> {
-        self.shared
-            .lock()
-            .leases
-            .list_prefix(prefix, self.shared.lease)
-    }
-
     /// Records `name` as a free, kept row when it has none (a key that came to life).
-    pub(crate) fn keep_free(&self, name: &str) -> bool {
+    fn keep_free(&self, name: &str) -> bool {
         self.shared.lock().leases.keep_free(name)
-    }
-
-    /// Takes each of `names` that is free now, without waiting (a worker pool's claim).
-    pub(crate) async fn claim(&self, names: Vec<String>, keep: bool) -> Result<Vec<Lease>> {
-        let mut leases = Vec::new();
-        for name in names {
-            let request = Acquire::new(name).fail_if_locked();
-            let request = if keep {
-                request.keep_on_release()
-            } else {
-                request
-            };
-            match self.acquire(request).await {
-                Ok(lease) => leases.push(lease),
-                Err(e) if e.is_not_acquired() => {}
-                Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyHeld => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(leases)
     }
 
     /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
@@ -264,6 +237,34 @@ impl Locking for MemoryCoordinator {
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
         self.shared.lock().lock_lost.push((self.id, recipient));
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        let coordinator = self.clone();
+        Box::pin(async move {
+            let mut leases = Vec::new();
+            for name in claim.names {
+                let request = Acquire::new(name).fail_if_locked();
+                let request = if claim.keep_on_release {
+                    request.keep_on_release()
+                } else {
+                    request
+                };
+                match coordinator.acquire(request).await {
+                    Ok(lease) => leases.push(lease),
+                    Err(e) if e.is_not_acquired() => {}
+                    Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyHeld => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(leases)
+        })
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        let state = self.shared.lock();
+        let listed = state.leases.list_prefix(prefix, self.shared.lease);
+        Box::pin(std::future::ready(Ok(listed)))
     }
 }
 
