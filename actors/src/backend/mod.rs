@@ -1,7 +1,15 @@
 //! Swappable backends: [`Locking`], [`Signalling`] and [`Topics`], the interface an application's actors can
 //! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
 //! in-memory backend (`memory`, feature `memory`) and production on PostgreSQL
-//! ([`Coordinator`]).
+//! ([`Coordinator`]). On PostgreSQL they are implemented once, for the actors' addresses
+//! (`Addr<LockManager>`, `Addr<ListenerActor>`), and the [`Coordinator`] delegates to them.
+//!
+//! Inside the crate each concern has one seam, so a wing never names the in-memory backend: these
+//! three, and for what users do not reach — a lease handle's release and fence (`Keeper`), a
+//! delivery's ack (`Acker`), a started consumer ([`Consuming`]'s `Consumer`), a rate limiter's
+//! buckets (`Buckets`), a router's way to a key's holder (`Holders`). Each has its PostgreSQL
+//! implementation beside its wing and its in-memory one under `memory`, with the memory-only
+//! constructors (`WorkerPool::in_memory`, `RateLimiter::in_memory`, …).
 //!
 //! The traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
 //! their requests the same messages the actors take ([`Acquire`], [`Publish`], [`Serve`],
@@ -82,7 +90,7 @@ impl<T: pgcoord::Statements + ?Sized> pgcoord::Statements for Borrowed<'_, T> {
     }
 }
 
-/// Leases: what a [`LockManager`](crate::LockManager) does, as a backend.
+/// Leases: what a [`LockManager`] does, as a backend.
 pub trait Locking: Send + Sync {
     /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>>;
@@ -99,11 +107,11 @@ pub trait Locking: Send + Sync {
     /// Takes each of the [`Claim`]'s names that is free now, without waiting: the leases
     /// granted (what a worker pool claims its keys with).
     fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>>;
-    /// Every lock whose name starts with `prefix`, by name ([`ListPrefix`]).
+    /// Every lock whose name starts with `prefix`, by name (a worker pool's members and keys).
     fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>>;
 }
 
-/// Publish/subscribe and request/reply: what a [`ListenerActor`](crate::ListenerActor) does, as
+/// Publish/subscribe and request/reply: what a [`ListenerActor`] does, as
 /// a backend.
 pub trait Signalling: Send + Sync {
     /// Sends to every subscriber of the channel ([`Publish`]).

@@ -1,7 +1,8 @@
 //! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
 //!
 //! - `messages` — every message the manager answers, and [`ManagerStats`].
-//! - `lease` — [`Lease`], the handle of a held lease; `with_lock`.
+//! - `lease` — [`Lease`], the handle of a held lease, and its `Keeper` (the backend that ends
+//!   its tenure and guards writes with it); `with_lock`.
 //! - `book` — the holding side's decisions (pure): the leases held with their monotonic
 //!   deadlines, what a renewal asks for, what its answer means, which deadlines passed.
 //! - `held` — the leases held: the book, loss signals, the names held as waits see them.

@@ -1,6 +1,7 @@
 //! Making a pool: its constructor on a lock manager, `on` for any backend's [`Locking`] (the
-//! in-memory backend's constructors are in its module), and the options that shape its sharing (keys that follow a stream, moves per tick, passivation,
-//! weight). Routing, durable mail and keys that come to life have their own modules.
+//! in-memory backend's constructors are in its module), and the options that shape its sharing
+//! (keys that follow a stream, moves per tick, passivation, weight). Routing, durable mail and
+//! keys that come to life have their own modules.
 
 use std::collections::HashMap;
 use std::sync::Arc;
