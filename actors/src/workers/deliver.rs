@@ -24,8 +24,8 @@ where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
 {
     pub(super) signals: Arc<dyn Signalling>,
-    /// The listener, for the routers' doorbell; none in memory (a pool there looks at its
-    /// ticks).
+    /// The listener, for the routers' doorbell; none on a backend without one (a pool there
+    /// looks at its ticks).
     pub(super) listener: Option<Addr<ListenerActor>>,
     pub(super) channel: String,
     pub(super) serve: Option<MakeServe<W>>,
