@@ -1,7 +1,15 @@
 //! Swappable backends: [`Locking`], [`Signalling`] and [`Topics`], the interface an application's actors can
 //! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
 //! in-memory backend (`memory`, feature `memory`) and production on PostgreSQL
-//! ([`Coordinator`]).
+//! ([`Coordinator`]). On PostgreSQL they are implemented once, for the actors' addresses
+//! (`Addr<LockManager>`, `Addr<ListenerActor>`), and the [`Coordinator`] delegates to them.
+//!
+//! Inside the crate each concern has one seam, so a wing never names the in-memory backend: these
+//! three, and for what users do not reach — a lease handle's release and fence (`Keeper`), a
+//! delivery's ack (`Acker`), a started consumer ([`Consuming`]'s `Consumer`), a rate limiter's
+//! buckets (`Buckets`), a router's way to a key's holder (`Holders`). Each has its PostgreSQL
+//! implementation beside its wing and its in-memory one under `memory`, with the memory-only
+//! constructors (`WorkerPool::in_memory`, `RateLimiter::in_memory`, …).
 //!
 //! The traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
 //! their requests the same messages the actors take ([`Acquire`], [`Publish`], [`Serve`],
@@ -51,10 +59,11 @@ use pgcoord::{LeaseInfo, Result};
 
 use crate::call::Call;
 use crate::coordinator::Coordinator;
-use crate::leases::{Acquire, AcquirePermit, Get, Lease, SetLimit};
+use crate::leases::{Acquire, AcquirePermit, Claim, Get, Lease, ListPrefix, LockManager, SetLimit};
 use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
-    Ask, ConnState, Publish, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
+    Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
+    SubscribeConnState, Unsubscribe,
 };
 use crate::topics::{Append, Consume, ConsumerStats, StopConsuming, TopicConsumer};
 use pgcoord::topic::Cursor;
@@ -65,7 +74,23 @@ pub mod memory;
 /// A boxed `Send` future that borrows nothing.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Leases: what a [`LockManager`](crate::LockManager) does, as a backend.
+/// A caller's client of any size as a `&dyn Statements`, for a seam that runs statements on it
+/// (the fencing guard, a topic's ack).
+pub(crate) struct Borrowed<'a, T: ?Sized>(pub(crate) &'a T);
+
+impl<T: pgcoord::Statements + ?Sized> pgcoord::__private::Sealed for Borrowed<'_, T> {}
+
+impl<T: pgcoord::Statements + ?Sized> pgcoord::Statements for Borrowed<'_, T> {
+    fn run<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [pgcoord::__private::Param<'a>],
+    ) -> pgcoord::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
+        self.0.run(sql, params)
+    }
+}
+
+/// Leases: what a [`LockManager`] does, as a backend.
 pub trait Locking: Send + Sync {
     /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>>;
@@ -79,9 +104,14 @@ pub trait Locking: Send + Sync {
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>>;
     /// Registers `recipient` for [`LockLost`], sent once per lease of this backend lost.
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>>;
+    /// Takes each of the [`Claim`]'s names that is free now, without waiting: the leases
+    /// granted (what a worker pool claims its keys with).
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>>;
+    /// Every lock whose name starts with `prefix`, by name (a worker pool's members and keys).
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>>;
 }
 
-/// Publish/subscribe and request/reply: what a [`ListenerActor`](crate::ListenerActor) does, as
+/// Publish/subscribe and request/reply: what a [`ListenerActor`] does, as
 /// a backend.
 pub trait Signalling: Send + Sync {
     /// Sends to every subscriber of the channel ([`Publish`]).
@@ -113,55 +143,57 @@ pub trait Topics: Send + Sync {
 /// A consumer started through [`Topics::consume`], on either backend.
 #[derive(Clone)]
 pub struct Consuming {
-    inner: ConsumingInner,
+    running: std::sync::Arc<dyn Consumer>,
 }
 
-#[derive(Clone)]
-enum ConsumingInner {
-    Postgres(Addr<TopicConsumer>),
-    #[cfg(feature = "memory")]
-    Memory(std::sync::Arc<memory::topics::Running>),
+/// What a started consumer answers, on each backend: the consumer actor on PostgreSQL.
+pub(crate) trait Consumer: Send + Sync {
+    /// What it has done so far.
+    fn stats(&self) -> BoxFuture<Result<ConsumerStats>>;
+    /// Stops it; done when the future is.
+    fn stop(&self) -> BoxFuture<()>;
 }
 
-impl std::fmt::Debug for Consuming {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend = match &self.inner {
-            ConsumingInner::Postgres(_) => "postgres",
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(_) => "memory",
-        };
-        f.debug_struct("Consuming")
-            .field("backend", &backend)
-            .finish()
+impl Consumer for Addr<TopicConsumer> {
+    fn stats(&self) -> BoxFuture<Result<ConsumerStats>> {
+        let stats = self.send(crate::GetStats::new());
+        Box::pin(async move {
+            stats.await.map_err(|e| {
+                pgcoord::Error::new(
+                    pgcoord::ErrorKind::Unavailable,
+                    format!("the consumer stopped: {e}"),
+                )
+            })
+        })
+    }
+
+    fn stop(&self) -> BoxFuture<()> {
+        let stopped = self.send(StopConsuming);
+        Box::pin(async move {
+            let _ = stopped.await;
+        })
     }
 }
 
 impl Consuming {
+    pub(crate) fn new(running: std::sync::Arc<dyn Consumer>) -> Consuming {
+        Consuming { running }
+    }
+
     /// What the consumer has done so far.
     pub async fn stats(&self) -> Result<ConsumerStats> {
-        match &self.inner {
-            ConsumingInner::Postgres(consumer) => {
-                consumer.send(crate::GetStats::new()).await.map_err(|e| {
-                    pgcoord::Error::new(
-                        pgcoord::ErrorKind::Unavailable,
-                        format!("the consumer stopped: {e}"),
-                    )
-                })
-            }
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(running) => Ok(running.stats()),
-        }
+        self.running.stats().await
     }
 
     /// Stops the consumer: the event in hand is finished and acked, the lease released.
     pub async fn stop(&self) {
-        match &self.inner {
-            ConsumingInner::Postgres(consumer) => {
-                let _ = consumer.send(StopConsuming).await;
-            }
-            #[cfg(feature = "memory")]
-            ConsumingInner::Memory(running) => running.stop(),
-        }
+        self.running.stop().await;
+    }
+}
+
+impl std::fmt::Debug for Consuming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consuming").finish_non_exhaustive()
     }
 }
 
@@ -183,25 +215,63 @@ where
     })
 }
 
-impl Locking for Coordinator {
+impl Locking for Addr<LockManager> {
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
-        Box::pin(self.locks.call(request))
+        Box::pin(self.call(request))
     }
 
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
-        Box::pin(self.locks.call(Get(name.to_owned())))
+        Box::pin(self.call(Get(name.to_owned())))
     }
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
-        sent(&self.locks, SubscribeLockLost(recipient))
+        sent(self, SubscribeLockLost(recipient))
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        Box::pin(self.call(claim))
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        Box::pin(self.call(ListPrefix(prefix.to_owned())))
+    }
+}
+
+impl Locking for Coordinator {
+    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
+        self.locks.acquire(request)
+    }
+
+    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
+        self.locks.acquire_permit(request)
+    }
+
+    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
+        self.locks.set_limit(request)
+    }
+
+    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
+        self.locks.get(name)
+    }
+
+    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
+        self.locks.subscribe_lock_lost(recipient)
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        self.locks.claim(claim)
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        self.locks.list_prefix(prefix)
     }
 }
 
@@ -211,22 +281,18 @@ impl Topics for Coordinator {
     }
 
     fn consume(&self, consume: Consume) -> Result<Consuming> {
-        Coordinator::consume(self, consume).map(|consumer| Consuming {
-            inner: ConsumingInner::Postgres(consumer),
-        })
+        Coordinator::consume(self, consume)
+            .map(|consumer| Consuming::new(std::sync::Arc::new(consumer)))
     }
 }
 
-impl Signalling for Coordinator {
+impl Signalling for Addr<ListenerActor> {
     fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
-        Box::pin(self.signals.call(publish))
+        Box::pin(self.call(publish))
     }
 
     fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        Box::pin(
-            self.signals
-                .call(Subscribe::new(channel.to_owned(), recipient)),
-        )
+        Box::pin(self.call(Subscribe::new(channel.to_owned(), recipient)))
     }
 
     fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
@@ -234,22 +300,52 @@ impl Signalling for Coordinator {
             channel: channel.to_owned(),
             recipient,
         };
-        sent(&self.signals, unsubscribe)
+        sent(self, unsubscribe)
     }
 
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
-        Box::pin(self.signals.call(serve))
+        Box::pin(self.call(serve))
     }
 
     fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
-        sent(&self.signals, StopServing(channel.to_owned()))
+        sent(self, StopServing(channel.to_owned()))
     }
 
     fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
-        Box::pin(self.signals.call(ask))
+        Box::pin(self.call(ask))
     }
 
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
-        sent(&self.signals, SubscribeConnState(recipient))
+        sent(self, SubscribeConnState(recipient))
+    }
+}
+
+impl Signalling for Coordinator {
+    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
+        self.signals.publish(publish)
+    }
+
+    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        self.signals.subscribe(channel, recipient)
+    }
+
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+        self.signals.unsubscribe(channel, recipient)
+    }
+
+    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
+        self.signals.serve(serve)
+    }
+
+    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
+        self.signals.stop_serving(channel)
+    }
+
+    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
+        self.signals.ask(ask)
+    }
+
+    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
+        self.signals.subscribe_conn_state(recipient)
     }
 }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::LockManager;
+use crate::backend::{Borrowed, BoxFuture};
 use crate::losses::{LossReason, Tenure};
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
@@ -19,33 +20,61 @@ pub struct Lease {
     pub(crate) name: String,
     pub(crate) token: i64,
     pub(crate) data: Option<Vec<u8>>,
-    pub(crate) holder: LeaseHolder,
+    pub(crate) holder: Arc<dyn Keeper>,
     pub(crate) tenure: watch::Receiver<Tenure>,
     pub(crate) released: bool,
 }
 
-/// Who keeps the lease for its handle, and releases it.
-pub(crate) enum LeaseHolder {
-    /// A `LockManager`, on PostgreSQL.
-    Postgres {
-        manager: Addr<LockManager>,
-        table: Arc<LeaseTable>,
-        /// The manager's owner identity, which the fencing guard matches with the token.
-        owner: Arc<str>,
-    },
-    /// Another backend (the in-memory one).
-    #[cfg(feature = "memory")]
-    Other(Arc<dyn LeaseKeeper>),
+/// What keeps a backend's leases for their handles: it ends a tenure and guards writes with
+/// it. The PostgreSQL side is [`ManagerKeeper`]; the in-memory backend has its own.
+pub(crate) trait Keeper: Send + Sync {
+    /// Ends the tenure `token` of `name`; [`ErrorKind::LockLost`] when it is not current.
+    fn release(&self, name: String, token: i64) -> BoxFuture<Result<()>>;
+    /// Ends it without waiting for the outcome (a dropped handle).
+    fn release_later(&self, name: String, token: i64);
+    /// The fencing guard, run on `client`: [`ErrorKind::LockLost`] unless `token` is `name`'s
+    /// current tenure.
+    fn fence<'a>(
+        &'a self,
+        client: &'a dyn Statements,
+        name: &'a str,
+        token: i64,
+    ) -> pgcoord::BoxFuture<'a, Result<()>>;
 }
 
-/// What keeps the leases of a backend other than PostgreSQL: it ends a tenure and tells
-/// whether one is current.
-#[cfg(feature = "memory")]
-pub(crate) trait LeaseKeeper: Send + Sync {
-    /// Ends the tenure `token` of `name`; [`ErrorKind::LockLost`] when it is not current.
-    fn release(&self, name: &str, token: i64) -> Result<()>;
-    /// Whether `token` is `name`'s current tenure; [`ErrorKind::LockLost`] when not.
-    fn check(&self, name: &str, token: i64) -> Result<()>;
+/// The keeper of a `LockManager`'s leases.
+pub(crate) struct ManagerKeeper {
+    pub(crate) manager: Addr<LockManager>,
+    pub(crate) table: Arc<LeaseTable>,
+    /// The manager's owner identity, which the fencing guard matches with the token.
+    pub(crate) owner: Arc<str>,
+}
+
+impl Keeper for ManagerKeeper {
+    fn release(&self, name: String, token: i64) -> BoxFuture<Result<()>> {
+        let released = self.manager.send(Release { name, token });
+        Box::pin(async move {
+            released.await.map_err(|e| {
+                Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}"))
+            })?
+        })
+    }
+
+    fn release_later(&self, name: String, token: i64) {
+        self.manager.do_send(Release { name, token });
+    }
+
+    fn fence<'a>(
+        &'a self,
+        client: &'a dyn Statements,
+        name: &'a str,
+        token: i64,
+    ) -> pgcoord::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let owner = self.table.owner(&self.owner)?;
+            owner.fence(client, name, token).await
+        })
+    }
 }
 
 impl Lease {
@@ -101,47 +130,22 @@ impl Lease {
     /// On the in-memory backend there is no transaction to guard: `client` is not used, and the
     /// guard only checks that the lease is still held with this token.
     pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
-        match &self.holder {
-            LeaseHolder::Postgres { table, owner, .. } => {
-                let owner = table.owner(owner)?;
-                owner.fence(client, &self.name, self.token).await
-            }
-            #[cfg(feature = "memory")]
-            LeaseHolder::Other(keeper) => keeper.check(&self.name, self.token),
-        }
+        (self.holder)
+            .fence(&Borrowed(client), &self.name, self.token)
+            .await
     }
 
     /// Releases the lease. [`ErrorKind::LockLost`] when it was already lost.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        let release = Release {
-            name: self.name.clone(),
-            token: self.token,
-        };
-        match &self.holder {
-            LeaseHolder::Postgres { manager, .. } => manager.send(release).await.map_err(|e| {
-                Error::new(ErrorKind::Unavailable, format!("lock manager stopped: {e}"))
-            })?,
-            #[cfg(feature = "memory")]
-            LeaseHolder::Other(keeper) => keeper.release(&release.name, release.token),
-        }
+        self.holder.release(self.name.clone(), self.token).await
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        match &self.holder {
-            LeaseHolder::Postgres { manager, .. } => manager.do_send(Release {
-                name: self.name.clone(),
-                token: self.token,
-            }),
-            #[cfg(feature = "memory")]
-            LeaseHolder::Other(keeper) => {
-                let _ = keeper.release(&self.name, self.token);
-            }
+        if !self.released {
+            self.holder.release_later(self.name.clone(), self.token);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! [`LockManager`]: owns every lease this process holds, their heartbeat, and their waiters.
 //!
 //! - `messages` — every message the manager answers, and [`ManagerStats`].
-//! - `lease` — [`Lease`], the handle of a held lease; `with_lock`.
+//! - `lease` — [`Lease`], the handle of a held lease, and its `Keeper` (the backend that ends
+//!   its tenure and guards writes with it); `with_lock`.
 //! - `book` — the holding side's decisions (pure): the leases held with their monotonic
 //!   deadlines, what a renewal asks for, what its answer means, which deadlines passed.
 //! - `held` — the leases held: the book, loss signals, the names held as waits see them.
@@ -30,7 +31,9 @@ use counters::Counters;
 use heartbeat::Heartbeat;
 use held::{Held, Holdings, OnRelease};
 
-mod acquire;
+// The in-memory backend's leases refuse and check as these do (`already_held`, `checked_lease`),
+// and are kept by a `lease::Keeper` of their own.
+pub(crate) mod acquire;
 mod announced;
 mod batch;
 pub(crate) mod book;
@@ -38,8 +41,8 @@ mod claim;
 mod context;
 mod counters;
 mod heartbeat;
-mod held;
-mod lease;
+pub(crate) mod held;
+pub(crate) mod lease;
 mod listing;
 mod messages;
 pub(crate) mod one_wait;
@@ -51,15 +54,9 @@ mod settle;
 mod wait;
 mod with_lock;
 
-#[cfg(feature = "memory")]
-pub(crate) use acquire::already_held;
-#[cfg(feature = "memory")]
-pub(crate) use lease::{LeaseHolder, LeaseKeeper};
 pub(crate) use reach::{GetHolderReach, HolderReach};
 
 pub use held::MAX_LEASE;
-#[cfg(feature = "memory")]
-pub(crate) use held::checked_lease;
 pub use lease::Lease;
 pub use messages::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
@@ -193,11 +190,11 @@ impl LockManager {
             name,
             token: grant.token,
             data: grant.data,
-            holder: lease::LeaseHolder::Postgres {
+            holder: Arc::new(lease::ManagerKeeper {
                 manager: ctx.address(),
                 table: self.table.clone(),
                 owner: self.owner.clone(),
-            },
+            }),
             tenure,
             released: false,
         }

@@ -52,7 +52,7 @@ impl Counters {
 /// by [`RateLimiter::in_memory`].
 #[derive(Clone)]
 pub struct RateLimiter {
-    buckets: Buckets,
+    buckets: Arc<dyn Buckets>,
     rate: RateLimit,
     counters: Counters,
     lines: Arc<batch::Lines>,
@@ -66,52 +66,50 @@ impl std::fmt::Debug for RateLimiter {
     }
 }
 
-/// Where a limiter's buckets are.
-#[derive(Clone)]
-enum Buckets {
-    Postgres {
-        table: RateTable,
-        pool: Pool,
-    },
-    #[cfg(feature = "memory")]
-    Memory(crate::backend::memory::MemoryBackend),
+/// Where a limiter's buckets are: the rate table ([`Table`]), or the in-memory backend's.
+pub(crate) trait Buckets: Send + Sync {
+    /// One take of `n` from `key` (all or none with `all`, else up to `n`).
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        n: u32,
+        rate: &'a RateLimit,
+        all: bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Taken>>;
 }
 
-impl Buckets {
-    /// One take of `n` from `key` (all or none with `all`, else up to `n`).
-    async fn take(&self, key: &str, n: u32, rate: &RateLimit, all: bool) -> Result<Taken> {
-        match self {
-            // Not retried on an unclear outcome: a take that may have happened is counted as
-            // taken, so a retry would admit less than the limit, never more, but for nothing.
-            Buckets::Postgres { table, pool } => {
-                let statements = pool.statements(None);
-                match all {
-                    true => table.try_take(&statements, key, n, rate).await,
-                    false => table.take_up_to(&statements, key, n, rate).await,
-                }
+/// The rate table, on the runtime's pool.
+struct Table {
+    table: RateTable,
+    pool: Pool,
+}
+
+impl Buckets for Table {
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        n: u32,
+        rate: &'a RateLimit,
+        all: bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Taken>> {
+        // Not retried on an unclear outcome: a take that may have happened is counted as
+        // taken, so a retry would admit less than the limit, never more, but for nothing.
+        Box::pin(async move {
+            let statements = self.pool.statements(None);
+            match all {
+                true => self.table.try_take(&statements, key, n, rate).await,
+                false => self.table.take_up_to(&statements, key, n, rate).await,
             }
-            #[cfg(feature = "memory")]
-            Buckets::Memory(backend) => backend.take(key, n, rate, all),
-        }
+        })
     }
 }
 
 impl RateLimiter {
     pub(crate) fn new(table: RateTable, pool: Pool, rate: RateLimit) -> RateLimiter {
-        RateLimiter::on(Buckets::Postgres { table, pool }, rate)
+        RateLimiter::on(Arc::new(Table { table, pool }), rate)
     }
 
-    /// A limiter whose buckets are `backend`'s: every limiter made on one backend takes from
-    /// the same buckets, as the processes of a fleet do from one table.
-    #[cfg(feature = "memory")]
-    pub fn in_memory(
-        backend: &crate::backend::memory::MemoryBackend,
-        rate: RateLimit,
-    ) -> RateLimiter {
-        RateLimiter::on(Buckets::Memory(backend.clone()), rate)
-    }
-
-    fn on(buckets: Buckets, rate: RateLimit) -> RateLimiter {
+    pub(crate) fn on(buckets: Arc<dyn Buckets>, rate: RateLimit) -> RateLimiter {
         RateLimiter {
             buckets,
             rate,

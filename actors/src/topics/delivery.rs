@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use pgcoord::Statements;
-use pgcoord::topic::{Event, TopicTable};
+use pgcoord::topic::{Cursor, Event, TopicTable};
 use pgcoord::{ErrorKind, Result};
 
+use crate::backend::Borrowed;
 use crate::leases::Lease;
 
 /// One event handed to a consumer's handler, and the lease it is handled under.
@@ -19,23 +20,35 @@ pub struct Delivery {
 pub(crate) struct DeliveryContext {
     pub(crate) topic: String,
     pub(crate) consumer: String,
-    pub(crate) acker: Acker,
+    pub(crate) acker: Arc<dyn Acker>,
     pub(crate) lease: Arc<Lease>,
 }
 
-/// Where [`Delivery::ack`] moves the consumer's cursor.
-#[derive(Clone)]
-pub(crate) enum Acker {
-    /// The topic table, in the caller's transaction.
-    Table(Arc<TopicTable>),
-    /// The in-memory backend: (topic, consumer, cursor) → whether the cursor moved.
-    #[cfg(feature = "memory")]
-    Memory(MemoryAck),
+/// Where [`Delivery::ack`] moves the consumer's cursor: the topic table, in the caller's
+/// transaction; the in-memory backend has its own.
+pub(crate) trait Acker: Send + Sync {
+    /// Moves `consumer`'s cursor of `topic` forward to `cursor` on `tx`; false when it was
+    /// there or past it already.
+    fn ack<'a>(
+        &'a self,
+        tx: &'a dyn Statements,
+        topic: &'a str,
+        consumer: &'a str,
+        cursor: Cursor,
+    ) -> pgcoord::BoxFuture<'a, Result<bool>>;
 }
 
-/// The in-memory backend's ack: (topic, consumer, cursor) → whether the cursor moved.
-#[cfg(feature = "memory")]
-pub(crate) type MemoryAck = Arc<dyn Fn(&str, &str, pgcoord::topic::Cursor) -> bool + Send + Sync>;
+impl Acker for TopicTable {
+    fn ack<'a>(
+        &'a self,
+        tx: &'a dyn Statements,
+        topic: &'a str,
+        consumer: &'a str,
+        cursor: Cursor,
+    ) -> pgcoord::BoxFuture<'a, Result<bool>> {
+        Box::pin(TopicTable::ack(self, tx, topic, consumer, cursor))
+    }
+}
 
 impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,11 +91,7 @@ impl Delivery {
         } = &*self.tenure;
         lease.fence(tx).await?;
         let cursor = self.event.cursor;
-        let moved = match acker {
-            Acker::Table(table) => table.ack(tx, topic, consumer, cursor).await?,
-            #[cfg(feature = "memory")]
-            Acker::Memory(ack) => ack(topic, consumer, cursor),
-        };
+        let moved = (acker.ack(&Borrowed(tx), topic, consumer, cursor)).await?;
         if moved {
             return Ok(());
         }

@@ -38,21 +38,17 @@ use crate::signals::doorbell::Bell;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
-mod delivery;
-mod handover;
+pub(crate) mod delivery;
+// The in-memory backend's consumer hands over (`handover::handle`) and backs off
+// (`run::backoff`) as this one does.
+pub(crate) mod handover;
 mod retention;
-mod run;
+pub(crate) mod run;
 
 pub use append::{Append, TopicAppender};
-pub(crate) use delivery::Acker;
 pub use delivery::Delivery;
 pub(crate) use delivery::DeliveryContext;
-// The in-memory backend's consumer hands over and backs off as this one does.
-#[cfg(feature = "memory")]
-pub(crate) use handover::handle;
 pub use retention::{TopicRetention, TrimNow};
-#[cfg(feature = "memory")]
-pub(crate) use run::backoff;
 
 /// What the loop shares with its actor.
 pub(super) struct Run {

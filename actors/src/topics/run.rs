@@ -11,7 +11,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::delivery::DeliveryContext;
 use super::handover::{PageEnd, deliver};
-use super::{Acker, Run, stats};
+use super::{Run, stats};
 use crate::Call;
 use crate::leases::{Acquire, Lease};
 use crate::signals::doorbell::Reader;
@@ -148,7 +148,7 @@ async fn read_on(run: &Run, lease: &Arc<Lease>, cursor: &mut Cursor, acked: &mut
         tenure: Arc::new(DeliveryContext {
             topic: topic.clone(),
             consumer: consumer.clone(),
-            acker: Acker::Table(run.table.clone()),
+            acker: run.table.clone(),
             lease: lease.clone(),
         }),
         failures: Failures::default(),

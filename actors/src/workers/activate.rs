@@ -32,7 +32,7 @@ where
 
     /// Listens for the routers' doorbell, when the pool activates keys and is routed.
     pub(super) fn start_activation(&mut self, ctx: &mut Context<Self>) {
-        let listener = (self.routing.as_ref()).and_then(|r| r.listening.listener());
+        let listener = (self.routing.as_ref()).and_then(|r| r.listener.as_ref());
         if let (true, Some(listener)) = (self.activate_keys, listener) {
             listener.do_send(SubscribeRaw {
                 channel: wire::pool_channel(&self.lock_table, &self.name),

@@ -1,6 +1,7 @@
-//! Making a pool: its constructors (on a lock manager, or on the in-memory backend) and the
-//! options that shape its sharing (keys that follow a stream, moves per tick, passivation,
-//! weight). Routing, durable mail and keys that come to life have their own modules.
+//! Making a pool: its constructor on a lock manager, `on` for any backend's [`Locking`] (the
+//! in-memory backend's constructors are in its module), and the options that shape its sharing
+//! (keys that follow a stream, moves per tick, passivation, weight). Routing, durable mail and
+//! keys that come to life have their own modules.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::Config;
 
-use super::{StopWorker, WorkerKey, WorkerPool, backend};
+use super::{StopWorker, WorkerKey, WorkerPool};
+use crate::backend::Locking;
 use crate::leases::LockManager;
 
 impl<W> WorkerPool<W>
@@ -39,37 +41,10 @@ where
         )
     }
 
-    /// The pool `name` over `keys` on the in-memory backend (feature `memory`), as the process
-    /// `coordinator` is: for unit tests of an application's workers. Members are the backend's
-    /// coordinators; a tick every 100 ms (nothing expires in memory: losses are forced, see
-    /// [`MemoryCoordinator::force_loss`](crate::backend::memory::MemoryCoordinator::force_loss));
-    /// routed with [`routed_in_memory`](Self::routed_in_memory). Not durable: durable mail
-    /// needs PostgreSQL.
-    #[cfg(feature = "memory")]
-    pub fn in_memory(
-        coordinator: &crate::backend::memory::MemoryCoordinator,
-        name: impl Into<String>,
-        keys: Vec<String>,
-        factory: impl Fn(WorkerKey) -> W + 'static,
-    ) -> WorkerPool<W> {
-        let (locks, owner) = (
-            Arc::new(coordinator.clone()),
-            coordinator.owner().to_owned(),
-        );
-        let tick = Duration::from_millis(100);
-        WorkerPool::on(
-            locks,
-            super::MEMORY_TABLE.into(),
-            owner,
-            tick,
-            name.into(),
-            keys,
-            factory,
-        )
-    }
-
-    fn on(
-        locks: backend::Locks,
+    /// The pool `name` over `keys` on `locks`, as `owner`, whose lock table is `lock_table`:
+    /// a tick every `tick`.
+    pub(crate) fn on(
+        locks: Arc<dyn Locking>,
         lock_table: String,
         owner: String,
         tick: Duration,

@@ -3,6 +3,7 @@
 //! delivered, and the router looks again). See [`route`](super::route) for the sender's side.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -10,10 +11,10 @@ use actix::prelude::*;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::backend::Listening;
 use super::route::Routed;
 use super::wire::{self, Reply, Wait};
 use super::{StopWorker, WorkerPool};
+use crate::backend::Signalling;
 use crate::signals::{ListenerActor, Serve};
 
 /// How a routed pool answers its channel: the listener, and the request handler made where
@@ -22,7 +23,10 @@ pub(super) struct Routing<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
 {
-    pub(super) listening: Listening,
+    pub(super) signals: Arc<dyn Signalling>,
+    /// The listener, for the routers' doorbell; none on a backend without one (a pool there
+    /// looks at its ticks).
+    pub(super) listener: Option<Addr<ListenerActor>>,
     pub(super) channel: String,
     pub(super) serve: Option<MakeServe<W>>,
     /// The messages delivered here lately, by id.
@@ -40,21 +44,16 @@ where
     /// answering on this member's channel through `listener`. Every process's pool of the name
     /// should be routed, or messages to the keys of one that is not time out.
     pub fn routed(self, listener: Addr<ListenerActor>) -> WorkerPool<W> {
-        self.routed_through(Listening::Listener(listener))
+        self.routed_through(Arc::new(listener.clone()), Some(listener))
     }
 
-    /// [`routed`](Self::routed) on the in-memory backend: a pool made
-    /// [`in_memory`](Self::in_memory) answers [`KeyRouter::in_memory`](super::KeyRouter::in_memory)s of `coordinator`'s
-    /// backend.
-    #[cfg(feature = "memory")]
-    pub fn routed_in_memory(
-        self,
-        coordinator: &crate::backend::memory::MemoryCoordinator,
+    /// Routed: answering on this member's channel through `signals`, hearing the routers'
+    /// doorbell through `listener` when there is one.
+    pub(crate) fn routed_through(
+        mut self,
+        signals: Arc<dyn Signalling>,
+        listener: Option<Addr<ListenerActor>>,
     ) -> WorkerPool<W> {
-        self.routed_through(Listening::Memory(coordinator.clone()))
-    }
-
-    fn routed_through(mut self, listening: Listening) -> WorkerPool<W> {
         let channel = wire::channel(&self.lock_table, &self.name, &self.owner);
         let served = channel.clone();
         let serve = move |pool: Addr<WorkerPool<W>>| {
@@ -77,7 +76,8 @@ where
             })
         };
         self.routing = Some(Routing {
-            listening,
+            signals,
+            listener,
             channel,
             serve: Some(Box::new(serve)),
             delivered: Delivered::default(),

@@ -29,7 +29,7 @@ use super::{Mail, StopWorker, WorkerPool, mail_topic};
 use crate::metrics::MailMetrics;
 use crate::signals::doorbell::{Gate, Go};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
-use crate::topics::{Acker, Delivery, DeliveryContext};
+use crate::topics::{Delivery, DeliveryContext};
 
 /// The most events of one key read at once.
 const WINDOW: u32 = 100;
@@ -272,7 +272,7 @@ where
             tenure: Arc::new(DeliveryContext {
                 topic,
                 consumer: self.name.clone(),
-                acker: Acker::Table(mailing.table.clone()),
+                acker: mailing.table.clone(),
                 lease,
             }),
             table: mailing.table.clone(),

@@ -32,10 +32,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use tracing::{debug, warn};
 
+use crate::backend::Locking;
 use crate::leases::Lease;
 
 mod activate;
-mod backend;
 mod build;
 mod deliver;
 mod drain;
@@ -44,9 +44,11 @@ mod members;
 mod messages;
 mod plan;
 mod rebalance;
-mod route;
+// The in-memory backend reaches holders through a `route::Holders` of its own.
+pub(crate) mod route;
 mod tasks;
-mod wire;
+// The in-memory backend's routes use the same channels.
+pub(crate) mod wire;
 
 use deliver::Routing;
 use drain::Draining;
@@ -56,10 +58,6 @@ pub use messages::{
 };
 pub use route::{KeyRouter, Routed};
 pub use tasks::{TaskPool, Workers};
-
-/// What stands for the lock table's name on the in-memory backend (routes are scoped to it).
-#[cfg(feature = "memory")]
-const MEMORY_TABLE: &str = "memory";
 
 struct Running<W: Actor> {
     /// Shared with the worker's [`WorkerKey`]: released once both are done with it.
@@ -83,7 +81,7 @@ where
 {
     name: String,
     keys: Vec<String>,
-    locks: backend::Locks,
+    locks: Arc<dyn Locking>,
     /// The lock table's name (routed requests' channels are scoped to it).
     lock_table: String,
     owner: String,
@@ -254,7 +252,7 @@ where
             && let Some(serve) = routing.serve.take()
         {
             // Listened to from here on, also across the listener's reconnects.
-            let served = routing.listening.serve(serve(ctx.address()));
+            let served = routing.signals.serve(serve(ctx.address()));
             ctx.spawn(served.into_actor(self).map(|served, act, _| {
                 if served.is_err() {
                     warn!(pool.name = %act.name, "cannot serve routed messages; senders' calls time out");
@@ -278,7 +276,7 @@ where
             actix::spawn(async move {
                 futures_util::future::join_all(released).await;
                 tokio::time::sleep(tick).await;
-                routing.listening.stop_serving(routing.channel);
+                let _ = routing.signals.stop_serving(&routing.channel).await;
             });
         }
         if let Some(membership) = self.membership.take() {

@@ -47,8 +47,8 @@ where
             } else {
                 None
             };
-            let members = locks.list_prefix(prefix).await?;
-            let keys = locks.list_prefix(key_prefix).await?;
+            let members = locks.list_prefix(&prefix).await?;
+            let keys = locks.list_prefix(&key_prefix).await?;
             Ok::<_, pgcoord::Error>((membership, members, keys))
         };
         ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {

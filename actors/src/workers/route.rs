@@ -33,6 +33,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 
 use crate::Call;
+use crate::backend::Locking;
 use crate::leases::{GetHolderReach, HolderReach, LockManager};
 use crate::signals::{AskThrough, ListenerActor};
 
@@ -75,22 +76,36 @@ impl Routed {
 #[derive(Clone)]
 pub struct KeyRouter {
     pool: String,
-    via: Via,
+    /// The leases: the pool's members are listed from them.
+    locks: Arc<dyn Locking>,
+    holders: Arc<dyn Holders>,
     /// Set by [`KeyRouter::activate_keys`].
     activate_keys: bool,
 }
 
-/// What a router reaches holders through.
-#[derive(Clone)]
-enum Via {
-    Postgres {
-        locks: Addr<LockManager>,
-        listener: Addr<ListenerActor>,
-        /// The lock manager's sender to holders and its table's name, asked of `locks` once.
-        reach: Arc<tokio::sync::OnceCell<HolderReach>>,
-    },
-    #[cfg(feature = "memory")]
-    Memory(crate::backend::memory::MemoryCoordinator),
+/// What a router reaches keys' holders through, one per backend: on PostgreSQL, one statement
+/// that reads a key's holder and notifies it ([`HolderReach`]), answered through the listener.
+pub(crate) trait Holders: Send + Sync {
+    /// One request to the holder of `lease`, a key of pool `pool`: its answer, or `None` when
+    /// nobody holds the key (nothing was sent; with `record`, the key is recorded and the
+    /// pool's doorbell rung). `sent` is set while a worker may have the request.
+    fn send_once<'a>(
+        &'a self,
+        pool: &'a str,
+        lease: &'a str,
+        request: Vec<u8>,
+        left: Duration,
+        record: bool,
+        sent: &'a mut bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>>;
+}
+
+/// The PostgreSQL side: the lock manager's sender to holders, and the listener for answers.
+struct Reach {
+    locks: Addr<LockManager>,
+    listener: Addr<ListenerActor>,
+    /// The lock manager's sender to holders and its table's name, asked of `locks` once.
+    reach: tokio::sync::OnceCell<HolderReach>,
 }
 
 impl std::fmt::Debug for KeyRouter {
@@ -123,29 +138,25 @@ impl KeyRouter {
         locks: Addr<LockManager>,
         listener: Addr<ListenerActor>,
     ) -> KeyRouter {
-        KeyRouter {
-            pool: pool.into(),
-            via: Via::Postgres {
-                locks,
-                listener,
-                reach: Arc::default(),
-            },
-            activate_keys: false,
-        }
+        let reach = Reach {
+            locks: locks.clone(),
+            listener,
+            reach: tokio::sync::OnceCell::new(),
+        };
+        KeyRouter::through(pool.into(), Arc::new(locks), Arc::new(reach))
     }
 
-    /// A router to the workers of pool `pool` on the in-memory backend (feature `memory`), sent
-    /// from the process `coordinator` is: it reaches pools made
-    /// [`WorkerPool::in_memory`](super::WorkerPool::in_memory) and
-    /// [`routed_in_memory`](super::WorkerPool::routed_in_memory) on the same backend.
-    #[cfg(feature = "memory")]
-    pub fn in_memory(
-        pool: impl Into<String>,
-        coordinator: &crate::backend::memory::MemoryCoordinator,
+    /// A router to the workers of pool `pool`, listing members from `locks` and reaching
+    /// holders through `holders`.
+    pub(crate) fn through(
+        pool: String,
+        locks: Arc<dyn Locking>,
+        holders: Arc<dyn Holders>,
     ) -> KeyRouter {
         KeyRouter {
-            pool: pool.into(),
-            via: Via::Memory(coordinator.clone()),
+            pool,
+            locks,
+            holders,
             activate_keys: false,
         }
     }
@@ -230,15 +241,7 @@ impl KeyRouter {
     /// tells a pool's own process of changes).
     pub async fn members(&self) -> Result<Vec<String>> {
         let prefix = format!("{}/members/", self.pool);
-        let infos = match &self.via {
-            Via::Postgres { locks, .. } => {
-                locks
-                    .call(crate::leases::ListPrefix(prefix.clone()))
-                    .await?
-            }
-            #[cfg(feature = "memory")]
-            Via::Memory(memory) => memory.list_prefix(&prefix),
-        };
+        let infos = self.locks.list_prefix(&prefix).await?;
         Ok(super::members::live(&infos, &prefix))
     }
 
@@ -303,25 +306,9 @@ impl KeyRouter {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The member waits for its worker no longer than this sender waits.
             let request = encode_request(id, key, wait, left, &payload);
-            let answer = match &self.via {
-                Via::Postgres {
-                    locks,
-                    listener,
-                    reach,
-                } => {
-                    let reach = (reach.get_or_try_init(|| locks.send(GetHolderReach)).await)
-                        .map_err(|_| {
-                            Error::new(ErrorKind::Unavailable, "the lock manager stopped")
-                        })?;
-                    self.send_once(reach, listener, &lease, request, left, sent)
-                        .await?
-                }
-                #[cfg(feature = "memory")]
-                Via::Memory(memory) => {
-                    self.send_in_memory(memory, &lease, request, left, sent)
-                        .await?
-                }
-            };
+            let answer = (self.holders)
+                .send_once(&self.pool, &lease, request, left, self.activate_keys, sent)
+                .await?;
             match answer.map(Reply::decode).transpose()? {
                 Some(Reply::Handled(bytes)) => return Ok(bytes),
                 Some(Reply::Accepted) => return Ok(Vec::new()),
@@ -346,20 +333,40 @@ impl KeyRouter {
             tokio::time::sleep(pause).await;
         }
     }
+}
 
+impl Holders for Reach {
+    fn send_once<'a>(
+        &'a self,
+        pool: &'a str,
+        lease: &'a str,
+        request: Vec<u8>,
+        left: Duration,
+        record: bool,
+        sent: &'a mut bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>> {
+        Box::pin(self.ask_holder(pool, lease, request, left, record, sent))
+    }
+}
+
+impl Reach {
     /// One request to `lease`'s holder, found and notified in one statement: its answer, or
-    /// `None` when nobody holds the key (nothing was sent; with `activate_keys`, the key is
+    /// `None` when nobody holds the key (nothing was sent; with `record`, the key is
     /// recorded and the pool's doorbell rung).
-    async fn send_once(
+    async fn ask_holder(
         &self,
-        reach: &HolderReach,
-        listener: &Addr<ListenerActor>,
+        pool: &str,
         lease: &str,
         request: Vec<u8>,
         left: Duration,
+        record: bool,
         sent: &mut bool,
     ) -> Result<Option<Vec<u8>>> {
-        let scope = scope(&reach.lock_table, &self.pool);
+        let reach = (self.reach)
+            .get_or_try_init(|| self.locks.send(GetHolderReach))
+            .await
+            .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
+        let scope = scope(&reach.lock_table, pool);
         // Who the statement found holding the key: unset if it did not run to the end.
         let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
         let send = {
@@ -385,12 +392,12 @@ impl KeyRouter {
             payload: request,
             timeout: left,
         };
-        match listener.call(ask).await {
+        match self.listener.call(ask).await {
             Err(_) if holder.get() == Some(&None) => {
                 *sent = false;
-                if self.activate_keys {
+                if record {
                     // Again at each look: the doorbell is not to be trusted to ring.
-                    let doorbell = pool_channel(&reach.lock_table, &self.pool);
+                    let doorbell = pool_channel(&reach.lock_table, pool);
                     if let Err(e) = reach.record_and_ring(lease, &doorbell).await {
                         debug!(error = %e, "cannot record the key; looking again");
                     }
@@ -400,33 +407,5 @@ impl KeyRouter {
             Err(e) => Err(e),
             Ok(answer) => Ok(Some(answer)),
         }
-    }
-
-    /// [`send_once`](Self::send_once) on the in-memory backend: the holder read, then asked.
-    #[cfg(feature = "memory")]
-    async fn send_in_memory(
-        &self,
-        memory: &crate::backend::memory::MemoryCoordinator,
-        lease: &str,
-        request: Vec<u8>,
-        left: Duration,
-        sent: &mut bool,
-    ) -> Result<Option<Vec<u8>>> {
-        use crate::backend::{Locking, Signalling};
-        let owner = match memory.get(lease).await {
-            Ok(info) => info.owner,
-            Err(e) if e.kind() == ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
-        };
-        let Some(owner) = owner else {
-            if self.activate_keys {
-                memory.keep_free(lease);
-            }
-            return Ok(None);
-        };
-        *sent = true;
-        let channel = super::wire::channel(super::MEMORY_TABLE, &self.pool, &owner);
-        let ask = crate::signals::Ask::new(channel, request).timeout(left);
-        memory.ask(ask).await.map(Some)
     }
 }

@@ -15,7 +15,7 @@ pub(super) fn scope(table: &str, pool: &str) -> String {
 
 /// The channel the member `owner` of pool `pool` on lock table `table` answers routed requests
 /// on.
-pub(super) fn channel(table: &str, pool: &str, owner: &str) -> String {
+pub(crate) fn channel(table: &str, pool: &str, owner: &str) -> String {
     pgcoord::lease::holder_channel(&scope(table, pool), owner)
 }
 

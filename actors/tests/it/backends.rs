@@ -227,7 +227,52 @@ on_both_backends!(
     a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next,
     a_handler_error_hands_the_same_event_over_and_bad_input_is_refused,
     permits_and_a_stored_limit_that_is_raised_and_lowered,
+    a_claim_takes_the_free_names_and_a_prefix_lists_them,
 );
+
+/// What a worker pool asks of its leases, through the same seam on both backends: a claim takes
+/// the free names at once and skips the others, a listing by prefix reads them.
+async fn a_claim_takes_the_free_names_and_a_prefix_lists_them(h: impl Harness) {
+    let (a, b) = h.processes();
+    let prefix = format!("{}/", unique_name("claim"));
+    let name = |k: &str| format!("{prefix}{k}");
+    let theirs = b.acquire(Acquire::new(name("x"))).await.unwrap();
+    let names = vec![name("x"), name("y"), name("z")];
+    let ours = a.claim(Claim::new(names.clone())).await.unwrap();
+    let mut claimed: Vec<&str> = ours.iter().map(Lease::name).collect();
+    claimed.sort();
+    assert_eq!(claimed, [name("y"), name("z")], "x is b's");
+    let again = a.claim(Claim::new(names)).await.unwrap();
+    assert!(again.is_empty(), "nothing more is free: {again:?}");
+    let listed = a.list_prefix(&prefix).await.unwrap();
+    let owners: Vec<(&str, Option<&str>)> = (listed.iter())
+        .map(|l| (l.name.as_str(), l.owner.as_deref()))
+        .collect();
+    let (x, y, z) = (name("x"), name("y"), name("z"));
+    assert_eq!(
+        owners,
+        [
+            (x.as_str(), Some("b")),
+            (y.as_str(), Some("a")),
+            (z.as_str(), Some("a"))
+        ]
+    );
+    // Kept on release: the row stays, free.
+    let kept = a
+        .claim(Claim::new(vec![name("w")]).keep_on_release())
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    for lease in kept.into_iter().chain(ours) {
+        lease.release().await.unwrap();
+    }
+    theirs.release().await.unwrap();
+    let listed = b.list_prefix(&prefix).await.unwrap();
+    let left: Vec<(&str, Option<&str>)> = (listed.iter())
+        .map(|l| (l.name.as_str(), l.owner.as_deref()))
+        .collect();
+    assert_eq!(left, [(name("w").as_str(), None)]);
+}
 
 async fn permits_and_a_stored_limit_that_is_raised_and_lowered(h: impl Harness) {
     let (a, b) = h.processes();

@@ -61,7 +61,7 @@ impl LeaseState {
         let name = &request.name;
         if let Some(tenure) = self.rows.get(name).and_then(|row| row.tenure.as_ref()) {
             if tenure.coordinator == coordinator {
-                return Err(crate::leases::already_held(name));
+                return Err(crate::leases::acquire::already_held(name));
             }
             return Ok(Attempt::Held(Some(Holder {
                 owner: tenure.owner.clone(),
@@ -258,7 +258,7 @@ pub(super) async fn acquire(
 ) -> Result<(i64, Option<Vec<u8>>, watch::Receiver<Standing>)> {
     pgcoord::config::validate_name("lease name", request.name.clone())?;
     // As on PostgreSQL, though nothing expires here.
-    crate::leases::checked_lease(request.lease, shared.lease)?;
+    crate::leases::held::checked_lease(request.lease, shared.lease)?;
     let deadline = request.timeout.map(|t| Instant::now() + t);
     let notify = Arc::new(Notify::new());
     let mut place: Option<QueuePlace> = None;

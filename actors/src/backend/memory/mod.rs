@@ -43,8 +43,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
-use super::{BoxFuture, Consuming, ConsumingInner, Locking, Signalling, Topics};
-use crate::leases::{Acquire, AcquirePermit, Lease, SetLimit};
+use super::{BoxFuture, Consuming, Locking, Signalling, Topics};
+use crate::leases::{Acquire, AcquirePermit, Claim, Lease, SetLimit};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
 use pgcoord::lease::LimitChange;
@@ -53,7 +53,8 @@ mod leases;
 mod permits;
 mod rates;
 mod signals;
-pub(crate) mod topics;
+mod topics;
+mod workers;
 
 /// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
 /// PostgreSQL. Cheap to clone; clones are the same backend.
@@ -175,37 +176,9 @@ impl MemoryCoordinator {
         self.shared.lock().topics.cursor(topic, consumer)
     }
 
-    /// Every lease whose name starts with `prefix`, by name (what a worker pool lists).
-    pub(crate) fn list_prefix(&self, prefix: &str) -> Vec<LeaseInfo> {
-        self.shared
-            .lock()
-            .leases
-            .list_prefix(prefix, self.shared.lease)
-    }
-
     /// Records `name` as a free, kept row when it has none (a key that came to life).
-    pub(crate) fn keep_free(&self, name: &str) -> bool {
+    fn keep_free(&self, name: &str) -> bool {
         self.shared.lock().leases.keep_free(name)
-    }
-
-    /// Takes each of `names` that is free now, without waiting (a worker pool's claim).
-    pub(crate) async fn claim(&self, names: Vec<String>, keep: bool) -> Result<Vec<Lease>> {
-        let mut leases = Vec::new();
-        for name in names {
-            let request = Acquire::new(name).fail_if_locked();
-            let request = if keep {
-                request.keep_on_release()
-            } else {
-                request
-            };
-            match self.acquire(request).await {
-                Ok(lease) => leases.push(lease),
-                Err(e) if e.is_not_acquired() => {}
-                Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyHeld => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(leases)
     }
 
     /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
@@ -226,7 +199,7 @@ impl Locking for MemoryCoordinator {
                 name,
                 token,
                 data,
-                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
+                holder: Arc::new(MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -242,7 +215,7 @@ impl Locking for MemoryCoordinator {
                 name,
                 token,
                 data: None,
-                holder: crate::leases::LeaseHolder::Other(Arc::new(MemoryHolder { shared })),
+                holder: Arc::new(MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -264,6 +237,34 @@ impl Locking for MemoryCoordinator {
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
         self.shared.lock().lock_lost.push((self.id, recipient));
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
+        let coordinator = self.clone();
+        Box::pin(async move {
+            let mut leases = Vec::new();
+            for name in claim.names {
+                let request = Acquire::new(name).fail_if_locked();
+                let request = if claim.keep_on_release {
+                    request.keep_on_release()
+                } else {
+                    request
+                };
+                match coordinator.acquire(request).await {
+                    Ok(lease) => leases.push(lease),
+                    Err(e) if e.is_not_acquired() => {}
+                    Err(e) if e.kind() == pgcoord::ErrorKind::AlreadyHeld => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(leases)
+        })
+    }
+
+    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
+        let state = self.shared.lock();
+        let listed = state.leases.list_prefix(prefix, self.shared.lease);
+        Box::pin(std::future::ready(Ok(listed)))
     }
 }
 
@@ -318,9 +319,7 @@ impl Topics for MemoryCoordinator {
     }
 
     fn consume(&self, consume: crate::Consume) -> Result<Consuming> {
-        topics::consume(self, consume).map(|running| Consuming {
-            inner: ConsumingInner::Memory(running),
-        })
+        topics::consume(self, consume).map(|running| Consuming::new(running))
     }
 }
 
@@ -350,14 +349,32 @@ struct MemoryHolder {
     shared: Arc<Shared>,
 }
 
-impl crate::leases::LeaseKeeper for MemoryHolder {
-    fn release(&self, name: &str, token: i64) -> Result<()> {
+impl crate::leases::lease::Keeper for MemoryHolder {
+    fn release(&self, name: String, token: i64) -> BoxFuture<Result<()>> {
+        Box::pin(std::future::ready(self.release_now(&name, token)))
+    }
+
+    fn release_later(&self, name: String, token: i64) {
+        let _ = self.release_now(&name, token);
+    }
+
+    fn fence<'a>(
+        &'a self,
+        _: &'a dyn pgcoord::Statements,
+        name: &'a str,
+        token: i64,
+    ) -> pgcoord::BoxFuture<'a, Result<()>> {
+        // No transaction to guard: the token is checked.
+        Box::pin(std::future::ready(
+            self.shared.lock().leases.check(name, token),
+        ))
+    }
+}
+
+impl MemoryHolder {
+    fn release_now(&self, name: &str, token: i64) -> Result<()> {
         let released = self.shared.lock().leases.release(name, token);
         self.shared.released.notify_waiters();
         released
-    }
-
-    fn check(&self, name: &str, token: i64) -> Result<()> {
-        self.shared.lock().leases.check(name, token)
     }
 }

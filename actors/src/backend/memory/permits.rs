@@ -76,7 +76,7 @@ pub(super) async fn acquire(
     request: AcquirePermit,
 ) -> Result<Granted> {
     pgcoord::lease::check_name(&request.name)?;
-    crate::leases::checked_lease(request.lease, shared.lease)?;
+    crate::leases::held::checked_lease(request.lease, shared.lease)?;
     let deadline = request.timeout.map(|t| Instant::now() + t);
     loop {
         // Registered before looking, so a release between the look and the wait still wakes it.

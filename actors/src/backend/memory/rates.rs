@@ -3,12 +3,15 @@
 //! monotonic clock.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pgcoord::rate::{RateLimit, Taken};
 use pgcoord::{Error, ErrorKind, Result};
 
 use super::MemoryBackend;
+use crate::RateLimiter;
+use crate::rates::Buckets;
 
 /// Every key's bucket, and the instant the backend's clock counts from.
 pub(super) struct RateState {
@@ -25,9 +28,29 @@ impl Default for RateState {
     }
 }
 
+impl RateLimiter {
+    /// A limiter whose buckets are `backend`'s: every limiter made on one backend takes from
+    /// the same buckets, as the processes of a fleet do from one table.
+    pub fn in_memory(backend: &MemoryBackend, rate: RateLimit) -> RateLimiter {
+        RateLimiter::on(Arc::new(backend.clone()), rate)
+    }
+}
+
+impl Buckets for MemoryBackend {
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        n: u32,
+        rate: &'a RateLimit,
+        all: bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Taken>> {
+        Box::pin(std::future::ready(self.take_now(key, n, rate, all)))
+    }
+}
+
 impl MemoryBackend {
     /// One take of `n` from `key`'s bucket at `rate`: all or none with `all`, else up to `n`.
-    pub(crate) fn take(&self, key: &str, n: u32, rate: &RateLimit, all: bool) -> Result<Taken> {
+    fn take_now(&self, key: &str, n: u32, rate: &RateLimit, all: bool) -> Result<Taken> {
         pgcoord::config::validate_name("rate-limit key", key.to_owned())?;
         if n == 0 || (all && n > rate.burst_size()) {
             return Err(Error::new(

@@ -15,9 +15,10 @@ use pgcoord::{ErrorKind, Result};
 use tokio::sync::Notify;
 
 use super::{MemoryCoordinator, Shared};
-use crate::backend::Locking;
+use crate::backend::{BoxFuture, Locking};
 use crate::leases::{Acquire, Lease};
-use crate::topics::{Acker, Append, Consume, ConsumerStats, Delivery, DeliveryContext};
+use crate::topics::delivery::Acker;
+use crate::topics::{Append, Consume, ConsumerStats, Delivery, DeliveryContext};
 
 /// Every topic's log and every consumer's cursor of one in-memory backend.
 #[derive(Default)]
@@ -97,22 +98,26 @@ impl TopicState {
 }
 
 /// A consumer running on the in-memory backend.
-pub(crate) struct Running {
+pub(super) struct Running {
     stats: Mutex<ConsumerStats>,
     stopping: Notify,
     stop_requested: AtomicBool,
 }
 
-impl Running {
-    pub(crate) fn stats(&self) -> ConsumerStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+impl crate::backend::Consumer for Running {
+    fn stats(&self) -> BoxFuture<Result<ConsumerStats>> {
+        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Box::pin(std::future::ready(Ok(stats)))
     }
 
-    pub(crate) fn stop(&self) {
+    fn stop(&self) -> BoxFuture<()> {
         self.stop_requested.store(true, Ordering::SeqCst);
         self.stopping.notify_one();
+        Box::pin(std::future::ready(()))
     }
+}
 
+impl Running {
     fn update(&self, f: impl FnOnce(&mut ConsumerStats)) {
         f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
     }
@@ -172,14 +177,7 @@ async fn tenure(
 ) -> bool {
     let (topic, consumer) = (&consume.topic, &consume.consumer);
     let mut cursor = shared.lock().topics.open(topic, consumer, consume.start);
-    let acker = {
-        let shared = shared.clone();
-        Acker::Memory(Arc::new(
-            move |topic: &str, consumer: &str, cursor: Cursor| {
-                shared.lock().topics.ack(topic, consumer, cursor)
-            },
-        ))
-    };
+    let acker = Arc::new(Cursors(shared.clone()));
     let tenure = Arc::new(DeliveryContext {
         topic: topic.clone(),
         consumer: consumer.clone(),
@@ -220,14 +218,14 @@ async fn tenure(
                 s.delivered += 1;
                 s.redelivered += u64::from(again);
             });
-            if crate::topics::handle(&consume.handler, delivery)
+            if crate::topics::handover::handle(&consume.handler, delivery)
                 .await
                 .is_err()
             {
                 errors.failed();
                 running.update(|s| s.handler_errors += 1);
                 tokio::select! {
-                    () = tokio::time::sleep(crate::topics::backoff(&errors, consume.poll)) => {}
+                    () = tokio::time::sleep(crate::topics::run::backoff(&errors, consume.poll)) => {}
                     () = running.stopping.notified() => return true,
                 }
                 // A handler that acked in its own "transaction" has its event behind already.
@@ -241,5 +239,21 @@ async fn tenure(
                 running.update(|s| s.acks += 1);
             }
         }
+    }
+}
+
+/// The backend's cursors, as a [`Delivery`]'s ack moves them (no transaction: at once).
+struct Cursors(Arc<Shared>);
+
+impl Acker for Cursors {
+    fn ack<'a>(
+        &'a self,
+        _: &'a dyn pgcoord::Statements,
+        topic: &'a str,
+        consumer: &'a str,
+        cursor: Cursor,
+    ) -> pgcoord::BoxFuture<'a, Result<bool>> {
+        let moved = self.0.lock().topics.ack(topic, consumer, cursor);
+        Box::pin(std::future::ready(Ok(moved)))
     }
 }
