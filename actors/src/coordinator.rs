@@ -279,7 +279,7 @@ impl Coordinator {
 
 /// The streams, for either door: an actix service reads them as a tokio one does.
 impl Coordinator {
-    /// Every message published on `channel` from now on, and a [`Heard::Gap`] wherever some may
+    /// Every message published on `channel` from now on, and a [`Heard::Gap`](crate::Heard::Gap) wherever some may
     /// have been missed, as a stream. Dropping it unsubscribes. Typed errors for a bad channel
     /// name.
     pub async fn subscribe(&self, channel: &str) -> Result<crate::Subscription> {

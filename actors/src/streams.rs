@@ -116,7 +116,7 @@ pub enum Heard {
 }
 
 /// Messages of one channel, with gaps marked ([`Heard::Gap`]): from
-/// [`Coordinator::subscribe`] or [`Runtime::subscribe`](crate::Runtime::subscribe).
+/// [`Coordinator::subscribe`](crate::Coordinator::subscribe) or [`Runtime::subscribe`](crate::Runtime::subscribe).
 /// Unsubscribes when dropped.
 pub struct Subscription {
     feed: Feed<Heard>,
