@@ -119,7 +119,7 @@ pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, 
 pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, List, LockManager, MAX_LEASE,
-    ManagerStats, Release, ReleaseAll, RenewNow, SetLimit, with_lock,
+    ManagerStats, ReleaseAll, RenewNow, SetLimit, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::{DeleteExpired, PayloadStoreActor};
