@@ -186,3 +186,23 @@ pub async fn check(name: &str) {
 async fn a_release_racing_a_renewal() {
     check("release_renew").await;
 }
+
+#[tokio::test]
+async fn a_takeover_of_an_expired_lease_racing_the_old_holders_renewal() {
+    check("takeover_renew").await;
+}
+
+#[tokio::test]
+async fn two_grants_of_a_free_lease_racing() {
+    check("grant_grant").await;
+}
+
+#[tokio::test]
+async fn a_fenced_write_racing_a_takeover_and_a_release() {
+    check("fence_takeover").await;
+}
+
+#[tokio::test]
+async fn a_stalled_grant_holds_the_grant_lock_against_a_later_tenure() {
+    check("stalled_grant").await;
+}
