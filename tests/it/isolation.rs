@@ -133,7 +133,7 @@ pub async fn check(name: &str) {
     let mut tester = Command::new(tester);
     tester
         .arg(conninfo(&pg, &schema))
-        .env("PGISOLATIONTIMEOUT", "60")
+        .env("PGISOLATIONTIMEOUT", "30")
         .stdin(File::open(&spec_path).unwrap())
         .stdout(File::create(&output_path).unwrap())
         .stderr(Stdio::inherit());
