@@ -28,6 +28,7 @@ const PREPARED: &[(&str, &str)] = &[
     ("release", "text, int8, bool, text, text, bool"),
     ("fence", "text, int8, text"),
     ("limit_set", "text, int4, text"),
+    ("limit_take_back", "text, text, int8"),
     ("limit_acquire", "text, text, int8, text, text[], int4"),
 ];
 
@@ -205,4 +206,9 @@ async fn a_fenced_write_racing_a_takeover_and_a_release() {
 #[tokio::test]
 async fn a_stalled_grant_holds_the_grant_lock_against_a_later_tenure() {
     check("stalled_grant").await;
+}
+
+#[tokio::test]
+async fn a_stored_limit_lowered_while_its_permits_are_taken() {
+    check("limit_lowered").await;
 }
