@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pgcoord::{Config, LeaseTable};
+use pgcoord::{Config, LeaseTable, TopicTable};
 use tokio_postgres::config::Host;
 
 /// How long one spec may run before its tester is killed; the tester also cancels a step
@@ -79,6 +79,12 @@ fn prepares(table: &LeaseTable) -> String {
 
 /// `spec` with the session setup after every `session` line, and the per-run values filled in.
 fn render(spec: &str, table: &LeaseTable, config: &Config) -> String {
+    let topics = TopicTable::new(config);
+    let topic_sql = |name| {
+        let sql = topics.sql_text(name).expect("a statement of that name");
+        assert!(!sql.contains('}') && !sql.contains("$$"), "{name}'s SQL");
+        sql.to_owned()
+    };
     let setup = format!("setup {{\n{}}}\n", prepares(table));
     let mut out = String::new();
     for line in spec.lines() {
@@ -91,10 +97,28 @@ fn render(spec: &str, table: &LeaseTable, config: &Config) -> String {
     let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
     (out.replace("@SEQ@", &literal(&config.lock_sequence().quoted())))
         .replace("@CHANNEL@", &literal(config.lease_channel().as_str()))
+        .replace("@APPEND@", &topic_sql("append"))
+        .replace("@READ@", &topic_sql("read"))
+        .replace("@TOPIC_CHANNEL@", &literal(topics.channel()))
 }
 
-/// Runs spec `name` and compares its output with the committed one.
-pub async fn check(name: &str) {
+/// Runs spec `name` on the test database and compares its output with the committed one.
+async fn check(name: &str) {
+    let pg = pgcoord_testkit::test_pg_config().expect("test database");
+    check_with(name, &pg).await;
+}
+
+/// [`check`] on a throwaway cluster of the spec's own, where no other test's transaction runs.
+async fn check_alone(name: &str) {
+    if isolationtester().is_none() {
+        return;
+    }
+    let server = pgcoord_testkit::TempPostgres::start().expect("a cluster");
+    check_with(name, &server.pg_config()).await;
+}
+
+/// Runs spec `name` on the server of `pg` and compares its output with the committed one.
+async fn check_with(name: &str, pg: &tokio_postgres::Config) {
     let Some(tester) = isolationtester() else {
         return;
     };
@@ -103,10 +127,9 @@ pub async fn check(name: &str) {
     let expected_path = root.join(format!("expected/{name}.out"));
 
     // The tables, migrated into a schema of their own.
-    let pg = pgcoord_testkit::test_pg_config().expect("test database");
     let schema = pgcoord_testkit::unique_name("isolation");
     let migrated = Config::builder()
-        .pg_config(&pg)
+        .pg_config(pg)
         .schema(&schema)
         .build()
         .unwrap();
@@ -124,7 +147,7 @@ pub async fn check(name: &str) {
         return;
     }
     // The statements as rendered for the default table names, found on the search path.
-    let config = Config::builder().pg_config(&pg).build().unwrap();
+    let config = Config::builder().pg_config(pg).build().unwrap();
     let table = LeaseTable::new(&config);
 
     let dir = tempfile::tempdir().unwrap();
@@ -133,7 +156,7 @@ pub async fn check(name: &str) {
     let output_path = dir.path().join(format!("{name}.out"));
     let mut tester = Command::new(tester);
     tester
-        .arg(conninfo(&pg, &schema))
+        .arg(conninfo(pg, &schema))
         .env("PGISOLATIONTIMEOUT", "30")
         .stdin(File::open(&spec_path).unwrap())
         .stdout(File::create(&output_path).unwrap())
@@ -211,4 +234,9 @@ async fn a_stalled_grant_holds_the_grant_lock_against_a_later_tenure() {
 #[tokio::test]
 async fn a_stored_limit_lowered_while_its_permits_are_taken() {
     check("limit_lowered").await;
+}
+
+#[tokio::test]
+async fn a_topic_event_committed_behind_a_reader_is_not_skipped() {
+    check_alone("topic_horizon").await;
 }
