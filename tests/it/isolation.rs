@@ -104,24 +104,25 @@ fn render(spec: &str, table: &LeaseTable, config: &Config) -> String {
 
 /// Runs spec `name` on the test database and compares its output with the committed one.
 async fn check(name: &str) {
+    let Some(tester) = isolationtester() else {
+        return;
+    };
     let pg = pgcoord_testkit::test_pg_config().expect("test database");
-    check_with(name, &pg).await;
+    check_with(&tester, name, &pg).await;
 }
 
 /// [`check`] on a throwaway cluster of the spec's own, where no other test's transaction runs.
 async fn check_alone(name: &str) {
-    if isolationtester().is_none() {
-        return;
-    }
-    let server = pgcoord_testkit::TempPostgres::start().expect("a cluster");
-    check_with(name, &server.pg_config()).await;
-}
-
-/// Runs spec `name` on the server of `pg` and compares its output with the committed one.
-async fn check_with(name: &str, pg: &tokio_postgres::Config) {
     let Some(tester) = isolationtester() else {
         return;
     };
+    let server = pgcoord_testkit::TempPostgres::start().expect("a cluster");
+    check_with(&tester, name, &server.pg_config()).await;
+}
+
+/// Runs spec `name` with `tester` on the server of `pg` and compares its output with the
+/// committed one.
+async fn check_with(tester: &Path, name: &str, pg: &tokio_postgres::Config) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/isolation");
     let spec = std::fs::read_to_string(root.join(format!("specs/{name}.spec"))).unwrap();
     let expected_path = root.join(format!("expected/{name}.out"));
@@ -134,7 +135,6 @@ async fn check_with(name: &str, pg: &tokio_postgres::Config) {
         .build()
         .unwrap();
     let admin = super::connect(&migrated).await;
-    pgcoord::schema::migrate(&admin, &migrated).await.unwrap();
     let timeline: String = (admin.query_one(
         "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)",
         &[],
@@ -143,9 +143,12 @@ async fn check_with(name: &str, pg: &tokio_postgres::Config) {
     .unwrap()
     .get(0);
     if timeline != "00000001" {
-        eprintln!("isolation spec {name} skipped: the server is on timeline {timeline}, the outputs print tokens of timeline 1");
+        eprintln!(
+            "isolation spec {name} skipped: the server is on timeline {timeline}, the outputs print tokens of timeline 1"
+        );
         return;
     }
+    pgcoord::schema::migrate(&admin, &migrated).await.unwrap();
     // The statements as rendered for the default table names, found on the search path.
     let config = Config::builder().pg_config(pg).build().unwrap();
     let table = LeaseTable::new(&config);
@@ -182,7 +185,10 @@ async fn check_with(name: &str, pg: &tokio_postgres::Config) {
         .await
         .unwrap();
     let output = std::fs::read_to_string(&output_path).unwrap();
-    assert!(status.success(), "isolationtester failed on {name}:\n{output}");
+    assert!(
+        status.success(),
+        "isolationtester failed on {name}:\n{output}"
+    );
 
     if std::env::var("PGCOORD_ISOLATION_BLESS").as_deref() == Ok("1") {
         std::fs::write(&expected_path, &output).unwrap();
