@@ -48,7 +48,7 @@ fn isolationtester() -> Option<PathBuf> {
             .map(|d| d.join("lib/pgxs/src/test/isolation/isolationtester"))
             .find(|p| p.is_file())
     });
-    pgcoord_testkit::require(found, "isolationtester", "postgresql-client-15")
+    pgcoord_testkit::require(found, "isolationtester", "postgresql-client")
 }
 
 /// The libpq connection string of `pg`, with `schema` first on the search path.
