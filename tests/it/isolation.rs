@@ -157,29 +157,7 @@ async fn check_with(tester: &Path, name: &str, pg: &tokio_postgres::Config) {
     let spec_path = dir.path().join(format!("{name}.spec"));
     std::fs::write(&spec_path, render(&spec, &table, &config)).unwrap();
     let output_path = dir.path().join(format!("{name}.out"));
-    let mut tester = Command::new(tester);
-    tester
-        .arg(conninfo(pg, &schema))
-        .env("PGISOLATIONTIMEOUT", "30")
-        .stdin(File::open(&spec_path).unwrap())
-        .stdout(File::create(&output_path).unwrap())
-        .stderr(Stdio::inherit());
-    if let Some(password) = pg.get_password() {
-        tester.env("PGPASSWORD", String::from_utf8_lossy(password).as_ref());
-    }
-    let started = Instant::now();
-    let mut child = tester.spawn().expect("run isolationtester");
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > SPEC_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("isolation spec {name} ran longer than {SPEC_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = run_tester(tester, name, pg, &schema, &spec_path, &output_path).await;
     admin
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .await
@@ -209,6 +187,41 @@ async fn check_with(tester: &Path, name: &str, pg: &tokio_postgres::Config) {
             expected_path.display(),
             kept.display()
         );
+    }
+}
+
+/// Runs `tester` on the spec at `spec_path` against `pg` with `schema` on the search path, its
+/// output to `output_path`; killed after [`SPEC_TIMEOUT`].
+async fn run_tester(
+    tester: &Path,
+    name: &str,
+    pg: &tokio_postgres::Config,
+    schema: &str,
+    spec_path: &Path,
+    output_path: &Path,
+) -> std::process::ExitStatus {
+    let mut command = Command::new(tester);
+    command
+        .arg(conninfo(pg, schema))
+        .env("PGISOLATIONTIMEOUT", "30")
+        .stdin(File::open(spec_path).unwrap())
+        .stdout(File::create(output_path).unwrap())
+        .stderr(Stdio::inherit());
+    if let Some(password) = pg.get_password() {
+        command.env("PGPASSWORD", String::from_utf8_lossy(password).as_ref());
+    }
+    let started = Instant::now();
+    let mut child = command.spawn().expect("run isolationtester");
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > SPEC_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("isolation spec {name} ran longer than {SPEC_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
