@@ -142,19 +142,15 @@ impl LeaseTable {
         &self.channel
     }
 
-    /// The SQL text of the statement `name` (as the fields of this struct are named; the stored
-    /// limits' as `limit_set`, `limit_take_back`, `limit_acquire`). Not part of the API: the
+    /// The SQL text of the statement `name`: `acquire`, `renew`, `release`, `fence`, and the
+    /// stored limits' `limit_set`, `limit_take_back`, `limit_acquire`. Not part of the API: the
     /// isolation tests run the statements themselves, in the interleavings they choose.
     #[doc(hidden)]
     pub fn sql_text(&self, name: &str) -> Option<&str> {
         Some(match name {
             "acquire" => &self.acquire,
-            "acquire_or_queue" => &self.acquire_or_queue,
-            "acquire_many" => &self.acquire_many,
-            "acquire_any" => &self.acquire_any,
             "renew" => &self.renew,
             "release" => &self.release,
-            "release_many" => &self.release_many,
             "fence" => &self.fence,
             _ => return self.limits.sql_text(name),
         })
