@@ -44,6 +44,17 @@ pub(super) struct LimitStatements {
 }
 
 impl LimitStatements {
+    /// The SQL text of `limit_set`, `limit_take_back` or `limit_acquire` (see
+    /// `LeaseTable::sql_text`).
+    pub(super) fn sql_text(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "limit_set" => &self.set,
+            "limit_take_back" => &self.take_back,
+            "limit_acquire" => &self.acquire,
+            _ => return None,
+        })
+    }
+
     pub(super) fn new(config: &Config) -> LimitStatements {
         let t = config.lock_table.quoted();
         let q = config.lock_queue.quoted();

@@ -142,6 +142,20 @@ impl LeaseTable {
         &self.channel
     }
 
+    /// The SQL text of the statement `name`: `acquire`, `renew`, `release`, `fence`, and the
+    /// stored limits' `limit_set`, `limit_take_back`, `limit_acquire`. Not part of the API: the
+    /// isolation tests run the statements themselves, in the interleavings they choose.
+    #[doc(hidden)]
+    pub fn sql_text(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "acquire" => &self.acquire,
+            "renew" => &self.renew,
+            "release" => &self.release,
+            "fence" => &self.fence,
+            _ => return self.limits.sql_text(name),
+        })
+    }
+
     /// The statements of `owner` (1 to 255 bytes, no NUL): every grant, renewal, release and
     /// fence made through it matches that owner.
     pub fn owner<'t>(&'t self, owner: &'t str) -> Result<LeaseOwner<'t>> {

@@ -173,6 +173,17 @@ impl TopicTable {
     pub fn channel(&self) -> &str {
         &self.channel
     }
+
+    /// The SQL text of the statement `name` (`append` or `read`). Not part of the API: the
+    /// isolation tests run the statements themselves, in the interleavings they choose.
+    #[doc(hidden)]
+    pub fn sql_text(&self, name: &str) -> Option<&str> {
+        match name {
+            "append" => Some(&self.append),
+            "read" => Some(&self.read),
+            _ => None,
+        }
+    }
 }
 
 /// A topic or consumer name: 1 to 255 bytes, no NUL.

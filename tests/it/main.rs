@@ -9,6 +9,7 @@ mod election;
 mod embedded;
 mod errors;
 mod ident;
+mod isolation;
 mod lease;
 mod limit;
 mod rate;
