@@ -43,6 +43,7 @@ mod mail;
 mod members;
 mod messages;
 mod plan;
+mod reach;
 mod rebalance;
 // The in-memory backend reaches holders through a `route::Holders` of its own.
 pub(crate) mod route;
