@@ -24,7 +24,7 @@ use super::wait::{Attempts, Wait, Won};
 
 /// The error for a lease this manager holds already: leases never stack.
 pub(crate) fn already_held(name: &str) -> Error {
-    let permit = match super::permit::semaphore_of(name) {
+    let permit = match super::queues::semaphore_of(name) {
         Some(semaphore) => format!(" (or a permit of semaphore {semaphore:?}, whose slot it is)"),
         None => String::new(),
     };

@@ -12,7 +12,6 @@ use actix::prelude::*;
 use pgcoord::lease::Released;
 
 use super::LockManager;
-use super::permit::wake_released;
 use crate::signals::{ConnState, RawNotification};
 
 impl Handler<RawNotification> for LockManager {
@@ -23,7 +22,7 @@ impl Handler<RawNotification> for LockManager {
         match Released::parse(&notification.payload) {
             // Free for us, or for anyone: the waiter whose turn it is asks.
             Some(released) if released.may_grant(&self.owner) => {
-                wake_released(queues, released.name)
+                queues.wake_released(released.name)
             }
             // Another process's waiter is first in line: an attempt here could only be
             // refused. Its grant, or its place lapsing, is announced or polled for later.

@@ -19,7 +19,6 @@ use super::LockManager;
 use super::book::{Answer, Verdict};
 use super::counters::Counters;
 use super::held::Held;
-use super::permit::wake_released;
 use crate::losses::{LockKey, LockLost, LossReason, Tenure};
 use crate::session::Pinned;
 
@@ -169,6 +168,6 @@ impl LockManager {
             token: Some(token),
             reason,
         });
-        wake_released(&self.context().queues, name);
+        self.context().queues.wake_released(name);
     }
 }

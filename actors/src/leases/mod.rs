@@ -48,14 +48,13 @@ mod messages;
 pub(crate) mod one_wait;
 mod permit;
 mod queues;
-mod reach;
 mod release;
 mod settle;
 mod wait;
 mod with_lock;
 
-pub(crate) use reach::{GetHolderReach, HolderReach};
-
+// A router reaches holders through its manager's notices (`crate::workers::reach`).
+pub(crate) use batch::notify::HolderNotices;
 pub use held::MAX_LEASE;
 pub use lease::Lease;
 pub use messages::{
@@ -87,7 +86,7 @@ pub struct LockManager {
     /// Handles of the metrics recorder, registered when the actor starts.
     pub(crate) metrics: Option<crate::metrics::LeaseMetrics>,
     /// Sends to leases' holders (for routers); made on first use.
-    reach: Option<HolderReach>,
+    notices: Option<HolderNotices>,
 }
 
 impl LockManager {
@@ -107,7 +106,7 @@ impl LockManager {
             listener: None,
             own_listener: true,
             metrics: None,
-            reach: None,
+            notices: None,
             config,
         }
     }
@@ -142,6 +141,21 @@ impl LockManager {
     /// Whether `name` is held here with `token`.
     pub(crate) fn holds(&self, name: &str, token: i64) -> bool {
         self.holdings.holds(name, token)
+    }
+
+    /// The manager's sender to leases' holders, shared by every router of it (their notices
+    /// batch together). Made on first use: its batching task needs the runtime.
+    pub(crate) fn holder_notices(&mut self) -> HolderNotices {
+        let (pool, table) = (&self.pool, &self.table);
+        (self
+            .notices
+            .get_or_insert_with(|| HolderNotices::start(pool.clone(), table.clone())))
+        .clone()
+    }
+
+    /// The manager's config.
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
     }
 
     /// What every wait shares: the pool, the table and the owner among it.

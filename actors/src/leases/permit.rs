@@ -27,31 +27,12 @@ use super::held::OnRelease;
 use super::lease::Lease;
 use super::messages::{AcquirePermit, GetLimit, SetLimit};
 use super::one_wait::{Answer, Ask};
-use super::queues::{NameQueue, Queues};
+use super::queues::{NameQueue, queue_key};
 use super::settle::spawn_wait;
 use super::wait::{Attempts, Wait, Won};
 
 /// How many limited semaphores' limits a manager remembers.
 const LIMITS_REMEMBERED: usize = 4096;
-
-/// The local queue of semaphore `name`: a key no lease can have (lease names hold no NUL).
-pub(crate) fn queue_key(semaphore: &str) -> String {
-    format!("{semaphore}\0permits")
-}
-
-/// The semaphore whose slot `name` is, if it is one.
-pub(crate) fn semaphore_of(name: &str) -> Option<&str> {
-    let (semaphore, index) = name.rsplit_once('#')?;
-    index.parse::<u32>().is_ok().then_some(semaphore)
-}
-
-/// Wakes whoever waits for `name`: its lease's waiters, and its semaphore's if it is a slot.
-pub(crate) fn wake_released(queues: &Queues, name: &str) {
-    queues.wake(name);
-    if let Some(semaphore) = semaphore_of(name) {
-        queues.wake(&queue_key(semaphore));
-    }
-}
 
 /// The attempts of one `AcquirePermit`.
 pub(crate) struct PermitAttempts {

@@ -34,6 +34,17 @@ impl NameQueue {
     }
 }
 
+/// The local queue of semaphore `name`: a key no lease can have (lease names hold no NUL).
+pub(crate) fn queue_key(semaphore: &str) -> String {
+    format!("{semaphore}\0permits")
+}
+
+/// The semaphore whose slot `name` is, if it is one.
+pub(crate) fn semaphore_of(name: &str) -> Option<&str> {
+    let (semaphore, index) = name.rsplit_once('#')?;
+    index.parse::<u32>().is_ok().then_some(semaphore)
+}
+
 /// Every name with local waiters.
 #[derive(Default)]
 pub(crate) struct Queues {
@@ -67,6 +78,14 @@ impl Queues {
     pub(crate) fn wake(&self, key: &str) {
         if let Some(queue) = self.names.lock().expect("queues").get(key) {
             queue.wake.ring();
+        }
+    }
+
+    /// Lease `name` was released: wakes its waiters, and its semaphore's if it is a slot.
+    pub(crate) fn wake_released(&self, name: &str) {
+        self.wake(name);
+        if let Some(semaphore) = semaphore_of(name) {
+            self.wake(&queue_key(semaphore));
         }
     }
 

@@ -8,7 +8,6 @@ use tracing::warn;
 
 use super::LockManager;
 use super::messages::Release;
-use super::permit::wake_released;
 use crate::losses::{LossReason, Tenure};
 
 impl Handler<Release> for LockManager {
@@ -57,7 +56,7 @@ impl Handler<Release> for LockManager {
             }
             drop(turn);
             context.queues.leave(queue);
-            wake_released(&context.queues, &shared_name);
+            context.queues.wake_released(&shared_name);
             (result, lost)
         });
         let release = async move {

@@ -3,13 +3,13 @@
 //! (keys that follow a stream, moves per tick, passivation, weight). Routing, durable mail and
 //! keys that come to life have their own modules.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
 
+use super::running::Crew;
 use super::{StopWorker, WorkerKey, WorkerPool};
 use crate::backend::Locking;
 use crate::leases::LockManager;
@@ -60,24 +60,13 @@ where
             lock_table,
             owner,
             tick,
-            factory: Box::new(factory),
-            membership: None,
-            running: HashMap::new(),
-            members: Vec::new(),
-            watchers: Vec::new(),
-            restarts: 0,
-            ticking: false,
-            ticks: 0,
-            max_moves: usize::MAX,
-            passivate_after: None,
-            weight: 1,
+            crew: Crew::new(factory),
+            round: Default::default(),
+            membership: Default::default(),
             drain: None,
-            key_stream: None,
             routing: None,
             mailing: None,
-            activate_keys: false,
-            recorded: Default::default(),
-            doorbell: Default::default(),
+            activation: Default::default(),
         }
     }
 
@@ -88,7 +77,7 @@ where
         mut self,
         keys: impl futures_util::Stream<Item = Vec<String>> + 'static,
     ) -> WorkerPool<W> {
-        self.key_stream = Some(Box::pin(keys));
+        self.round.follow(Box::pin(keys));
         self
     }
 
@@ -96,7 +85,7 @@ where
     /// share) and that many claimed, so a join or leave spreads its moves — and the workers'
     /// start-up cost — over several ticks. Unlimited by default; at least 1.
     pub fn max_moves(mut self, keys: usize) -> WorkerPool<W> {
-        self.max_moves = keys.max(1);
+        self.round.limit_moves(keys);
         self
     }
 
@@ -104,7 +93,7 @@ where
     /// the key stays held here, and its next routed message starts a worker again (given the
     /// same lease). For pools of many keys that are seldom used. Default: never.
     pub fn passivate_after(mut self, idle: Duration) -> WorkerPool<W> {
-        self.passivate_after = Some(idle);
+        self.crew.passivate_after(idle);
         self
     }
 
@@ -112,7 +101,7 @@ where
     /// `ceil(keys × weight ÷ total weight)` — a process with three times the cores can take
     /// three times the keys. Stored with its member lease, so every member counts it.
     pub fn weight(mut self, weight: u32) -> WorkerPool<W> {
-        self.weight = weight.max(1);
+        self.membership.weigh(weight);
         self
     }
 }

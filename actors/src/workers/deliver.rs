@@ -23,18 +23,28 @@ pub(super) struct Routing<W>
 where
     W: Actor<Context = Context<W>> + Handler<StopWorker>,
 {
-    pub(super) signals: Arc<dyn Signalling>,
+    signals: Arc<dyn Signalling>,
     /// The listener, for the routers' doorbell; none on a backend without one (a pool there
     /// looks at its ticks).
-    pub(super) listener: Option<Addr<ListenerActor>>,
-    pub(super) channel: String,
-    pub(super) serve: Option<MakeServe<W>>,
+    listener: Option<Addr<ListenerActor>>,
+    channel: String,
+    serve: Option<MakeServe<W>>,
     /// The messages delivered here lately, by id.
-    pub(super) delivered: Delivered,
+    delivered: Delivered,
 }
 
 /// Makes the pool's [`Serve`] once its address exists.
-pub(super) type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
+type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
+
+impl<W> Routing<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// The listener, when the backend has one: the routers' doorbell rings through it.
+    pub(super) fn listener(&self) -> Option<&Addr<ListenerActor>> {
+        self.listener.as_ref()
+    }
+}
 
 impl<W> WorkerPool<W>
 where
@@ -83,6 +93,41 @@ where
             delivered: Delivered::default(),
         });
         self
+    }
+}
+
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+{
+    /// Serves the member's channel, when the pool is routed: listened to from here on, also
+    /// across the listener's reconnects.
+    pub(super) fn start_routing(&mut self, ctx: &mut Context<Self>) {
+        if let Some(routing) = self.routing.as_mut()
+            && let Some(serve) = routing.serve.take()
+        {
+            let served = routing.signals.serve(serve(ctx.address()));
+            ctx.spawn(served.into_actor(self).map(|served, act, _| {
+                if served.is_err() {
+                    warn!(pool.name = %act.name, "cannot serve routed messages; senders' calls time out");
+                }
+            }));
+        }
+    }
+
+    /// The pool stopped: its channel is served until `released` (its keys' releases) are
+    /// over and a tick more. A router that read this process as a key's holder is told "not
+    /// here" (the pool is gone) and looks again, instead of waiting out its deadline for an
+    /// answer nobody would send.
+    pub(super) fn stop_routing(&mut self, released: Vec<tokio::task::JoinHandle<()>>) {
+        if let Some(routing) = self.routing.take() {
+            let tick = self.tick;
+            actix::spawn(async move {
+                futures_util::future::join_all(released).await;
+                tokio::time::sleep(tick).await;
+                let _ = routing.signals.stop_serving(&routing.channel).await;
+            });
+        }
     }
 }
 
@@ -176,13 +221,13 @@ where
                 }
             });
         }
-        let Some(worker) = self.awake_worker(&routed.key) else {
+        let Some(worker) = self.crew.awake(&routed.key) else {
             return answer(Reply::NotHere);
         };
         if wait == Wait::Mailbox {
             // At most `TOLD_AT_MOST` waiting: past it, not delivered (the sender tries again).
             // An actix mailbox would not say no (each sender has a slot of its own).
-            let Some(told) = self.running.get(&routed.key).map(|r| r.told.clone()) else {
+            let Some(told) = self.crew.told(&routed.key) else {
                 return answer(Reply::NotHere);
             };
             if told.fetch_add(1, Ordering::AcqRel) >= TOLD_AT_MOST {

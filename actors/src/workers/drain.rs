@@ -9,11 +9,11 @@ use super::{Drain, StopWorker, WorkerPool, plan};
 #[derive(Default)]
 pub(super) struct Draining {
     /// Who asked, told once every key is released.
-    pub(super) waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     /// Releases under way.
-    pub(super) releasing: Vec<tokio::task::JoinHandle<()>>,
+    releasing: Vec<tokio::task::JoinHandle<()>>,
     /// Every key is let go: waiting for the releases, then stopping.
-    pub(super) finishing: bool,
+    finishing: bool,
 }
 
 impl<W> WorkerPool<W>
@@ -29,7 +29,7 @@ where
             return;
         };
         drain.releasing.extend(released);
-        if !self.running.is_empty() || drain.finishing {
+        if !self.crew.is_empty() || drain.finishing {
             return;
         }
         drain.finishing = true;
@@ -57,15 +57,11 @@ where
             .waiters
             .push(told);
         if first {
-            info!(pool.name = %self.name, keys = self.running.len(), "draining: handing every key over");
+            info!(pool.name = %self.name, keys = self.crew.len(), "draining: handing every key over");
             // Out of the membership first: the other members' shares grow to cover these keys.
-            if let Some(membership) = self.membership.take() {
-                actix::spawn(async move {
-                    let _ = membership.release().await;
-                });
-            }
+            self.membership.leave();
             // The first keys go now, the rest at the next ticks (at most `max_moves` each).
-            let going = plan::drain(self.running.keys().map(String::as_str), self.max_moves);
+            let going = plan::drain(self.crew.keys().map(String::as_str), self.round.max_moves());
             self.drain_some(going, ctx);
         }
         // Resolves also when the pool stopped another way (its keys are then released too).

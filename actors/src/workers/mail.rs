@@ -52,7 +52,7 @@ pub(super) struct Mailing<W: Actor> {
     /// Forgotten once at rest.
     gates: HashMap<String, Gate>,
     /// Read statements so far.
-    pub(super) reads: u64,
+    reads: u64,
     /// Keys whose cursor row this process made sure of (an ack needs it).
     opened: HashSet<String>,
     /// Keys warned of as behind retention (once each).
@@ -90,6 +90,13 @@ where
     }
 }
 
+impl<W: Actor> Mailing<W> {
+    /// Read statements so far.
+    pub(super) fn reads(&self) -> u64 {
+        self.reads
+    }
+}
+
 /// How one key's delivery ended.
 enum Delivered {
     /// Every event handed over was handled (and acked): read on.
@@ -123,7 +130,7 @@ where
             return;
         };
         let keys = (keys.into_iter())
-            .filter(|k| held(&self.running, k))
+            .filter(|k| self.crew.holds(k))
             .filter(|k| mailing.gates.entry(k.clone()).or_default().ask() == Go::Now)
             .collect();
         self.fetch_mail(ctx, keys);
@@ -132,7 +139,7 @@ where
     /// A doorbell for `key`'s mail: read it now, or at the end of the doorbell's gap.
     fn ring_mail(&mut self, ctx: &mut Context<Self>, key: String) {
         // Only keys held here are read: nothing is kept for the others, whatever is rung.
-        let (Some(mailing), true) = (self.mailing.as_mut(), self.running.contains_key(&key)) else {
+        let (Some(mailing), true) = (self.mailing.as_mut(), self.crew.contains(&key)) else {
             return;
         };
         let go = mailing
@@ -161,7 +168,7 @@ where
                     },
                 );
             }
-            Go::Now if held(&self.running, &key) => self.fetch_mail(ctx, vec![key]),
+            Go::Now if self.crew.holds(&key) => self.fetch_mail(ctx, vec![key]),
             // No longer held here: the read is over before it began.
             Go::Now => {
                 if let Some(gate) = mailing.gates.get_mut(&key) {
@@ -254,10 +261,10 @@ where
         from: Cursor,
         events: Vec<Event>,
     ) -> bool {
-        let Some(worker) = self.awake_worker(key) else {
+        let Some(worker) = self.crew.awake(key) else {
             return false;
         };
-        let Some(lease) = self.running.get(key).map(|r| r.lease.clone()) else {
+        let Some(lease) = self.crew.lease(key) else {
             return false;
         };
         let mailing = self.mailing.as_ref().expect("reading mail");
@@ -307,11 +314,6 @@ where
             }
         }
     }
-}
-
-/// Whether `key` is held here and not lost.
-fn held<W: Actor>(running: &HashMap<String, super::Running<W>>, key: &str) -> bool {
-    running.get(key).is_some_and(|r| r.lease.loss().is_none())
 }
 
 /// What one key's delivery needs, off the actor.
@@ -423,7 +425,7 @@ where
 
     fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
         if matches!(state, ConnState::Reconnected) {
-            let keys = self.running.keys().cloned().collect();
+            let keys = self.crew.keys().cloned().collect();
             self.read_mail(ctx, keys);
         }
     }

@@ -1,9 +1,87 @@
-//! A pool's membership as its callers see it: the live members (by owner) and their changes.
+//! A pool's membership: its member lease, its weight, and the live members (by owner) and their
+//! changes as its callers see them.
 
 use actix::prelude::*;
 use pgcoord::LeaseInfo;
 
 use super::plan::Member;
+use crate::leases::Lease;
+
+/// This process's membership of a pool, and the members it last read.
+pub(super) struct Membership {
+    /// The member lease (`{pool}/members/{owner}`), once acquired.
+    lease: Option<Lease>,
+    /// The live members at the last tick, by owner (this one included once registered).
+    members: Vec<String>,
+    watchers: Vec<Recipient<MembersChanged>>,
+    /// This member's weight: its share is its part of the members' total weight.
+    weight: u32,
+}
+
+impl Default for Membership {
+    fn default() -> Membership {
+        Membership {
+            lease: None,
+            members: Vec::new(),
+            watchers: Vec::new(),
+            weight: 1,
+        }
+    }
+}
+
+impl Membership {
+    /// Weighs `weight` (at least 1).
+    pub(super) fn weigh(&mut self, weight: u32) {
+        self.weight = weight.max(1);
+    }
+
+    pub(super) fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Whether the member lease is to be acquired: none yet, or lost.
+    pub(super) fn needs_lease(&self) -> bool {
+        (self.lease.as_ref()).is_none_or(|m| m.loss().is_some())
+    }
+
+    /// Keeps the member lease just acquired.
+    pub(super) fn keep(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    /// Lets the member lease go: the other members' shares grow to cover this one's keys.
+    pub(super) fn leave(&mut self) {
+        if let Some(membership) = self.lease.take() {
+            actix::spawn(async move {
+                let _ = membership.release().await;
+            });
+        }
+    }
+
+    /// The members read at this tick: watchers are told of a change.
+    pub(super) fn set(&mut self, now: Vec<String>) {
+        if let Some(change) = change(&self.members, &now) {
+            // A watcher that stopped is dropped.
+            self.watchers.retain(|w| w.try_send(change.clone()).is_ok());
+        }
+        self.members = now;
+    }
+
+    /// How many members there are, this one at least.
+    pub(super) fn count(&self) -> usize {
+        self.members.len().max(1)
+    }
+
+    /// Tells `watcher` of the members now, when there are any yet, and of their changes.
+    pub(super) fn subscribe(&mut self, watcher: Recipient<MembersChanged>) {
+        if let Some(now) = change(&[], &self.members)
+            && watcher.try_send(now).is_err()
+        {
+            return;
+        }
+        self.watchers.push(watcher);
+    }
+}
 
 /// Tell `0` the pool's live members now, and again whenever they change (read at each tick,
 /// so a join or leave is told within about a quarter lease of the table showing it).

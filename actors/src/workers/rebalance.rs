@@ -2,15 +2,68 @@
 //! the round on the server — membership, the members and keys read — and the moves `plan`
 //! makes of them: release above the fair share, claim up to it.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::Stream;
 use pgcoord::LeaseInfo;
 use tracing::{debug, warn};
 
 use super::plan::{self, Round};
-use super::{Running, StopWorker, WorkerPool, members};
+use super::{StopWorker, WorkerPool, members};
 use crate::leases::{Acquire, Claim, Lease};
+
+/// The key sets a pool follows, each replacing the last.
+type KeyStream = Pin<Box<dyn Stream<Item = Vec<String>>>>;
+
+/// A pool's rounds: one at a time, counted, their moves bounded.
+pub(super) struct Rounds {
+    /// A round is under way.
+    ticking: bool,
+    ticks: u64,
+    /// At most this many keys released, and this many claimed, per tick.
+    max_moves: usize,
+    /// Key sets to follow (see [`WorkerPool::follow`]), until the pool starts.
+    key_stream: Option<KeyStream>,
+}
+
+impl Default for Rounds {
+    fn default() -> Rounds {
+        Rounds {
+            ticking: false,
+            ticks: 0,
+            max_moves: usize::MAX,
+            key_stream: None,
+        }
+    }
+}
+
+impl Rounds {
+    /// Moves at most `keys` keys (at least 1) each way per tick.
+    pub(super) fn limit_moves(&mut self, keys: usize) {
+        self.max_moves = keys.max(1);
+    }
+
+    pub(super) fn max_moves(&self) -> usize {
+        self.max_moves
+    }
+
+    /// Follows `keys` once the pool starts.
+    pub(super) fn follow(&mut self, keys: KeyStream) {
+        self.key_stream = Some(keys);
+    }
+
+    /// The key sets to follow, taken as the pool starts.
+    pub(super) fn take_followed(&mut self) -> Option<KeyStream> {
+        self.key_stream.take()
+    }
+
+    /// The rounds begun so far.
+    pub(super) fn ticks(&self) -> u64 {
+        self.ticks
+    }
+}
 
 impl<W> WorkerPool<W>
 where
@@ -18,25 +71,25 @@ where
 {
     /// One round: workers tended, membership, the members and keys read, the moves made.
     pub(super) fn rebalance(&mut self, ctx: &mut Context<Self>) {
-        if self.ticking {
+        if self.round.ticking {
             return;
         }
-        self.ticking = true;
-        self.ticks += 1;
-        self.tend();
+        self.round.ticking = true;
+        self.round.ticks += 1;
+        self.crew.tend(&self.name);
+        self.metrics.keys.set(self.crew.len() as f64);
         // Mail a doorbell did not announce (a lost one, or sent while no one held the key).
-        let held: Vec<String> = self.running.keys().cloned().collect();
+        let held: Vec<String> = self.crew.keys().cloned().collect();
         self.read_mail(ctx, held);
         let member_lease = format!("{}/members/{}", self.name, self.owner);
-        let needs_membership =
-            self.drain.is_none() && (self.membership.as_ref()).is_none_or(|m| m.loss().is_some());
+        let needs_membership = self.drain.is_none() && self.membership.needs_lease();
         let (locks, prefix, key_prefix) = (
             self.locks.clone(),
             format!("{}/members/", self.name),
             format!("{}/keys/", self.name),
         );
-        let first = self.ticks == 1;
-        let weight = self.weight;
+        let first = self.round.ticks == 1;
+        let weight = self.membership.weight();
         let round = async move {
             let membership = if needs_membership {
                 let acquire = Acquire::new(member_lease)
@@ -52,7 +105,7 @@ where
             Ok::<_, pgcoord::Error>((membership, members, keys))
         };
         ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {
-            act.ticking = false;
+            act.round.ticking = false;
             match result {
                 Ok((membership, members, keys)) => {
                     act.keep_membership(membership);
@@ -65,47 +118,11 @@ where
         }));
     }
 
-    /// Looks after the workers: those whose lease is lost stop now, idle ones are passivated,
-    /// and those that stopped (a panic) while their lease is held start again.
-    fn tend(&mut self) {
-        let lost: Vec<String> = (self.running.iter())
-            .filter(|(_, r)| r.lease.loss().is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in lost {
-            warn!(pool.name = %self.name, worker.key = %key, "key's lease lost; its worker stops");
-            if let Some(running) = self.running.remove(&key) {
-                running.worker.do_send(StopWorker);
-            }
-        }
-        self.metrics.keys.set(self.running.len() as f64);
-        if let Some(idle) = self.passivate_after {
-            for running in self.running.values_mut() {
-                if !running.passive && running.used.elapsed() >= idle {
-                    running.worker.do_send(StopWorker);
-                    running.passive = true;
-                }
-            }
-        }
-        let dead: Vec<(String, Arc<Lease>)> = (self.running.iter())
-            .filter(|(_, r)| !r.passive && !r.worker.connected())
-            .map(|(k, r)| (k.clone(), r.lease.clone()))
-            .collect();
-        for (key, lease) in dead {
-            self.restarts += 1;
-            warn!(pool.name = %self.name, worker.key = %key, "worker stopped while its key is held; starting it again");
-            let worker = self.start_worker(&key, &lease);
-            if let Some(running) = self.running.get_mut(&key) {
-                running.worker = worker;
-            }
-        }
-    }
-
     /// Keeps the member lease just acquired, unless a drain began meanwhile (then it is
     /// dropped, so released).
     fn keep_membership(&mut self, membership: Option<pgcoord::Result<Lease>>) {
         match membership {
-            Some(Ok(lease)) if self.drain.is_none() => self.membership = Some(lease),
+            Some(Ok(lease)) if self.drain.is_none() => self.membership.keep(lease),
             Some(Ok(_)) | None => {}
             Some(Err(e)) => debug!(pool.name = %self.name, error = %e, "not a member yet"),
         }
@@ -120,30 +137,26 @@ where
         ctx: &mut Context<Self>,
     ) {
         let prefix = format!("{}/members/", self.name);
-        self.set_members(members::live(members, &prefix));
+        self.membership.set(members::live(members, &prefix));
         let key_prefix = format!("{}/keys/", self.name);
-        if self.activate_keys && self.drain.is_none() && !first {
+        if self.activation.is_on() && self.drain.is_none() && !first {
             // Keys that came to life: recorded under the pool, held or not.
-            self.recorded = (keys.iter())
-                .filter_map(|k| k.name.strip_prefix(key_prefix.as_str()))
-                .filter(|k| !self.keys.iter().any(|own| own == k))
-                .map(str::to_owned)
-                .collect();
+            self.activation.note(keys, &key_prefix, &self.keys);
         }
         let members = members::weighed(members, &prefix);
         let moves = plan::plan(&Round {
             me: &self.owner,
-            weight: self.weight,
+            weight: self.membership.weight(),
             members: &members,
-            keys: (self.keys.iter().chain(&self.recorded))
+            keys: (self.keys.iter().chain(self.activation.recorded()))
                 .map(String::as_str)
                 .collect(),
-            running: self.running.keys().map(String::as_str).collect(),
+            running: self.crew.keys().map(String::as_str).collect(),
             taken: (keys.iter())
                 .filter(|k| k.is_held())
                 .filter_map(|k| k.name.strip_prefix(key_prefix.as_str()))
                 .collect(),
-            max_moves: self.max_moves,
+            max_moves: self.round.max_moves,
             draining: self.drain.is_some(),
             first,
         });
@@ -163,7 +176,7 @@ where
     fn claim_keys(&mut self, keys: &[String], ctx: &mut Context<Self>) {
         let claim = Claim::new(keys.iter().map(|k| self.key_lease(k)).collect());
         // A key that came to life stays recorded when its lease goes (a move).
-        let claim = if self.activate_keys {
+        let claim = if self.activation.is_on() {
             claim.keep_on_release()
         } else {
             claim
@@ -185,21 +198,9 @@ where
                 continue; // keys changed meanwhile: dropped, so released
             }
             let (token, lost) = (lease.token(), lease.lost());
-            let lease = Arc::new(lease);
-            let worker = self.start_worker(&key, &lease);
-            let used = std::time::Instant::now();
-            let passive = false;
-            let told = Arc::default();
-            let running = Running {
-                lease,
-                worker,
-                passive,
-                used,
-                told,
-            };
-            self.running.insert(key.clone(), running);
+            self.crew.start(key.clone(), Arc::new(lease));
             self.metrics.claimed.increment(1);
-            self.metrics.keys.set(self.running.len() as f64);
+            self.metrics.keys.set(self.crew.len() as f64);
             claimed.push(key.clone());
             ctx.spawn(
                 lost.into_actor(self)

@@ -34,9 +34,10 @@ use tracing::{debug, instrument};
 
 use crate::Call;
 use crate::backend::Locking;
-use crate::leases::{GetHolderReach, HolderReach, LockManager};
+use crate::leases::LockManager;
 use crate::signals::{AskThrough, ListenerActor};
 
+use super::reach::{GetHolderReach, HolderReach};
 use super::wire::{Reply, Wait, encode_request, pool_channel, scope};
 
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
@@ -374,7 +375,7 @@ impl Reach {
             Box::new(
                 move |text: String| -> crate::backend::BoxFuture<Result<()>> {
                     Box::pin(async move {
-                        let owner = reach.notify(lease, scope, text).await?;
+                        let owner = reach.notices.notify(lease, scope, text).await?;
                         let nobody = owner.is_none();
                         let _ = holder.set(owner);
                         if nobody {
@@ -398,7 +399,7 @@ impl Reach {
                 if record {
                     // Again at each look: the doorbell is not to be trusted to ring.
                     let doorbell = pool_channel(&reach.lock_table, pool);
-                    if let Err(e) = reach.record_and_ring(lease, &doorbell).await {
+                    if let Err(e) = reach.notices.record_and_ring(lease, &doorbell).await {
                         debug!(error = %e, "cannot record the key; looking again");
                     }
                 }

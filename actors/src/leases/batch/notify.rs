@@ -1,30 +1,19 @@
-//! Reaching a lease's holder: a message NOTIFYed to whoever holds a lease now, decided by the
+//! Notices to leases' holders: a message NOTIFYed to whoever holds a lease now, decided by the
 //! lease table's row in the same statement ([`LeaseTable::notify_holder`]). What many callers
 //! send at the same moment goes as one statement, one commit (group commit, see
 //! `crate::batch`): NOTIFYing commits are serialised database-wide, so one each would make
-//! many senders wait on one another. Used by `KeyRouter`.
+//! many senders wait on one another. Used by the routers (`crate::workers::reach`).
 
 use std::sync::Arc;
 
-use actix::prelude::*;
 use pgcoord::{Error, ErrorKind, LeaseTable, Pool, Result};
 use tokio::sync::oneshot;
 
-use super::LockManager;
 use crate::batch::{Batcher, RunBatch, shared_error};
-
-/// Asks a lock manager for its [`HolderReach`]: its lock table's name, and a sender sharing
-/// the manager's pool and statements.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "HolderReach")]
-pub(crate) struct GetHolderReach;
 
 /// Sends to leases' holders through one manager's pool. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct HolderReach {
-    /// The lock table's name, quoted and qualified as the statements use it: what scopes a
-    /// routed pool's channels to the deployment whose leases they serve.
-    pub(crate) lock_table: String,
+pub(crate) struct HolderNotices {
     batcher: Batcher<Item>,
     runner: Arc<Runner>,
 }
@@ -42,7 +31,21 @@ struct Runner {
     table: Arc<LeaseTable>,
 }
 
-impl HolderReach {
+impl HolderNotices {
+    /// Notices through `pool` to the holders of `table`'s leases. Needs the runtime (its
+    /// batching task).
+    pub(crate) fn start(pool: Pool, table: Arc<LeaseTable>) -> HolderNotices {
+        let runner = Arc::new(Runner { pool, table });
+        HolderNotices {
+            batcher: Batcher::start(
+                runner.clone(),
+                crate::batch::NOTIFY_BATCH_FROM,
+                crate::batch::MAX_BATCH,
+            ),
+            runner,
+        }
+    }
+
     /// Sends `text` to the holder of lease `name` on its channel for `scope`: the holder's
     /// owner, or `None` when nobody holds it (nothing was sent). After an error the message
     /// may or may not have gone. Bounded by the statement timeout.
@@ -76,7 +79,7 @@ impl HolderReach {
     }
 }
 
-impl HolderReach {
+impl HolderNotices {
     /// Records lease `name` as a free, kept row when it has none
     /// ([`LeaseTable::keep_free`]), then rings `channel` (an empty NOTIFY: a doorbell, it
     /// grants nothing) so whoever takes such names looks now. Idempotent; bounded by the
@@ -137,29 +140,5 @@ impl RunBatch<Item> for Runner {
                 }
             }
         }
-    }
-}
-
-impl Handler<GetHolderReach> for LockManager {
-    type Result = MessageResult<GetHolderReach>;
-
-    fn handle(&mut self, _: GetHolderReach, _: &mut Context<Self>) -> Self::Result {
-        // Made on first use: its batching task needs the runtime, which the handler runs on.
-        let reach = self.reach.get_or_insert_with(|| {
-            let runner = Arc::new(Runner {
-                pool: self.pool.clone(),
-                table: self.table.clone(),
-            });
-            HolderReach {
-                lock_table: self.config.lock_table().quoted(),
-                batcher: Batcher::start(
-                    runner.clone(),
-                    crate::batch::NOTIFY_BATCH_FROM,
-                    crate::batch::MAX_BATCH,
-                ),
-                runner,
-            }
-        });
-        MessageResult(reach.clone())
     }
 }
