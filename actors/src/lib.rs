@@ -98,6 +98,7 @@ mod payloads;
 mod rates;
 mod reply;
 mod schedules;
+mod seam;
 mod session;
 mod signals;
 mod stats;

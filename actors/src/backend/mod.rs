@@ -51,9 +51,6 @@
 //! # Ok::<_, pgcoord::Error>(()) }).unwrap();
 //! ```
 
-use std::future::Future;
-use std::pin::Pin;
-
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
@@ -71,24 +68,7 @@ use pgcoord::topic::Cursor;
 #[cfg(feature = "memory")]
 pub mod memory;
 
-/// A boxed `Send` future that borrows nothing.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// A caller's client of any size as a `&dyn Statements`, for a seam that runs statements on it
-/// (the fencing guard, a topic's ack).
-pub(crate) struct Borrowed<'a, T: ?Sized>(pub(crate) &'a T);
-
-impl<T: pgcoord::Statements + ?Sized> pgcoord::__private::Sealed for Borrowed<'_, T> {}
-
-impl<T: pgcoord::Statements + ?Sized> pgcoord::Statements for Borrowed<'_, T> {
-    fn run<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [pgcoord::__private::Param<'a>],
-    ) -> pgcoord::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
-        self.0.run(sql, params)
-    }
-}
+pub use crate::seam::BoxFuture;
 
 /// Leases: what a [`LockManager`] does, as a backend.
 pub trait Locking: Send + Sync {

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::LockManager;
-use crate::backend::{Borrowed, BoxFuture};
 use crate::losses::{LossReason, Tenure};
+use crate::seam::{Borrowed, BoxFuture};
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
 /// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.

@@ -41,8 +41,7 @@ enum Via {
 
 /// A sender of a sealed request's text: it NOTIFYs it where it must (a lease's holder, say).
 /// Its error ends the round trip; whether anything was sent is the sender's to know.
-pub(crate) type SendThrough =
-    Box<dyn FnOnce(String) -> crate::backend::BoxFuture<Result<()>> + Send>;
+pub(crate) type SendThrough = Box<dyn FnOnce(String) -> crate::seam::BoxFuture<Result<()>> + Send>;
 
 /// An [`Ask`] sent by `send` instead of on a channel of the caller's naming; the reply comes
 /// back to this listener as any reply does. Bounded by `timeout`.

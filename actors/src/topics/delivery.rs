@@ -7,8 +7,8 @@ use pgcoord::Statements;
 use pgcoord::topic::{Cursor, Event, TopicTable};
 use pgcoord::{ErrorKind, Result};
 
-use crate::backend::Borrowed;
 use crate::leases::Lease;
+use crate::seam::Borrowed;
 
 /// One event handed to a consumer's handler, and the lease it is handled under.
 pub struct Delivery {

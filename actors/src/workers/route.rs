@@ -372,19 +372,17 @@ impl Reach {
         let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
         let send = {
             let (reach, lease, holder) = (reach.clone(), lease.to_owned(), holder.clone());
-            Box::new(
-                move |text: String| -> crate::backend::BoxFuture<Result<()>> {
-                    Box::pin(async move {
-                        let owner = reach.notices.notify(lease, scope, text).await?;
-                        let nobody = owner.is_none();
-                        let _ = holder.set(owner);
-                        if nobody {
-                            return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
-                        }
-                        Ok(())
-                    })
-                },
-            )
+            Box::new(move |text: String| -> crate::seam::BoxFuture<Result<()>> {
+                Box::pin(async move {
+                    let owner = reach.notices.notify(lease, scope, text).await?;
+                    let nobody = owner.is_none();
+                    let _ = holder.set(owner);
+                    if nobody {
+                        return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
+                    }
+                    Ok(())
+                })
+            })
         };
         // From here a worker may have it, unless the statement found no holder.
         *sent = true;
