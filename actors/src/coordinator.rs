@@ -158,7 +158,7 @@ impl Coordinator {
     /// Starts a [`TopicConsumer`](crate::TopicConsumer) of durable topic events in this
     /// process, on the actors' pool: it delivers while it holds the consumer's lease, and waits
     /// for it otherwise. Typed errors for a bad name, window or poll, before anything starts.
-    /// It runs until it is sent [`StopConsuming`](crate::StopConsuming) or the System stops
+    /// It runs until it is sent [`Shutdown`](crate::Shutdown) or the System stops
     /// (dropping the address does not stop it: the listener holds it for the doorbell).
     pub fn consume(&self, consume: crate::Consume) -> pgcoord::Result<Addr<crate::TopicConsumer>> {
         consume.check()?;

@@ -137,8 +137,8 @@ pub use stats::GetStats;
 pub use streams::{Heard, Subscription};
 pub use threaded::Runtime;
 pub use topics::{
-    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, StopConsuming,
-    TopicAppender, TopicConsumer, TopicRetention, TrimNow,
+    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicAppender,
+    TopicConsumer, TopicRetention, TrimNow,
 };
 pub use workers::{
     AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,

@@ -78,8 +78,9 @@ pub struct LockLost {
 
 /// Stop an actor: a `LockManager` releases every held lease, an `AdvisoryLocks` closes every
 /// session (releasing its locks), a `ListenerActor` closes its connection; every lock still held
-/// is reported to subscribers as lost with [`LossReason::Shutdown`]. Lock actors run until this
-/// is sent or their System stops: their timers keep them alive.
+/// is reported to subscribers as lost with [`LossReason::Shutdown`]. A `TopicConsumer` finishes
+/// the event in hand and releases its lease; a `WorkerPool` stops its workers and releases its
+/// keys. Lock actors run until this is sent or their System stops: their timers keep them alive.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct Shutdown;

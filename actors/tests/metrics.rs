@@ -231,7 +231,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tx.rollback().await.unwrap();
-    consumer.send(StopConsuming).await.unwrap();
+    consumer.send(Shutdown).await.unwrap();
 
     // The lag in events: a consumer reading 5 at a time, 300 events waiting, 50 ms an event:
     // at least a window behind its full reads, counted ten seconds into its tenure (some 200
@@ -268,7 +268,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         assert!(std::time::Instant::now() < deadline, "lag {}", lag(&seen));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    consumer.send(StopConsuming).await.unwrap();
+    consumer.send(Shutdown).await.unwrap();
 
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;

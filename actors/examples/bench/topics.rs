@@ -229,7 +229,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         format!("{p50:.3}×"),
         p50 <= 1.5,
     );
-    consumer.send(pgcoord_actors::StopConsuming).await?;
+    consumer.send(pgcoord_actors::Shutdown).await?;
 
     // Catch-up: a consumer reading a backlog, against a raw keyset-paged SELECT of it.
     let backlog = sizes.backlog;
@@ -324,7 +324,7 @@ async fn catch_up(
     tokio::time::timeout(Duration::from_secs(600), finished.recv()).await?;
     let took = started.elapsed();
     sampler.abort();
-    running.send(pgcoord_actors::StopConsuming).await?;
+    running.send(pgcoord_actors::Shutdown).await?;
     let grown = peak.load(std::sync::atomic::Ordering::Relaxed);
     Ok((took, grown.saturating_sub(before)))
 }

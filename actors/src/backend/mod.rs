@@ -57,12 +57,12 @@ use pgcoord::{LeaseInfo, Result};
 use crate::call::Call;
 use crate::coordinator::Coordinator;
 use crate::leases::{Acquire, AcquirePermit, Claim, Get, Lease, ListPrefix, LockManager, SetLimit};
-use crate::losses::{LockLost, SubscribeLockLost};
+use crate::losses::{LockLost, Shutdown, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
     SubscribeConnState, Unsubscribe,
 };
-use crate::topics::{Append, Consume, ConsumerStats, StopConsuming, TopicConsumer};
+use crate::topics::{Append, Consume, ConsumerStats, TopicConsumer};
 use pgcoord::topic::Cursor;
 
 #[cfg(feature = "memory")]
@@ -148,7 +148,7 @@ impl Consumer for Addr<TopicConsumer> {
     }
 
     fn stop(&self) -> BoxFuture<()> {
-        let stopped = self.send(StopConsuming);
+        let stopped = self.send(Shutdown);
         Box::pin(async move {
             let _ = stopped.await;
         })

@@ -19,7 +19,7 @@
 //!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
-//! [`GetStats`] and [`StopConsuming`].
+//! [`GetStats`] and [`Shutdown`](crate::Shutdown).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -211,11 +211,6 @@ pub struct ConsumerStats {
     pub failed: Option<String>,
 }
 
-/// Stops a [`TopicConsumer`]: the event being handled is finished, its lease released.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct StopConsuming;
-
 /// How long a stopping consumer's handler may take to finish its event.
 const STOP_WITHIN: Duration = Duration::from_secs(30);
 
@@ -318,10 +313,10 @@ impl Handler<GetStats<ConsumerStats>> for TopicConsumer {
     }
 }
 
-impl Handler<StopConsuming> for TopicConsumer {
+impl Handler<crate::losses::Shutdown> for TopicConsumer {
     type Result = ();
 
-    fn handle(&mut self, _: StopConsuming, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

@@ -95,7 +95,7 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
     }
     let bodies: Vec<Vec<u8>> = seen.lock().unwrap().clone();
     assert_eq!(bodies, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
-    consumer.do_send(StopConsuming);
+    consumer.do_send(Shutdown);
 
     // What needs LISTEN is refused, saying so.
     let refused = [

@@ -124,7 +124,7 @@ async fn a_second_instance_waits_and_takes_over_from_the_cursor() {
     assert!(seen_two.lock().unwrap().is_empty(), "one active instance");
     assert!(!stats(&second).await.active);
     // The first stops: its lease is released and the second, waiting in line, takes over.
-    first.send(StopConsuming).await.unwrap();
+    first.send(Shutdown).await.unwrap();
     append(&table, &admin, 20..40).await;
     assert_eq!(until_seen(&seen_two, 20).await, bodies(20..40));
     assert_eq!(
@@ -249,7 +249,7 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
         assert!(Instant::now() < deadline, "the first applied too few");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    first.send(StopConsuming).await.unwrap();
+    first.send(Shutdown).await.unwrap();
     let _again = one.consume(consume()).unwrap();
     while admin.query_one(&count, &[]).await.unwrap().get::<_, i64>(0) < 40 {
         assert!(Instant::now() < deadline, "not all applied");
