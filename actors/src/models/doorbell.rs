@@ -188,16 +188,7 @@ mod tests {
     use super::*;
 
     fn check(mutant: Mutant) -> impl Checker<Doorbell> {
-        let started = std::time::Instant::now();
-        let checker = Doorbell::new(mutant).checker().spawn_bfs().join();
-        eprintln!(
-            "doorbell {mutant:?}: {} states ({} unique), depth {}, {:?}",
-            checker.state_count(),
-            checker.unique_state_count(),
-            checker.max_depth(),
-            started.elapsed()
-        );
-        checker
+        super::super::explore(&format!("doorbell {mutant:?}"), Doorbell::new(mutant))
     }
 
     #[test]

@@ -252,19 +252,10 @@ mod tests {
     const COVERED: [u64; 3] = [9, 10, 11];
 
     fn check(rates: &[u64], mutant: Mutant) -> impl Checker<Holding> {
-        let started = std::time::Instant::now();
-        let checker = Holding::new(rates.to_vec(), mutant)
-            .checker()
-            .spawn_bfs()
-            .join();
-        eprintln!(
-            "holding {mutant:?} rates {rates:?}: {} states ({} unique), depth {}, {:?}",
-            checker.state_count(),
-            checker.unique_state_count(),
-            checker.max_depth(),
-            started.elapsed()
-        );
-        checker
+        super::super::explore(
+            &format!("holding {mutant:?} rates {rates:?}"),
+            Holding::new(rates.to_vec(), mutant),
+        )
     }
 
     #[test]

@@ -9,3 +9,25 @@ mod doorbell;
 mod holding;
 mod schedule;
 mod wait;
+
+/// Explores every state of `model` breadth first, and prints what it took (`what` names the
+/// model and its variant): the figures docs/DESIGN.md quotes.
+#[cfg(test)]
+fn explore<M>(what: &str, model: M) -> impl stateright::Checker<M> + use<M>
+where
+    M: stateright::Model + Send + Sync + 'static,
+    M::State: std::hash::Hash + Send + Sync + Clone + PartialEq + 'static,
+    M::Action: Clone + PartialEq,
+{
+    use stateright::Checker;
+    let started = std::time::Instant::now();
+    let checker = model.checker().spawn_bfs().join();
+    eprintln!(
+        "{what}: {} states ({} unique), depth {}, {:?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    checker
+}

@@ -288,16 +288,7 @@ mod tests {
     use super::*;
 
     fn check(mutant: Mutant) -> impl Checker<Schedules> {
-        let started = std::time::Instant::now();
-        let checker = Schedules::new(mutant).checker().spawn_bfs().join();
-        eprintln!(
-            "schedule {mutant:?}: {} states ({} unique), depth {}, {:?}",
-            checker.state_count(),
-            checker.unique_state_count(),
-            checker.max_depth(),
-            started.elapsed()
-        );
-        checker
+        super::super::explore(&format!("schedule {mutant:?}"), Schedules::new(mutant))
     }
 
     #[test]

@@ -230,16 +230,7 @@ mod tests {
     use super::*;
 
     fn check(mutant: Mutant) -> impl Checker<Waiting> {
-        let started = std::time::Instant::now();
-        let checker = Waiting::new(mutant).checker().spawn_bfs().join();
-        eprintln!(
-            "wait {mutant:?}: {} states ({} unique), depth {}, {:?}",
-            checker.state_count(),
-            checker.unique_state_count(),
-            checker.max_depth(),
-            started.elapsed()
-        );
-        checker
+        super::super::explore(&format!("wait {mutant:?}"), Waiting::new(mutant))
     }
 
     #[test]
