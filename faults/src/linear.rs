@@ -226,7 +226,10 @@ impl Event {
 
 /// The events among a process's report lines (the other lines are left out).
 pub fn events<S: AsRef<str>>(lines: &[S]) -> Vec<Event> {
-    lines.iter().filter_map(|l| Event::parse(l.as_ref())).collect()
+    lines
+        .iter()
+        .filter_map(|l| Event::parse(l.as_ref()))
+        .collect()
 }
 
 /// Records one worker's operations: printed as report lines (a holder process), or kept (a
@@ -368,7 +371,8 @@ impl fmt::Display for Linearity {
 /// one go to a new thread.
 fn records(events: &[Event]) -> Vec<Record> {
     // Per worker: its thread now, and its operation in progress.
-    let mut workers: BTreeMap<&str, (u32, Option<(Op, u64)>)> = BTreeMap::new();
+    type Pending = Option<(Op, u64)>;
+    let mut workers: BTreeMap<&str, (u32, Pending)> = BTreeMap::new();
     let mut threads = 0;
     let mut records = Vec::new();
     for event in events.iter().map(Some).chain(std::iter::once(None)) {
@@ -413,8 +417,54 @@ fn records(events: &[Event]) -> Vec<Record> {
             }
         }
     }
+    // An unknown acquire, read or release is left out: taking effect, it could only make other
+    // outcomes invalid (a token skipped, a lease closed), never one valid, so the tester need
+    // not try it. Nor an unknown write whose value nobody read: no read can have followed it
+    // before the next write. The other unknown writes stay, in flight.
+    let read: std::collections::HashSet<i64> = (records.iter())
+        .filter_map(|r| match r.returned {
+            Some((_, Ret::Value(value))) => Some(value),
+            _ => None,
+        })
+        .collect();
+    records.retain(|r| match (r.op, r.returned) {
+        (_, Some(_)) => true,
+        (Op::Write { value, .. }, None) => read.contains(&value),
+        _ => false,
+    });
     records.sort_by_key(|r| (r.key(), r.invoked));
     records
+}
+
+/// [`Fenced`] that also refuses a grant while one of the window's lower tokens is still to
+/// come. Any linearization grants them in increasing order, so this changes no verdict; but
+/// the tester, which tries threads in a fixed order and remembers no dead end, would otherwise
+/// place a grant too early and try every order of the operations after it before backing out.
+#[derive(Debug, Clone)]
+struct InOrder {
+    spec: Fenced,
+    /// The tokens granted in the window, in increasing order.
+    grants: std::sync::Arc<[i64]>,
+}
+
+impl SequentialSpec for InOrder {
+    type Op = Op;
+    type Ret = Ret;
+
+    fn invoke(&mut self, op: &Op) -> Ret {
+        self.spec.invoke(op)
+    }
+
+    fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
+        if let Ret::Granted(token) = *ret {
+            let granted = self.spec.granted;
+            let skips = self.grants.iter().any(|&t| granted < t && t < token);
+            if skips {
+                return false;
+            }
+        }
+        self.spec.is_valid_step(op, ret)
+    }
 }
 
 /// The state after a linearization of `window` from `start`, if there is one.
@@ -425,6 +475,19 @@ fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
     let returns: std::collections::HashSet<(u32, u64)> = (window.iter())
         .filter_map(|r| Some((r.thread, r.returned?.0)))
         .collect();
+    // The tester tries threads in the order of their ids: those ending in flight last.
+    let in_flight: std::collections::HashSet<u32> = (window.iter())
+        .filter(|r| r.returned.is_none())
+        .map(|r| r.thread)
+        .collect();
+    let thread = |r: &Record| {
+        r.thread
+            + if in_flight.contains(&r.thread) {
+                1 << 20
+            } else {
+                0
+            }
+    };
     let mut steps: Vec<(u64, u8, usize)> = Vec::with_capacity(window.len() * 2);
     for (i, r) in window.iter().enumerate() {
         let after_own_return = returns.contains(&(r.thread, r.invoked));
@@ -434,13 +497,23 @@ fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
         }
     }
     steps.sort_unstable();
-    let mut tester = LinearizabilityTester::new(start);
+    let mut grants: Vec<i64> = (window.iter())
+        .filter_map(|r| match r.returned {
+            Some((_, Ret::Granted(token))) => Some(token),
+            _ => None,
+        })
+        .collect();
+    grants.sort_unstable();
+    let mut tester = LinearizabilityTester::new(InOrder {
+        spec: start,
+        grants: grants.into(),
+    });
     for (_, class, i) in steps {
         let r = window[i];
         let fed = if class == 1 {
-            tester.on_return(r.thread, r.returned.expect("a return").1)
+            tester.on_return(thread(&r), r.returned.expect("a return").1)
         } else {
-            tester.on_invoke(r.thread, r.op)
+            tester.on_invoke(thread(&r), r.op)
         };
         fed.expect("one operation at a time per thread");
     }
@@ -452,15 +525,88 @@ fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
     Some(end)
 }
 
+/// Where a window may end: `cuts[i]` when no operation from `i` on must be placed before one
+/// ahead of `i` for any reason seen in the history — a grant of a lower token, an accepted write
+/// or a release of a token older than a grant ahead, a read of a value written from `i` on or
+/// overwritten ahead of `i`.
+/// (A window without a linearization is merged with its neighbours all the same.)
+fn cuts(records: &[Record]) -> Vec<bool> {
+    let n = records.len();
+    // +1 where a forbidden span starts, -1 past its end.
+    let mut spans = vec![0i64; n + 2];
+    let mut forbid = |from: usize, to: usize| {
+        if from < to {
+            spans[from + 1] += 1;
+            spans[to + 1] -= 1;
+        }
+    };
+    let mut grants: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut writes: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut written_at = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        if let (Op::Write { value, .. }, None | Some((_, Ret::Written))) = (r.op, r.returned) {
+            writes.insert(value, i);
+            written_at.push(i);
+        }
+    }
+    for (i, r) in records.iter().enumerate() {
+        let token = match (r.op, r.returned) {
+            (_, Some((_, Ret::Granted(token)))) => Some(token),
+            (Op::Write { token, .. }, Some((_, Ret::Written))) => Some(token),
+            (Op::Release { token }, Some((_, Ret::Released))) => Some(token),
+            (_, Some((_, Ret::Value(value)))) => {
+                let written = writes.get(&value).copied();
+                match written {
+                    // Its write must come before it.
+                    Some(w) if w > i => forbid(i, w),
+                    // The writes after its write and before it must come after it.
+                    _ => {
+                        let after = written.map_or(0, |w| w + 1);
+                        let next = written_at.partition_point(|&at| at < after);
+                        if let Some(&q) = written_at.get(next).filter(|&&q| q < i) {
+                            forbid(q, i);
+                        }
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(token) = token {
+            let earliest = grants.range(token + 1..).map(|(_, &at)| at).min();
+            if let Some(at) = earliest {
+                forbid(at, i);
+            }
+        }
+        if let Some((_, Ret::Granted(token))) = r.returned {
+            grants.entry(token).or_insert(i);
+        }
+    }
+    let mut depth = 0;
+    (0..=n)
+        .map(|i| {
+            depth += spans[i];
+            depth == 0
+        })
+        .collect()
+}
+
 /// Checks `events` (several workers' records, in any order across workers) for
 /// linearizability against [`Fenced`], in windows of about `window` operations.
 pub fn check(events: &[Event], window: usize) -> Linearity {
     let started = Instant::now();
     let records = records(events);
+    let cuts = cuts(&records);
     let window = window.max(1);
+    let invoked = (events.iter())
+        .filter(|e| matches!(e.what, What::Invoke(_)))
+        .count();
+    let returned = (events.iter())
+        .filter(|e| matches!(e.what, What::Return(Some(_))))
+        .count();
     let mut report = Linearity {
-        operations: records.len(),
-        unknown: records.iter().filter(|r| r.returned.is_none()).count(),
+        operations: invoked,
+        unknown: invoked - returned,
         windows: 0,
         widest: 0,
         elapsed: Duration::ZERO,
@@ -477,10 +623,14 @@ pub fn check(events: &[Event], window: usize) -> Linearity {
         for widen in 0..=WIDEN {
             let back = widen.min(marks.len() - 1);
             let (from, state) = marks[marks.len() - 1 - back];
-            let to = (start + window * (1 + widen)).min(records.len());
+            let mut to = (start + window * (1 + widen)).min(records.len());
+            while !cuts[to] {
+                to += 1;
+            }
             report.widest = report.widest.max(to - from);
             tried = (from, to);
-            if let Some(end) = linearize(&records[from..to], state) {
+            let res = linearize(&records[from..to], state);
+            if let Some(end) = res {
                 found = Some((back, to, end));
                 break;
             }

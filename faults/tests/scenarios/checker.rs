@@ -34,9 +34,11 @@ async fn the_checker_finds_overlaps_regressions_and_lost_writes() {
     assert!(!verdict.is_safe());
 }
 
-/// A hand-made history: `(worker, invoked, returned, op, outcome)`, times in ms; `returned`
-/// `None` for an operation whose outcome is unknown.
-fn history(ops: &[(&str, u64, Option<u64>, Op, Option<Ret>)]) -> Vec<Event> {
+/// One operation of a hand-made history: `(worker, invoked, returned, op, outcome)`, times in
+/// ms; `returned` `None` for an operation whose outcome is unknown.
+type Hand<'a> = (&'a str, u64, Option<u64>, Op, Option<Ret>);
+
+fn history(ops: &[Hand<'_>]) -> Vec<Event> {
     let mut events = Vec::new();
     for &(worker, invoked, returned, op, outcome) in ops {
         let event = |at: u64, what| Event {
@@ -65,7 +67,7 @@ fn release(token: i64) -> Op {
 
 /// Checks `ops` in windows of every size from 1 to the whole, so that the merging of windows
 /// is exercised too; all must agree.
-fn linearizable(ops: &[(&str, u64, Option<u64>, Op, Option<Ret>)]) -> bool {
+fn linearizable(ops: &[Hand<'_>]) -> bool {
     let events = history(ops);
     let verdicts: Vec<bool> = (1..=ops.len())
         .map(|window| {
@@ -171,7 +173,12 @@ fn the_linearizability_checker_reads_its_own_lines() {
     }
     let events = linear::events(record.lines());
     assert_eq!(events.len(), 8, "{:?}", record.lines());
-    assert!(events.iter().zip(record.lines()).all(|(e, l)| e.line() == *l));
+    assert!(
+        events
+            .iter()
+            .zip(record.lines())
+            .all(|(e, l)| e.line() == *l)
+    );
     let report = linear::check(&events, 2);
     assert!(report.is_linearizable(), "{report}");
     assert_eq!((report.operations, report.unknown), (4, 1));

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use pgcoord::Config;
 use pgcoord_faults::history::{Ack, History, Verdict};
+use pgcoord_faults::linear::{self, Event};
 use pgcoord_faults::process::HolderProcess;
 use pgcoord_testkit::{TempPostgres, unique_name};
 use tokio_postgres::Client;
@@ -159,6 +160,19 @@ impl Workload {
             .await
             .unwrap()
     }
+}
+
+/// Operations per window of the linearizability check: the tester's search copies the rest of
+/// the window at each step and may backtrack over the orders of concurrent operations, so a
+/// window is kept to a couple of dozen operations (ended where nothing ahead must be ordered
+/// before it, and merged with its neighbours where needed).
+pub const WINDOW: usize = 24;
+
+/// Asserts that the recorded operations are linearizable, and prints the check's figures.
+pub fn assert_linearizable(scenario: &str, events: &[Event]) {
+    let report = linear::check(events, WINDOW);
+    eprintln!("{scenario}: linearizability: {report}");
+    assert!(report.is_linearizable(), "{report}");
 }
 
 /// Collects the messages of one type it receives.
