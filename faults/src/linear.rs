@@ -18,14 +18,15 @@
 //!
 //! [`check`] hands the history to `stateright`'s [`LinearizabilityTester`] with [`Fenced`] as
 //! the sequential specification. The tester's search copies the rest of the history at each
-//! step, so the history is checked in windows of operations ordered by completion (an
-//! operation in flight by its invocation), each from the state the previous window's
-//! linearization ended in. That is sound: every operation of a window completed after every
-//! operation of the previous window was invoked, so the windows' linearizations put end to end
-//! are a linearization of the whole. It can miss a valid order that crosses a window's edge
-//! (an acquire answered late, say); a window with no linearization is therefore checked again
-//! merged with its neighbours, up to [`WIDEN`] times, before the history is called not
-//! linearizable.
+//! step and remembers no dead end (a history with no linearization costs it every order of
+//! its concurrent operations), so the history is checked in windows of a few operations ordered
+//! by completion (an operation in flight by its invocation), each from the state the previous
+//! window's linearization ended in. That is sound: every operation of a window completed after
+//! every operation of the previous window was invoked, so the windows' linearizations put end
+//! to end are a linearization of the whole. It is also complete, because a window ends only
+//! where nothing ahead must be placed before something behind ([`cuts`]): the specification's
+//! state is the last grant, whether it is released, and the register, and each way an
+//! operation can depend on one the other side of an edge is one of the rules there.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -315,10 +316,6 @@ impl Record {
     }
 }
 
-/// How many times a window without a linearization is merged with its neighbours before the
-/// history is called not linearizable.
-pub const WIDEN: usize = 3;
-
 /// What [`check`] found.
 #[derive(Debug, Clone)]
 pub struct Linearity {
@@ -326,13 +323,13 @@ pub struct Linearity {
     pub operations: usize,
     /// Of which in flight (unknown outcome).
     pub unknown: usize,
-    /// Windows found linearizable (merged ones counted once).
+    /// Windows found linearizable.
     pub windows: usize,
     /// Operations in the largest window checked.
     pub widest: usize,
     /// Time spent searching.
     pub elapsed: Duration,
-    /// `None` when linearizable; otherwise the operations of the widest window tried without a
+    /// `None` when linearizable; otherwise the operations of the window without a
     /// linearization, one a line.
     pub violation: Option<String>,
 }
@@ -525,11 +522,12 @@ fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
     Some(end)
 }
 
-/// Where a window may end: `cuts[i]` when no operation from `i` on must be placed before one
-/// ahead of `i` for any reason seen in the history — a grant of a lower token, an accepted write
-/// or a release of a token older than a grant ahead, a read of a value written from `i` on or
-/// overwritten ahead of `i`.
-/// (A window without a linearization is merged with its neighbours all the same.)
+/// Where a window may end: `cuts[i]` when no operation from `i` on may need placing before one
+/// ahead of `i` — a grant of a lower token than one ahead; an accepted write or a release of a
+/// token older than a grant ahead; a read of a value written from `i` on, or by an unknown
+/// write ahead (which must be in the read's window to be placed at all), or of one overwritten
+/// ahead of `i`. (A thread's own operations are in order already; a rejection, a lost release,
+/// a refusal are valid anywhere after their grant.)
 fn cuts(records: &[Record]) -> Vec<bool> {
     let n = records.len();
     // +1 where a forbidden span starts, -1 past its end.
@@ -559,6 +557,8 @@ fn cuts(records: &[Record]) -> Vec<bool> {
                 match written {
                     // Its write must come before it.
                     Some(w) if w > i => forbid(i, w),
+                    // An unknown write must be in its reads' window, to be placed before them.
+                    Some(w) if records[w].returned.is_none() => forbid(w, i),
                     // The writes after its write and before it must come after it.
                     _ => {
                         let after = written.map_or(0, |w| w + 1);
@@ -612,39 +612,19 @@ pub fn check(events: &[Event], window: usize) -> Linearity {
         elapsed: Duration::ZERO,
         violation: None,
     };
-    // Where each window checked so far starts, and the state it starts from.
-    let mut marks: Vec<(usize, Fenced)> = vec![(0, Fenced::default())];
-    loop {
-        let start = marks.last().expect("the first mark stays").0;
-        if start >= records.len() {
-            break;
+    let (mut from, mut state) = (0, Fenced::default());
+    while from < records.len() {
+        let mut to = (from + window).min(records.len());
+        while !cuts[to] {
+            to += 1;
         }
-        let (mut found, mut tried) = (None, (start, start));
-        for widen in 0..=WIDEN {
-            let back = widen.min(marks.len() - 1);
-            let (from, state) = marks[marks.len() - 1 - back];
-            let mut to = (start + window * (1 + widen)).min(records.len());
-            while !cuts[to] {
-                to += 1;
-            }
-            report.widest = report.widest.max(to - from);
-            tried = (from, to);
-            let res = linearize(&records[from..to], state);
-            if let Some(end) = res {
-                found = Some((back, to, end));
-                break;
-            }
-            if from == 0 && to == records.len() {
-                break;
-            }
-        }
-        let Some((back, to, end)) = found else {
-            report.violation = Some(describe(&records[tried.0..tried.1]));
+        report.widest = report.widest.max(to - from);
+        let Some(end) = linearize(&records[from..to], state) else {
+            report.violation = Some(describe(&records[from..to]));
             break;
         };
-        marks.truncate(marks.len() - back);
-        marks.push((to, end));
-        report.windows = marks.len() - 1;
+        report.windows += 1;
+        (from, state) = (to, end);
     }
     report.elapsed = started.elapsed();
     report
