@@ -87,7 +87,7 @@ impl History {
         })
     }
 
-    /// Creates both tables (empty history, one resource row with token 0).
+    /// Creates both tables (empty history, one resource row with token 0 and value 0).
     pub async fn create(&self, client: &Client) -> pgcoord::Result<()> {
         let (h, r) = (&self.history, &self.resource);
         client
@@ -95,8 +95,9 @@ impl History {
                 "CREATE TABLE {h} (id bigserial PRIMARY KEY, process text NOT NULL,
                      token bigint NOT NULL, previous_token bigint NOT NULL, write_no bigint NOT NULL,
                      entered timestamptz NOT NULL, exited timestamptz NOT NULL);
-                 CREATE TABLE {r} (id int PRIMARY KEY, token bigint NOT NULL, writes bigint NOT NULL);
-                 INSERT INTO {r} VALUES (1, 0, 0);"
+                 CREATE TABLE {r} (id int PRIMARY KEY, token bigint NOT NULL, writes bigint NOT NULL,
+                     value bigint NOT NULL);
+                 INSERT INTO {r} VALUES (1, 0, 0, 0);"
             ))
             .await?;
         Ok(())
@@ -111,6 +112,20 @@ impl History {
         process: &str,
         hold: Duration,
     ) -> Result<Ack, SectionError> {
+        self.section_setting(client, lease, process, None, hold)
+            .await
+    }
+
+    /// [`section`](Self::section) that also sets the resource's `value` (the register of
+    /// [`crate::linear`]) when `value` is given.
+    pub async fn section_setting(
+        &self,
+        client: &mut Client,
+        lease: &Lease,
+        process: &str,
+        value: Option<i64>,
+        hold: Duration,
+    ) -> Result<Ack, SectionError> {
         let tx = client.transaction().await?;
         lease.fence(&tx).await?;
         let entered: std::time::SystemTime =
@@ -120,11 +135,12 @@ impl History {
             .query_one(
                 &format!(
                     "WITH old AS (SELECT token FROM {r} WHERE id = 1 FOR UPDATE)
-                     UPDATE {r} AS cur SET token = $1, writes = cur.writes + 1
+                     UPDATE {r} AS cur SET token = $1, writes = cur.writes + 1,
+                         value = coalesce($2::int8, cur.value)
                      FROM old WHERE cur.id = 1 RETURNING old.token, cur.writes",
                     r = self.resource
                 ),
-                &[&token],
+                &[&token, &value],
             )
             .await?;
         let (previous, write): (i64, i64) = (row.get(0), row.get(1));
@@ -142,6 +158,12 @@ impl History {
         .await?;
         tx.commit().await?;
         Ok(Ack { token, write })
+    }
+
+    /// The resource's `value`, in a statement of its own.
+    pub async fn read(&self, client: &Client) -> pgcoord::Result<i64> {
+        let sql = format!("SELECT value FROM {} WHERE id = 1", self.resource);
+        Ok(client.query_one(&sql, &[]).await?.get(0))
     }
 
     /// Checks the history against the acknowledged writes.

@@ -6,6 +6,10 @@
 //!   writes a guarded resource row through `Lease::fence` and records its interval, token and
 //!   write number; [`history::History::check`] reports overlapping accepted intervals, tokens
 //!   that go back in commit order, and acknowledged writes that are missing.
+//! - [`linear`] — the same workload as operations (acquire, fenced write, read, release), each
+//!   recorded at its invocation and its completion (an unknown outcome left in flight), and
+//!   checked for linearizability against a sequential fenced lock guarding a register with
+//!   `stateright`'s tester.
 //! - [`topic_history`] — the durable-topic workload's record (appends and how they ended,
 //!   deliveries in order) and its checker: out of order, lost, phantom, late.
 //! - [`process`] — [`process::HolderProcess`]: a real holder process (the `holder` binary in
@@ -20,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod history;
+pub mod linear;
 pub mod process;
 pub mod program;
 pub mod topic_history;

@@ -4,7 +4,8 @@
 //!
 //! The `holder` binary writes one line per event on its standard output:
 //! `READY`, `HELD <token>`, `ACK <token> <write>`, `REJECTED <token>`, `LOST <token> <reason>`,
-//! `DONE <sections>`, `ERROR <message>`. See `src/bin/holder.rs` for its arguments.
+//! `DONE <sections>`, `ERROR <message>`, and `OP ...` before and after each operation
+//! ([`crate::linear`]). See `src/bin/holder.rs` for its arguments.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::history::Ack;
+use crate::linear::{self, Event};
 
 /// A running holder process (or any of this crate's programs: `consumer` too); killed when dropped.
 pub struct HolderProcess {
@@ -113,6 +115,11 @@ impl HolderProcess {
                 })
             })
             .collect()
+    }
+
+    /// The operations it recorded so far (its `OP` lines).
+    pub fn operations(&mut self) -> Vec<Event> {
+        linear::events(self.drain())
     }
 
     /// SIGSTOP: the process stops where it is, its sockets open, its timers frozen.

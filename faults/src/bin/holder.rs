@@ -13,13 +13,18 @@
 //! the process prints `DONE <sections>` and exits. `--hold`: one manager acquires the lease once
 //! and runs a critical section every `--write-every-ms` (default 100) until the lease is lost
 //! or a section is rejected, then prints `LOST` and exits.
+//!
+//! Each manager reads the register (`pgcoord_faults::linear`) before each round (each section
+//! with `--hold`), writes a value of its own in each section, and prints an `OP` line before
+//! and after each acquire, write, read and release.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{Acquire, LockManager};
+use pgcoord_actors::{Acquire, Lease, LockManager};
 use pgcoord_faults::history::History;
+use pgcoord_faults::linear::{Op, Recorder, Ret};
 use pgcoord_faults::program::{arg, flag, need, number};
 
 struct Args {
@@ -111,9 +116,59 @@ const SECTION_BOUND: Duration = Duration::from_secs(1);
 /// How long the holder's own connection may take to answer a ping before each round.
 const PING_BOUND: Duration = Duration::from_millis(300);
 
+/// Reads the register, recorded; false when the connection did not answer.
+async fn read(history: &History, client: &tokio_postgres::Client, record: &mut Recorder) -> bool {
+    record.invoke(Op::Read);
+    match tokio::time::timeout(SECTION_BOUND, history.read(client)).await {
+        Ok(Ok(value)) => {
+            record.complete(Some(Ret::Value(value)));
+            true
+        }
+        _ => {
+            record.complete(None);
+            false
+        }
+    }
+}
+
+/// Acquires the lease, recorded.
+async fn acquire(
+    manager: &Addr<LockManager>,
+    args: &Args,
+    record: &mut Recorder,
+) -> pgcoord::Result<Lease> {
+    let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
+    record.invoke(Op::Acquire);
+    let granted = manager.send(acquire).await.expect("manager running");
+    record.complete(match &granted {
+        Ok(lease) => Some(Ret::Granted(lease.token())),
+        Err(e) if e.is_not_acquired() => Some(Ret::NotGranted),
+        Err(_) => None,
+    });
+    granted
+}
+
+/// Releases the lease, recorded.
+async fn release(lease: Lease, record: &mut Recorder) {
+    record.invoke(Op::Release {
+        token: lease.token(),
+    });
+    record.complete(match lease.release().await {
+        Ok(()) => Some(Ret::Released),
+        Err(e) if e.is_lock_lost() => Some(Ret::Lost),
+        Err(_) => None,
+    });
+}
+
+/// The value a tenure's `nth` write sets: unique, and says whose it is.
+fn value(lease: &Lease, nth: i64) -> i64 {
+    lease.token() * 1_000_000 + nth
+}
+
 async fn rounds(args: &Args, history: &History, index: usize) -> usize {
     let owner = format!("{}-{index}", args.process);
     let config = config(args, &owner);
+    let mut record = Recorder::printing(&owner);
     let mut client = pgcoord::db::connect_spawned(&config)
         .await
         .expect("connect");
@@ -125,29 +180,41 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
         // taken, not inside the section while the lease waits.
         stuck |= pgcoord::__private::ping(&client, PING_BOUND).await.is_err();
         reconnect(&config, &mut client, stuck).await;
+        // The register, outside the lease.
+        stuck = !read(history, &client, &mut record).await;
+        reconnect(&config, &mut client, stuck).await;
         stuck = false;
-        let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
-        let lease = match manager.send(acquire).await.expect("manager running") {
+        let lease = match acquire(&manager, args, &mut record).await {
             Ok(lease) => lease,
             Err(e) => {
                 say(format!("ERROR acquire: {e}"));
                 continue;
             }
         };
-        let section = history.section(&mut client, &lease, &owner, up_to(args.hold));
-        match tokio::time::timeout(SECTION_BOUND, section).await {
+        let (token, value) = (lease.token(), value(&lease, 0));
+        let section =
+            history.section_setting(&mut client, &lease, &owner, Some(value), up_to(args.hold));
+        record.invoke(Op::Write { token, value });
+        let outcome = tokio::time::timeout(SECTION_BOUND, section).await;
+        // Only the fence's refusal is sure to have written nothing.
+        record.complete(match &outcome {
+            Ok(Ok(_)) => Some(Ret::Written),
+            Ok(Err(e)) if e.is_lock_lost() => Some(Ret::Rejected),
+            _ => None,
+        });
+        match outcome {
             Ok(Ok(ack)) => {
                 sections += 1;
                 say(format!("ACK {} {}", ack.token, ack.write));
             }
-            Ok(Err(e)) if e.is_lock_lost() => say(format!("REJECTED {}", lease.token())),
+            Ok(Err(e)) if e.is_lock_lost() => say(format!("REJECTED {token}")),
             Ok(Err(e)) => say(format!("ERROR section: {e}")),
             Err(_) => {
                 stuck = true;
                 say("ERROR section: no answer in time".into());
             }
         }
-        let _ = lease.release().await;
+        release(lease, &mut record).await;
     }
     sections
 }
@@ -155,20 +222,18 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
 async fn hold(args: &Args, history: &History) {
     let owner = format!("{}-0", args.process);
     let config = config(args, &owner);
+    let mut record = Recorder::printing(&owner);
     let mut client = pgcoord::db::connect_spawned(&config)
         .await
         .expect("connect");
     let manager = LockManager::new(config.clone()).start();
-    let acquire = Acquire::new(&args.name).timeout(Duration::from_secs(60));
-    let lease = manager
-        .send(acquire)
+    let lease = acquire(&manager, args, &mut record)
         .await
-        .expect("manager running")
         .expect("acquired");
     say(format!("HELD {}", lease.token()));
     let lost = lease.lost();
     tokio::pin!(lost);
-    loop {
+    for nth in 0.. {
         tokio::select! {
             reason = &mut lost => {
                 say(format!("LOST {} {}", lease.token(), loss(reason)));
@@ -177,16 +242,24 @@ async fn hold(args: &Args, history: &History) {
             _ = tokio::time::sleep(args.write_every) => {}
         }
         reconnect(&config, &mut client, false).await;
-        match history
-            .section(&mut client, &lease, &owner, Duration::ZERO)
-            .await
-        {
+        read(history, &client, &mut record).await;
+        let (token, value) = (lease.token(), value(&lease, nth));
+        record.invoke(Op::Write { token, value });
+        let outcome = history
+            .section_setting(&mut client, &lease, &owner, Some(value), Duration::ZERO)
+            .await;
+        record.complete(match &outcome {
+            Ok(_) => Some(Ret::Written),
+            Err(e) if e.is_lock_lost() => Some(Ret::Rejected),
+            Err(_) => None,
+        });
+        match outcome {
             Ok(ack) => say(format!("ACK {} {}", ack.token, ack.write)),
             Err(e) if e.is_lock_lost() => {
-                say(format!("REJECTED {}", lease.token()));
+                say(format!("REJECTED {token}"));
                 // The manager reports the loss itself at its next renewal or deadline.
                 let reason = lost.await;
-                say(format!("LOST {} {}", lease.token(), loss(reason)));
+                say(format!("LOST {token} {}", loss(reason)));
                 return;
             }
             Err(e) => say(format!("ERROR section: {e}")),

@@ -1,6 +1,7 @@
-//! The checker itself: it must see the violations it exists to find.
+//! The checkers themselves: they must see the violations they exist to find.
 
 use pgcoord_faults::history::Ack;
+use pgcoord_faults::linear::{self, Event, Op, Ret, What};
 
 use super::Workload;
 
@@ -31,4 +32,154 @@ async fn the_checker_finds_overlaps_regressions_and_lost_writes() {
     assert_eq!(verdict.regressions, 1, "{verdict}");
     assert_eq!(verdict.missing, [Ack { token: 9, write: 4 }]);
     assert!(!verdict.is_safe());
+}
+
+/// One operation of a hand-made history: `(worker, invoked, returned, op, outcome)`, times in
+/// ms; `returned` `None` for an operation whose outcome is unknown.
+type Hand<'a> = (&'a str, u64, Option<u64>, Op, Option<Ret>);
+
+fn history(ops: &[Hand<'_>]) -> Vec<Event> {
+    let mut events = Vec::new();
+    for &(worker, invoked, returned, op, outcome) in ops {
+        let event = |at: u64, what| Event {
+            worker: worker.to_string(),
+            at: at * 1_000_000,
+            what,
+        };
+        events.push(event(invoked, What::Invoke(op)));
+        if let Some(at) = returned {
+            events.push(event(at, What::Return(outcome)));
+        }
+    }
+    // Each worker's lines in its own order, the workers' interleaved by time.
+    events.sort_by_key(|e| e.at);
+    events
+}
+
+const GRANT: Op = Op::Acquire;
+const READ: Op = Op::Read;
+fn write(token: i64, value: i64) -> Op {
+    Op::Write { token, value }
+}
+fn release(token: i64) -> Op {
+    Op::Release { token }
+}
+
+/// Checks `ops` in windows of every size from 1 to the whole, so that the merging of windows
+/// is exercised too; all must agree.
+fn linearizable(ops: &[Hand<'_>]) -> bool {
+    let events = history(ops);
+    let verdicts: Vec<bool> = (1..=ops.len())
+        .map(|window| {
+            let report = linear::check(&events, window);
+            eprintln!("window {window}: {report}");
+            report.is_linearizable()
+        })
+        .collect();
+    assert!(verdicts.iter().all(|v| *v == verdicts[0]), "{verdicts:?}");
+    verdicts[0]
+}
+
+#[test]
+fn the_linearizability_checker_accepts_a_fenced_history() {
+    // a holds token 1 and writes; b waits, is granted 2 once a released, writes, and a's
+    // late write with token 1 is rejected; reads see the last accepted write.
+    assert!(linearizable(&[
+        ("a", 0, Some(1), GRANT, Some(Ret::Granted(1))),
+        ("b", 0, Some(6), GRANT, Some(Ret::Granted(2))),
+        ("a", 2, Some(3), write(1, 10), Some(Ret::Written)),
+        ("c", 2, Some(4), READ, Some(Ret::Value(0))),
+        ("a", 4, Some(5), release(1), Some(Ret::Released)),
+        ("a", 6, Some(7), write(1, 11), Some(Ret::Rejected)),
+        ("c", 5, Some(7), READ, Some(Ret::Value(10))),
+        ("b", 7, Some(8), write(2, 20), Some(Ret::Written)),
+        ("c", 9, Some(10), READ, Some(Ret::Value(20))),
+        ("b", 9, Some(10), release(2), Some(Ret::Released)),
+        ("a", 11, Some(12), release(1), Some(Ret::Lost)),
+    ]));
+}
+
+#[test]
+fn the_linearizability_checker_rejects_two_grants_both_writing() {
+    // b is granted 2 while a still holds 1 (no expiry can make that wrong by itself), then
+    // both write: a's write follows b's grant, so no order lets the fence accept it.
+    assert!(!linearizable(&[
+        ("a", 0, Some(1), GRANT, Some(Ret::Granted(1))),
+        ("b", 2, Some(3), GRANT, Some(Ret::Granted(2))),
+        ("a", 4, Some(6), write(1, 10), Some(Ret::Written)),
+        ("b", 4, Some(6), write(2, 20), Some(Ret::Written)),
+    ]));
+}
+
+#[test]
+fn the_linearizability_checker_rejects_a_stale_write_after_a_newer_one() {
+    assert!(!linearizable(&[
+        ("a", 0, Some(1), GRANT, Some(Ret::Granted(1))),
+        ("a", 1, Some(2), write(1, 10), Some(Ret::Written)),
+        ("b", 3, Some(4), GRANT, Some(Ret::Granted(2))),
+        ("b", 4, Some(5), write(2, 20), Some(Ret::Written)),
+        ("a", 6, Some(7), write(1, 11), Some(Ret::Written)),
+    ]));
+}
+
+#[test]
+fn the_linearizability_checker_rejects_a_read_of_an_older_value() {
+    assert!(!linearizable(&[
+        ("a", 0, Some(1), GRANT, Some(Ret::Granted(1))),
+        ("a", 1, Some(2), write(1, 10), Some(Ret::Written)),
+        ("a", 2, Some(3), release(1), Some(Ret::Released)),
+        ("b", 3, Some(4), GRANT, Some(Ret::Granted(2))),
+        ("b", 4, Some(5), write(2, 20), Some(Ret::Written)),
+        ("c", 6, Some(7), READ, Some(Ret::Value(10))),
+    ]));
+}
+
+#[test]
+fn the_linearizability_checker_takes_an_unknown_write_either_way() {
+    // a's write timed out: it may have committed or not, and stays in flight; a's next
+    // operations are a new thread's.
+    let unknown = |read: i64| {
+        vec![
+            ("a", 0, Some(1), GRANT, Some(Ret::Granted(1))),
+            ("a", 1, Some(9), write(1, 10), None),
+            ("a", 10, Some(11), READ, Some(Ret::Value(read))),
+        ]
+    };
+    assert!(linearizable(&unknown(10)), "it took effect");
+    assert!(linearizable(&unknown(0)), "it did not");
+    // Nor is an unknown write's effect undone: once read, it stays.
+    let mut undone = unknown(10);
+    undone.push(("c", 12, Some(13), READ, Some(Ret::Value(0))));
+    assert!(!linearizable(&undone));
+    // An unknown grant may have taken a token; the next grant's is only higher.
+    assert!(linearizable(&[
+        ("a", 0, None, GRANT, None),
+        ("b", 1, Some(2), GRANT, Some(Ret::Granted(2))),
+        ("b", 3, Some(4), write(2, 20), Some(Ret::Written)),
+    ]));
+}
+
+#[test]
+fn the_linearizability_checker_reads_its_own_lines() {
+    let mut record = linear::Recorder::keeping("p0-1");
+    for (op, ret) in [
+        (GRANT, Some(Ret::Granted(3))),
+        (write(3, 7), None),
+        (READ, Some(Ret::Value(7))),
+        (release(3), Some(Ret::Lost)),
+    ] {
+        record.invoke(op);
+        record.complete(ret);
+    }
+    let events = linear::events(record.lines());
+    assert_eq!(events.len(), 8, "{:?}", record.lines());
+    assert!(
+        events
+            .iter()
+            .zip(record.lines())
+            .all(|(e, l)| e.line() == *l)
+    );
+    let report = linear::check(&events, 2);
+    assert!(report.is_linearizable(), "{report}");
+    assert_eq!((report.operations, report.unknown), (4, 1));
 }

@@ -1,5 +1,6 @@
 //! Restarts and cancellations under the workload: the server restarted while holder processes
-//! contend (scenario 9), and acquires cancelled at random points (scenario 11).
+//! contend (scenario 9), their operations checked for linearizability too, and acquires
+//! cancelled at random points (scenario 11).
 
 use std::time::{Duration, Instant};
 
@@ -66,17 +67,20 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
 
-    let mut acks = Vec::new();
+    let (mut acks, mut operations) = (Vec::new(), Vec::new());
     for holder in &mut holders {
         let done = holder.expect("DONE", Duration::from_secs(120)).await;
         let sections: usize = done[5..].parse().unwrap();
         // Sections in flight at a restart may fail; the others all ran.
         assert!(sections >= 250, "{done}: {:?}", holder.drain());
         acks.extend(holder.acks());
+        holder.finish(Duration::from_secs(10)).await;
+        operations.extend(holder.operations());
     }
     let verdict = workload.verdict(&acks).await;
     eprintln!("{verdict}");
     assert!(verdict.is_safe(), "{verdict}");
+    super::assert_linearizable("restarts", &operations);
     assert_eq!(verdict.sections as usize, acks.len());
     // Tokens kept increasing across the restarts: no regression, and the last tenure's token is
     // the largest ever issued.

@@ -1,7 +1,8 @@
 //! The torture run: the fenced lock-set workload across several holder processes while faults
 //! are injected at random — holder processes paused past their lease, their sessions
 //! terminated, the server restarted or crashed (durable commits), every connection black-holed
-//! with new ones refused, or reset — then the checker's verdict and the counts.
+//! with new ones refused, or reset — then the checker's verdict and the counts, and the
+//! operations' history checked for linearizability.
 //!
 //! CI runs the short version (about 1,000 critical sections). The full run:
 //! `TORTURE_SECTIONS=100000 TORTURE_FAULT_MS=1000-4000 cargo test --release -p pgcoord-faults --test scenarios torture_full -- --ignored --nocapture`
@@ -193,13 +194,14 @@ async fn torture(sections: usize) {
             }
         }
     }
-    let mut acks = Vec::new();
+    let (mut acks, mut operations) = (Vec::new(), Vec::new());
     let (mut rejected, mut errors) = (0, 0);
     for holder in &mut holders {
         let said = holder.finish(Duration::from_secs(10)).await;
         rejected += said.iter().filter(|l| l.starts_with("REJECTED")).count();
         errors += said.iter().filter(|l| l.starts_with("ERROR")).count();
         acks.extend(holder.acks());
+        operations.extend(holder.operations());
     }
     let verdict = workload.verdict(&acks).await;
     eprintln!(
@@ -208,6 +210,7 @@ async fn torture(sections: usize) {
         started.elapsed()
     );
     assert!(verdict.is_safe(), "{verdict}");
+    super::assert_linearizable("torture", &operations);
     // A section whose commit's answer was lost (the network, a crash) is in the history
     // without an acknowledgement: checked for overlaps all the same.
     assert!(verdict.sections as usize >= acks.len(), "{verdict}");

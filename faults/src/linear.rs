@@ -1,0 +1,658 @@
+//! Operation histories of a fenced lock guarding a register, checked for linearizability.
+//!
+//! Each worker (a manager of a holder process, or a test) records every operation it starts
+//! and how it ended, as two lines: `OP <worker> <at> invoke <op>` just before the call and
+//! `OP <worker> <at> return <outcome>` just after it. `<at>` is the machine's monotonic clock
+//! (`CLOCK_MONOTONIC`, in ns): one clock for every process of the machine, which no wall-clock
+//! step moves and a paused process does not stop. The operations:
+//! - `acquire` → `granted <token>` | `not-granted` | `unknown`;
+//! - `write <token> <value>` (a fenced section setting the register) → `written` |
+//!   `rejected` (the fence refused the token) | `unknown`;
+//! - `read` → `value <v>` | `unknown`;
+//! - `release <token>` → `released` | `lost` (nothing was held with it) | `unknown`.
+//!
+//! `unknown` (the call timed out or its connection failed) means the operation may or may not
+//! have taken effect: the checker leaves it in flight, so that it may be placed anywhere after
+//! its invocation or nowhere. The worker's later operations then count as a new thread's (an
+//! operation in flight forever would otherwise overlap all of them).
+//!
+//! [`check`] hands the history to `stateright`'s [`LinearizabilityTester`] with [`Fenced`] as
+//! the sequential specification. The tester's search copies the rest of the history at each
+//! step and remembers no dead end (a history with no linearization costs it every order of
+//! its concurrent operations), so the history is checked in windows of a few operations ordered
+//! by completion (an operation in flight by its invocation), each from the state the previous
+//! window's linearization ended in. That is sound: every operation of a window completed after
+//! every operation of the previous window was invoked, so the windows' linearizations put end
+//! to end are a linearization of the whole. It is also complete, because a window ends only
+//! where nothing ahead must be placed before something behind ([`cuts`]): the specification's
+//! state is the last grant, whether it is released, and the register, and each way an
+//! operation can depend on one the other side of an edge is one of the rules there.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
+
+/// The machine's monotonic clock in ns, shared by every process of the machine.
+pub fn now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec through a valid pointer to our own local.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(result, 0, "CLOCK_MONOTONIC is always there on Linux");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// An operation on the fenced lock and its register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Take the lease.
+    Acquire,
+    /// A fenced critical section setting the register to `value` under `token`.
+    Write {
+        /// The token the writer holds.
+        token: i64,
+        /// The value written (unique in a history).
+        value: i64,
+    },
+    /// Read the register, outside any lease.
+    Read,
+    /// Give the lease up.
+    Release {
+        /// The token released.
+        token: i64,
+    },
+}
+
+/// How an operation ended, when that is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Ret {
+    /// The lease was granted with this token.
+    Granted(i64),
+    /// The lease was not granted (a wait that ended without it).
+    NotGranted,
+    /// The write committed.
+    Written,
+    /// The fence refused the token: nothing was written.
+    Rejected,
+    /// The register's value.
+    Value(i64),
+    /// The lease was released.
+    Released,
+    /// Nothing was held with the token any more.
+    Lost,
+}
+
+/// The sequential specification: a lease whose grants carry increasing tokens, guarding a
+/// register that only the latest grant's holder may write.
+///
+/// A lease also expires, which no operation shows: so a grant needs no release before it, and
+/// a fence may refuse any token not newer than the last grant. What it must never do is accept
+/// a token older than the last grant, or the last grant's after its release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Fenced {
+    /// The highest token granted.
+    pub granted: i64,
+    /// Whether the highest grant has not been released.
+    pub open: bool,
+    /// The register (0 before any write).
+    pub value: i64,
+}
+
+impl SequentialSpec for Fenced {
+    type Op = Op;
+    type Ret = Ret;
+
+    // What an operation in flight did if it took effect: the weakest of its outcomes.
+    fn invoke(&mut self, op: &Op) -> Ret {
+        match *op {
+            Op::Acquire => {
+                self.granted += 1;
+                self.open = true;
+                Ret::Granted(self.granted)
+            }
+            Op::Write { token, value } if token == self.granted && self.open => {
+                self.value = value;
+                Ret::Written
+            }
+            Op::Write { .. } => Ret::Rejected,
+            Op::Read => Ret::Value(self.value),
+            Op::Release { token } if token == self.granted && self.open => {
+                self.open = false;
+                Ret::Released
+            }
+            Op::Release { .. } => Ret::Lost,
+        }
+    }
+
+    fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
+        match (*op, *ret) {
+            (Op::Acquire, Ret::Granted(token)) if token > self.granted => {
+                self.granted = token;
+                self.open = true;
+                true
+            }
+            (Op::Acquire, Ret::NotGranted) => true,
+            (Op::Write { token, value }, Ret::Written) if token == self.granted && self.open => {
+                self.value = value;
+                true
+            }
+            // The lease may have expired unseen.
+            (Op::Write { token, .. }, Ret::Rejected) => token <= self.granted,
+            (Op::Read, Ret::Value(value)) => value == self.value,
+            (Op::Release { token }, Ret::Released) if token == self.granted && self.open => {
+                self.open = false;
+                true
+            }
+            (Op::Release { token }, Ret::Lost) => token <= self.granted,
+            _ => false,
+        }
+    }
+}
+
+/// What one line of a history says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// An operation was invoked.
+    Invoke(Op),
+    /// The worker's operation in progress ended: how, or `None` when unknown.
+    Return(Option<Ret>),
+}
+
+/// One line of a history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Who: one sequential worker (a manager of a holder process).
+    pub worker: String,
+    /// When, on [`now`]'s clock.
+    pub at: u64,
+    /// What happened.
+    pub what: What,
+}
+
+impl Event {
+    /// The event's line, `OP <worker> <at> invoke|return ...`.
+    pub fn line(&self) -> String {
+        let what = match self.what {
+            What::Invoke(Op::Acquire) => "invoke acquire".to_string(),
+            What::Invoke(Op::Write { token, value }) => format!("invoke write {token} {value}"),
+            What::Invoke(Op::Read) => "invoke read".to_string(),
+            What::Invoke(Op::Release { token }) => format!("invoke release {token}"),
+            What::Return(None) => "return unknown".to_string(),
+            What::Return(Some(Ret::Granted(token))) => format!("return granted {token}"),
+            What::Return(Some(Ret::NotGranted)) => "return not-granted".to_string(),
+            What::Return(Some(Ret::Written)) => "return written".to_string(),
+            What::Return(Some(Ret::Rejected)) => "return rejected".to_string(),
+            What::Return(Some(Ret::Value(value))) => format!("return value {value}"),
+            What::Return(Some(Ret::Released)) => "return released".to_string(),
+            What::Return(Some(Ret::Lost)) => "return lost".to_string(),
+        };
+        format!("OP {} {} {what}", self.worker, self.at)
+    }
+
+    /// The event a line says, if it is one.
+    pub fn parse(line: &str) -> Option<Event> {
+        let words: Vec<&str> = line.strip_prefix("OP ")?.split(' ').collect();
+        let number = |i: usize| words.get(i)?.parse::<i64>().ok();
+        let what = match words.get(2..)? {
+            ["invoke", "acquire"] => What::Invoke(Op::Acquire),
+            ["invoke", "write", ..] => What::Invoke(Op::Write {
+                token: number(4)?,
+                value: number(5)?,
+            }),
+            ["invoke", "read"] => What::Invoke(Op::Read),
+            ["invoke", "release", _] => What::Invoke(Op::Release { token: number(4)? }),
+            ["return", "unknown"] => What::Return(None),
+            ["return", "granted", _] => What::Return(Some(Ret::Granted(number(4)?))),
+            ["return", "not-granted"] => What::Return(Some(Ret::NotGranted)),
+            ["return", "written"] => What::Return(Some(Ret::Written)),
+            ["return", "rejected"] => What::Return(Some(Ret::Rejected)),
+            ["return", "value", _] => What::Return(Some(Ret::Value(number(4)?))),
+            ["return", "released"] => What::Return(Some(Ret::Released)),
+            ["return", "lost"] => What::Return(Some(Ret::Lost)),
+            _ => return None,
+        };
+        Some(Event {
+            worker: words.first()?.to_string(),
+            at: words.get(1)?.parse().ok()?,
+            what,
+        })
+    }
+}
+
+/// The events among a process's report lines (the other lines are left out).
+pub fn events<S: AsRef<str>>(lines: &[S]) -> Vec<Event> {
+    lines
+        .iter()
+        .filter_map(|l| Event::parse(l.as_ref()))
+        .collect()
+}
+
+/// Records one worker's operations: printed as report lines (a holder process), or kept (a
+/// test's own worker).
+#[derive(Debug)]
+pub struct Recorder {
+    worker: String,
+    print: bool,
+    kept: Vec<String>,
+}
+
+impl Recorder {
+    /// A recorder printing each event on standard output at once.
+    pub fn printing(worker: &str) -> Recorder {
+        Recorder {
+            worker: worker.to_string(),
+            print: true,
+            kept: Vec::new(),
+        }
+    }
+
+    /// A recorder keeping its lines, for [`Recorder::lines`].
+    pub fn keeping(worker: &str) -> Recorder {
+        Recorder {
+            print: false,
+            ..Recorder::printing(worker)
+        }
+    }
+
+    /// Records that `op` starts now: call it just before the call.
+    pub fn invoke(&mut self, op: Op) {
+        self.record(What::Invoke(op));
+    }
+
+    /// Records that the operation in progress ended now with `outcome` (`None`: unknown).
+    pub fn complete(&mut self, outcome: Option<Ret>) {
+        self.record(What::Return(outcome));
+    }
+
+    /// The lines kept so far.
+    pub fn lines(&self) -> &[String] {
+        &self.kept
+    }
+
+    fn record(&mut self, what: What) {
+        let line = Event {
+            worker: self.worker.clone(),
+            at: now(),
+            what,
+        }
+        .line();
+        if self.print {
+            crate::program::say(&line);
+        } else {
+            self.kept.push(line);
+        }
+    }
+}
+
+/// One operation as the tester sees it.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    thread: u32,
+    op: Op,
+    invoked: u64,
+    /// When and how it ended; `None`: in flight (unknown).
+    returned: Option<(u64, Ret)>,
+}
+
+impl Record {
+    /// Where it falls in the windows: its completion, or its invocation when in flight.
+    fn key(&self) -> u64 {
+        self.returned.map_or(self.invoked, |(at, _)| at)
+    }
+
+    fn in_flight(thread: u32, op: Op, invoked: u64) -> Record {
+        Record {
+            thread,
+            op,
+            invoked,
+            returned: None,
+        }
+    }
+}
+
+/// What [`check`] found.
+#[derive(Debug, Clone)]
+pub struct Linearity {
+    /// Operations in the history.
+    pub operations: usize,
+    /// Of which in flight (unknown outcome).
+    pub unknown: usize,
+    /// Windows found linearizable.
+    pub windows: usize,
+    /// Operations in the largest window checked.
+    pub widest: usize,
+    /// Time spent searching.
+    pub elapsed: Duration,
+    /// `None` when linearizable; otherwise the operations of the window without a
+    /// linearization, one a line.
+    pub violation: Option<String>,
+}
+
+impl Linearity {
+    /// True when a linearization was found.
+    pub fn is_linearizable(&self) -> bool {
+        self.violation.is_none()
+    }
+}
+
+impl fmt::Display for Linearity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} operations ({} unknown) in {} windows (at most {} operations): {} in {:?}",
+            self.operations,
+            self.unknown,
+            self.windows,
+            self.widest,
+            if self.is_linearizable() {
+                "linearizable"
+            } else {
+                "NOT linearizable"
+            },
+            self.elapsed
+        )?;
+        if let Some(ops) = &self.violation {
+            write!(f, "; no linearization of:\n{ops}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Pairs each worker's invocations with their returns; a worker's operations after an unknown
+/// one go to a new thread.
+fn records(events: &[Event]) -> Vec<Record> {
+    // Per worker: its thread now, and its operation in progress.
+    type Pending = Option<(Op, u64)>;
+    let mut workers: BTreeMap<&str, (u32, Pending)> = BTreeMap::new();
+    let mut threads = 0;
+    let mut records = Vec::new();
+    for event in events.iter().map(Some).chain(std::iter::once(None)) {
+        let Some(event) = event else {
+            // The end: what is still in progress never ended.
+            for (thread, pending) in workers.values_mut() {
+                if let Some((op, invoked)) = pending.take() {
+                    records.push(Record::in_flight(*thread, op, invoked));
+                }
+            }
+            break;
+        };
+        let (thread, pending) = workers.entry(&event.worker).or_insert_with(|| {
+            threads += 1;
+            (threads - 1, None)
+        });
+        let (op, invoked, outcome) = match (event.what, pending.take()) {
+            (What::Invoke(op), None) => {
+                *pending = Some((op, event.at));
+                continue;
+            }
+            // An invocation without a return before it: that one never ended.
+            (What::Invoke(next), Some((op, invoked))) => {
+                *pending = Some((next, event.at));
+                (op, invoked, None)
+            }
+            (What::Return(_), None) => continue,
+            (What::Return(outcome), Some((op, invoked))) => (op, invoked, outcome),
+        };
+        match outcome {
+            Some(ret) => records.push(Record {
+                thread: *thread,
+                op,
+                invoked,
+                returned: Some((event.at, ret)),
+            }),
+            None => {
+                records.push(Record::in_flight(*thread, op, invoked));
+                // The tester allows one operation in flight per thread.
+                *thread = threads;
+                threads += 1;
+            }
+        }
+    }
+    // An unknown acquire, read or release is left out: taking effect, it could only make other
+    // outcomes invalid (a token skipped, a lease closed), never one valid, so the tester need
+    // not try it. Nor an unknown write whose value nobody read: no read can have followed it
+    // before the next write. The other unknown writes stay, in flight.
+    let read: std::collections::HashSet<i64> = (records.iter())
+        .filter_map(|r| match r.returned {
+            Some((_, Ret::Value(value))) => Some(value),
+            _ => None,
+        })
+        .collect();
+    records.retain(|r| match (r.op, r.returned) {
+        (_, Some(_)) => true,
+        (Op::Write { value, .. }, None) => read.contains(&value),
+        _ => false,
+    });
+    records.sort_by_key(|r| (r.key(), r.invoked));
+    records
+}
+
+/// [`Fenced`] that also refuses a grant while one of the window's lower tokens is still to
+/// come. Any linearization grants them in increasing order, so this changes no verdict; but
+/// the tester, which tries threads in a fixed order and remembers no dead end, would otherwise
+/// place a grant too early and try every order of the operations after it before backing out.
+#[derive(Debug, Clone)]
+struct InOrder {
+    spec: Fenced,
+    /// The tokens granted in the window, in increasing order.
+    grants: std::sync::Arc<[i64]>,
+}
+
+impl SequentialSpec for InOrder {
+    type Op = Op;
+    type Ret = Ret;
+
+    fn invoke(&mut self, op: &Op) -> Ret {
+        self.spec.invoke(op)
+    }
+
+    fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
+        if let Ret::Granted(token) = *ret {
+            let granted = self.spec.granted;
+            let skips = self.grants.iter().any(|&t| granted < t && t < token);
+            if skips {
+                return false;
+            }
+        }
+        self.spec.is_valid_step(op, ret)
+    }
+}
+
+/// The state after a linearization of `window` from `start`, if there is one.
+fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
+    // Invocations and returns in time order. At the same instant an invocation comes before
+    // the returns (the operations are then taken as concurrent), unless its own thread's last
+    // operation returns then.
+    let returns: std::collections::HashSet<(u32, u64)> = (window.iter())
+        .filter_map(|r| Some((r.thread, r.returned?.0)))
+        .collect();
+    // The tester tries threads in the order of their ids: those ending in flight last.
+    let in_flight: std::collections::HashSet<u32> = (window.iter())
+        .filter(|r| r.returned.is_none())
+        .map(|r| r.thread)
+        .collect();
+    let thread = |r: &Record| {
+        r.thread
+            + if in_flight.contains(&r.thread) {
+                1 << 20
+            } else {
+                0
+            }
+    };
+    let mut steps: Vec<(u64, u8, usize)> = Vec::with_capacity(window.len() * 2);
+    for (i, r) in window.iter().enumerate() {
+        let after_own_return = returns.contains(&(r.thread, r.invoked));
+        steps.push((r.invoked, if after_own_return { 2 } else { 0 }, i));
+        if let Some((at, _)) = r.returned {
+            steps.push((at, 1, i));
+        }
+    }
+    steps.sort_unstable();
+    let mut grants: Vec<i64> = (window.iter())
+        .filter_map(|r| match r.returned {
+            Some((_, Ret::Granted(token))) => Some(token),
+            _ => None,
+        })
+        .collect();
+    grants.sort_unstable();
+    let mut tester = LinearizabilityTester::new(InOrder {
+        spec: start,
+        grants: grants.into(),
+    });
+    for (_, class, i) in steps {
+        let r = window[i];
+        let fed = if class == 1 {
+            tester.on_return(thread(&r), r.returned.expect("a return").1)
+        } else {
+            tester.on_invoke(thread(&r), r.op)
+        };
+        fed.expect("one operation at a time per thread");
+    }
+    let order = tester.serialized_history()?;
+    let mut end = start;
+    for (op, ret) in order {
+        assert!(end.is_valid_step(&op, &ret), "the tester's own order");
+    }
+    Some(end)
+}
+
+/// Where a window may end: `cuts[i]` when no operation from `i` on may need placing before one
+/// ahead of `i` — a grant of a lower token than one ahead; an accepted write or a release of a
+/// token older than a grant ahead; a read of a value written from `i` on, or by an unknown
+/// write ahead (which must be in the read's window to be placed at all), or of one overwritten
+/// ahead of `i`. (A thread's own operations are in order already; a rejection, a lost release,
+/// a refusal are valid anywhere after their grant.)
+fn cuts(records: &[Record]) -> Vec<bool> {
+    let n = records.len();
+    // +1 where a forbidden span starts, -1 past its end.
+    let mut spans = vec![0i64; n + 2];
+    let mut forbid = |from: usize, to: usize| {
+        if from < to {
+            spans[from + 1] += 1;
+            spans[to + 1] -= 1;
+        }
+    };
+    let mut grants: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut writes: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut written_at = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        if let (Op::Write { value, .. }, None | Some((_, Ret::Written))) = (r.op, r.returned) {
+            writes.insert(value, i);
+            written_at.push(i);
+        }
+    }
+    for (i, r) in records.iter().enumerate() {
+        let token = match (r.op, r.returned) {
+            (_, Some((_, Ret::Granted(token)))) => Some(token),
+            (Op::Write { token, .. }, Some((_, Ret::Written))) => Some(token),
+            (Op::Release { token }, Some((_, Ret::Released))) => Some(token),
+            (_, Some((_, Ret::Value(value)))) => {
+                let written = writes.get(&value).copied();
+                match written {
+                    // Its write must come before it.
+                    Some(w) if w > i => forbid(i, w),
+                    // An unknown write must be in its reads' window, to be placed before them.
+                    Some(w) if records[w].returned.is_none() => forbid(w, i),
+                    // The writes after its write and before it must come after it.
+                    _ => {
+                        let after = written.map_or(0, |w| w + 1);
+                        let next = written_at.partition_point(|&at| at < after);
+                        if let Some(&q) = written_at.get(next).filter(|&&q| q < i) {
+                            forbid(q, i);
+                        }
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(token) = token {
+            let earliest = grants.range(token + 1..).map(|(_, &at)| at).min();
+            if let Some(at) = earliest {
+                forbid(at, i);
+            }
+        }
+        if let Some((_, Ret::Granted(token))) = r.returned {
+            grants.entry(token).or_insert(i);
+        }
+    }
+    let mut depth = 0;
+    (0..=n)
+        .map(|i| {
+            depth += spans[i];
+            depth == 0
+        })
+        .collect()
+}
+
+/// Checks `events` (several workers' records, in any order across workers) for
+/// linearizability against [`Fenced`], in windows of about `window` operations.
+pub fn check(events: &[Event], window: usize) -> Linearity {
+    let started = Instant::now();
+    let records = records(events);
+    let cuts = cuts(&records);
+    let window = window.max(1);
+    let invoked = (events.iter())
+        .filter(|e| matches!(e.what, What::Invoke(_)))
+        .count();
+    let returned = (events.iter())
+        .filter(|e| matches!(e.what, What::Return(Some(_))))
+        .count();
+    let mut report = Linearity {
+        operations: invoked,
+        unknown: invoked - returned,
+        windows: 0,
+        widest: 0,
+        elapsed: Duration::ZERO,
+        violation: None,
+    };
+    let (mut from, mut state) = (0, Fenced::default());
+    while from < records.len() {
+        let mut to = (from + window).min(records.len());
+        while !cuts[to] {
+            to += 1;
+        }
+        report.widest = report.widest.max(to - from);
+        let Some(end) = linearize(&records[from..to], state) else {
+            report.violation = Some(describe(&records[from..to]));
+            break;
+        };
+        report.windows += 1;
+        (from, state) = (to, end);
+    }
+    report.elapsed = started.elapsed();
+    report
+}
+
+/// The operations of a window, one a line, with times in µs from its first invocation.
+fn describe(window: &[Record]) -> String {
+    let origin = window.iter().map(|r| r.invoked).min().unwrap_or(0);
+    let micros = |at: u64| (at - origin) / 1000;
+    let mut sorted = window.to_vec();
+    sorted.sort_by_key(|r| r.invoked);
+    sorted
+        .iter()
+        .map(|r| match r.returned {
+            Some((at, ret)) => format!(
+                "  thread {:>3} {:>9}..{:<9} µs {:?} -> {ret:?}",
+                r.thread,
+                micros(r.invoked),
+                micros(at),
+                r.op
+            ),
+            None => format!(
+                "  thread {:>3} {:>9}..          µs {:?} -> unknown",
+                r.thread,
+                micros(r.invoked),
+                r.op
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
