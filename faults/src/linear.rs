@@ -24,7 +24,7 @@
 //! window's linearization ended in. That is sound: every operation of a window completed after
 //! every operation of the previous window was invoked, so the windows' linearizations put end
 //! to end are a linearization of the whole. It is also complete, because a window ends only
-//! where nothing ahead must be placed before something behind ([`cuts`]): the specification's
+//! where nothing ahead must be placed before something behind (`cuts`): the specification's
 //! state is the last grant, whether it is released, and the register, and each way an
 //! operation can depend on one the other side of an edge is one of the rules there.
 
