@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Each candidate stands for a process of its own: its own Coordinator (pool, listener).
     let watcher = Coordinator::connect(config("watcher")?).await?;
     let started = Instant::now();
-    let _observer = watcher
+    watcher
         .election("scheduler")?
         .observe(Printer(started).start().recipient());
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, RenewNow, Serve, WaitNext};
+use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, RunNow, Serve, WaitNext};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     client
         .execute(&format!("DELETE FROM {table} WHERE name = 'report'"), &[])
         .await?;
-    coord.locks.send(RenewNow).await??;
+    coord.locks.send(RunNow).await??;
     println!("lease {:?} lost: {:?}", lease.name(), lease.lost().await);
 
     // An advisory lock on a dedicated, pinged session.

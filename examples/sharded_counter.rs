@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::{
-    Coordinator, Drain, KeyRouter, Mail, Routed, StopWorker, WorkerKey, WorkerPool, mail_topic,
+    Coordinator, Drain, KeyRouter, Mail, Routed, Shutdown, WorkerKey, WorkerPool, mail_topic,
 };
 
 const KEYS: usize = 1_000;
@@ -47,9 +47,9 @@ impl Actor for Counter {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Counter {
+impl Handler<Shutdown> for Counter {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop(); // the key is moving: stop before another process may start its worker
     }
 }

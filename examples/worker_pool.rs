@@ -13,8 +13,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{Config, schema};
 use pgcoord_actors::{
-    GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Shutdown, StopWorker, WorkerKey,
-    WorkerPool,
+    GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Shutdown, WorkerKey, WorkerPool,
 };
 
 /// The workers alive now, by key, with their tokens.
@@ -52,9 +51,9 @@ impl Handler<Routed> for CustomerWorker {
     }
 }
 
-impl Handler<StopWorker> for CustomerWorker {
+impl Handler<Shutdown> for CustomerWorker {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop(); // the key's lease is going: stop before anyone else may start
     }
 }

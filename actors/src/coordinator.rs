@@ -256,7 +256,8 @@ impl Coordinator {
         // A pool that stopped already answers at once; one that cannot drain in time is
         // released with the rest below.
         let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(drains)).await;
-        let released = tokio::time::timeout_at(deadline, self.locks.send(crate::ReleaseAll)).await;
+        let released =
+            tokio::time::timeout_at(deadline, self.locks.send(crate::leases::ReleaseAll)).await;
         // Sessions closed by the actor: its locks go with them, at once.
         let _ = tokio::time::timeout_at(deadline, self.advisory.send(crate::Shutdown)).await;
         self.locks.do_send(crate::Shutdown);

@@ -9,7 +9,8 @@ use crate::coordinator::Coordinator;
 use crate::stats::GetStats;
 use crate::{ListenerStats, ManagerStats};
 
-/// What [`Coordinator::health`] found. Ready when every part is.
+/// What [`Coordinator::health`] found. Ready when every part is. Serialises (serde) with
+/// `ready` beside its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {
@@ -21,6 +22,19 @@ pub struct Health {
     pub renewals_failing: Option<u32>,
     /// Why a pooled connection did not answer `SELECT 1` in time, if it did not.
     pub database: Option<String>,
+}
+
+// Serialised with `ready` beside the parts, for a readiness endpoint's JSON body.
+impl serde::Serialize for Health {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut health = serializer.serialize_struct("Health", 4)?;
+        health.serialize_field("ready", &self.is_ready())?;
+        health.serialize_field("listening", &self.listening)?;
+        health.serialize_field("renewals_failing", &self.renewals_failing)?;
+        health.serialize_field("database", &self.database)?;
+        health.end()
+    }
 }
 
 impl Health {

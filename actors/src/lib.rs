@@ -32,7 +32,7 @@
 //! - `payloads` — [`PayloadStoreActor`]: owns the store of payloads too large for a
 //!   notification — puts, fetches (bounded at once), expiry.
 //! - `election` — [`Election`]: leader election on leases — campaign, [`Leadership`] (token,
-//!   value, proclaim, resign, loss), who leads now, and [`LeaderObserver`], told of every change.
+//!   value, proclaim, resign, loss), who leads now, and an observer told of every change ([`Election::observe`], [`Election::changes`]).
 //! - `workers` — [`WorkerPool`]: one worker actor per key across the fleet, keys shared fairly
 //!   by leases, each worker given its key's lease to fence with; [`KeyRouter`]: a message to a
 //!   key's worker wherever it runs (at most once); [`Mail`]: a key's durable mail, appended in
@@ -97,6 +97,7 @@ mod models;
 mod payloads;
 mod rates;
 mod reply;
+mod run_now;
 mod schedules;
 mod seam;
 mod session;
@@ -116,15 +117,16 @@ pub use pgcoord::{self, Config, Error, ErrorKind, Result};
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
-pub use election::{Election, Leader, LeaderChanged, LeaderObserver, Leadership, Proclaim};
+pub use election::{Election, Leader, LeaderChanged, Leadership, Proclaim};
 pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, List, LockManager, MAX_LEASE,
-    ManagerStats, ReleaseAll, RenewNow, SetLimit, with_lock,
+    ManagerStats, SetLimit, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
-pub use payloads::{DeleteExpired, PayloadStoreActor};
+pub use payloads::PayloadStoreActor;
 pub use rates::RateLimiter;
+pub use run_now::RunNow;
 pub use schedules::{
     Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler, TickResult,
 };
@@ -138,9 +140,9 @@ pub use streams::{Heard, Subscription};
 pub use threaded::Runtime;
 pub use topics::{
     Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicAppender,
-    TopicConsumer, TopicRetention, TrimNow,
+    TopicConsumer, TopicRetention,
 };
 pub use workers::{
     AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,
-    SetKeys, StopWorker, SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
+    SetKeys, SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
 };

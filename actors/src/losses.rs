@@ -80,7 +80,11 @@ pub struct LockLost {
 /// session (releasing its locks), a `ListenerActor` closes its connection; every lock still held
 /// is reported to subscribers as lost with [`LossReason::Shutdown`]. A `TopicConsumer` finishes
 /// the event in hand and releases its lease; a `WorkerPool` stops its workers and releases its
-/// keys. Lock actors run until this is sent or their System stops: their timers keep them alive.
+/// keys; a `ScheduleRunner` finishes the tick in hand. Lock actors run until this is sent or their
+/// System stops: their timers keep them alive.
+///
+/// A worker pool sends it to a worker whose key's lease is lost or handed to another process:
+/// workers implement it as `ctx.stop()`.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct Shutdown;

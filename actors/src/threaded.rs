@@ -21,6 +21,7 @@ use crate::streams::Subscription;
 /// The runtime on a thread of its own: an actix System running a [`Coordinator`]'s actors,
 /// usable from any tokio runtime. Stop it with [`shutdown`](Self::shutdown), which releases
 /// what the process holds; dropping it stops the thread without releasing (leases then expire).
+#[derive(Debug)]
 pub struct Runtime {
     coordinator: Coordinator,
     system: System,

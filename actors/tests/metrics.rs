@@ -156,7 +156,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(now.gauge("pgcoord_leases_held", ""), 1.0);
     let delete = format!("DELETE FROM \"{table}\" WHERE name = 'held'");
     admin.execute(&delete, &[]).await.unwrap();
-    me.locks.call(RenewNow).await.unwrap();
+    me.locks.call(RunNow).await.unwrap();
     held.lost().await;
     let now = &seen;
     assert_eq!(now.gauge("pgcoord_leases_held", ""), 0.0);
@@ -454,9 +454,9 @@ impl actix::Actor for Echo {
     type Context = actix::Context<Self>;
 }
 
-impl actix::Handler<StopWorker> for Echo {
+impl actix::Handler<Shutdown> for Echo {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut actix::Context<Self>) {
         actix::ActorContext::stop(ctx);
     }
 }

@@ -283,7 +283,7 @@ impl LeaseOwner<'_> {
     /// One attempt at a permit of limited semaphore `name`, for `lease`: any free slot among
     /// `candidates` (from [`slot_names`]`(name, known)`, minus those the caller holds or is
     /// busy with) below the stored limit. [`ErrorKind::NotFound`] when no limit is stored.
-    #[instrument(skip_all, fields(semaphore = name), level = "debug")]
+    #[instrument(skip_all, fields(lease.name = name), level = "debug")]
     pub async fn try_acquire_limited(
         &self,
         client: &(impl Statements + ?Sized),

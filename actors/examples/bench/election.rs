@@ -53,7 +53,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     let (tx, mut arrivals) = mpsc::unbounded_channel();
     let watcher = Coordinator::connect(config("watcher")?).await?;
-    let _observer = watcher
+    watcher
         .election("bench")?
         .observe(Arrivals(tx).start().recipient());
     let resigned = Arc::new(std::sync::Mutex::new(None::<Instant>));

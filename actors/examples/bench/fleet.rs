@@ -164,7 +164,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             "pairs/s",
         );
         for manager in managers {
-            manager.send(pgcoord_actors::ReleaseAll).await?;
+            manager.send(pgcoord_actors::Shutdown).await?;
             drop(manager);
         }
     }

@@ -104,7 +104,7 @@ pub async fn child(args: &[String]) -> Res {
         println!("{line}");
     }
     for manager in managers {
-        let _ = manager.send(pgcoord_actors::ReleaseAll).await;
+        let _ = manager.send(pgcoord_actors::Shutdown).await;
     }
     Ok(())
 }

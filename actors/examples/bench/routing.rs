@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::Config;
 use pgcoord_actors::{
-    Ask, GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Serve, Shutdown, StopWorker,
-    WorkerKey, WorkerPool,
+    Ask, GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Serve, Shutdown, WorkerKey,
+    WorkerPool,
 };
 
 use crate::Sizes;
@@ -19,9 +19,9 @@ struct Echo(tokio::sync::mpsc::UnboundedSender<Instant>);
 impl Actor for Echo {
     type Context = Context<Self>;
 }
-impl Handler<StopWorker> for Echo {
+impl Handler<Shutdown> for Echo {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

@@ -11,7 +11,7 @@ use futures_util::future::poll_fn;
 use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::{
-    Append, Consume, Coordinator, Delivery, GetAssignment, Mail, StopWorker, WorkerKey, WorkerPool,
+    Append, Consume, Coordinator, Delivery, GetAssignment, Mail, Shutdown, WorkerKey, WorkerPool,
     mail_topic,
 };
 use tokio_postgres::{AsyncMessage, Client};
@@ -440,9 +440,9 @@ impl Actor for Handed {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Handed {
+impl Handler<Shutdown> for Handed {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

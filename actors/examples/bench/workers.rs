@@ -5,9 +5,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{
-    GetAssignment, GetStats, LockManager, Shutdown, StopWorker, WorkerKey, WorkerPool,
-};
+use pgcoord_actors::{GetAssignment, GetStats, LockManager, Shutdown, WorkerKey, WorkerPool};
 
 use crate::Sizes;
 use crate::leases::Res;
@@ -17,9 +15,9 @@ struct Idle;
 impl Actor for Idle {
     type Context = Context<Self>;
 }
-impl Handler<StopWorker> for Idle {
+impl Handler<Shutdown> for Idle {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

@@ -7,7 +7,7 @@
 //! [`Leadership::proclaim`] (a new value without a new election) and [`Leadership::resign`], which
 //! releases the lease so the next candidate — woken by the release's announcement — takes over
 //! within one handoff. [`Election::leader`] asks who leads now; [`Election::observe`] starts a
-//! [`LeaderObserver`] that tells a recipient of every change (see `observe`).
+//! `LeaderObserver` that tells a recipient of every change (see `observe`).
 
 use std::time::Duration;
 
@@ -25,13 +25,14 @@ mod observe;
 mod proclaim;
 mod resign;
 
-pub use observe::{LeaderChanged, LeaderObserver};
+pub use observe::LeaderChanged;
+use observe::LeaderObserver;
 pub use proclaim::Proclaim;
 pub use resign::RequestResign;
 use resign::ResignRequested;
 
 /// One election: a name, and the actors that run it. Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Election {
     name: String,
     locks: Addr<LockManager>,
@@ -47,6 +48,7 @@ pub struct Election {
 
 /// Who leads an election.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Leader {
     /// The leader's owner identity.
     pub owner: String,
@@ -166,15 +168,19 @@ impl Election {
         leader_of(&self.locks, &self.name).await
     }
 
-    /// Starts a [`LeaderObserver`] telling `recipient` of each change of leader as read from the
-    /// table (a term shorter than a read may go unseen): on the
-    /// coordinator's thread for an election from [`Coordinator::election`](crate::Coordinator::election),
-    /// else in the current actix System.
-    pub fn observe(&self, recipient: Recipient<LeaderChanged>) -> Addr<LeaderObserver> {
+    /// Tells `recipient` of each change of leader as read from the table (a term shorter than a
+    /// read may go unseen), until the recipient is gone: an observer runs on the coordinator's
+    /// thread for an election from [`Coordinator::election`](crate::Coordinator::election), else
+    /// in the current actix System.
+    pub fn observe(&self, recipient: Recipient<LeaderChanged>) {
         let observer = LeaderObserver::new(self, recipient);
         match &self.arbiter {
-            Some(arbiter) => Actor::start_in_arbiter(arbiter, |_| observer),
-            None => observer.start(),
+            Some(arbiter) => {
+                Actor::start_in_arbiter(arbiter, |_| observer);
+            }
+            None => {
+                observer.start();
+            }
         }
     }
 

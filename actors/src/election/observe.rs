@@ -1,4 +1,4 @@
-//! [`LeaderObserver`]: tells a recipient of each change of an election's leader it reads, in term order.
+//! `LeaderObserver`: tells a recipient of each change of an election's leader it reads, in term order.
 //!
 //! Every report is the leader as read from the lock table, never a notification's word (anyone
 //! who can connect can NOTIFY). What makes it read: a proclamation on the election channel (a new
@@ -46,7 +46,7 @@ pub struct LeaderChanged {
 }
 
 /// Watches one election; started by [`Election::observe`]. Stops when its recipient is gone.
-pub struct LeaderObserver {
+pub(crate) struct LeaderObserver {
     election: String,
     locks: Addr<LockManager>,
     signals: Addr<ListenerActor>,

@@ -8,7 +8,7 @@
 //! | [`Release`] | `Result<()>`: the tenure ended (what [`Lease::release`] sends) |
 //! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
 //! | [`Get`], [`List`], [`ListPrefix`] | what the table says, granting nothing |
-//! | [`RenewNow`] | `Result<()>`: every held lease renewed now |
+//! | [`RunNow`](crate::RunNow) | `Result<u64>`: every held lease renewed now; how many |
 //! | [`Proclaim`](crate::Proclaim) | `Result<()>`: an election's new value, stored and announced |
 //! | [`GetStats`](crate::GetStats)`<ManagerStats>` | [`ManagerStats`] |
 //! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
@@ -272,20 +272,14 @@ pub struct List;
 #[rtype(result = "Result<Vec<LeaseInfo>>")]
 pub struct ListPrefix(pub String);
 
-/// Renew every held lease now, in one statement; for configurations with heartbeats off.
-/// Leases that could not be renewed are reported through [`LockLost`](crate::LockLost).
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<()>")]
-pub struct RenewNow;
-
 /// Release every held lease now, and answer, once the statements are done, how many were
 /// released on the server. Each holder is told its lease ended with
 /// [`LossReason::Shutdown`](crate::LossReason::Shutdown) (so `lost()` resolves), before the
-/// statements run. The manager keeps running; a graceful stop:
-/// [`Coordinator::shutdown`](crate::Coordinator::shutdown).
+/// statements run. The manager keeps running: what
+/// [`Coordinator::shutdown`](crate::Coordinator::shutdown) sends first.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "usize")]
-pub struct ReleaseAll;
+pub(crate) struct ReleaseAll;
 
 /// What a `LockManager` answers to [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]

@@ -57,9 +57,9 @@ mod with_lock;
 pub(crate) use batch::notify::HolderNotices;
 pub use held::MAX_LEASE;
 pub use lease::Lease;
+pub(crate) use messages::ReleaseAll;
 pub use messages::{
-    Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release,
-    ReleaseAll, RenewNow, SetLimit,
+    Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release, SetLimit,
 };
 pub use with_lock::with_lock;
 
@@ -325,12 +325,12 @@ impl Handler<ReleaseAll> for LockManager {
     }
 }
 
-impl Handler<RenewNow> for LockManager {
-    type Result = ResponseActFuture<Self, Result<()>>;
+impl Handler<crate::RunNow> for LockManager {
+    type Result = Result<u64>;
 
-    fn handle(&mut self, _: RenewNow, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: crate::RunNow, ctx: &mut Context<Self>) -> Result<u64> {
         self.renew_all(ctx);
-        Box::pin(actix::fut::ready(Ok(())))
+        Ok(self.holdings.len() as u64)
     }
 }
 

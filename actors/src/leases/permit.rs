@@ -197,7 +197,7 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
         match self.0 {
             Ok(wait) => {
                 let name = wait.attempts.name.clone();
-                let span = info_span!("acquire_permit", semaphore = %name);
+                let span = info_span!("acquire_permit", lease.name = %name);
                 // A permit's release is always announced: its waiters do not line up. A limited
                 // semaphore's slot keeps its row: only a change of the limit makes or deletes one.
                 let on_release = OnRelease {

@@ -91,12 +91,6 @@ pub struct Fetch(pub String);
 #[rtype(result = "Vec<Result<Vec<u8>>>")]
 pub(crate) struct FetchMany(pub(crate) Vec<String>);
 
-/// Delete expired payloads now; returns how many. [`ErrorKind::InvalidConfig`] for an actor
-/// without a table to expire.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<u64>")]
-pub struct DeleteExpired;
-
 impl Handler<Put> for PayloadStoreActor {
     type Result = ResponseFuture<Result<String>>;
 
@@ -131,10 +125,10 @@ impl Handler<FetchMany> for PayloadStoreActor {
     }
 }
 
-impl Handler<DeleteExpired> for PayloadStoreActor {
+impl Handler<crate::RunNow> for PayloadStoreActor {
     type Result = ResponseFuture<Result<u64>>;
 
-    fn handle(&mut self, _: DeleteExpired, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: crate::RunNow, _: &mut Context<Self>) -> Self::Result {
         let table = self.expiry.as_ref().map(|(table, _)| table.clone());
         Box::pin(async move {
             match table {

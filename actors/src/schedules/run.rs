@@ -18,7 +18,7 @@ const ACQUIRE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Runs the schedule until its actor stops.
 pub(super) async fn run(shared: Arc<Shared>) {
-    let span = info_span!("schedule", schedule = %shared.schedule.name);
+    let span = info_span!("schedule", schedule.name = %shared.schedule.name);
     async move {
         // The server's time when this runner first read the table: a schedule with no row
         // starts with the first tick after it.

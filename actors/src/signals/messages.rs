@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 /// channel name and payload buffer, shared, not copied.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct Signal {
     /// The channel it arrived on.
     pub channel: Arc<str>,
@@ -193,6 +194,14 @@ pub type RequestHandler =
 pub struct Serve {
     pub(crate) channel: String,
     pub(crate) handler: RequestHandler,
+}
+
+impl std::fmt::Debug for Serve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Serve {

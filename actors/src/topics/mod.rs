@@ -48,7 +48,7 @@ pub(crate) mod run;
 pub use append::{Append, TopicAppender};
 pub use delivery::Delivery;
 pub(crate) use delivery::DeliveryContext;
-pub use retention::{TopicRetention, TrimNow};
+pub use retention::TopicRetention;
 
 /// What the loop shares with its actor.
 pub(super) struct Run {
@@ -190,6 +190,7 @@ impl Consume {
 
 /// What a consumer has done.
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
 pub struct ConsumerStats {
     /// Events handed to the handler, redeliveries included.
     pub delivered: u64,

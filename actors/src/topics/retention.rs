@@ -16,11 +16,6 @@ const BATCH: u32 = 1_000;
 /// Statements per tick at most: a backlog of old events is worked off over several ticks.
 pub(crate) const MAX_BATCHES_PER_TICK: u32 = 100;
 
-/// Trim the topic now, as a tick would; answers how many events were deleted.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "Result<u64>")]
-pub struct TrimNow;
-
 /// Keeps one topic to its retention; started by
 /// [`Coordinator::retain`](crate::Coordinator::retain).
 pub struct TopicRetention {
@@ -100,10 +95,10 @@ impl Actor for TopicRetention {
     }
 }
 
-impl Handler<TrimNow> for TopicRetention {
+impl Handler<crate::RunNow> for TopicRetention {
     type Result = ResponseFuture<Result<u64>>;
 
-    fn handle(&mut self, _: TrimNow, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: crate::RunNow, _: &mut Context<Self>) -> Self::Result {
         let trimmer = self.trimmer.clone();
         Box::pin(async move { trimmer.trim().await })
     }

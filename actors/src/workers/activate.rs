@@ -12,7 +12,7 @@ use std::time::Instant;
 use actix::prelude::*;
 use pgcoord::LeaseInfo;
 
-use super::{StopWorker, WorkerPool, wire};
+use super::{Shutdown, WorkerPool, wire};
 use crate::signals::SubscribeRaw;
 use crate::signals::doorbell::{Gate, Go};
 
@@ -56,7 +56,7 @@ impl Activation {
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// Serves keys that come to life on a message (see [`KeyRouter::activate_keys`](super::KeyRouter::activate_keys)):
     /// every key recorded under the pool, besides its own, shared fairly among the members;

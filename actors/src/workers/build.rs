@@ -10,13 +10,13 @@ use actix::prelude::*;
 use pgcoord::Config;
 
 use super::running::Crew;
-use super::{StopWorker, WorkerKey, WorkerPool};
+use super::{Shutdown, WorkerKey, WorkerPool};
 use crate::backend::Locking;
 use crate::leases::LockManager;
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// The pool `name` over `keys`, run by `locks` (whose config is `config`); `factory` makes
     /// the worker of one key. Every process of the fleet must use the same name and keys.

@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::route::Routed;
 use super::wire::{self, Reply, Wait};
-use super::{StopWorker, WorkerPool};
+use super::{Shutdown, WorkerPool};
 use crate::backend::Signalling;
 use crate::signals::{ListenerActor, Serve};
 
@@ -21,7 +21,7 @@ use crate::signals::{ListenerActor, Serve};
 /// the worker's `Handler<Routed>` is known.
 pub(super) struct Routing<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     signals: Arc<dyn Signalling>,
     /// The listener, for the routers' doorbell; none on a backend without one (a pool there
@@ -38,7 +38,7 @@ type MakeServe<W> = Box<dyn FnOnce(Addr<WorkerPool<W>>) -> Serve>;
 
 impl<W> Routing<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// The listener, when the backend has one: the routers' doorbell rings through it.
     pub(super) fn listener(&self) -> Option<&Addr<ListenerActor>> {
@@ -48,7 +48,7 @@ where
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown> + Handler<Routed>,
 {
     /// Delivers messages from [`KeyRouter`](super::KeyRouter)s to this pool's workers (which handle [`Routed`]),
     /// answering on this member's channel through `listener`. Every process's pool of the name
@@ -98,7 +98,7 @@ where
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// Serves the member's channel, when the pool is routed: listened to from here on, also
     /// across the listener's reconnects.
@@ -198,7 +198,7 @@ struct Deliver(Routed, Wait, Duration, u64);
 
 impl<W> Handler<Deliver> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown> + Handler<Routed>,
 {
     type Result = ResponseFuture<Reply>;
 
@@ -265,7 +265,7 @@ where
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// Remembers message `id` as delivered now (see [`Delivered`]).
     fn remember(&mut self, id: u64, within: Duration) -> watch::Sender<Option<Reply>> {

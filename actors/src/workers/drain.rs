@@ -3,7 +3,7 @@
 use actix::prelude::*;
 use tracing::info;
 
-use super::{Drain, StopWorker, WorkerPool, plan};
+use super::{Drain, Shutdown, WorkerPool, plan};
 
 /// A pool handing its keys over before it stops.
 #[derive(Default)]
@@ -18,7 +18,7 @@ pub(super) struct Draining {
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// A draining pool's tick: the keys `going` let go (up to `max_moves`, as `plan::drain`
     /// picks them; each worker stopped before its lease goes); once none is left, the releases
@@ -45,7 +45,7 @@ where
 
 impl<W> Handler<Drain> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ResponseFuture<()>;
 

@@ -25,7 +25,7 @@ use pgcoord::Result;
 use pgcoord::topic::{Cursor, Event, Pending, Start, TopicTable};
 use tracing::{debug, warn};
 
-use super::{Mail, StopWorker, WorkerPool, mail_topic};
+use super::{Mail, Shutdown, WorkerPool, mail_topic};
 use crate::metrics::MailMetrics;
 use crate::signals::doorbell::{Gate, Go};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
@@ -61,7 +61,7 @@ pub(super) struct Mailing<W: Actor> {
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Mail>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown> + Handler<Mail>,
 {
     /// Delivers each key's durable mail ([`mail_topic`]) to its worker, at least once and in
     /// order, through `coordinator`'s pool and listener (see [`Mail`]). Every process's pool of
@@ -109,7 +109,7 @@ enum Delivered {
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// Listens for the mail's doorbell (and the listener's reconnects, after which doorbells may
     /// have been missed).
@@ -401,7 +401,7 @@ const FAILED_PAUSE: Duration = Duration::from_millis(200);
 
 impl<W> Handler<RawNotification> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ();
 
@@ -419,7 +419,7 @@ where
 
 impl<W> Handler<ConnState> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ();
 

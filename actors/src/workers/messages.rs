@@ -16,6 +16,7 @@ use pgcoord::topic::Event;
 /// fleet. The pool keeps the lease (renewed, released after the worker stopped); the worker
 /// fences its writes with it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WorkerKey {
     /// The key.
     pub key: String,
@@ -48,12 +49,6 @@ impl WorkerKey {
         &self.lease
     }
 }
-
-/// Stop: the key's lease is lost or given to another process. Workers implement it as
-/// `ctx.stop()`.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct StopWorker;
 
 /// The keys a pool's process holds, with their tokens, and the live members it counted.
 #[derive(Debug, Clone, Message)]

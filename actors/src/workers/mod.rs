@@ -12,7 +12,7 @@
 //! [`KeyRouter::members`] lists them from any process.
 //!
 //! A worker runs only while its key's lease is held: when the lease is lost the pool tells the
-//! worker to stop ([`StopWorker`]) at once — the holder learns of a loss before the server could
+//! worker to stop ([`Shutdown`]) at once — the holder learns of a loss before the server could
 //! grant the key elsewhere — and a worker that stops or dies (actix: a panicking handler stops
 //! its actor) while the lease is held is started again. Workers should fence their writes with
 //! the key's lease ([`WorkerKey::fence`]): that, not the stop message, is what makes a late write
@@ -50,6 +50,7 @@ mod tasks;
 // The in-memory backend's routes use the same channels.
 pub(crate) mod wire;
 
+use crate::losses::Shutdown;
 use activate::Activation;
 use deliver::Routing;
 use drain::Draining;
@@ -57,7 +58,7 @@ use mail::Mailing;
 use members::Membership;
 pub use members::{MembersChanged, SubscribeMembers};
 pub use messages::{
-    AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, StopWorker, WorkerKey, mail_topic,
+    AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, WorkerKey, mail_topic,
 };
 use rebalance::Rounds;
 pub use route::{KeyRouter, Routed};
@@ -69,7 +70,7 @@ pub use tasks::{TaskPool, Workers};
 /// every address is dropped).
 pub struct WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     name: String,
     keys: Vec<String>,
@@ -97,7 +98,7 @@ where
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// The pool's keys are `keys` now: the workers of keys it no longer has stop, and their
     /// leases go.
@@ -168,7 +169,7 @@ where
 
 impl<W> Actor for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Context = Context<Self>;
 
@@ -193,7 +194,7 @@ where
 
 impl<W> Handler<GetAssignment> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = Assignment;
 
@@ -211,7 +212,7 @@ where
 
 impl<W> Handler<SetKeys> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ();
 
@@ -222,7 +223,7 @@ where
 
 impl<W> StreamHandler<Vec<String>> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     fn handle(&mut self, keys: Vec<String>, _: &mut Context<Self>) {
         self.set_keys(keys);
@@ -235,7 +236,7 @@ where
 
 impl<W> Handler<crate::losses::Shutdown> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ();
 
@@ -246,7 +247,7 @@ where
 
 impl<W> Handler<SubscribeMembers> for WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = ();
 

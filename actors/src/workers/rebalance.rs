@@ -11,7 +11,7 @@ use pgcoord::LeaseInfo;
 use tracing::{debug, warn};
 
 use super::plan::{self, Round};
-use super::{StopWorker, WorkerPool, members};
+use super::{Shutdown, WorkerPool, members};
 use crate::leases::{Acquire, Claim, Lease};
 
 /// The key sets a pool follows, each replacing the last.
@@ -67,7 +67,7 @@ impl Rounds {
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// One round: workers tended, membership, the members and keys read, the moves made.
     pub(super) fn rebalance(&mut self, ctx: &mut Context<Self>) {

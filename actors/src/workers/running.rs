@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tracing::warn;
 
-use super::messages::{AssignedKey, StopWorker, WorkerKey};
+use super::messages::{AssignedKey, WorkerKey};
 use crate::leases::Lease;
+use crate::losses::Shutdown;
 
 struct Running<W: Actor> {
     /// Shared with the worker's [`WorkerKey`]: released once both are done with it.
@@ -39,7 +40,7 @@ pub(super) struct Crew<W: Actor> {
 
 impl<W> Crew<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// No worker yet; `factory` makes the worker of one key.
     pub(super) fn new(factory: impl Fn(WorkerKey) -> W + 'static) -> Crew<W> {
@@ -106,7 +107,7 @@ where
     /// Takes `key`'s worker and lease out, the worker told to stop.
     pub(super) fn stop(&mut self, key: &str) -> Option<(Arc<Lease>, Addr<W>)> {
         let Running { lease, worker, .. } = self.running.remove(key)?;
-        worker.do_send(StopWorker);
+        worker.do_send(Shutdown);
         Some((lease, worker))
     }
 
@@ -133,7 +134,7 @@ where
         if let Some(idle) = self.passivate_after {
             for running in self.running.values_mut() {
                 if !running.passive && running.used.elapsed() >= idle {
-                    running.worker.do_send(StopWorker);
+                    running.worker.do_send(Shutdown);
                     running.passive = true;
                 }
             }

@@ -12,7 +12,7 @@ use actix::prelude::*;
 use futures_util::Stream;
 use pgcoord::{Error, ErrorKind, Result};
 
-use super::{Assignment, Drain, GetAssignment, MembersChanged, SetKeys, StopWorker};
+use super::{Assignment, Drain, GetAssignment, MembersChanged, SetKeys, Shutdown};
 use super::{SubscribeMembers, WorkerKey, WorkerPool};
 use crate::coordinator::Coordinator;
 use crate::streams::{forward, told};
@@ -181,10 +181,10 @@ impl Actor for KeyTask {
     }
 }
 
-impl Handler<StopWorker> for KeyTask {
+impl Handler<Shutdown> for KeyTask {
     type Result = ();
 
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         // Stopping drops the future.
         ctx.stop();
     }

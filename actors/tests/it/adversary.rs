@@ -250,9 +250,9 @@ impl Actor for Sluggish {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Sluggish {
+impl Handler<Shutdown> for Sluggish {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
@@ -414,7 +414,7 @@ async fn forged_references_make_an_election_observer_resync_only_for_its_own_cha
         .await
         .unwrap();
     let (observed, recipient) = Collector::<LeaderChanged>::start_new();
-    let _observer = watcher.election("e").unwrap().observe(recipient);
+    watcher.election("e").unwrap().observe(recipient);
     observed.wait_for(1, Duration::from_secs(5)).await;
     let other = unique_name("other");
     let (_, recipient) = Collector::<Signal>::start_new();

@@ -77,7 +77,7 @@ async fn a_coordinator_runs_on_the_applications_own_pool() {
         .call(AdvisoryLock::new(7))
         .await
         .unwrap();
-    coordinator.locks.call(RenewNow).await.unwrap();
+    coordinator.locks.call(RunNow).await.unwrap();
 
     let count = |name: String| {
         let admin = &admin;

@@ -29,7 +29,7 @@ pub(super) trait Harness {
     ) -> WorkerPool<W>
     where
         W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<StopWorker>
+            + actix::Handler<Shutdown>
             + actix::Handler<Routed>;
     /// A router from `process` to the pool `name`.
     fn router(&self, process: &Self::Process, pool: &str) -> KeyRouter;
@@ -85,7 +85,7 @@ impl Harness for Postgres {
     ) -> WorkerPool<W>
     where
         W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<StopWorker>
+            + actix::Handler<Shutdown>
             + actix::Handler<Routed>,
     {
         let locks = process.locks.clone();
@@ -164,7 +164,7 @@ impl Harness for Memory {
     ) -> WorkerPool<W>
     where
         W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<StopWorker>
+            + actix::Handler<Shutdown>
             + actix::Handler<Routed>,
     {
         WorkerPool::in_memory(process, name, keys, factory).routed_in_memory(process)

@@ -20,7 +20,7 @@ async fn one_leader_at_a_time_resign_hands_over_and_observers_see_every_term_in_
     let coordinator = |owner: &str| Coordinator::start(setup.builder(owner).build().unwrap());
     let watcher = coordinator("watcher");
     let (observed, recipient) = Collector::<LeaderChanged>::start_new();
-    let _observer = watcher.election("leader").unwrap().observe(recipient);
+    watcher.election("leader").unwrap().observe(recipient);
     let first = observed.wait_for(1, Duration::from_secs(5)).await;
     assert_eq!(first[0].leader, None, "nobody leads yet");
     assert!(first[0].resync, "the first report is the state read");
@@ -149,7 +149,7 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
             .unwrap(),
     );
     let (observed, recipient) = Collector::<LeaderChanged>::start_new();
-    let _observer = watcher.election("job").unwrap().observe(recipient);
+    watcher.election("job").unwrap().observe(recipient);
     observed.wait_for(1, Duration::from_secs(5)).await;
 
     // A leader that never renews (its process died): granted and proclaimed by hand.
@@ -245,7 +245,7 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
 async fn a_term_that_ended_cannot_proclaim_and_bad_names_are_refused() {
     let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
     let coordinator = Coordinator::start(setup.builder("me").build().unwrap());
-    let err = coordinator.election("").err().expect("an empty name");
+    let err = coordinator.election("").expect_err("an empty name");
     assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidName);
     let election = coordinator.election("solo").unwrap();
     let term = election.campaign("v1", None).await.unwrap();
@@ -396,7 +396,7 @@ async fn an_observer_reports_what_it_reads_not_what_a_notification_says() {
     let config = setup.builder("watcher").build().unwrap();
     let watcher = Coordinator::start(config.clone());
     let (observed, recipient) = Collector::<LeaderChanged>::start_new();
-    let _observer = watcher.election("replayed").unwrap().observe(recipient);
+    watcher.election("replayed").unwrap().observe(recipient);
     observed.wait_for(1, Duration::from_secs(5)).await;
     let (listening, mut heard) = super::listen_on(&config, &[config.election_channel()]).await;
 
@@ -436,7 +436,7 @@ async fn a_flood_of_proclamations_costs_an_observer_a_read_per_gap() {
     let config = setup.builder("watcher").build().unwrap();
     let watcher = Coordinator::start(config.clone());
     let (observed, recipient) = Collector::<LeaderChanged>::start_new();
-    let _observer = watcher.election("flooded").unwrap().observe(recipient);
+    watcher.election("flooded").unwrap().observe(recipient);
     observed.wait_for(1, Duration::from_secs(5)).await;
     let (listening, mut heard) = super::listen_on(&config, &[config.election_channel()]).await;
     let leader = Coordinator::start(setup.builder("leader").build().unwrap());

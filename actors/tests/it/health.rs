@@ -40,6 +40,11 @@ async fn health_answers_within_its_bound_and_says_what_is_not_well() {
     };
     let health = ready_within(Duration::from_secs(10)).await;
     assert_eq!(health.renewals_failing, Some(0));
+    // A readiness endpoint's JSON body: `ready` beside the parts.
+    assert_eq!(
+        serde_json::to_value(&health).unwrap(),
+        serde_json::json!({"ready": true, "listening": true, "renewals_failing": 0, "database": null})
+    );
 
     // Every connection black-holed and new ones refused: the answer still comes in its bound,
     // and says the database does not answer; soon the heartbeat says so too.
@@ -56,6 +61,9 @@ async fn health_answers_within_its_bound_and_says_what_is_not_well() {
     );
     assert!(!health.is_ready(), "{health:?}");
     assert!(health.database.is_some(), "{health:?}");
+    let body = serde_json::to_value(&health).unwrap();
+    assert_eq!(body["ready"], false, "{body}");
+    assert!(body["database"].is_string(), "{body}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let health = coordinator.health(bound).await;

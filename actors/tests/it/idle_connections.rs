@@ -132,9 +132,9 @@ impl Actor for Echo {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Echo {
+impl Handler<Shutdown> for Echo {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

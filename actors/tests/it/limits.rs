@@ -230,7 +230,7 @@ async fn a_waiter_is_admitted_when_the_limit_is_raised_and_without_a_limit_is_re
     assert!(!info.is_held());
     let change = a.call(SetLimit::new("exports", 0)).await.unwrap();
     assert_eq!((change.previous, change.revoked), (Some(2), 1));
-    b.call(RenewNow).await.unwrap();
+    b.call(RunNow).await.unwrap();
     assert_eq!(second.lost().await, Some(LossReason::TakenOver));
     let err = a
         .call(SetLimit::new("exports", pgcoord::lease::MAX_PERMITS + 1))

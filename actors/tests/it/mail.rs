@@ -32,9 +32,9 @@ impl Actor for Counter {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Counter {
+impl Handler<Shutdown> for Counter {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

@@ -11,6 +11,11 @@ use pgcoord_testkit::unique_name;
 
 use super::Collector;
 
+/// Which waiter was served, in the order they were.
+#[derive(Debug, Clone, actix::Message)]
+#[rtype(result = "()")]
+struct Served(u8);
+
 /// In memory, waiters are served in strict arrival order (on PostgreSQL fairness is measured,
 /// not strict: see the README's known limits).
 #[actix_rt::test]
@@ -19,7 +24,7 @@ async fn in_memory_waiters_are_served_in_arrival_order() {
     let holder = backend.coordinator("holder");
     let name = unique_name("fifo");
     let mut lease = holder.acquire(Acquire::new(&name)).await.unwrap();
-    let (order, recipient) = Collector::<Signal>::start_new();
+    let (order, recipient) = Collector::<Served>::start_new();
     let mut waiters = Vec::new();
     for i in 0..5u8 {
         let (process, name, recipient) = (
@@ -29,11 +34,7 @@ async fn in_memory_waiters_are_served_in_arrival_order() {
         );
         waiters.push(actix_rt::spawn(async move {
             let lease = process.acquire(Acquire::new(&name)).await.unwrap();
-            recipient.do_send(Signal {
-                channel: "order".into(),
-                id: i.into(),
-                payload: vec![i].into(),
-            });
+            recipient.do_send(Served(i));
             tokio::time::sleep(Duration::from_millis(10)).await;
             lease.release().await.unwrap();
         }));
@@ -44,7 +45,7 @@ async fn in_memory_waiters_are_served_in_arrival_order() {
     for waiter in waiters {
         waiter.await.unwrap();
     }
-    let served: Vec<u64> = order.received().iter().map(|s| s.id).collect();
+    let served: Vec<u8> = order.received().iter().map(|s| s.0).collect();
     assert_eq!(served, vec![0, 1, 2, 3, 4]);
     lease = holder
         .acquire(Acquire::new(&name).fail_if_locked())
@@ -61,7 +62,7 @@ async fn in_memory_a_higher_priority_is_served_first() {
     let holder = backend.coordinator("holder");
     let name = unique_name("priority");
     let lease = holder.acquire(Acquire::new(&name)).await.unwrap();
-    let (order, recipient) = Collector::<Signal>::start_new();
+    let (order, recipient) = Collector::<Served>::start_new();
     let mut waiters = Vec::new();
     for (i, priority) in [(0u8, 0), (1, 0), (2, 5)] {
         let (process, name, recipient) = (
@@ -72,12 +73,7 @@ async fn in_memory_a_higher_priority_is_served_first() {
         waiters.push(actix_rt::spawn(async move {
             let acquire = Acquire::new(&name).priority(priority);
             let lease = process.acquire(acquire).await.unwrap();
-            let signal = Signal {
-                channel: "order".into(),
-                id: i.into(),
-                payload: vec![i].into(),
-            };
-            recipient.do_send(signal);
+            recipient.do_send(Served(i));
             tokio::time::sleep(Duration::from_millis(10)).await;
             lease.release().await.unwrap();
         }));
@@ -87,7 +83,7 @@ async fn in_memory_a_higher_priority_is_served_first() {
     for waiter in waiters {
         waiter.await.unwrap();
     }
-    let served: Vec<u64> = order.received().iter().map(|s| s.id).collect();
+    let served: Vec<u8> = order.received().iter().map(|s| s.0).collect();
     assert_eq!(served, vec![2, 0, 1]);
 }
 

@@ -140,9 +140,9 @@ struct Idle;
 impl actix::Actor for Idle {
     type Context = actix::Context<Self>;
 }
-impl actix::Handler<StopWorker> for Idle {
+impl actix::Handler<Shutdown> for Idle {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut actix::Context<Self>) {
         actix::ActorContext::stop(ctx);
     }
 }

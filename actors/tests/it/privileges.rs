@@ -52,7 +52,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         .call(Acquire::new("job").data(b"d".to_vec()).keep_on_release())
         .await
         .unwrap();
-    one.locks.call(RenewNow).await.unwrap();
+    one.locks.call(RunNow).await.unwrap();
     let refused = two.locks.call(Acquire::new("job").fail_if_locked()).await;
     assert_eq!(refused.unwrap_err().kind(), pgcoord::ErrorKind::NotAcquired);
     let waiting = actix_rt::spawn(
@@ -84,7 +84,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         .await
         .unwrap();
     assert_eq!(received.wait_for(2, Duration::from_secs(5)).await.len(), 2);
-    one.payloads.call(DeleteExpired).await.unwrap();
+    one.payloads.call(RunNow).await.unwrap();
 
     // Advisory locks, an election, a semaphore.
     let guard = one.advisory.call(AdvisoryLock::new(5)).await.unwrap();

@@ -26,9 +26,9 @@ impl Actor for Echo {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Echo {
+impl Handler<Shutdown> for Echo {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
@@ -371,9 +371,9 @@ impl Actor for Slow {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Slow {
+impl Handler<Shutdown> for Slow {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
@@ -511,9 +511,9 @@ impl Actor for Keeper {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Keeper {
+impl Handler<Shutdown> for Keeper {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
@@ -553,7 +553,7 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
         )
         .await
         .unwrap();
-    locks.send(RenewNow).await.unwrap().unwrap();
+    locks.send(RunNow).await.unwrap().unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(2), "the loss seen", async || {
         first.loss().is_some()
     })
@@ -641,9 +641,9 @@ impl Actor for Counted {
     }
 }
 
-impl Handler<StopWorker> for Counted {
+impl Handler<Shutdown> for Counted {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

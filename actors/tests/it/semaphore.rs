@@ -101,7 +101,7 @@ async fn a_waiter_is_woken_by_a_release_and_a_permit_is_lost_like_a_lease() {
         )
         .await
         .unwrap();
-    a.call(RenewNow).await.unwrap();
+    a.call(RunNow).await.unwrap();
     assert_eq!(second.lost().await, Some(LossReason::TakenOver));
     assert_eq!(lost.wait_for(1, Duration::from_secs(5)).await.len(), 1);
     assert!(permit.loss().is_none());

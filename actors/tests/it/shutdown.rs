@@ -96,9 +96,9 @@ impl actix::Actor for Stopping {
     type Context = actix::Context<Self>;
 }
 
-impl actix::Handler<StopWorker> for Stopping {
+impl actix::Handler<Shutdown> for Stopping {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut actix::Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut actix::Context<Self>) {
         let seen = (self.key.key.clone(), self.key.loss());
         self.stops.lock().unwrap().push(seen);
         actix::ActorContext::stop(ctx);

@@ -382,7 +382,7 @@ async fn a_missing_store_row_is_a_typed_error() {
         short.get(&key).await.unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    assert_eq!(actor.send(DeleteExpired).await.unwrap().unwrap(), 1);
+    assert_eq!(actor.send(RunNow).await.unwrap().unwrap(), 1);
 }
 
 #[actix_rt::test]

@@ -106,7 +106,7 @@ async fn a_threaded_runtime_that_cannot_start_says_why() {
         .lock_table(unique_name("missing"))
         .build()
         .unwrap();
-    let error = Runtime::connect(missing).await.err().expect("refused");
+    let error = Runtime::connect(missing).await.expect_err("refused");
     assert_eq!(error.kind(), pgcoord::ErrorKind::NotFound, "{error}");
     assert!(error.to_string().contains("does not exist"), "{error}");
 }

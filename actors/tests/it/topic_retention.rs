@@ -83,7 +83,7 @@ async fn a_topic_kept_to_its_retention_on_a_timer() {
     assert_eq!(err.kind(), pgcoord::ErrorKind::Compacted);
     let left = table.read(&admin, "t", events, 10).await.unwrap().events;
     assert_eq!(left.len(), 2, "the newest two");
-    assert_eq!(retention.send(TrimNow).await.unwrap().unwrap(), 0);
+    assert_eq!(retention.send(RunNow).await.unwrap().unwrap(), 0);
     // Bad settings are typed errors.
     let everything = Retention::default();
     let err = one

@@ -60,9 +60,9 @@ impl Actor for Recorder {
     }
 }
 
-impl Handler<StopWorker> for Recorder {
+impl Handler<Shutdown> for Recorder {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }
@@ -178,7 +178,7 @@ async fn keys_are_shared_moved_and_never_served_twice() {
         )
         .await
         .unwrap();
-    b_locks.send(RenewNow).await.unwrap().unwrap();
+    b_locks.send(RunNow).await.unwrap().unwrap();
     pgcoord_testkit::eventually(
         Duration::from_secs(4),
         "the lost key served again",

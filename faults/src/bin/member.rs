@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{Coordinator, Drain, Mail, Routed, StopWorker, WorkerKey, WorkerPool};
+use pgcoord_actors::{Coordinator, Drain, Mail, Routed, Shutdown, WorkerKey, WorkerPool};
 use pgcoord_faults::program::{arg, flag, need, number, say};
 use tokio::sync::Mutex;
 
@@ -30,9 +30,9 @@ impl Actor for Applier {
     type Context = Context<Self>;
 }
 
-impl Handler<StopWorker> for Applier {
+impl Handler<Shutdown> for Applier {
     type Result = ();
-    fn handle(&mut self, _: StopWorker, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

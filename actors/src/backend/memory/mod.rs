@@ -152,6 +152,23 @@ pub struct MemoryCoordinator {
     owner: String,
 }
 
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("lease", &self.shared.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for MemoryCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryCoordinator")
+            .field("owner", &self.owner)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl MemoryCoordinator {
     /// The owner identity its leases are held as.
     pub fn owner(&self) -> &str {

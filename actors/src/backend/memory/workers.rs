@@ -11,14 +11,14 @@ use super::MemoryCoordinator;
 use crate::backend::{Locking, Signalling};
 use crate::workers::route::Holders;
 use crate::workers::wire;
-use crate::{KeyRouter, Routed, StopWorker, WorkerKey, WorkerPool};
+use crate::{KeyRouter, Routed, Shutdown, WorkerKey, WorkerPool};
 
 /// What stands for the lock table's name on the in-memory backend (routes are scoped to it).
 const TABLE: &str = "memory";
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     /// The pool `name` over `keys` on the in-memory backend (feature `memory`), as the process
     /// `coordinator` is: for unit tests of an application's workers. Members are the backend's
@@ -43,7 +43,7 @@ where
 
 impl<W> WorkerPool<W>
 where
-    W: Actor<Context = Context<W>> + Handler<StopWorker> + Handler<Routed>,
+    W: Actor<Context = Context<W>> + Handler<Shutdown> + Handler<Routed>,
 {
     /// [`routed`](Self::routed) on the in-memory backend: a pool made
     /// [`in_memory`](Self::in_memory) answers [`KeyRouter::in_memory`]s of `coordinator`'s
