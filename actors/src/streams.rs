@@ -95,9 +95,14 @@ pub(crate) fn forward<T: Send + 'static>(
     keep: Option<Keep<T>>,
 ) -> (Addr<Forward<T>>, Feed<T>) {
     let (sender, receiver) = mpsc::unbounded_channel();
-    let forwarder = Forward::start_in_arbiter(arbiter, move |_| Forward {
-        sender,
-        filter: keep,
+    let forwarder = Forward::start_in_arbiter(arbiter, move |ctx| {
+        // Its stream is unbounded, so its mailbox is too (capacity 0): a broadcaster's
+        // `try_send` never finds it full, as a burst dropped for it would be a silent loss.
+        ctx.set_mailbox_capacity(0);
+        Forward {
+            sender,
+            filter: keep,
+        }
     });
     (forwarder, Feed { receiver })
 }

@@ -99,12 +99,18 @@ impl ListenerActor {
         if warn_due(self.stats.undeliverable) {
             warn!(%channel, error = %error, undeliverable = self.stats.undeliverable, "cannot fetch a stored payload; message not delivered");
         }
+        self.lost(channel, error.to_string(), ctx);
+    }
+
+    /// Messages of `channel` some subscribers did not get: announced at once, or counted into
+    /// the announcement due at the end of the channel's [`LOSS_REPORT_GAP`].
+    fn lost(&mut self, channel: &str, error: String, ctx: &mut Context<Self>) {
         if let Some((since, last)) = self.losses.get_mut(channel) {
             *since += 1;
-            *last = error.to_string();
+            *last = error;
             return;
         }
-        self.announce_loss(channel.to_owned(), error.to_string(), ctx);
+        self.announce_loss(channel.to_owned(), error, ctx);
     }
 
     /// Announces a loss on `channel`, and those to come within [`LOSS_REPORT_GAP`] after it.
@@ -171,6 +177,12 @@ impl ListenerActor {
             m.delivered.increment(delivered);
             m.overflowed.increment(overflowed);
         });
+        // A subscriber missed it: never a silent loss. Whoever watches the connection's states
+        // learns of it as of a payload that could not be fetched, and resyncs.
+        if overflowed > 0 {
+            let error = format!("{overflowed} subscriber(s) had a full mailbox; dropped for them");
+            self.lost(channel, error, ctx);
+        }
         // Subscribers that are gone, and waiters served, may leave nobody listening.
         self.unlisten_if_unused(channel, ctx);
     }

@@ -55,9 +55,9 @@ pub enum ConnState {
     /// Connected again and every LISTEN confirmed. Notifications sent during the gap were not
     /// delivered: resync whatever they drive.
     Reconnected,
-    /// A message arrived on `channel` but its payload, kept in the payload store, could not be
-    /// fetched (expired, deleted, or the store failed): its subscribers did not get it. Resync
-    /// what that channel drives. Announced at once, then at most once a second for the
+    /// A message arrived on `channel` but subscribers did not get it: its payload, kept in the
+    /// payload store, could not be fetched (expired, deleted, or the store failed), or a
+    /// subscriber's mailbox was full (the error says which). Resync what that channel drives. Announced at once, then at most once a second for the
     /// channel, for all lost meanwhile (the error says how many): a reference to no row, which
     /// anyone who can NOTIFY can send, cannot be told from an expired one, so a flood of them
     /// is a few announcements.
@@ -301,7 +301,8 @@ pub struct SubscribeConnState(pub Recipient<ConnState>);
 pub struct ListenerStats {
     /// Messages delivered to subscribers and waiters.
     pub delivered: u64,
-    /// Messages dropped because a subscriber's mailbox was full.
+    /// Messages dropped because a subscriber's mailbox was full; announced as
+    /// [`ConnState::MessageLost`] (as `undeliverable` ones are).
     pub overflowed: u64,
     /// Notifications that were not valid envelopes, skipped (warned about at the first and then
     /// at every power of two).

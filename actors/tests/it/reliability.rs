@@ -225,6 +225,8 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
         .unwrap()
         .unwrap();
     let fast = subscribe(&listener, &channel).await;
+    let (states, recipient) = Collector::<ConnState>::start_new();
+    listener.send(SubscribeConnState(recipient)).await.unwrap();
     burst(&admin, &channel, 10_000).await;
     let received = fast.wait_for(10_000, Duration::from_secs(30)).await;
     let order: Vec<u32> = received
@@ -239,6 +241,18 @@ async fn ten_thousand_notifications_and_a_slow_subscriber() {
     let stats = listener.send(GetStats::new()).await.unwrap();
     assert!(stats.overflowed > 0, "the slow one's overflow is counted");
     assert_eq!(stats.delivered + stats.overflowed, 20_000, "{stats:?}");
+    // And announced, never a silent loss: the channel's subscribers are told to resync.
+    let lost =
+        |s: &ConnState| matches!(s, ConnState::MessageLost { channel: c, .. } if *c == channel);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !states.received().iter().any(lost) {
+        assert!(
+            Instant::now() < deadline,
+            "no loss announced: {:?}",
+            states.received()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A listener busy reading a burst answers its ping only after the notifications queued before
@@ -287,4 +301,39 @@ async fn burst(admin: &tokio_postgres::Client, channel: &str, n: u32) {
         )
         .await
         .unwrap();
+}
+
+/// The tokio door's subscription under a burst: every message of 10,000 notified by one
+/// statement arrives, in order — the stream's forwarder is not a subscriber whose mailbox fills
+/// and drops what it is sent.
+#[actix_rt::test]
+async fn a_subscription_stream_loses_nothing_of_a_burst() {
+    let (setup, admin) = setup().await;
+    let coordinator = Coordinator::connect(setup.builder("stream").build().unwrap())
+        .await
+        .unwrap();
+    let channel = unique_name("burst");
+    let mut subscription = coordinator.subscribe(&channel).await.unwrap();
+    burst(&admin, &channel, 10_000).await;
+    // A reader that is slow to start: the burst waits for it, none of it is dropped.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut order = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while order.len() < 10_000 {
+        match tokio::time::timeout_at(deadline, subscription.next()).await {
+            Ok(Some(Heard::Signal(signal))) => {
+                order.push(u32::from_be_bytes(signal.payload[..4].try_into().unwrap()))
+            }
+            Ok(other) => panic!("{other:?} after {} messages", order.len()),
+            Err(_) => panic!("{} of 10,000 received", order.len()),
+        }
+    }
+    assert_eq!(
+        order,
+        (0..10_000).collect::<Vec<_>>(),
+        "in order, none lost"
+    );
+    let stats = coordinator.signals.send(GetStats::new()).await.unwrap();
+    assert_eq!(stats.overflowed, 0, "{stats:?}");
+    coordinator.shutdown(Duration::from_secs(5)).await;
 }
