@@ -335,5 +335,5 @@ async fn a_subscription_stream_loses_nothing_of_a_burst() {
     );
     let stats = coordinator.signals.send(GetStats::new()).await.unwrap();
     assert_eq!(stats.overflowed, 0, "{stats:?}");
-    coordinator.shutdown(Duration::from_secs(5)).await;
+    coordinator.shutdown(Duration::from_secs(5)).await.unwrap();
 }
