@@ -359,3 +359,43 @@ async fn a_bad_pool_name_is_refused_before_anything_starts() {
     assert_eq!(e.kind(), ErrorKind::InvalidName, "{e}");
     runtime.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A closure that panics takes only its key's worker down: the pool starts it again at its next
+/// tick, with the same key and lease (the token does not change), and the runtime goes on.
+#[tokio::test]
+async fn a_closure_that_panics_runs_again_with_its_key() {
+    let (tables, _admin) = Tables::new().await;
+    let runtime = tables.runtime("panics").await;
+    let runs: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let pool = {
+        let runs = runs.clone();
+        TaskPool::new(unique_name("pool"), vec!["k".into()], move |key| {
+            let runs = runs.clone();
+            async move {
+                let first = {
+                    let mut runs = runs.lock().unwrap();
+                    runs.push(key.token);
+                    runs.len() == 1
+                };
+                if first {
+                    panic!("the first run of a key's closure fails");
+                }
+                std::future::pending::<()>().await;
+            }
+        })
+    };
+    let workers = runtime.coordinator().run_tasks(pool).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "run again after the panic",
+        async || runs.lock().unwrap().len() >= 2,
+    )
+    .await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs[0], runs[1], "the same lease: {runs:?}");
+    let assignment = workers.assignment().await.unwrap();
+    assert_eq!(assignment.keys.len(), 1);
+    assert!(assignment.restarts >= 1, "{assignment:?}");
+    drop(workers);
+    runtime.shutdown(Duration::from_secs(5)).await.unwrap();
+}

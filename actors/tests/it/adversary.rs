@@ -467,3 +467,47 @@ async fn forged_references_make_an_election_observer_resync_only_for_its_own_cha
     assert!((2..=3).contains(&reports.len()), "{reports:?}");
     assert!(reports.iter().all(|r| r.resync && r.leader.is_none()));
 }
+
+/// The tokio door's subscription marks a message its subscriber missed — here a reference to a
+/// stored payload that is not there, which anyone can NOTIFY — with a gap for its own channel,
+/// and says nothing of another channel's: the stream's reader resyncs exactly when it must.
+#[actix_rt::test]
+async fn a_subscription_stream_marks_a_lost_message_of_its_channel_as_a_gap() {
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let coordinator = Coordinator::start(setup.builder("reader").build().unwrap());
+    let (ours, other) = (unique_name("ours"), unique_name("other"));
+    let mut subscription = coordinator.subscribe(&ours).await.unwrap();
+    let _other = coordinator.subscribe(&other).await.unwrap();
+    let forge = async |channel: &str| {
+        let mut envelope = Envelope::new(Kind::Event, Vec::new());
+        envelope.body = Body::Stored(forged_key());
+        let text = envelope.encode().unwrap();
+        admin
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &text])
+            .await
+            .unwrap();
+    };
+    forge(&other).await;
+    forge(&ours).await;
+    coordinator
+        .signals
+        .call(Publish::new(&ours, b"after".to_vec()))
+        .await
+        .unwrap();
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let next = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await;
+        heard.push(
+            next.expect("heard within the bound")
+                .expect("the stream goes on"),
+        );
+    }
+    match &heard[0] {
+        Heard::Gap(ConnState::MessageLost { channel, .. }) => assert_eq!(*channel, ours),
+        other => panic!("a gap of our channel first, not {other:?}"),
+    }
+    assert!(
+        matches!(&heard[1], Heard::Signal(signal) if signal.payload.as_ref() == b"after"),
+        "{heard:?}"
+    );
+}
