@@ -1,5 +1,6 @@
 //! [`Config`]: everything pgcoord needs to know, validated once, up front. [`ConfigBuilder`]
-//! (in `builder`) holds every setting with its default and validates them in `build()`.
+//! (in `builder`) holds every setting with its default and validates them in `build()`, with the
+//! checks in `checks`.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use crate::ident::{Ident, QualifiedName};
 use crate::tls::Tls;
 
 mod builder;
+mod checks;
 mod connection;
 mod dsn;
 mod env;
