@@ -29,7 +29,7 @@ pub struct ConfigBuilder {
     pub(super) pool_timeout: Duration,
     pub(super) pool_idle_timeout: Duration,
     pub(super) application_name: Option<String>,
-    pub(super) connect_timeout: Duration,
+    pub(super) connect_timeout: Option<Duration>,
     pub(super) statement_timeout: Duration,
     pub(super) tcp_user_timeout: Option<Duration>,
     pub(super) inline_limit: usize,
@@ -65,7 +65,7 @@ impl Default for ConfigBuilder {
             pool_timeout: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
             application_name: None,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: None,
             statement_timeout: Duration::from_secs(5),
             tcp_user_timeout: None,
             inline_limit: 4096,
@@ -81,8 +81,9 @@ impl Default for ConfigBuilder {
 }
 
 impl ConfigBuilder {
-    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`); without a password
-    /// in it, the password file's (`PGPASSFILE`, else `~/.pgpass`), as libpq. No default: a
+    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`). What it leaves out
+    /// comes from the `PG*` variables, then the password from the password file (`PGPASSFILE`,
+    /// else `~/.pgpass`), as libpq fills it (docs/OPERATIONS.md, "Connecting"). No default: a
     /// DSN or [`pg_config`](Self::pg_config) is required. A malformed one is
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) from `build()`, naming
     /// what is wrong but never quoting the password (nor an unknown option's name, when the DSN
@@ -93,18 +94,15 @@ impl ConfigBuilder {
     }
 
     /// Connect as the environment says, as libpq would: `DATABASE_URL` when it is set, else
-    /// the `PG*` variables (`PGHOST`, `PGPORT`, `PGUSER` — default the system's `USER` —,
-    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`,
-    /// `PGCONNECT_TIMEOUT`), with the password, when none is set, from the password file
-    /// (`PGPASSFILE`, else `~/.pgpass`; ignored when others may read it).
+    /// the `PG*` variables alone, each completed as a [`dsn`](Self::dsn) is.
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when the environment names
     /// no database.
     pub fn dsn_from_env(self) -> Result<Self> {
         Ok(self.dsn(super::env::dsn_from_env()?))
     }
 
-    /// Connect with a `tokio_postgres::Config`. pgcoord copies it; the caller's value is not
-    /// changed.
+    /// Connect with a `tokio_postgres::Config`, taken as it is (the environment does not
+    /// complete it). pgcoord copies it; the caller's value is not changed.
     pub fn pg_config(mut self, config: &tokio_postgres::Config) -> Self {
         self.connection = Connection::Pg(Box::new(config.clone()));
         self
@@ -288,9 +286,10 @@ impl ConfigBuilder {
     }
 
     /// How long opening a connection may take, the whole handshake included (tokio-postgres
-    /// alone bounds only the TCP connect). Default: the one in the connection settings, else 5 s.
+    /// alone bounds only the TCP connect). Default: the connection settings' own (a DSN's), else
+    /// `PGCONNECT_TIMEOUT`'s, else 5 s: this comes after a DSN's and before the variable's.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect_timeout = Some(timeout);
         self
     }
 
@@ -358,7 +357,7 @@ impl ConfigBuilder {
     /// Validates every value and returns the configuration, or the first error found.
     pub fn build(mut self) -> Result<Config> {
         // Checked in this order, so the first error found does not depend on how it is split.
-        let connections = self.connections()?;
+        let connections = self.connections(&super::env::var)?;
         let owner = match self.owner.take() {
             Some(owner) => validate_name("owner", owner)?,
             None => default_owner(),
@@ -389,6 +388,7 @@ impl ConfigBuilder {
             pool_timeout: self.pool_timeout,
             pool_idle_timeout: self.pool_idle_timeout,
             connect_timeout: connections.connect_timeout,
+            ignored_passfile: connections.ignored_passfile,
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
             unlogged_lock_table: self.unlogged_lock_table,

@@ -12,8 +12,12 @@ use crate::tls::{RootCerts, Tls, TlsRequest};
 
 impl ConfigBuilder {
     /// The pool's and the sessions' connection settings, taken out of the builder, with its
-    /// settings applied and TLS resolved; the sessions' are the pool's unless set apart.
-    pub(super) fn connections(&mut self) -> Result<Connections> {
+    /// settings applied, DSNs completed from the environment `var` reads, and TLS resolved; the
+    /// sessions' are the pool's unless set apart.
+    pub(super) fn connections(
+        &mut self,
+        var: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Connections> {
         let connection = std::mem::replace(&mut self.connection, Connection::Unset);
         let session = std::mem::replace(&mut self.session, Connection::Unset);
         let settings = Settings {
@@ -21,8 +25,9 @@ impl ConfigBuilder {
             connect_timeout: self.connect_timeout,
             lease: self.lease,
             tcp_user_timeout: self.tcp_user_timeout,
+            var,
         };
-        let (mut pg, connect_timeout, tls) = match connection {
+        let pool = match connection {
             Connection::Unset => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
@@ -31,12 +36,16 @@ impl ConfigBuilder {
             }
             connection => settings.apply(connection)?,
         };
-        let tls = self.tls_over(tls).resolve(&mut pg)?;
+        let mut pg = pool.pg;
+        let tls = self.tls_over(pool.tls).resolve(&mut pg)?;
+        let mut ignored_passfile = pool.ignored_passfile;
         let (session_pg, session_tls) = match session {
             Connection::Unset => (pg.clone(), tls.clone()),
             session => {
-                let (mut session_pg, _, session_tls) = settings.apply(session)?;
-                let session_tls = self.tls_over(session_tls).resolve(&mut session_pg)?;
+                let session = settings.apply(session)?;
+                let mut session_pg = session.pg;
+                let session_tls = self.tls_over(session.tls).resolve(&mut session_pg)?;
+                ignored_passfile = ignored_passfile.or(session.ignored_passfile);
                 (session_pg, session_tls)
             }
         };
@@ -45,7 +54,8 @@ impl ConfigBuilder {
             session_pg,
             tls,
             session_tls,
-            connect_timeout,
+            connect_timeout: pool.connect_timeout,
+            ignored_passfile,
         })
     }
 
@@ -157,6 +167,9 @@ pub(super) struct Connections {
     pub(super) tls: Tls,
     pub(super) session_tls: Tls,
     pub(super) connect_timeout: Duration,
+    /// The password file, when a connection needed it and it was ignored for being readable by
+    /// others.
+    pub(super) ignored_passfile: Option<String>,
 }
 
 /// The tables and channels [`ConfigBuilder::build`] validates.
@@ -213,5 +226,38 @@ mod tests {
         let (kind, text) = refused(ConfigBuilder::default().pool_size(0), five);
         assert_eq!(kind, ErrorKind::InvalidConfig);
         assert!(text.contains("pool size must be at least 1"), "{text}");
+    }
+
+    #[test]
+    fn the_builder_and_the_dsn_come_before_the_environment() {
+        use crate::tls::SslMode;
+        let env = |name: &str| {
+            let value = match name {
+                "PGHOST" => "env-host",
+                "PGSSLMODE" => "disable",
+                "PGAPPNAME" => "env-app",
+                "PGCONNECT_TIMEOUT" => "9",
+                _ => return None,
+            };
+            Some(value.to_owned())
+        };
+        let dsn = || ConfigBuilder::default().dsn("postgres:///db");
+        let secs = Duration::from_secs;
+        let mut builder = (dsn().ssl_mode(SslMode::Prefer))
+            .application_name("mine")
+            .connect_timeout(secs(2));
+        let set = builder.connections(&env).unwrap();
+        assert_eq!(set.tls.mode(), SslMode::Prefer);
+        assert_eq!(set.pg.get_application_name(), Some("mine"));
+        assert_eq!(set.connect_timeout, secs(2));
+        assert_eq!(format!("{:?}", set.pg.get_hosts()), r#"[Tcp("env-host")]"#);
+        let unset = dsn().connections(&env).unwrap();
+        assert_eq!(unset.tls.mode(), SslMode::Disable);
+        assert_eq!(unset.pg.get_application_name(), Some("env-app"));
+        assert_eq!(unset.connect_timeout, secs(9));
+        // The DSN's own connect timeout comes first, as before.
+        let mut own = (ConfigBuilder::default().dsn("postgres:///db?connect_timeout=3"))
+            .connect_timeout(secs(2));
+        assert_eq!(own.connections(&env).unwrap().connect_timeout, secs(3));
     }
 }

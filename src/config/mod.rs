@@ -13,6 +13,8 @@ mod checks;
 mod connection;
 mod dsn;
 mod env;
+mod merge;
+mod passfile;
 
 pub use builder::ConfigBuilder;
 
@@ -71,6 +73,9 @@ pub struct Config {
     pub(crate) pool_timeout: Duration,
     pub(crate) pool_idle_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// The password file, when a connection needed it and it was ignored for being readable by
+    /// others: what a "password missing" then says.
+    pub(crate) ignored_passfile: Option<String>,
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
     pub(crate) unlogged_lock_table: bool,
