@@ -53,11 +53,12 @@ pub(crate) async fn connect_with(
     }
 }
 
-/// The error of a failed connect. A server that refuses us for a reason of its own
-/// (authentication, a database that does not exist) keeps its SQLSTATE; a TLS handshake that
-/// failed on the certificate is [`ErrorKind::Tls`], said plainly; everything else — refused,
-/// reset, not PostgreSQL at all — is [`ErrorKind::Unavailable`]. A password the server asked
-/// for and the settings lack says so when the password file was ignored (`ignored_passfile`).
+/// The error of a failed connect. A server that refuses us for a reason of its own keeps its
+/// SQLSTATE's kind: [`ErrorKind::AuthenticationFailed`] (so is a password the server asks for
+/// and the settings lack, which says so when the password file was ignored, `ignored_passfile`),
+/// [`ErrorKind::DatabaseNotFound`]; a TLS handshake that failed on the certificate is
+/// [`ErrorKind::Tls`], said plainly; everything else — refused, reset, not PostgreSQL at all —
+/// is [`ErrorKind::Unavailable`].
 pub(crate) fn connect_failed(
     pg: &tokio_postgres::Config,
     ignored_passfile: Option<&str>,
@@ -71,19 +72,20 @@ pub(crate) fn connect_failed(
         )
         .with_source(e);
     }
-    let kind = match crate::error::classify(&e) {
-        ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
-        kind => kind,
-    };
     // tokio-postgres says "error connecting to server" and keeps the reason (refused, reset,
     // an unexpected message) in its source: the message carries both.
     let mut reason = std::error::Error::source(&e)
         .map(|s| format!(": {s}"))
         .unwrap_or_default();
     // tokio-postgres's words when the server asks for a password the settings lack.
+    let password_missing = pg.get_password().is_none() && reason == ": password missing";
+    let kind = match crate::error::classify(&e) {
+        ErrorKind::Other if password_missing => ErrorKind::AuthenticationFailed,
+        ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
+        kind => kind,
+    };
     if let Some(path) = ignored_passfile
-        && pg.get_password().is_none()
-        && reason == ": password missing"
+        && password_missing
     {
         reason = format!(
             "{reason} (the password file {path} was ignored: its permissions are too open, \
