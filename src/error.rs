@@ -55,6 +55,13 @@ pub enum ErrorKind {
     /// The role lacks a privilege a statement needs (SQLSTATE 42501): see OPERATIONS.md's grants
     /// for a service role.
     PermissionDenied,
+    /// The server refused to let the role in: a wrong password (SQLSTATE 28P01), a role that
+    /// does not exist or that `pg_hba.conf` rejects (28000), or a password the server asked for
+    /// and the settings lack. Connecting again will not change it; the message never shows a
+    /// password.
+    AuthenticationFailed,
+    /// The database connected to does not exist (SQLSTATE 3D000): the message names it.
+    DatabaseNotFound,
     /// A serialization failure or deadlock persisted through every retry.
     FailedPrecondition,
     /// A remote handler returned an error in a round trip.
@@ -176,6 +183,16 @@ impl Error {
         self.kind() == ErrorKind::PermissionDenied
     }
 
+    /// True when the server refused to let the role in ([`ErrorKind::AuthenticationFailed`]).
+    pub fn is_authentication_failed(&self) -> bool {
+        self.kind() == ErrorKind::AuthenticationFailed
+    }
+
+    /// True when the database connected to does not exist ([`ErrorKind::DatabaseNotFound`]).
+    pub fn is_database_not_found(&self) -> bool {
+        self.kind() == ErrorKind::DatabaseNotFound
+    }
+
     /// True when the connection a statement ran on failed (closed, reset, terminated by the
     /// server) or never came: the statement's outcome is unknown unless it was never sent.
     pub fn is_connection_failure(&self) -> bool {
@@ -223,6 +240,9 @@ pub fn classify(error: &tokio_postgres::Error) -> ErrorKind {
         "57" if *code == SqlState::QUERY_CANCELED => ErrorKind::Timeout,
         "57" => ErrorKind::Unavailable,
         "40" => ErrorKind::FailedPrecondition,
+        // invalid_authorization_specification (28000), invalid_password (28P01).
+        "28" => ErrorKind::AuthenticationFailed,
+        _ if *code == SqlState::UNDEFINED_DATABASE => ErrorKind::DatabaseNotFound,
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => ErrorKind::Timeout,
         _ if *code == SqlState::INSUFFICIENT_PRIVILEGE => ErrorKind::PermissionDenied,
         _ if *code == SqlState::UNDEFINED_TABLE => ErrorKind::NotFound,

@@ -1,46 +1,45 @@
-//! [`ConfigBuilder`]: every setting with its default, and the one place that validates them.
+//! [`ConfigBuilder`]: every setting with its default; `build()` validates them (see `checks`).
 
 use std::time::Duration;
 
-use super::connection::{Connection, Settings};
-use super::{Config, SEQUENCE_SUFFIX, default_owner, validate_name};
-use crate::error::{Error, ErrorKind, Result};
-use crate::ident::{Ident, QualifiedName};
-use crate::tls::{RootCerts, SslMode, Tls, TlsRequest};
+use super::connection::Connection;
+use super::{Config, default_owner, validate_name};
+use crate::error::Result;
+use crate::tls::SslMode;
 
 /// Builds a [`Config`]. Setters only record; [`ConfigBuilder::build`] validates everything.
 pub struct ConfigBuilder {
-    connection: Connection,
-    session: Connection,
-    prepared_statements: bool,
-    owner: Option<String>,
-    schema: Option<String>,
-    lock_table: String,
-    lease_channel: Option<String>,
-    election_channel: Option<String>,
-    payload_table: String,
-    topic_table: String,
-    schedule_table: String,
-    lease: Duration,
-    heartbeat: Duration,
-    ping_interval: Duration,
-    ping_timeout: Duration,
-    backoff: (Duration, Duration),
-    pool_size: u32,
-    pool_timeout: Duration,
-    pool_idle_timeout: Duration,
-    application_name: Option<String>,
-    connect_timeout: Duration,
-    statement_timeout: Duration,
-    tcp_user_timeout: Option<Duration>,
-    inline_limit: usize,
-    unlogged_lock_table: bool,
-    poll_only: bool,
-    payload_ttl: Duration,
-    ssl_mode: Option<SslMode>,
-    ssl_root_cert: Option<String>,
+    pub(super) connection: Connection,
+    pub(super) session: Connection,
+    pub(super) prepared_statements: bool,
+    pub(super) owner: Option<String>,
+    pub(super) schema: Option<String>,
+    pub(super) lock_table: String,
+    pub(super) lease_channel: Option<String>,
+    pub(super) election_channel: Option<String>,
+    pub(super) payload_table: String,
+    pub(super) topic_table: String,
+    pub(super) schedule_table: String,
+    pub(super) lease: Duration,
+    pub(super) heartbeat: Duration,
+    pub(super) ping_interval: Duration,
+    pub(super) ping_timeout: Duration,
+    pub(super) backoff: (Duration, Duration),
+    pub(super) pool_size: u32,
+    pub(super) pool_timeout: Duration,
+    pub(super) pool_idle_timeout: Duration,
+    pub(super) application_name: Option<String>,
+    pub(super) connect_timeout: Option<Duration>,
+    pub(super) statement_timeout: Duration,
+    pub(super) tcp_user_timeout: Option<Duration>,
+    pub(super) inline_limit: usize,
+    pub(super) unlogged_lock_table: bool,
+    pub(super) poll_only: bool,
+    pub(super) payload_ttl: Duration,
+    pub(super) ssl_mode: Option<SslMode>,
+    pub(super) ssl_root_cert: Option<String>,
     #[cfg(feature = "tls")]
-    tls_client_config: Option<std::sync::Arc<rustls::ClientConfig>>,
+    pub(super) tls_client_config: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ConfigBuilder {
@@ -66,7 +65,7 @@ impl Default for ConfigBuilder {
             pool_timeout: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(60),
             application_name: None,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: None,
             statement_timeout: Duration::from_secs(5),
             tcp_user_timeout: None,
             inline_limit: 4096,
@@ -82,28 +81,28 @@ impl Default for ConfigBuilder {
 }
 
 impl ConfigBuilder {
-    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`); without a password
-    /// in it, the password file's (`PGPASSFILE`, else `~/.pgpass`), as libpq. No default: a
+    /// Connect with a libpq-style DSN (`host=… user=…` or `postgres://…`). What it leaves out
+    /// comes from the `PG*` variables, then the password from the password file (`PGPASSFILE`,
+    /// else `~/.pgpass`), as libpq fills it (docs/OPERATIONS.md, "Connecting"). No default: a
     /// DSN or [`pg_config`](Self::pg_config) is required. A malformed one is
-    /// [`ErrorKind::InvalidConfig`] from `build()`, naming what is wrong but never quoting the
-    /// password (nor an unknown option's name, when the DSN has a password it may be part of).
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) from `build()`, naming
+    /// what is wrong but never quoting the password (nor an unknown option's name, when the DSN
+    /// has a password it may be part of).
     pub fn dsn(mut self, dsn: impl Into<String>) -> Self {
         self.connection = Connection::Dsn(dsn.into());
         self
     }
 
     /// Connect as the environment says, as libpq would: `DATABASE_URL` when it is set, else
-    /// the `PG*` variables (`PGHOST`, `PGPORT`, `PGUSER` — default the system's `USER` —,
-    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`,
-    /// `PGCONNECT_TIMEOUT`), with the password, when none is set, from the password file
-    /// (`PGPASSFILE`, else `~/.pgpass`; ignored when others may read it).
-    /// [`ErrorKind::InvalidConfig`] when the environment names no database.
+    /// the `PG*` variables alone, each completed as a [`dsn`](Self::dsn) is.
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when the environment names
+    /// no database.
     pub fn dsn_from_env(self) -> Result<Self> {
         Ok(self.dsn(super::env::dsn_from_env()?))
     }
 
-    /// Connect with a `tokio_postgres::Config`. pgcoord copies it; the caller's value is not
-    /// changed.
+    /// Connect with a `tokio_postgres::Config`, taken as it is (the environment does not
+    /// complete it). pgcoord copies it; the caller's value is not changed.
     pub fn pg_config(mut self, config: &tokio_postgres::Config) -> Self {
         self.connection = Connection::Pg(Box::new(config.clone()));
         self
@@ -287,9 +286,10 @@ impl ConfigBuilder {
     }
 
     /// How long opening a connection may take, the whole handshake included (tokio-postgres
-    /// alone bounds only the TCP connect). Default: the one in the connection settings, else 5 s.
+    /// alone bounds only the TCP connect). Default: the connection settings' own (a DSN's), else
+    /// `PGCONNECT_TIMEOUT`'s, else 5 s: this comes after a DSN's and before the variable's.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect_timeout = Some(timeout);
         self
     }
 
@@ -357,7 +357,7 @@ impl ConfigBuilder {
     /// Validates every value and returns the configuration, or the first error found.
     pub fn build(mut self) -> Result<Config> {
         // Checked in this order, so the first error found does not depend on how it is split.
-        let connections = self.connections()?;
+        let connections = self.connections(&super::env::var)?;
         let owner = match self.owner.take() {
             Some(owner) => validate_name("owner", owner)?,
             None => default_owner(),
@@ -388,6 +388,7 @@ impl ConfigBuilder {
             pool_timeout: self.pool_timeout,
             pool_idle_timeout: self.pool_idle_timeout,
             connect_timeout: connections.connect_timeout,
+            ignored_passfile: connections.ignored_passfile,
             statement_timeout: self.statement_timeout,
             inline_limit: self.inline_limit,
             unlogged_lock_table: self.unlogged_lock_table,
@@ -395,209 +396,5 @@ impl ConfigBuilder {
             payload_ttl: self.payload_ttl,
             backoff: crate::backoff::Backoff::new(initial, max),
         })
-    }
-
-    /// The pool's and the sessions' connection settings, taken out of the builder, with its
-    /// settings applied and TLS resolved; the sessions' are the pool's unless set apart.
-    fn connections(&mut self) -> Result<Connections> {
-        let connection = std::mem::replace(&mut self.connection, Connection::Unset);
-        let session = std::mem::replace(&mut self.session, Connection::Unset);
-        let settings = Settings {
-            application_name: self.application_name.as_deref(),
-            connect_timeout: self.connect_timeout,
-            lease: self.lease,
-            tcp_user_timeout: self.tcp_user_timeout,
-        };
-        let (mut pg, connect_timeout, tls) = match connection {
-            Connection::Unset => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    "no connection: call dsn() or pg_config()",
-                ));
-            }
-            connection => settings.apply(connection)?,
-        };
-        let tls = self.tls_over(tls).resolve(&mut pg)?;
-        let (session_pg, session_tls) = match session {
-            Connection::Unset => (pg.clone(), tls.clone()),
-            session => {
-                let (mut session_pg, _, session_tls) = settings.apply(session)?;
-                let session_tls = self.tls_over(session_tls).resolve(&mut session_pg)?;
-                (session_pg, session_tls)
-            }
-        };
-        Ok(Connections {
-            pg,
-            session_pg,
-            tls,
-            session_tls,
-            connect_timeout,
-        })
-    }
-
-    /// What a connection's settings ask of TLS, with the builder's TLS settings over it.
-    fn tls_over(&self, mut request: TlsRequest) -> TlsRequest {
-        request.mode = self.ssl_mode.or(request.mode);
-        if let Some(roots) = &self.ssl_root_cert {
-            request.roots = Some(RootCerts::parse(roots));
-        }
-        #[cfg(feature = "tls")]
-        {
-            request.client_config = self.tls_client_config.clone();
-        }
-        request
-    }
-
-    /// The tables and channels, validated, in the schema when one is set; the derived ones
-    /// (the sequence, the queue, the default channels) named after the lock table.
-    fn names(&self) -> Result<Names> {
-        let schema = self.schema.as_deref().map(Ident::new).transpose()?;
-        let lock_table = QualifiedName::parse(&self.lock_table, SEQUENCE_SUFFIX.len())?
-            .in_schema(schema.as_ref());
-        let lock_sequence = lock_table.suffixed(SEQUENCE_SUFFIX)?;
-        let lock_queue = lock_table.suffixed(super::QUEUE_SUFFIX)?;
-        let lease_channel = match &self.lease_channel {
-            Some(channel) => Ident::channel(channel)?,
-            None => lock_table.name().clone(),
-        };
-        // The lock table's name leaves room for a 4-byte suffix (see SEQUENCE_SUFFIX).
-        let election_channel = match &self.election_channel {
-            Some(channel) => Ident::channel(channel)?,
-            None => lock_table.name().suffixed("_ldr")?,
-        };
-        let payload_table =
-            QualifiedName::parse(&self.payload_table, 0)?.in_schema(schema.as_ref());
-        let topic_table = QualifiedName::parse(&self.topic_table, super::TOPIC_SUFFIX_BYTES)?
-            .in_schema(schema.as_ref());
-        let schedule_table =
-            QualifiedName::parse(&self.schedule_table, 0)?.in_schema(schema.as_ref());
-        Ok(Names {
-            lock_table,
-            lock_sequence,
-            lock_queue,
-            lease_channel,
-            election_channel,
-            payload_table,
-            topic_table,
-            schedule_table,
-        })
-    }
-
-    /// Every duration and the pool size in range; `connect_timeout` is the one in force (the
-    /// connection settings' own, else the builder's).
-    fn check_values(&self, connect_timeout: Duration) -> Result<()> {
-        if self.lease < Duration::from_millis(1) {
-            return Err(Error::new(
-                ErrorKind::DurationTooSmall,
-                format!("lease {:?} is shorter than 1 ms", self.lease),
-            ));
-        }
-        if self.heartbeat > self.lease / 2 {
-            return Err(Error::new(
-                ErrorKind::DurationTooSmall,
-                format!(
-                    "lease {:?} is too small for heartbeat {:?}: the heartbeat must be at most half the lease",
-                    self.lease, self.heartbeat
-                ),
-            ));
-        }
-        for (what, value) in [
-            ("ping interval", self.ping_interval),
-            ("ping timeout", self.ping_timeout),
-            ("pool timeout", self.pool_timeout),
-            ("pool idle timeout", self.pool_idle_timeout),
-            ("connect timeout", connect_timeout),
-            ("statement timeout", self.statement_timeout),
-            ("payload time-to-live", self.payload_ttl),
-        ] {
-            if value.is_zero() {
-                return Err(Error::new(
-                    ErrorKind::DurationTooSmall,
-                    format!("{what} must not be zero"),
-                ));
-            }
-        }
-        let (initial, max) = self.backoff;
-        if initial < Duration::from_millis(1) || max < initial {
-            return Err(Error::new(
-                ErrorKind::DurationTooSmall,
-                format!(
-                    "backoff {initial:?} to {max:?}: the initial delay must be at least 1 ms and at most the maximum"
-                ),
-            ));
-        }
-        if self.pool_size == 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                "pool size must be at least 1",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The connection settings [`ConfigBuilder::build`] derives, for the pool and the sessions.
-struct Connections {
-    pg: tokio_postgres::Config,
-    session_pg: tokio_postgres::Config,
-    tls: Tls,
-    session_tls: Tls,
-    connect_timeout: Duration,
-}
-
-/// The tables and channels [`ConfigBuilder::build`] validates.
-struct Names {
-    lock_table: QualifiedName,
-    lock_sequence: QualifiedName,
-    lock_queue: QualifiedName,
-    lease_channel: Ident,
-    election_channel: Ident,
-    payload_table: QualifiedName,
-    topic_table: QualifiedName,
-    schedule_table: QualifiedName,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refused(builder: ConfigBuilder, connect_timeout: Duration) -> (ErrorKind, String) {
-        let e = builder.check_values(connect_timeout).unwrap_err();
-        (e.kind(), e.to_string())
-    }
-
-    #[test]
-    fn values_are_checked_at_their_bounds() {
-        let ms = Duration::from_millis;
-        let five = Duration::from_secs(5);
-        let ok = |builder: ConfigBuilder| builder.check_values(five).is_ok();
-        assert!(ok(ConfigBuilder::default()));
-        assert!(ok(ConfigBuilder::default().lease(ms(10)).heartbeat(ms(5))));
-        assert!(ok(ConfigBuilder::default().backoff(ms(1), ms(1))));
-        assert!(ok(ConfigBuilder::default().heartbeat(Duration::ZERO)));
-
-        let (kind, text) = refused(
-            ConfigBuilder::default().lease(ms(10)).heartbeat(ms(6)),
-            five,
-        );
-        assert_eq!(kind, ErrorKind::DurationTooSmall);
-        assert!(
-            text.contains("the heartbeat must be at most half the lease"),
-            "{text}"
-        );
-        let (kind, text) = refused(ConfigBuilder::default(), Duration::ZERO);
-        assert_eq!(kind, ErrorKind::DurationTooSmall);
-        assert!(text.contains("connect timeout must not be zero"), "{text}");
-        let (kind, text) = refused(ConfigBuilder::default().payload_ttl(Duration::ZERO), five);
-        assert_eq!(kind, ErrorKind::DurationTooSmall);
-        assert!(
-            text.contains("payload time-to-live must not be zero"),
-            "{text}"
-        );
-        let (kind, _) = refused(ConfigBuilder::default().backoff(ms(2), ms(1)), five);
-        assert_eq!(kind, ErrorKind::DurationTooSmall);
-        let (kind, text) = refused(ConfigBuilder::default().pool_size(0), five);
-        assert_eq!(kind, ErrorKind::InvalidConfig);
-        assert!(text.contains("pool size must be at least 1"), "{text}");
     }
 }

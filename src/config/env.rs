@@ -2,11 +2,13 @@
 //! the `PG*` variables, with the password, when none is set, from the password file
 //! (`PGPASSFILE`, else `~/.pgpass`).
 
+use super::passfile::{password_for, read_passfile};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The `PG*` variables read, and the DSN keywords they stand for.
-const VARIABLES: [(&str, &str); 11] = [
+const VARIABLES: [(&str, &str); 12] = [
     ("PGHOST", "host"),
+    ("PGHOSTADDR", "hostaddr"),
     ("PGPORT", "port"),
     ("PGUSER", "user"),
     ("PGPASSWORD", "password"),
@@ -19,39 +21,16 @@ const VARIABLES: [(&str, &str); 11] = [
     ("PGCONNECT_TIMEOUT", "connect_timeout"),
 ];
 
-/// The password for a DSN that names none, from the password file (`PGPASSFILE`, else
-/// `~/.pgpass`), as libpq looks it up: the first host and port, the database (else the user),
-/// the user (else the system's `USER`).
-pub(crate) fn password_for_dsn(pg: &tokio_postgres::Config) -> Option<String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let passfile = var("PGPASSFILE").or_else(|| var("HOME").map(|h| format!("{h}/.pgpass")))?;
-    password_in(&read_passfile(&passfile)?, pg, var("USER"))
-}
-
-/// [`password_for_dsn`] with the file's text and the system's user given.
-fn password_in(
-    passwords: &str,
-    pg: &tokio_postgres::Config,
-    os_user: Option<String>,
-) -> Option<String> {
-    use tokio_postgres::config::Host;
-    let user = pg.get_user().map(str::to_owned).or(os_user)?;
-    // A socket directory matches `localhost`, as in libpq.
-    let host = match pg.get_hosts().first() {
-        Some(Host::Tcp(host)) => host.clone(),
-        _ => "localhost".to_owned(),
-    };
-    let port = pg.get_ports().first().copied().unwrap_or(5432).to_string();
-    let dbname = pg.get_dbname().unwrap_or(&user).to_owned();
-    password_for(passwords, &host, &port, &dbname, &user)
+/// The process's environment variable `name`, when it is set and not empty (libpq takes an
+/// empty one as unset).
+pub(crate) fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// The DSN the process's environment describes; [`ErrorKind::InvalidConfig`] when it describes
 /// none.
 pub(crate) fn dsn_from_env() -> Result<String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let passfile = var("PGPASSFILE").or_else(|| var("HOME").map(|h| format!("{h}/.pgpass")));
-    let passwords = passfile.and_then(|path| read_passfile(&path));
+    let passwords = super::passfile::path(&var).and_then(|path| read_passfile(&path));
     dsn_from(var, passwords.as_deref())
 }
 
@@ -100,64 +79,6 @@ pub(crate) fn dsn_from(
 /// A value inside single quotes in a key/value DSN.
 fn quote(value: &str) -> String {
     value.replace('\\', "\\\\").replace('\'', "\\'")
-}
-
-/// The password file's text; none when it cannot be read or others may read it (libpq ignores
-/// such a file too).
-fn read_passfile(path: &str) -> Option<String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).ok()?.permissions().mode();
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                path,
-                "the password file is readable by others: ignored (chmod 0600 it)"
-            );
-            return None;
-        }
-    }
-    std::fs::read_to_string(path).ok()
-}
-
-/// The first line of a password file (`host:port:database:user:password`, `*` matching
-/// anything, `\:` and `\\` escaped) that matches.
-pub(crate) fn password_for(
-    passwords: &str,
-    host: &str,
-    port: &str,
-    dbname: &str,
-    user: &str,
-) -> Option<String> {
-    for line in passwords.lines() {
-        if line.trim_start().starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let fields = split_fields(line);
-        let [h, p, d, u, password] = fields.as_slice() else {
-            continue;
-        };
-        let matches = |field: &str, value: &str| field == "*" || field == value;
-        if matches(h, host) && matches(p, port) && matches(d, dbname) && matches(u, user) {
-            return Some(password.clone());
-        }
-    }
-    None
-}
-
-/// A line's fields: split at unescaped `:`, with `\:` and `\\` unescaped.
-fn split_fields(line: &str) -> Vec<String> {
-    let (mut fields, mut field) = (Vec::new(), String::new());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => field.extend(chars.next()),
-            ':' if fields.len() < 4 => fields.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
 }
 
 #[cfg(test)]
@@ -228,42 +149,5 @@ mod tests {
         );
         let set = vars(&[("PGHOST", "db1"), ("PGUSER", "app"), ("PGPASSWORD", "mine")]);
         assert!(!dsn_from(set, Some(file)).unwrap().contains("any"));
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn a_dsn_without_a_password_gets_the_password_files() {
-        let file = "other:5432:app:svc:wrong\ndb.internal:6432:app:svc:right\n*:*:*:*:any\n";
-        let pg = |dsn: &str| dsn.parse::<tokio_postgres::Config>().unwrap();
-        let found = |dsn: &str| password_in(file, &pg(dsn), Some("os".into()));
-        assert_eq!(
-            found("host=db.internal port=6432 user=svc dbname=app").as_deref(),
-            Some("right")
-        );
-        // Defaults: port 5432, the database named as the user, the system's user.
-        assert_eq!(found("host=db.internal").as_deref(), Some("any"));
-        let exact = "db.internal:5432:os:os:mine\n";
-        let pg_default = pg("host=db.internal");
-        assert_eq!(
-            password_in(exact, &pg_default, Some("os".into())).as_deref(),
-            Some("mine")
-        );
-        // A socket directory is `localhost`.
-        let local = "localhost:5432:app:svc:sock\n";
-        let socket = pg("host=/var/run/postgresql user=svc dbname=app");
-        assert_eq!(password_in(local, &socket, None).as_deref(), Some("sock"));
-    }
-
-    #[test]
-    fn a_password_file_others_may_read_is_ignored() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pgpass");
-        std::fs::write(&path, "*:*:*:*:secret\n").unwrap();
-        let path_str = path.to_str().unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert_eq!(read_passfile(path_str), None);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(read_passfile(path_str).is_some());
     }
 }

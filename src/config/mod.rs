@@ -1,5 +1,6 @@
 //! [`Config`]: everything pgcoord needs to know, validated once, up front. [`ConfigBuilder`]
-//! (in `builder`) holds every setting with its default and validates them in `build()`.
+//! (in `builder`) holds every setting with its default and validates them in `build()`, with the
+//! checks in `checks`.
 
 use std::time::Duration;
 
@@ -8,9 +9,12 @@ use crate::ident::{Ident, QualifiedName};
 use crate::tls::Tls;
 
 mod builder;
+mod checks;
 mod connection;
 mod dsn;
 mod env;
+mod merge;
+mod passfile;
 
 pub use builder::ConfigBuilder;
 
@@ -69,6 +73,9 @@ pub struct Config {
     pub(crate) pool_timeout: Duration,
     pub(crate) pool_idle_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// The password file, when a connection needed it and it was ignored for being readable by
+    /// others: what a "password missing" then says.
+    pub(crate) ignored_passfile: Option<String>,
     pub(crate) statement_timeout: Duration,
     pub(crate) inline_limit: usize,
     pub(crate) unlogged_lock_table: bool,

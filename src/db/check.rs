@@ -18,7 +18,9 @@ pub async fn check_server(config: &Config) -> Result<()> {
     let session = connect_as(config, "check").await?;
     check_on(config, session, &config.session_pg).await?;
     if config.session_pg != config.pg {
-        let pooled = connect_with(&config.pg, &config.tls, config.connect_timeout).await?;
+        let passfile = config.ignored_passfile.as_deref();
+        let pooled =
+            connect_with(&config.pg, &config.tls, config.connect_timeout, passfile).await?;
         check_on(config, pooled, &config.pg).await?;
     }
     Ok(())

@@ -22,6 +22,7 @@ pub async fn connect(config: &Config) -> Result<Dedicated> {
         &config.session_pg,
         &config.session_tls,
         config.connect_timeout,
+        config.ignored_passfile.as_deref(),
     )
     .await
 }
@@ -32,28 +33,37 @@ pub async fn connect_as(config: &Config, role: &str) -> Result<Dedicated> {
     let mut pg = config.session_pg.clone();
     let name = format!("{} {role}", pg.get_application_name().unwrap_or("pgcoord"));
     pg.application_name(&name);
-    connect_with(&pg, &config.session_tls, config.connect_timeout).await
+    let passfile = config.ignored_passfile.as_deref();
+    connect_with(&pg, &config.session_tls, config.connect_timeout, passfile).await
 }
 
 /// Connects with `pg`, the whole handshake (TCP, TLS, startup, authentication) bounded by
 /// `timeout`: an endpoint that accepts TCP and then says nothing must not hang the caller.
+/// `ignored_passfile` is the password file ignored for being readable by others, if it was.
 pub(crate) async fn connect_with(
     pg: &tokio_postgres::Config,
     tls: &Tls,
     timeout: Duration,
+    ignored_passfile: Option<&str>,
 ) -> Result<Dedicated> {
     match tokio::time::timeout(timeout, pg.connect(tls.clone())).await {
         Ok(Ok(connected)) => Ok(connected),
-        Ok(Err(e)) => Err(connect_failed(pg, e)),
+        Ok(Err(e)) => Err(connect_failed(pg, ignored_passfile, e)),
         Err(_) => Err(connect_timed_out(pg, timeout)),
     }
 }
 
-/// The error of a failed connect. A server that refuses us for a reason of its own
-/// (authentication, a database that does not exist) keeps its SQLSTATE; a TLS handshake that
-/// failed on the certificate is [`ErrorKind::Tls`], said plainly; everything else — refused,
-/// reset, not PostgreSQL at all — is [`ErrorKind::Unavailable`].
-pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Error) -> Error {
+/// The error of a failed connect. A server that refuses us for a reason of its own keeps its
+/// SQLSTATE's kind: [`ErrorKind::AuthenticationFailed`] (so is a password the server asks for
+/// and the settings lack, which says so when the password file was ignored, `ignored_passfile`),
+/// [`ErrorKind::DatabaseNotFound`]; a TLS handshake that failed on the certificate is
+/// [`ErrorKind::Tls`], said plainly; everything else — refused, reset, not PostgreSQL at all —
+/// is [`ErrorKind::Unavailable`].
+pub(crate) fn connect_failed(
+    pg: &tokio_postgres::Config,
+    ignored_passfile: Option<&str>,
+    e: tokio_postgres::Error,
+) -> Error {
     let host = describe(pg);
     if let Some(failure) = crate::tls::handshake_failure(&e, host_name(&host)) {
         return Error::new(
@@ -62,15 +72,26 @@ pub(crate) fn connect_failed(pg: &tokio_postgres::Config, e: tokio_postgres::Err
         )
         .with_source(e);
     }
+    // tokio-postgres says "error connecting to server" and keeps the reason (refused, reset,
+    // an unexpected message) in its source: the message carries both.
+    let mut reason = std::error::Error::source(&e)
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default();
+    // tokio-postgres's words when the server asks for a password the settings lack.
+    let password_missing = pg.get_password().is_none() && reason == ": password missing";
     let kind = match crate::error::classify(&e) {
+        ErrorKind::Other if password_missing => ErrorKind::AuthenticationFailed,
         ErrorKind::Other if e.code().is_none() => ErrorKind::Unavailable,
         kind => kind,
     };
-    // tokio-postgres says "error connecting to server" and keeps the reason (refused, reset,
-    // an unexpected message) in its source: the message carries both.
-    let reason = std::error::Error::source(&e)
-        .map(|s| format!(": {s}"))
-        .unwrap_or_default();
+    if let Some(path) = ignored_passfile
+        && password_missing
+    {
+        reason = format!(
+            "{reason} (the password file {path} was ignored: its permissions are too open, \
+             group or others may read it; chmod 0600 it)"
+        );
+    }
     Error::new(kind, format!("cannot connect to {host}: {e}{reason}")).with_source(e)
 }
 

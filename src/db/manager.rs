@@ -16,6 +16,8 @@ pub struct Manager {
     tls: Tls,
     connect_timeout: Duration,
     prepare: bool,
+    /// The password file, if it was ignored for being readable by others.
+    ignored_passfile: Option<String>,
 }
 
 impl Manager {
@@ -28,6 +30,16 @@ impl Manager {
             tls,
             connect_timeout,
             prepare: true,
+            ignored_passfile: None,
+        }
+    }
+
+    /// Connections whose "password missing" says that the password file at `path` was ignored
+    /// for being readable by others.
+    pub fn ignored_passfile(self, path: Option<String>) -> Manager {
+        Manager {
+            ignored_passfile: path,
+            ..self
         }
     }
 
@@ -48,7 +60,11 @@ impl bb8::ManageConnection for Manager {
         match tokio::time::timeout(self.connect_timeout, self.postgres.connect()).await {
             Ok(Ok(client)) if self.prepare => Ok(CachingClient::new(client, self.tls.clone())),
             Ok(Ok(client)) => Ok(CachingClient::unprepared(client, self.tls.clone())),
-            Ok(Err(e)) => Err(super::connect::connect_failed(&self.config, e)),
+            Ok(Err(e)) => Err(super::connect::connect_failed(
+                &self.config,
+                self.ignored_passfile.as_deref(),
+                e,
+            )),
             Err(_) => Err(super::connect::connect_timed_out(
                 &self.config,
                 self.connect_timeout,

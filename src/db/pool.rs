@@ -172,7 +172,8 @@ impl Pool {
             config.pg.clone(),
             config.tls.clone(),
             config.connect_timeout,
-        );
+        )
+        .ignored_passfile(config.ignored_passfile.clone());
         if !config.prepared_statements {
             manager = manager.unprepared();
         }

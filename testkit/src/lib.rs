@@ -24,6 +24,8 @@
 //! skipped with a line, or fails under CI.
 //! For TLS, a cluster can start with TLS on and a certificate signed by a
 //! [`CertificateAuthority`] made for the run ([`TempPostgres::start_tls`]).
+//! For authentication, a cluster can start with `pg_hba.conf` rules of the test's
+//! ([`TempPostgres::start_with_hba`]): a role that must give a password, say.
 #![deny(missing_docs)]
 
 use std::fs;
@@ -109,6 +111,28 @@ impl TempPostgres {
         let server = Self::initialized(settings)?;
         server.launch()?;
         Ok(server)
+    }
+
+    /// As [`start`](Self::start), with `rules` ahead of those of the default `pg_hba.conf`, which
+    /// trust every connection: `host all app 127.0.0.1/32 scram-sha-256` makes the role `app`
+    /// give its password. Create the role to use it.
+    pub fn start_with_hba(rules: &str) -> Result<TempPostgres> {
+        let server = Self::initialized(&[])?;
+        server.prepend_hba(rules)?;
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// Puts `rules` ahead of the cluster's `pg_hba.conf` rules (read at its next start).
+    fn prepend_hba(&self, rules: &str) -> Result<()> {
+        let hba = self.data.join("pg_hba.conf");
+        let existing = fs::read_to_string(&hba).map_err(|e| {
+            Error::new(
+                ErrorKind::Other,
+                format!("cannot read {}: {e}", hba.display()),
+            )
+        })?;
+        tls::write(&hba, &format!("{rules}{existing}"), 0o600, self.user)
     }
 
     /// A new cluster, initialized and not yet started.

@@ -93,17 +93,9 @@ impl TempPostgres {
         let (client_crt, client_key_path) = (dir.join("client.crt"), dir.join("client.key"));
         write(&client_crt, &client_cert, 0o644, None)?;
         write(&client_key_path, &client_key, 0o600, None)?;
-        let hba = server.data.join("pg_hba.conf");
-        let rules = fs::read_to_string(&hba).map_err(|e| {
-            Error::new(
-                ErrorKind::Other,
-                format!("cannot read {}: {e}", hba.display()),
-            )
-        })?;
-        let cert_rules = format!(
+        server.prepend_hba(&format!(
             "hostssl all {CERT_USER} 127.0.0.1/32 cert\nhost all {CERT_USER} 127.0.0.1/32 reject\n"
-        );
-        write(&hba, &format!("{cert_rules}{rules}"), 0o600, server.user)?;
+        ))?;
         server.client_cert = Some((client_crt, client_key_path));
         server.settings.extend([
             ("ssl".to_owned(), "on".to_owned()),
@@ -142,7 +134,12 @@ impl TempPostgres {
     }
 }
 
-fn write(path: &PathBuf, contents: &str, mode: u32, owner: Option<(u32, u32)>) -> Result<()> {
+pub(crate) fn write(
+    path: &PathBuf,
+    contents: &str,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<()> {
     let failed = |e: std::io::Error| {
         Error::new(
             ErrorKind::Other,

@@ -100,3 +100,62 @@ async fn an_exhausted_pool_is_unavailable_at_the_deadline() {
     assert!(err.to_string().contains("busy"), "{err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(1));
 }
+
+/// A refused login has a kind of its own, whatever refused it — a wrong password (28P01), a role
+/// the server does not know (28000), a password the server asks for and the settings lack — and
+/// so has a database that does not exist (3D000). No message shows the password.
+#[tokio::test]
+async fn refused_logins_and_missing_databases_have_their_own_kinds() {
+    const PASSWORD: &str = "Zq9x-right-pw";
+    const WRONG: &str = "Zq9x-wrong-pw";
+    let rules = "host all app 127.0.0.1/32 scram-sha-256\n";
+    let server = pgcoord_testkit::TempPostgres::start_with_hba(rules).unwrap();
+    let (admin, connection) = server
+        .pg_config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let create = format!("CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'");
+    admin.batch_execute(&create).await.unwrap();
+    let connect = async |user: &str, password: Option<&str>, dbname: &str| {
+        let mut pg = server.pg_config();
+        pg.user(user).dbname(dbname);
+        if let Some(password) = password {
+            pg.password(password);
+        }
+        let config = pgcoord::Config::builder().pg_config(&pg).build().unwrap();
+        db::connect(&config).await.map(drop)
+    };
+    let refused = async |user: &str, password: Option<&str>, dbname: &str| {
+        let e = connect(user, password, dbname).await.unwrap_err();
+        let shown = format!("{e} {e:?}");
+        assert!(
+            !shown.contains(PASSWORD) && !shown.contains(WRONG),
+            "{shown}"
+        );
+        e
+    };
+
+    let e = refused("app", Some(WRONG), "postgres").await;
+    assert_eq!(e.kind(), ErrorKind::AuthenticationFailed, "{e:?}");
+    assert!(e.is_authentication_failed() && !e.is_unavailable());
+    assert_eq!(e.code().map(|c| c.code()), Some("28P01"));
+    assert!(
+        e.to_string().contains("password authentication failed"),
+        "{e}"
+    );
+    let e = refused("nobody", None, "postgres").await;
+    assert_eq!(e.kind(), ErrorKind::AuthenticationFailed, "{e:?}");
+    assert_eq!(e.code().map(|c| c.code()), Some("28000"));
+    let e = refused("app", None, "postgres").await;
+    assert_eq!(e.kind(), ErrorKind::AuthenticationFailed, "{e:?}");
+    assert!(e.to_string().contains("password missing"), "{e}");
+
+    let e = refused("app", Some(PASSWORD), "no_such_db").await;
+    assert_eq!(e.kind(), ErrorKind::DatabaseNotFound, "{e:?}");
+    assert!(e.is_database_not_found());
+    assert_eq!(e.code().map(|c| c.code()), Some("3D000"));
+    assert!(e.to_string().contains("no_such_db"), "{e}");
+    connect("app", Some(PASSWORD), "postgres").await.unwrap();
+}

@@ -150,3 +150,89 @@ fn the_pg_variables_name_the_database_when_no_dsn_is_given() {
         "{out:?}"
     );
 }
+
+/// The environment fills what `--dsn` leaves out, as for psql, against a server that asks the
+/// role for its password: PGPASSWORD; PGHOST (and the rest) under `postgres:///db`; a `0600`
+/// password file. A password file others can read is ignored, and the failure says so without
+/// printing the password.
+#[test]
+fn the_environment_fills_what_the_dsn_leaves_out() {
+    const PASSWORD: &str = "Zq9x-env-pw";
+    let server = TempPostgres::start_with_hba("host all app 127.0.0.1/32 scram-sha-256\n").unwrap();
+    let admin = format!("{} connect_timeout=10", server.dsn());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let create = format!("CREATE ROLE app LOGIN SUPERUSER PASSWORD '{PASSWORD}'");
+        client.batch_execute(&create).await.unwrap();
+    });
+    let port = server.port().to_string();
+    let home = std::env::temp_dir().join(unique_name("home"));
+    std::fs::create_dir(&home).unwrap();
+    let table = unique_name("cli_env_merge");
+    let run = |dsn: &str, env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pgcoord"));
+        command.env_remove("DATABASE_URL");
+        for name in [
+            "PGHOST",
+            "PGHOSTADDR",
+            "PGPORT",
+            "PGUSER",
+            "PGDATABASE",
+            "PGPASSWORD",
+            "PGPASSFILE",
+        ] {
+            command.env_remove(name);
+        }
+        command.env("HOME", &home);
+        command.envs(env.iter().copied());
+        let out = (command.args(["--dsn", dsn, "--lock-table", &table, "migrate"]))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains(PASSWORD), "{stderr}");
+        (out.status.code(), stderr)
+    };
+    let dsn = format!("host=127.0.0.1 port={port} user=app dbname=postgres");
+    // Without a password anywhere, the server's demand is refused.
+    let (code, stderr) = run(&dsn, &[]);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("password missing"), "{stderr}");
+    // PGPASSWORD with a DSN lacking a password.
+    let (code, stderr) = run(&dsn, &[("PGPASSWORD", PASSWORD)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // `postgres:///db` with PGHOST, PGPORT, PGUSER.
+    let env = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", &port),
+        ("PGUSER", "app"),
+        ("PGPASSWORD", PASSWORD),
+    ];
+    let (code, stderr) = run("postgres:///postgres", &env);
+    assert_eq!(code, Some(0), "{stderr}");
+    // ~/.pgpass, 0600, with the host the environment names.
+    use std::os::unix::fs::PermissionsExt;
+    let passfile = home.join(".pgpass");
+    std::fs::write(&passfile, format!("127.0.0.1:{port}:*:app:{PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let env = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", &port),
+        ("PGUSER", "app"),
+    ];
+    let (code, stderr) = run("postgres:///postgres", &env);
+    assert_eq!(code, Some(0), "{stderr}");
+    // Readable by others: ignored, and the failure says why.
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, stderr) = run("postgres:///postgres", &env);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("password missing"), "{stderr}");
+    assert!(
+        stderr.contains(".pgpass was ignored: its permissions are too open"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
