@@ -32,13 +32,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 
-use crate::Call;
 use crate::backend::Locking;
 use crate::leases::LockManager;
-use crate::signals::{AskThrough, ListenerActor};
+use crate::signals::ListenerActor;
 
-use super::reach::{GetHolderReach, HolderReach};
-use super::wire::{Reply, Wait, encode_request, pool_channel, scope};
+use super::reach::Reach;
+use super::wire::{Reply, Wait, encode_request};
 
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
 /// it, and its answer (bytes, or an error the sender gets as [`ErrorKind::Remote`]) goes back
@@ -101,14 +100,6 @@ pub(crate) trait Holders: Send + Sync {
     ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>>;
 }
 
-/// The PostgreSQL side: the lock manager's sender to holders, and the listener for answers.
-struct Reach {
-    locks: Addr<LockManager>,
-    listener: Addr<ListenerActor>,
-    /// The lock manager's sender to holders and its table's name, asked of `locks` once.
-    reach: tokio::sync::OnceCell<HolderReach>,
-}
-
 impl std::fmt::Debug for KeyRouter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyRouter")
@@ -139,11 +130,7 @@ impl KeyRouter {
         locks: Addr<LockManager>,
         listener: Addr<ListenerActor>,
     ) -> KeyRouter {
-        let reach = Reach {
-            locks: locks.clone(),
-            listener,
-            reach: tokio::sync::OnceCell::new(),
-        };
+        let reach = Reach::new(locks.clone(), listener);
         KeyRouter::through(pool.into(), Arc::new(locks), Arc::new(reach))
     }
 
@@ -332,79 +319,6 @@ impl KeyRouter {
             }
             let pause = Duration::from_millis(5 << looks.min(6)).min(LOOK_AGAIN_AT_MOST);
             tokio::time::sleep(pause).await;
-        }
-    }
-}
-
-impl Holders for Reach {
-    fn send_once<'a>(
-        &'a self,
-        pool: &'a str,
-        lease: &'a str,
-        request: Vec<u8>,
-        left: Duration,
-        record: bool,
-        sent: &'a mut bool,
-    ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>> {
-        Box::pin(self.ask_holder(pool, lease, request, left, record, sent))
-    }
-}
-
-impl Reach {
-    /// One request to `lease`'s holder, found and notified in one statement: its answer, or
-    /// `None` when nobody holds the key (nothing was sent; with `record`, the key is
-    /// recorded and the pool's doorbell rung).
-    async fn ask_holder(
-        &self,
-        pool: &str,
-        lease: &str,
-        request: Vec<u8>,
-        left: Duration,
-        record: bool,
-        sent: &mut bool,
-    ) -> Result<Option<Vec<u8>>> {
-        let reach = (self.reach)
-            .get_or_try_init(|| self.locks.send(GetHolderReach))
-            .await
-            .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
-        let scope = scope(&reach.lock_table, pool);
-        // Who the statement found holding the key: unset if it did not run to the end.
-        let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
-        let send = {
-            let (reach, lease, holder) = (reach.clone(), lease.to_owned(), holder.clone());
-            Box::new(move |text: String| -> crate::seam::BoxFuture<Result<()>> {
-                Box::pin(async move {
-                    let owner = reach.notices.notify(lease, scope, text).await?;
-                    let nobody = owner.is_none();
-                    let _ = holder.set(owner);
-                    if nobody {
-                        return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
-                    }
-                    Ok(())
-                })
-            })
-        };
-        // From here a worker may have it, unless the statement found no holder.
-        *sent = true;
-        let ask = AskThrough {
-            send,
-            payload: request,
-            timeout: left,
-        };
-        match self.listener.call(ask).await {
-            Err(_) if holder.get() == Some(&None) => {
-                *sent = false;
-                if record {
-                    // Again at each look: the doorbell is not to be trusted to ring.
-                    let doorbell = pool_channel(&reach.lock_table, pool);
-                    if let Err(e) = reach.notices.record_and_ring(lease, &doorbell).await {
-                        debug!(error = %e, "cannot record the key; looking again");
-                    }
-                }
-                Ok(None)
-            }
-            Err(e) => Err(e),
-            Ok(answer) => Ok(Some(answer)),
         }
     }
 }
