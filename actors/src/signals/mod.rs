@@ -6,7 +6,8 @@
 //! it fails, closes, or leaves a ping unanswered for `ping_timeout`, the actor stops and its
 //! supervisor restarts it: the state (subscriptions, handlers, pending requests) survives, a new
 //! connection is opened after a backoff, every channel is LISTENed again, and only then is
-//! `Reconnected` broadcast. Routing of what arrives is in `dispatch`; keeping the order of
+//! `Reconnected` broadcast. Routing of what arrives is in `dispatch`; what callers ask of
+//! channels (publish, subscribe, serve, wait), in `subscriptions`; keeping the order of
 //! messages whose payloads are fetched from the store, in `ordered`; the rule every reader of a
 //! doorbell (a notification that only says "look") follows, in `doorbell`.
 
@@ -31,6 +32,7 @@ mod messages;
 mod notify;
 mod ordered;
 mod round_trip;
+mod subscriptions;
 
 pub use messages::*;
 pub(crate) use round_trip::AskThrough;

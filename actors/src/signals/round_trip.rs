@@ -19,8 +19,8 @@ use pgcoord::{Error, ErrorKind, Result};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
-use super::dispatch::channel_ident;
 use super::messages::{Ask, TypedRequest};
+use super::subscriptions::channel_ident;
 use super::{ListenerActor, Pending};
 
 /// One request on its way: registered in the pending map, not yet sent.
