@@ -188,9 +188,8 @@ pub(crate) async fn subscription(
     let channel = channel.to_owned();
     let ours = channel.clone();
     let keep = move |heard: &Heard| match heard {
-        Heard::Signal(_) | Heard::Gap(ConnState::Reconnected) => true,
-        Heard::Gap(ConnState::MessageLost { channel, .. }) => *channel == ours,
-        Heard::Gap(_) => false,
+        Heard::Signal(_) => true,
+        Heard::Gap(state) => state.may_have_missed(&ours),
     };
     let (forwarder, feed) = crate::streams::forward(arbiter, Some(Box::new(keep)));
     // Connection states first: a gap between the two subscriptions is then reported.

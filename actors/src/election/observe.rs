@@ -257,13 +257,9 @@ impl Handler<ConnState> for LeaderObserver {
     type Result = ();
 
     fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
-        // A message lost on another channel says nothing about this election.
-        let missed = match &state {
-            ConnState::Reconnected => true,
-            ConnState::MessageLost { channel, .. } => *channel == self.election_channel,
-            _ => false,
-        };
-        if missed {
+        // A message lost on another channel says nothing about this election; the lease
+        // channel carries no stored payloads, so only a reconnect misses its doorbells.
+        if state.may_have_missed(&self.election_channel) {
             self.read(true, ctx);
         }
     }

@@ -37,8 +37,10 @@ impl Handler<ConnState> for LockManager {
     type Result = ();
 
     fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
-        // Releases announced while the listener was away were missed: everyone asks again.
-        if matches!(state, ConnState::Connected | ConnState::Reconnected) {
+        // Releases announced while the listener was away were missed, and waiters that began
+        // before its first connection napped without a doorbell: everyone asks again.
+        let channel = self.config().lease_channel().as_str();
+        if state == ConnState::Connected || state.may_have_missed(channel) {
             self.context().queues.wake_all();
         }
     }

@@ -69,6 +69,22 @@ pub enum ConnState {
     },
 }
 
+impl ConnState {
+    /// Whether messages of `channel` may have been missed, as this state says: the listener
+    /// reconnected (what was sent while it was away was not delivered), or one of the
+    /// channel's messages was lost. What every reader of a channel resyncs on — from the
+    /// database, as after a start — and the one rule each of pgcoord's own readers follows.
+    /// (`Connected`, the first connection, misses nothing a subscriber was told of: a
+    /// subscription is answered once its LISTEN is confirmed.)
+    pub fn may_have_missed(&self, channel: &str) -> bool {
+        match self {
+            ConnState::Reconnected => true,
+            ConnState::MessageLost { channel: lost, .. } => lost == channel,
+            _ => false,
+        }
+    }
+}
+
 /// Send `payload` to every subscriber of `channel`, in every process. Fire and forget.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<()>")]

@@ -300,7 +300,7 @@ impl Handler<ConnState> for TopicConsumer {
 
     fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
         // Doorbells may have been missed while the listener was away.
-        if matches!(state, ConnState::Reconnected) {
+        if state.may_have_missed(self.run.table.channel()) {
             self.run.doorbell.ring();
         }
     }

@@ -424,7 +424,8 @@ where
     type Result = ();
 
     fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
-        if matches!(state, ConnState::Reconnected) {
+        let channel = self.mailing.as_ref().map(|m| m.table.channel().to_owned());
+        if channel.is_some_and(|channel| state.may_have_missed(&channel)) {
             let keys = self.crew.keys().cloned().collect();
             self.read_mail(ctx, keys);
         }
