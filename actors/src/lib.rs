@@ -143,6 +143,6 @@ pub use topics::{
     TopicConsumer, TopicRetention,
 };
 pub use workers::{
-    AssignedKey, Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed,
-    SetKeys, SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
+    Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed, SetKeys,
+    SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
 };

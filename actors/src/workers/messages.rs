@@ -1,5 +1,6 @@
 //! What a [`WorkerPool`](super::WorkerPool) tells its workers and answers its callers.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -55,22 +56,12 @@ impl WorkerKey {
 #[rtype(result = "Assignment")]
 pub struct GetAssignment;
 
-/// A key a pool's process holds, and its lease's token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AssignedKey {
-    /// The key.
-    pub key: String,
-    /// The fencing token of the key's lease.
-    pub token: i64,
-}
-
 /// What [`GetAssignment`] answers (more may be told in later versions).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 #[non_exhaustive]
 pub struct Assignment {
-    /// Keys held here, with their tokens, by key.
-    pub keys: Vec<AssignedKey>,
+    /// Keys held here (not lost), each with its lease's fencing token.
+    pub keys: BTreeMap<String, i64>,
     /// Live members at the last tick, this one included.
     pub members: usize,
     /// Workers started again after they stopped while their lease was held.

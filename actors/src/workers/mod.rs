@@ -57,9 +57,7 @@ use drain::Draining;
 use mail::Mailing;
 use members::Membership;
 pub use members::{MembersChanged, SubscribeMembers};
-pub use messages::{
-    AssignedKey, Assignment, Drain, GetAssignment, Mail, SetKeys, WorkerKey, mail_topic,
-};
+pub use messages::{Assignment, Drain, GetAssignment, Mail, SetKeys, WorkerKey, mail_topic};
 use rebalance::Rounds;
 pub use route::{KeyRouter, Routed};
 use running::Crew;

@@ -1,7 +1,7 @@
 //! The workers running here: one per key held, each with its key's lease; started again when
 //! one stops (a panic) while its key is held, stopped for idleness when the pool passivates.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tracing::warn;
 
-use super::messages::{AssignedKey, WorkerKey};
+use super::messages::WorkerKey;
 use crate::leases::Lease;
 use crate::losses::Shutdown;
 
@@ -187,17 +187,12 @@ impl<W: Actor> Crew<W> {
         self.running.get(key).map(|r| r.told.clone())
     }
 
-    /// The keys held here and not lost, with their tokens, sorted.
-    pub(super) fn assigned(&self) -> Vec<AssignedKey> {
-        let mut keys: Vec<AssignedKey> = (self.running.iter())
+    /// The keys held here and not lost, with their tokens.
+    pub(super) fn assigned(&self) -> BTreeMap<String, i64> {
+        (self.running.iter())
             .filter(|(_, r)| r.lease.loss().is_none())
-            .map(|(key, r)| AssignedKey {
-                key: key.clone(),
-                token: r.lease.token(),
-            })
-            .collect();
-        keys.sort_by(|a, b| a.key.cmp(&b.key));
-        keys
+            .map(|(key, r)| (key.clone(), r.lease.token()))
+            .collect()
     }
 
     /// Keys held here whose idle worker was stopped.

@@ -67,9 +67,7 @@ async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool
 
 async fn held(pool: &Addr<WorkerPool<Counter>>) -> HashMap<String, i64> {
     let assignment = pool.send(GetAssignment).await.unwrap();
-    (assignment.keys.into_iter())
-        .map(|k| (k.key, k.token))
-        .collect()
+    assignment.keys.into_iter().collect()
 }
 
 async fn a_pool_shares_routes_and_serves_a_lost_key_again<H: Harness>(h: H) {

@@ -151,7 +151,8 @@ async fn keys_are_shared_moved_and_never_served_twice() {
     // A worker that panics is started again, with the same token, while its key is held.
     let (key, token) = {
         let held = assignment(&b).await.keys;
-        (held[0].key.clone(), held[0].token)
+        let (key, token) = held.first_key_value().unwrap();
+        (key.clone(), *token)
     };
     let worker = workers.lock().unwrap()[&key].clone();
     worker.do_send(Panic);
@@ -159,22 +160,18 @@ async fn keys_are_shared_moved_and_never_served_twice() {
         assignment(&b).await.restarts == 1
     })
     .await;
-    assert_eq!(
-        assignment(&b)
-            .await
-            .keys
-            .iter()
-            .find(|k| k.key == key)
-            .map(|k| k.token),
-        Some(token)
-    );
+    assert_eq!(assignment(&b).await.keys.get(&key), Some(&token));
 
     // A lease lost on the server: its worker stops before anyone serves the key again.
-    let lost = assignment(&b).await.keys[1].clone();
+    let (lost, lost_token) = {
+        let held = assignment(&b).await.keys;
+        let (key, token) = held.iter().nth(1).unwrap();
+        (key.clone(), *token)
+    };
     admin
         .execute(
             &format!("DELETE FROM {} WHERE name = $1", setup.quoted_table()),
-            &[&format!("customers/keys/{}", lost.key)],
+            &[&format!("customers/keys/{lost}")],
         )
         .await
         .unwrap();
@@ -184,10 +181,10 @@ async fn keys_are_shared_moved_and_never_served_twice() {
         "the lost key served again",
         async || {
             let (x, y) = (assignment(&a).await, assignment(&b).await);
-            x.keys
-                .iter()
-                .chain(&y.keys)
-                .any(|k| k.key == lost.key && k.token > lost.token)
+            [x.keys.get(&lost), y.keys.get(&lost)]
+                .into_iter()
+                .flatten()
+                .any(|token| *token > lost_token)
         },
     )
     .await;
@@ -230,12 +227,7 @@ async fn a_pool_follows_a_stream_of_key_sets() {
         .follow(keys)
         .start();
     let names = async |pool: &Addr<WorkerPool<Recorder>>| -> Vec<String> {
-        assignment(pool)
-            .await
-            .keys
-            .into_iter()
-            .map(|k| k.key)
-            .collect()
+        assignment(pool).await.keys.into_keys().collect()
     };
     tx.send(vec!["a".into(), "b".into(), "c".into()]).unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(3), "a, b, c", async || {
