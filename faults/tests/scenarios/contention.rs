@@ -1,6 +1,6 @@
 //! Scenario 1, the contention baseline: 16 holders in 4 processes × 200 rounds on one lease,
 //! random hold times — no overlap, no token regression, nothing acknowledged lost, everyone
-//! served.
+//! served, and the operations' history linearizable.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ async fn sixteen_holders_two_hundred_rounds_each_never_overlap() {
             )
         })
         .collect();
-    let mut acks = Vec::new();
+    let (mut acks, mut operations) = (Vec::new(), Vec::new());
     for holder in &mut holders {
         let done = holder.expect("DONE", Duration::from_secs(240)).await;
         assert_eq!(
@@ -27,10 +27,13 @@ async fn sixteen_holders_two_hundred_rounds_each_never_overlap() {
             "every round of every manager ran a section"
         );
         acks.extend(holder.acks());
+        holder.finish(Duration::from_secs(10)).await;
+        operations.extend(holder.operations());
     }
     let verdict = workload.verdict(&acks).await;
     eprintln!("{verdict} in {:?}", started.elapsed());
     assert!(verdict.is_safe(), "{verdict}");
+    super::assert_linearizable("contention", &operations);
     assert_eq!(verdict.sections, 3_200);
     assert_eq!(acks.len(), 3_200);
 }

@@ -4,7 +4,7 @@
 //!
 //! With synchronous replication every acknowledged grant, renewal and fenced write is on the
 //! standby before it is acknowledged, so mutual exclusion and the token order hold across the
-//! failover. With asynchronous replication they do not: the test shows an acknowledged grant and
+//! failover, and the holders' operations are linearizable. With asynchronous replication they do not: the test shows an acknowledged grant and
 //! fenced write missing after the failover and the lease granted again to someone else while its
 //! holder still believed it held it. What pgcoord does about it: tokens carry the server's
 //! timeline, so the promoted standby's tokens are greater than every earlier one even when its
@@ -90,11 +90,13 @@ async fn a_failover_to_a_synchronous_standby_keeps_mutual_exclusion_and_every_wr
     let failed_over = fail_over(&primary, &standby).await;
     eprintln!("failed over after {acked_before} acknowledged sections");
 
-    let mut acks = Vec::new();
+    let (mut acks, mut operations) = (Vec::new(), Vec::new());
     for holder in &mut holders {
         let done = holder.expect("DONE", Duration::from_secs(180)).await;
         eprintln!("{done}");
         acks.extend(holder.acks());
+        holder.finish(Duration::from_secs(10)).await;
+        operations.extend(holder.operations());
     }
     assert!(
         acks.len() > acked_before,
@@ -105,6 +107,8 @@ async fn a_failover_to_a_synchronous_standby_keeps_mutual_exclusion_and_every_wr
     let verdict = workload.verdict(&acks).await;
     eprintln!("{verdict}; {:?} after the failover", failed_over.elapsed());
     assert!(verdict.is_safe(), "{verdict}");
+    // The operations too, their grants, writes and reads on either side of the failover.
+    super::assert_linearizable("failover", &operations);
     let client = workload.client().await;
     let in_recovery: bool = client
         .query_one("SELECT pg_is_in_recovery()", &[])

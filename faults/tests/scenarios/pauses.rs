@@ -1,10 +1,12 @@
-//! Pauses: a holder process stopped past its lease (scenario 2), and the whole server paused
-//! longer than the lease (scenario 8).
+//! Pauses: a holder process stopped past its lease (scenario 2), its operations and the
+//! contender's checked for linearizability too, and the whole server paused longer than the
+//! lease (scenario 8).
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord_actors::{Acquire, Get, LockLost, LockManager, LossReason, SubscribeLockLost};
+use pgcoord_faults::linear::{Op, Recorder, Ret};
 
 use super::Workload;
 
@@ -36,11 +38,15 @@ async fn a_paused_holder_process_is_fenced_out_and_takes_nothing_back() {
     old.pause();
     let paused = Instant::now();
     let contender = LockManager::new(workload.config("contender", LEASE, HEARTBEAT)).start();
+    // The contender's operations are recorded as the holder process records its own.
+    let mut record = Recorder::keeping("contender");
+    record.invoke(Op::Acquire);
     let lease = contender
         .send(Acquire::new("job").timeout(LEASE * 5))
         .await
         .unwrap()
         .unwrap();
+    record.complete(Some(Ret::Granted(lease.token())));
     let took_over = paused.elapsed();
     assert!(lease.token() > held);
     assert!(
@@ -50,11 +56,20 @@ async fn a_paused_holder_process_is_fenced_out_and_takes_nothing_back() {
     let mut client = pgcoord::db::connect_spawned(&workload.config("w", LEASE, HEARTBEAT))
         .await
         .unwrap();
+    let (token, value) = (lease.token(), lease.token() * 1_000_000);
+    record.invoke(Op::Write { token, value });
     let mine = workload
         .history
-        .section(&mut client, &lease, "contender", Duration::ZERO)
+        .section_setting(
+            &mut client,
+            &lease,
+            "contender",
+            Some(value),
+            Duration::ZERO,
+        )
         .await
         .unwrap();
+    record.complete(Some(Ret::Written));
 
     // Resumed past its lease: its next fenced write is rejected and it reports the loss.
     tokio::time::sleep(LEASE).await;
@@ -75,11 +90,19 @@ async fn a_paused_holder_process_is_fenced_out_and_takes_nothing_back() {
     let info = contender.send(Get("job".into())).await.unwrap().unwrap();
     assert_eq!(info.token, Some(lease.token()));
 
+    // The register after the old holder's rejected write: still the contender's value.
+    record.invoke(Op::Read);
+    let read = workload.history.read(&client).await.unwrap();
+    record.complete(Some(Ret::Value(read)));
+
     let mut acks = old.acks();
     acks.push(mine);
     let verdict = workload.verdict(&acks).await;
     assert!(verdict.is_safe(), "{verdict}");
     assert_eq!(verdict.tenures, 2);
+    let mut operations = old.operations();
+    operations.extend(pgcoord_faults::linear::events(record.lines()));
+    super::assert_linearizable("a paused holder", &operations);
 }
 
 /// Collects loss reports with the time they arrived.
