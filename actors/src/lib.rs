@@ -117,7 +117,7 @@ pub use pgcoord::{self, Config, Error, ErrorKind, Result};
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
 pub use call::Call;
 pub use coordinator::Coordinator;
-pub use election::{Election, Leader, LeaderChanged, Leadership, Proclaim};
+pub use election::{Election, Leader, LeaderChanged, Leadership};
 pub use health::Health;
 pub use leases::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, List, LockManager, MAX_LEASE,

@@ -27,7 +27,7 @@ mod resign;
 
 pub use observe::LeaderChanged;
 use observe::LeaderObserver;
-pub use proclaim::Proclaim;
+use proclaim::Proclaim;
 pub use resign::RequestResign;
 use resign::ResignRequested;
 
@@ -304,7 +304,7 @@ impl Leadership {
         Ok(())
     }
 
-    /// Stores and announces `value` for this term (see [`Proclaim`]).
+    /// Stores and announces `value` for this term (see `Proclaim`).
     async fn send_proclamation(&self, value: Vec<u8>) -> Result<()> {
         let proclaim = Proclaim {
             name: self.lease.name().to_owned(),

@@ -1,4 +1,4 @@
-//! [`Proclaim`]: a leader's new value, stored with its lease and announced in one statement.
+//! `Proclaim`: a leader's new value, stored with its lease and announced in one statement.
 
 use actix::prelude::*;
 use pgcoord::{Error, ErrorKind, Result};
@@ -10,13 +10,13 @@ use crate::leases::LockManager;
 /// holds that lease with that token.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<()>")]
-pub struct Proclaim {
+pub(crate) struct Proclaim {
     /// The election (the lease's name).
-    pub name: String,
+    pub(crate) name: String,
     /// The term's token.
-    pub token: i64,
+    pub(crate) token: i64,
     /// The value to proclaim.
-    pub value: Vec<u8>,
+    pub(crate) value: Vec<u8>,
 }
 
 impl Handler<Proclaim> for LockManager {

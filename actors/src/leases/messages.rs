@@ -9,7 +9,6 @@
 //! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
 //! | [`Get`], [`List`], [`ListPrefix`] | what the table says, granting nothing |
 //! | [`RunNow`](crate::RunNow) | `Result<u64>`: every held lease renewed now; how many |
-//! | [`Proclaim`](crate::Proclaim) | `Result<()>`: an election's new value, stored and announced |
 //! | [`GetStats`](crate::GetStats)`<ManagerStats>` | [`ManagerStats`] |
 //! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
 //! | [`Shutdown`](crate::Shutdown) | `()`: every lease released, the manager stopped |

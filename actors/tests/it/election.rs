@@ -243,28 +243,33 @@ async fn an_observer_learns_of_a_dead_leader_at_its_expiry_and_is_resynced_after
 
 #[actix_rt::test]
 async fn a_term_that_ended_cannot_proclaim_and_bad_names_are_refused() {
-    let (setup, _admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
+    let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
     let coordinator = Coordinator::start(setup.builder("me").build().unwrap());
     let err = coordinator.election("").expect_err("an empty name");
     assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidName);
     let election = coordinator.election("solo").unwrap();
-    let term = election.campaign("v1", None).await.unwrap();
+    let mut term = election.campaign("v1", None).await.unwrap();
     let token = term.token();
     assert_eq!(
         election.leader().await.unwrap().map(|l| (l.token, l.value)),
         Some((token, b"v1".to_vec()))
     );
-    term.resign().await.unwrap();
-    let err = coordinator
-        .locks
-        .call(Proclaim {
-            name: "solo".into(),
-            token,
-            value: b"late".to_vec(),
-        })
+    // The term ends behind its leader's back (its row gone, as after an expiry and a
+    // takeover's end); the next renewal finds it lost, and a late proclamation is refused.
+    admin
+        .execute(
+            &format!("DELETE FROM {} WHERE name = 'solo'", setup.quoted_table()),
+            &[],
+        )
         .await
-        .unwrap_err();
+        .unwrap();
+    coordinator.locks.call(RunNow).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), term.lost())
+        .await
+        .expect("the loss is reported");
+    let err = term.proclaim(b"late".to_vec()).await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::LockLost);
+    drop(term);
     assert_eq!(election.leader().await.unwrap(), None);
     // A second candidate times out while the first leads, naming it.
     let term = election.campaign("v2", None).await.unwrap();
