@@ -4,11 +4,11 @@
 //! Layout: this file parses the command line and maps errors to exit codes; `inspect.rs` holds
 //! the read-only commands (locks, lock show, advisory, status), `signals.rs` listen and notify,
 //! `topics.rs` the durable topics (list, consumers, tail, reset), `schedules.rs` the
-//! schedules' runs, `hold.rs` `lock run` and `elect`.
+//! schedules' runs, `hold.rs` `lock run` and `elect`, `observe.rs` `elect observe`.
 //! Exit codes: 0 done, 1 failed (database, network), 2 bad usage or input, 3 not found, 4 the
-//! tables are missing (with a hint to migrate), 5 `lock run`'s lease lost while its command
-//! ran, 6 `lock run`'s lease held by another until `--timeout`; otherwise `lock run` exits with
-//! its command's code.
+//! tables are missing (with a hint to migrate) or, for `migrate --status`, not up to date,
+//! 5 `lock run`'s lease lost while its command ran, 6 `lock run`'s lease held by another until
+//! `--timeout`; otherwise `lock run` exits with its command's code.
 #![deny(missing_docs)]
 
 use std::process::ExitCode;
@@ -20,6 +20,7 @@ mod deadline;
 mod group;
 mod hold;
 mod inspect;
+mod observe;
 mod output;
 mod schedules;
 mod signals;
@@ -47,7 +48,7 @@ struct Cli {
     #[arg(long, default_value = "pgcoord_schedules", global = true)]
     schedule_table: String,
     /// Give up after this long (`30`, `30s`, `500ms`, `2m`): the whole command, or for `listen`
-    /// its start (connect and LISTEN). A server that accepts and then never answers must not
+    /// and `elect observe` its start (connect, LISTEN). A server that accepts and then never answers must not
     /// hang an operator.
     #[arg(long, default_value = "30s", value_parser = duration, global = true)]
     timeout: std::time::Duration,
@@ -57,7 +58,8 @@ struct Cli {
     #[arg(long, env = "PGCOORD_POLL_ONLY", global = true)]
     poll_only: bool,
     /// Print listings (locks, lock show, advisory, status, topics, schedules, migrate) as JSON,
-    /// for scripts.
+    /// whole where tables shorten long names with `…`, for scripts; `elect observe` prints a
+    /// JSON line per change.
     #[arg(long = "json", global = true)]
     as_json: bool,
     #[command(subcommand)]
@@ -68,19 +70,33 @@ struct Cli {
 enum Command {
     /// Create or update pgcoord's tables (idempotent), saying what it created.
     Migrate {
-        /// Change nothing: say what a migration would create now (it runs and is rolled back).
+        /// Change nothing: say what a migration would create now (it runs and is rolled back);
+        /// exit 4 when that is anything, 0 when the tables are up to date.
         #[arg(long, conflicts_with = "dry_run")]
         status: bool,
-        /// Change nothing: print the SQL a migration runs, for these table names.
+        /// Change nothing: print the SQL a migration runs, for these table names. Needs no
+        /// database: nothing connects.
         #[arg(long)]
         dry_run: bool,
     },
     /// List every lease: owner, token, time left on the server's clock, data.
     Locks,
-    /// One lease.
+    /// One lease: show it, free it, or run a command holding it. `lock NAME -- COMMAND...`
+    /// (etcdctl's and consul's form) is `lock run NAME -- COMMAND...`; a lease named `show`,
+    /// `release` or `run` is run with `lock run`.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true,
+        arg_required_else_help = true
+    )]
     Lock {
         #[command(subcommand)]
-        action: LockAction,
+        action: Option<LockAction>,
+        /// The lease's name.
+        #[arg(required = true)]
+        name: Option<String>,
+        #[command(flatten)]
+        held: Held,
     },
     /// Advisory locks held or awaited now, with the holding session's application_name.
     Advisory,
@@ -106,9 +122,18 @@ enum Command {
     /// lost, the command's process group gets SIGTERM (SIGKILL after --kill-after) and pgcoord
     /// exits 5. The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN (the term) and
     /// PGCOORD_LEASE_OWNER. It runs in a process group of its own, stopped as `lock run`'s is.
+    /// `elect observe NAME` prints each change of leader instead.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true,
+        arg_required_else_help = true
+    )]
     Elect {
+        #[command(subcommand)]
+        action: Option<ElectAction>,
         /// The election's name (its lease's, as the runtime's `Election` names it).
-        name: String,
+        #[arg(required = true)]
+        name: Option<String>,
         /// What the leader proclaims (observers see it; `pgcoord lock show NAME` too).
         #[arg(long, default_value = "")]
         value: String,
@@ -147,6 +172,22 @@ enum Command {
         /// How many of its runs.
         #[arg(long, default_value_t = 20)]
         count: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum ElectAction {
+    /// Print who leads the election NAME, then one line at each change of leader, until
+    /// interrupted (Ctrl-C, SIGTERM, SIGHUP) or --count lines: `OWNER leads (term TOKEN): VALUE`
+    /// or `no leader`; with --json a JSON object per line. What is printed is read from the
+    /// lock table (a notification only makes it look): a term shorter than a read may go
+    /// unseen. --timeout bounds the start (connecting).
+    Observe {
+        /// The election's name.
+        name: String,
+        /// Stop after this many lines.
+        #[arg(long)]
+        count: Option<usize>,
     },
 }
 
@@ -200,7 +241,8 @@ enum LockAction {
     /// counts as lost a tenth of --lease before the server's deadline, as the runtime counts it;
     /// then the command's process group gets SIGTERM (SIGKILL after --kill-after) and pgcoord
     /// exits 5. The command finds PGCOORD_LEASE_NAME, PGCOORD_LEASE_TOKEN and
-    /// PGCOORD_LEASE_OWNER (to fence its writes) in its environment.
+    /// PGCOORD_LEASE_OWNER (to fence its writes) in its environment. `pgcoord lock NAME --
+    /// COMMAND...` is the same.
     ///
     /// The command runs in a process group of its own, so everything it starts is stopped with
     /// it: processes it leaves running when it exits get SIGTERM (SIGKILL after --kill-after)
@@ -209,12 +251,16 @@ enum LockAction {
     /// SIGINT (Ctrl-C) and SIGHUP to the group; SIGTSTP (Ctrl-Z) stops the group with pgcoord.
     /// Out of the terminal's foreground group, a command that reads the terminal is stopped:
     /// give it its input another way.
-    Run {
-        /// The lease's name.
-        name: String,
-        #[command(flatten)]
-        held: Held,
-    },
+    Run(LockRun),
+}
+
+/// `lock run NAME -- COMMAND...`, or `lock NAME -- COMMAND...`.
+#[derive(clap::Args)]
+struct LockRun {
+    /// The lease's name.
+    name: String,
+    #[command(flatten)]
+    held: Held,
 }
 
 /// What `lock run` and `elect` share: the lease (or term) that holds while a command runs.
@@ -271,6 +317,18 @@ async fn main() -> ExitCode {
 }
 
 async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
+    if let Command::Migrate { dry_run: true, .. } = cli.command {
+        // The SQL depends on the tables' names alone: no DSN is read, nothing connects.
+        let config = Config::builder()
+            .pg_config(&tokio_postgres::Config::new())
+            .lock_table(cli.lock_table)
+            .payload_table(cli.payload_table)
+            .topic_table(cli.topic_table)
+            .schedule_table(cli.schedule_table)
+            .build()?;
+        print!("{}", pgcoord::schema::sql(&config));
+        return Ok(0);
+    }
     // --dsn, else DATABASE_URL, else the PG* variables and the password file, as psql.
     let builder = match cli.dsn {
         Some(dsn) => Config::builder().dsn(dsn),
@@ -298,10 +356,17 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     // `lock run` and `elect` run as long as their command: no deadline of the command's.
     let held = match std::mem::replace(&mut cli.command, Command::Locks) {
         Command::Lock {
-            action: LockAction::Run { name, held },
+            action: Some(LockAction::Run(LockRun { name, held })),
+            ..
+        }
+        | Command::Lock {
+            action: None,
+            name: Some(name),
+            held,
         } => Some((name, held, within, None)),
         Command::Elect {
-            name,
+            action: None,
+            name: Some(name),
             value,
             wait,
             held,
@@ -338,38 +403,40 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         return hold::run(&config, hold).await;
     }
     let config = builder.owner("pgcoord-cli").build()?;
+    if let Command::Elect {
+        action: Some(ElectAction::Observe { name, count }),
+        ..
+    } = &cli.command
+    {
+        return observe::run(config, name, *count, within, cli.as_json).await;
+    }
     // Set once connected: past the deadline the statement under way is cancelled with it.
     let cancel = std::sync::OnceLock::new();
     let bounded = async {
         if let Command::Listen { channel, count } = &cli.command {
             let listening = signals::start_listening(&config, channel).await?;
-            return Ok(Some((listening, *count)));
+            return Ok(Ok((listening, *count)));
         }
         let client = pgcoord::db::connect_spawned(&config).await?;
         let _ = cancel.set(client.cancel_token());
         command(cli.command, &config, &client, cli.as_json)
             .await
-            .map(|()| None)
+            .map(Err)
     };
-    let listening = deadline::bounded(&config, within, &cancel, bounded).await?;
-    match listening {
-        Some((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
-        None => Ok(0),
+    match deadline::bounded(&config, within, &cancel, bounded).await? {
+        Ok((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
+        Err(code) => Ok(code),
     }
 }
 
-/// Every command but `listen`, on `client`.
+/// Every one-shot command, on `client`; its exit code.
 async fn command(
     command: Command,
     config: &Config,
     client: &tokio_postgres::Client,
     json: bool,
-) -> pgcoord::Result<()> {
-    match command {
-        Command::Migrate { dry_run: true, .. } => {
-            print!("{}", pgcoord::schema::sql(config));
-            Ok(())
-        }
+) -> pgcoord::Result<u8> {
+    let done = match command {
         Command::Migrate { status, .. } => {
             let changes = pgcoord::schema::migrate_and_report(client, config, !status).await?;
             let (done, pending) = if status {
@@ -388,21 +455,22 @@ async fn command(
                     println!("  {change}");
                 }
             }
-            Ok(())
+            // Scripts and deployment checks ask with the code: 4, as for missing tables.
+            return Ok(if status && !changes.is_empty() { 4 } else { 0 });
         }
         Command::Locks => inspect::locks(config, client, json).await,
         Command::Lock {
-            action: LockAction::Show { name },
+            action: Some(LockAction::Show { name }),
+            ..
         } => inspect::show(config, client, &name, json).await,
         Command::Lock {
-            action: LockAction::Release { name, force },
+            action: Some(LockAction::Release { name, force }),
+            ..
         } => inspect::release(config, client, &name, force).await,
-        Command::Lock {
-            action: LockAction::Run { .. },
-        }
-        | Command::Elect { .. } => {
+        Command::Lock { .. } | Command::Elect { .. } => {
             unreachable!(
-                "lock run and elect are started by `run`: they have no deadline of their own"
+                "lock run, elect and elect observe are started by `run`: they have no deadline \
+                 of their own"
             )
         }
         Command::Resign { name } => inspect::resign(config, client, &name).await,
@@ -431,5 +499,6 @@ async fn command(
         Command::Schedules { name, count } => {
             schedules::list(config, client, name.as_deref(), count, json).await
         }
-    }
+    };
+    done.map(|()| 0)
 }

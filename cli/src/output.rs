@@ -3,9 +3,14 @@
 
 use serde_json::{Map, Value, json};
 
-/// The widest the last column's cells (data, bodies: free-form values) are shown; names and
-/// other columns are never cut, and `--json` has every cell whole.
+/// The widest the last column's cells (data, bodies: free-form values) are shown, cut at the
+/// end; `--json` has every cell whole.
 const MAX_CELL: usize = 80;
+
+/// The widest the other columns' text (names, keys, owners) is shown: longer, its middle gives
+/// way to `…`, keeping the prefix and the suffix (a key's tenant and its id) that tell keys
+/// apart. A 200-character key would make every line of a listing some 300 columns wide.
+const MAX_NAME: usize = 100;
 
 /// A listing: named columns, rows of values, and what a row is ("lease(s)").
 pub(crate) struct Listing {
@@ -44,13 +49,21 @@ impl Listing {
             println!("{}", Value::Array(objects));
             return;
         }
-        let cells: Vec<Vec<String>> = self
-            .rows
-            .iter()
+        let mut shortened = false;
+        let cells: Vec<Vec<String>> = (self.rows.iter())
             .map(|row| {
                 let last = row.len() - 1;
-                let cell = |(i, v): (usize, &Value)| if i == last { cut(text(v)) } else { text(v) };
-                row.iter().enumerate().map(cell).collect()
+                let mut cell = |(i, v): (usize, &Value)| {
+                    let whole = text(v);
+                    let shown = match (i == last, v) {
+                        (true, _) => cut(whole.clone()),
+                        (false, Value::String(_)) => cut_middle(whole.clone()),
+                        (false, _) => return whole,
+                    };
+                    shortened |= shown != whole;
+                    shown
+                };
+                row.iter().enumerate().map(&mut cell).collect()
             })
             .collect();
         let widths: Vec<usize> = (0..self.columns.len())
@@ -77,7 +90,14 @@ impl Listing {
         for row in &cells {
             line(row.iter().map(String::as_str).collect());
         }
-        println!("{} {}", self.rows.len(), self.what);
+        match shortened {
+            true => println!(
+                "{} {} (… marks text shortened: --json has it whole)",
+                self.rows.len(),
+                self.what
+            ),
+            false => println!("{} {}", self.rows.len(), self.what),
+        }
     }
 }
 
@@ -102,6 +122,19 @@ fn cut(cell: String) -> String {
     }
     let head: String = cell.chars().take(MAX_CELL - 1).collect();
     format!("{head}…")
+}
+
+/// `cell` cut to [`MAX_NAME`] characters in the middle.
+fn cut_middle(cell: String) -> String {
+    let length = cell.chars().count();
+    if length <= MAX_NAME {
+        return cell;
+    }
+    let head = (MAX_NAME - 1) / 2;
+    let tail = MAX_NAME - 1 - head;
+    let head: String = cell.chars().take(head).collect();
+    let tail: String = cell.chars().skip(length - tail).collect();
+    format!("{head}…{tail}")
 }
 
 /// Stored data as a value: printable UTF-8 text as a string, MessagePack (as the runtime
@@ -151,6 +184,14 @@ mod tests {
         assert_eq!(cut("x".repeat(100)).chars().count(), MAX_CELL);
         assert_eq!(text(&json!("x".repeat(100))).len(), 100);
         assert_eq!(text(&Value::Null), "-");
+        let long = format!("tenant-7:{}:job-42", "x".repeat(200));
+        let shown = cut_middle(long);
+        assert_eq!(shown.chars().count(), MAX_NAME);
+        assert!(
+            shown.starts_with("tenant-7:xx") && shown.ends_with("xx:job-42"),
+            "{shown}"
+        );
+        assert_eq!(cut_middle("short".into()), "short");
         assert_eq!(key("LAG AGE"), "lag_age");
     }
 }

@@ -20,6 +20,9 @@ pub struct Instance {
     cache: Arc<Mutex<HashMap<String, String>>>,
     pub leading: Arc<AtomicBool>,
     pub job_runs: Arc<AtomicU64>,
+    /// The task campaigning for the job and running it, and what ends it (`stop_campaign`).
+    campaign: Arc<Mutex<Option<actix_rt::task::JoinHandle<()>>>>,
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Removes invalidated keys from the local cache.
@@ -89,18 +92,35 @@ pub async fn start(
         cache,
         leading: Arc::default(),
         job_runs: Arc::default(),
+        campaign: Arc::default(),
+        stopping: Arc::new(tokio::sync::watch::Sender::new(false)),
     };
-    // The background job runs only while this instance leads.
+    // The background job runs only while this instance leads, until `stop`.
     let job = instance.clone();
-    actix_rt::spawn(async move {
+    let mut stopping = instance.stopping.subscribe();
+    let campaign = actix_rt::spawn(async move {
         let election = job.coordinator.election("background_job").unwrap();
-        while let Ok(term) = election.campaign(job.name.clone(), None).await {
+        loop {
+            // Stopping, a candidate withdraws (the campaign dropped).
+            let term = tokio::select! {
+                term = election.campaign(job.name.clone(), None) => term,
+                _ = stopping.wait_for(|stop| *stop) => return,
+            };
+            let Ok(term) = term else { return };
             job.leading.store(true, Ordering::SeqCst);
             let lost = term.lost();
             tokio::pin!(lost);
             loop {
                 tokio::select! {
                     _ = &mut lost => break,
+                    _ = stopping.wait_for(|stop| *stop) => {
+                        // The next leader takes over at once. Awaited: dropped, the term
+                        // would be resigned in the background, and perhaps not before the
+                        // process ends.
+                        let _ = term.resign().await;
+                        job.leading.store(false, Ordering::SeqCst);
+                        return;
+                    }
                     _ = tokio::time::sleep(Duration::from_millis(20)) => {
                         job.job_runs.fetch_add(1, Ordering::SeqCst);
                     }
@@ -109,6 +129,7 @@ pub async fn start(
             job.leading.store(false, Ordering::SeqCst);
         }
     });
+    *instance.campaign.lock().unwrap() = Some(campaign);
     let state = web::Data::new(instance.clone());
     let server = HttpServer::new(move || {
         App::new()
@@ -119,6 +140,12 @@ pub async fn start(
             .route("/status", web::get().to(status))
     })
     .workers(1)
+    // The application decides what SIGTERM and ctrl-c do (stop pgcoord too: `stop`), not the
+    // server on its own.
+    .disable_signals()
+    // Requests under way get five seconds to answer when it stops: pgcoord's shutdown, and with
+    // it the release of the leases, waits that long at most.
+    .shutdown_timeout(5)
     .bind(("127.0.0.1", 0))?;
     let address = format!("http://{}", server.addrs()[0]);
     let server = server.run();
@@ -127,10 +154,22 @@ pub async fn start(
     Ok((instance, address, handle))
 }
 
-/// Stops an instance gracefully, as a service does on SIGTERM (actix-web's server stops on it
-/// by itself; then this): its HTTP server, then pgcoord, whose leases — its leadership — are
-/// released at once rather than left to expire.
+/// Ends an instance's campaign: it resigns the term it holds, or withdraws its candidacy. A
+/// candidate still in the running while pgcoord stops could be elected then, and the process
+/// end before that term is released.
+async fn stop_campaign(instance: &Instance) {
+    let _ = instance.stopping.send(true);
+    let campaign = instance.campaign.lock().unwrap().take();
+    if let Some(campaign) = campaign {
+        // A resignation's statement has bounds of its own; this one is the process's.
+        let _ = tokio::time::timeout(Duration::from_secs(5), campaign).await;
+    }
+}
+
+/// Stops an instance gracefully, as a service does on SIGTERM: its campaign, its HTTP server,
+/// then pgcoord, whose leases are released at once rather than left to expire.
 pub async fn stop(instance: &Instance, server: ServerHandle) {
+    stop_campaign(instance).await;
     server.stop(true).await;
     if let Err(e) = instance.coordinator.shutdown(Duration::from_secs(5)).await {
         eprintln!("{}: {e}", instance.name);

@@ -2,14 +2,19 @@
 //! its own ([`pgcoord_actors::Runtime`]) and the handlers use its addresses.
 //!
 //! `POST /jobs/{name}` runs a job while holding the job's lease, fail-if-locked: a second run
-//! of the same job, from this process or any other, answers 409 Conflict. `GET /ready` answers
-//! 200 while the runtime's actors answer. `GET /metrics` is pgcoord's metrics for Prometheus
-//! (`metrics-exporter-prometheus`, its HELP text and units included). On ctrl-c (or when the demo below is done) the server
-//! stops taking requests and the runtime's shutdown releases every lease at once.
+//! of the same job, from this process or any other, answers 409 Conflict. The request's body,
+//! if any, is how long the job works, in seconds (half a second by default). `GET /ready`
+//! answers 200 while the runtime's actors answer. `GET /metrics` is pgcoord's metrics for
+//! Prometheus (`metrics-exporter-prometheus`, its HELP text and units included).
+//!
+//! On SIGTERM (what systemd and Kubernetes send) or ctrl-c, and when the demo below is done, the
+//! server stops taking requests and the runtime's shutdown releases every lease at once: another
+//! process can take them over right away instead of waiting for them to expire.
 //!
 //! Run with `cargo run --example axum`. It uses `DATABASE_URL` when set, and otherwise starts a
 //! throwaway PostgreSQL from the locally installed server binaries (removed on exit). The demo
 //! makes its requests over real HTTP and exits non-zero if an answer is not the expected one.
+//! With `-- --serve` it skips the demo and serves until SIGTERM or ctrl-c.
 
 use std::time::Duration;
 
@@ -23,6 +28,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // First of all: from here on SIGTERM and ctrl-c stop the service the orderly way below,
+    // instead of killing the process with its leases held until they expire.
+    let mut stop_signal = StopSignal::install()?;
+    let serve = std::env::args().skip(1).any(|arg| arg == "--serve");
     let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let config = Config::builder()
         .pg_config(&pg)
@@ -44,16 +53,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = tokio::spawn(
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
-                tokio::select! {
-                    _ = stopped => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+                let _ = stopped.await;
             })
             .into_future(),
     );
     println!("serving on http://{address}");
 
-    // The demo: ready; one run of the nightly job; a second run at the same time refused.
+    let outcome = tokio::select! {
+        outcome = demo(address), if !serve => outcome,
+        signal = stop_signal.received() => {
+            println!("{signal}: stopping");
+            Ok(())
+        }
+    };
+    // Stop taking requests, then release every lease at once. A job still running loses its
+    // lease (its fenced writes fail from then on) rather than keep it past this process.
+    let _ = stop.send(());
+    let released = runtime.shutdown(Duration::from_secs(5)).await?;
+    println!("stopped; {released} leases released at shutdown");
+    // Requests under way get a moment to answer; the process does not wait on them longer.
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(served) => served??,
+        Err(_) => eprintln!("requests still under way after 5 s; leaving them"),
+    }
+    outcome
+}
+
+/// The demo: ready; one run of the nightly job; a second run at the same time refused.
+async fn demo(address: std::net::SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     // Not ready until the listener has confirmed its LISTENs: a load balancer waits for it.
     let started = std::time::Instant::now();
     while request(address, "GET", "/ready").await? != 200 {
@@ -86,16 +113,51 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("/metrics: {} lines", metrics.lines().count());
-
-    let _ = stop.send(());
-    server.await??;
-    let released = runtime.shutdown(Duration::from_secs(5)).await?;
-    println!("stopped; {released} leases released at shutdown");
     Ok(())
 }
 
-/// Runs the job `name` while holding its lease: 409 when another run holds it.
-async fn run_job(State(coordinator): State<Coordinator>, Path(name): Path<String>) -> StatusCode {
+/// SIGTERM and ctrl-c (SIGINT), listened for from the start.
+struct StopSignal {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    fn install() -> std::io::Result<StopSignal> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignal {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next of them, named.
+    async fn received(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "ctrl-c",
+        }
+    }
+}
+
+/// Runs the job `name` while holding its lease: 409 when another run holds it. The body, if any,
+/// is how long the job works, in seconds.
+async fn run_job(
+    State(coordinator): State<Coordinator>,
+    Path(name): Path<String>,
+    body: String,
+) -> StatusCode {
+    let work = match body.trim() {
+        "" => Duration::from_millis(500),
+        seconds => match seconds
+            .parse()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        {
+            Some(work) => work,
+            None => return StatusCode::BAD_REQUEST,
+        },
+    };
     let lease = match coordinator
         .locks
         .call(Acquire::new(format!("job:{name}")).fail_if_locked())
@@ -112,7 +174,14 @@ async fn run_job(State(coordinator): State<Coordinator>, Path(name): Path<String
         }
     };
     // The work; its writes would be fenced with `lease.fence(&tx)`.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The work stops when the lease is lost: released by a shutdown, or taken over.
+    tokio::select! {
+        () = tokio::time::sleep(work) => {}
+        Some(reason) = lease.lost() => {
+            eprintln!("job {name}: lease lost ({reason:?}); stopped");
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+    }
     match lease.release().await {
         Ok(()) => StatusCode::OK,
         // Lost while working: the work must not count.

@@ -8,6 +8,7 @@ mod config;
 mod election;
 mod embedded;
 mod errors;
+mod example_signals;
 mod ident;
 mod isolation;
 mod lease;

@@ -363,3 +363,35 @@ async fn a_limit_change_past_its_timeout_is_cancelled_on_the_server() {
     }
     tx.commit().await.unwrap();
 }
+
+#[tokio::test]
+async fn long_names_are_shortened_in_the_middle_in_tables_and_whole_in_json() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "worker-1");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let long = format!("tenant-7:{}:job-42", "x".repeat(200));
+    let leases = LeaseTable::new(&config);
+    let owner = leases.owner("worker-1").unwrap();
+    let granted = owner
+        .try_acquire(
+            &client,
+            &AcquireRequest::new(&long),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(granted, Attempt::Granted(_)), "{granted:?}");
+
+    let text = stdout(&pgcoord(&table, &["locks"]));
+    let row = text.lines().nth(1).unwrap();
+    assert!(row.chars().count() < 150, "{text}");
+    // Its tenant and its id kept, the middle given way.
+    assert!(row.starts_with("tenant-7:xxx"), "{text}");
+    assert!(row.contains("xxx:job-42  worker-1"), "{text}");
+    assert!(row.contains('…'), "{text}");
+    assert!(text.ends_with("1 lease(s) (… marks text shortened: --json has it whole)\n"));
+    let json: serde_json::Value =
+        serde_json::from_slice(&pgcoord(&table, &["--json", "locks"]).stdout).unwrap();
+    assert_eq!(json[0]["name"], long.as_str());
+}

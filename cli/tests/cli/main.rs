@@ -11,6 +11,7 @@ use pgcoord_testkit::{TempPostgres, test_pg_config, unique_name};
 mod connection;
 mod locks;
 mod migrate;
+mod observe;
 mod run;
 mod signals;
 mod terminal;

@@ -48,3 +48,62 @@ async fn migrate_says_what_it_created_and_status_and_dry_run_change_nothing() {
             .unwrap();
     assert_eq!(json, serde_json::json!({ "pending": [] }));
 }
+
+#[test]
+fn migrate_status_exits_4_while_migrations_are_pending() {
+    let table = unique_name("cli");
+    // Nothing there yet: everything pending.
+    let pending = pgcoord(&table, &["migrate", "--status"]);
+    assert_eq!(pending.status.code(), Some(4), "{pending:?}");
+    assert!(
+        stdout(&pending).starts_with("would create:\n"),
+        "{pending:?}"
+    );
+    let json = pgcoord(&table, &["--json", "migrate", "--status"]);
+    assert_eq!(json.status.code(), Some(4), "{json:?}");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let current = pgcoord(&table, &["migrate", "--status"]);
+    assert_eq!(current.status.code(), Some(0), "{current:?}");
+    assert_eq!(stdout(&current).trim(), "up to date");
+}
+
+#[test]
+fn migrate_dry_run_prints_the_sql_without_a_database() {
+    let table = unique_name("cli");
+    // No database named anywhere, and then one that does not answer: the same SQL.
+    let mut printed = Vec::new();
+    for dsn in [None, Some("postgresql://nobody@127.0.0.1:1/nothing")] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pgcoord"));
+        for variable in [
+            "DATABASE_URL",
+            "PGHOST",
+            "PGHOSTADDR",
+            "PGPORT",
+            "PGDATABASE",
+        ] {
+            command.env_remove(variable);
+        }
+        if let Some(dsn) = dsn {
+            command.args(["--dsn", dsn]);
+        }
+        let out = command
+            .args([
+                "--lock-table",
+                &table,
+                "--timeout",
+                "2s",
+                "migrate",
+                "--dry-run",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{dsn:?}: {out:?}");
+        let sql = stdout(&out);
+        assert!(
+            sql.contains(&format!("CREATE TABLE IF NOT EXISTS \"{table}\"")),
+            "{sql}"
+        );
+        printed.push(sql);
+    }
+    assert_eq!(printed[0], printed[1]);
+}

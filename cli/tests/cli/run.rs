@@ -417,3 +417,32 @@ async fn lock_run_stops_its_command_a_margin_before_the_lease_expires() {
     assert_eq!(holder.status.code(), Some(5), "{holder:?}");
     let _ = std::fs::remove_file(&file);
 }
+
+#[test]
+fn lock_name_then_a_command_is_lock_run_as_etcdctl_has_it() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let script = r#"echo "$PGCOORD_LEASE_NAME $PGCOORD_LEASE_TOKEN"; sleep 1; exit 7"#;
+    let args = ["lock", "--lease", "5s", "job", "--", "sh", "-c", script];
+    let first = pgcoord_command(&table, &args).spawn().unwrap();
+    wait_until_held(&table, "job");
+    // The subcommands are still theirs.
+    let show = stdout(&pgcoord(&table, &["lock", "show", "job"]));
+    assert!(show.contains("held:    true"), "{show}");
+    // Held by the first: a second run gives up at --timeout, exit 6, its command not run.
+    let args = ["--timeout", "200ms", "lock", "job", "--", "echo", "ran"];
+    let second = pgcoord(&table, &args);
+    assert_eq!(second.status.code(), Some(6), "{second:?}");
+    assert!(!stdout(&second).contains("ran"), "{second:?}");
+    // The command saw its lease; its exit code is pgcoord's; the lease is free at once.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(7), "{first:?}");
+    assert!(stdout(&first).starts_with("job "), "{first:?}");
+    let show = pgcoord(&table, &["lock", "show", "job"]);
+    assert_eq!(show.status.code(), Some(3), "{show:?}");
+    // No command, or nothing at all: a usage error.
+    for args in [&["lock", "job"][..], &["lock"][..]] {
+        let out = pgcoord(&table, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}
