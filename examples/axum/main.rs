@@ -40,7 +40,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     pgcoord::schema::migrate(&pgcoord::db::connect_spawned(&config).await?, &config).await?;
 
     // Before the actors start: they register their metrics with the recorder installed then.
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // Latencies as histograms with pgcoord's buckets (without buckets, the exporter renders
+    // summaries, which cannot be added up across instances).
+    let mut prometheus = metrics_exporter_prometheus::PrometheusBuilder::new();
+    for (name, buckets) in pgcoord_actors::metrics::BUCKETS {
+        let name = metrics_exporter_prometheus::Matcher::Full(name.to_string());
+        prometheus = prometheus.set_buckets_for_metric(name, buckets)?;
+    }
+    let prometheus = prometheus.install_recorder()?;
     let runtime = Runtime::connect(config).await?;
     let app = Router::new()
         .route("/jobs/{name}", post(run_job))
@@ -107,6 +114,9 @@ async fn demo(address: std::net::SocketAddr) -> Result<(), Box<dyn std::error::E
         "# HELP pgcoord_acquires_total",
         "pgcoord_acquires_total{outcome=\"granted\"} 2",
         "pgcoord_listener_connected 1",
+        "# TYPE pgcoord_acquire_wait_seconds histogram",
+        "pgcoord_acquire_wait_seconds_bucket{le=\"0.001\"}",
+        "pgcoord_losses_total{kind=\"lease\",reason=\"deadline_passed\"} 0",
     ] {
         if !metrics.lines().any(|l| l.starts_with(line)) {
             return Err(format!("/metrics has no line {line:?}:\n{metrics}").into());

@@ -13,7 +13,8 @@
 //! partition costs a share of the caller's time, not all of it.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -79,6 +80,45 @@ pub struct Pool {
     /// How many requests for a connection one checkout keeps under way at most: one more than
     /// the pool has connections, so connects hung since a partition cannot hold them all.
     requests_kept: usize,
+    /// Checkouts under way, and who is told how long each took (see [`Pool::waiting`]).
+    checkouts: Arc<Checkouts>,
+}
+
+/// The checkouts of a pool and its clones: how many are under way, and the one observer of
+/// their durations (the runtime's metrics).
+#[derive(Default)]
+struct Checkouts {
+    waiting: AtomicU32,
+    observer: OnceLock<Observer>,
+}
+
+/// Told how long each checkout took.
+type Observer = Box<dyn Fn(Duration) + Send + Sync>;
+
+/// One checkout under way: counted while it lasts, observed when it ends, whatever it ended with
+/// (a connection, an error, or its caller giving up).
+struct Waiting<'a> {
+    checkouts: &'a Checkouts,
+    start: Instant,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(checkouts: &'a Checkouts) -> Waiting<'a> {
+        checkouts.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting {
+            checkouts,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.checkouts.waiting.fetch_sub(1, Ordering::Relaxed);
+        if let Some(observe) = self.checkouts.observer.get() {
+            observe(self.start.elapsed());
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -92,6 +132,7 @@ trait ApplicationPool: Send + Sync {
     fn get(&self)
     -> BoxFuture<'_, std::result::Result<Loan, bb8::RunError<tokio_postgres::Error>>>;
     fn state(&self) -> bb8::State;
+    fn max_size(&self) -> u32;
 }
 
 impl<T> ApplicationPool for bb8::Pool<PostgresConnectionManager<T>>
@@ -109,6 +150,10 @@ where
 
     fn state(&self) -> bb8::State {
         bb8::Pool::state(self)
+    }
+
+    fn max_size(&self) -> u32 {
+        bb8::Pool::config(self).max_size
     }
 }
 
@@ -198,6 +243,7 @@ impl Pool {
             pool_timeout: config.pool_timeout,
             tls: config.tls.clone(),
             requests_kept: config.pool_size as usize + 1,
+            checkouts: Arc::default(),
         }
     }
 
@@ -228,6 +274,7 @@ impl Pool {
             tls: config.tls.clone(),
             // bb8 does not tell its size: the configured one stands in.
             requests_kept: config.pool_size as usize + 1,
+            checkouts: Arc::default(),
         }
     }
 
@@ -243,7 +290,8 @@ impl Pool {
     /// connect that failed for good (TLS, authentication) at once, with its own kind.
     #[doc(hidden)]
     pub async fn checkout(&self, deadline: Instant) -> Result<Pooled<'_>> {
-        let start = Instant::now();
+        let waiting = Waiting::new(&self.checkouts);
+        let start = waiting.start;
         let deadline = deadline.min(start + self.pool_timeout);
         let mut discarded = 0u32;
         let mut requests = VecDeque::new();
@@ -367,6 +415,28 @@ impl Pool {
             Source::Application(pool) => pool.state(),
         };
         (state.connections, state.idle_connections)
+    }
+
+    /// The most connections the pool opens (for the application's pool, its own setting).
+    pub fn max_size(&self) -> u32 {
+        match &self.source {
+            Source::Own(pool) => pool.config().max_size,
+            Source::Application(pool) => pool.max_size(),
+        }
+    }
+
+    /// Checkouts under way now: statements waiting for a connection (most for less than a
+    /// millisecond, when one is idle).
+    pub fn waiting(&self) -> u32 {
+        self.checkouts.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Tells `observe` how long each checkout took, from its start to its connection, its error
+    /// or its caller giving up (a check of a connection left idle and a connect included).
+    /// One observer per pool and its clones: the first stays, and `false` says one was there.
+    #[doc(hidden)]
+    pub fn observe_checkouts(&self, observe: impl Fn(Duration) + Send + Sync + 'static) -> bool {
+        self.checkouts.observer.set(Box::new(observe)).is_ok()
     }
 
     /// bb8's counts since the pool was built: gets served at once, after a wait, or timed out

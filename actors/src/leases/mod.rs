@@ -221,7 +221,7 @@ impl Actor for LockManager {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
-        self.metrics = Some(crate::metrics::LeaseMetrics::new());
+        self.metrics = Some(crate::metrics::LeaseMetrics::new(&self.pool));
         let releaser = batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),

@@ -19,18 +19,25 @@ pub(crate) struct LeaseMetrics {
     pub(crate) renew_failures: Counter,
     pool_used: Share,
     pool_idle: Share,
+    pool_max: Share,
+    pool_pending: Share,
     pool_direct: Tally,
     pool_waited: Tally,
     pool_timed_out: Tally,
-    pool_wait: Tally,
 }
 
 impl LeaseMetrics {
-    pub(crate) fn new() -> LeaseMetrics {
+    /// The manager's handles, its pool's gauges set at once, its losses at 0.
+    pub(crate) fn new(pool: &pgcoord::Pool) -> LeaseMetrics {
         describe();
+        losses_at_zero("lease", &["taken_over", "deadline_passed", "shutdown"]);
+        // Each checkout, as it ends: the first manager on a pool installs it, so a pool shared
+        // by several records each checkout once.
+        let wait = histogram!(POOL_WAIT);
+        pool.observe_checkouts(move |took| wait.record(took.as_secs_f64()));
         let acquires = |outcome: &'static str| counter!(ACQUIRES, "outcome" => outcome);
         let gets = |result: &'static str| Tally::new(counter!(POOL_GETS, "result" => result));
-        LeaseMetrics {
+        let metrics = LeaseMetrics {
             held: Share::new(gauge!(LEASES_HELD)),
             granted: acquires("granted"),
             not_acquired: acquires("not_acquired"),
@@ -41,11 +48,14 @@ impl LeaseMetrics {
             renew_failures: counter!(RENEW_FAILURES),
             pool_used: Share::new(gauge!(POOL_CONNECTIONS, "state" => "used")),
             pool_idle: Share::new(gauge!(POOL_CONNECTIONS, "state" => "idle")),
+            pool_max: Share::new(gauge!(POOL_MAX)),
+            pool_pending: Share::new(gauge!(POOL_PENDING)),
             pool_direct: gets("direct"),
             pool_waited: gets("waited"),
             pool_timed_out: gets("timed_out"),
-            pool_wait: Tally::new(counter!(POOL_WAIT)),
-        }
+        };
+        metrics.pool(pool);
+        metrics
     }
 
     pub(crate) fn granted(&self, waited: Duration) {
@@ -70,13 +80,13 @@ impl LeaseMetrics {
         let (open, idle) = pool.connections();
         self.pool_used.set(f64::from(open.saturating_sub(idle)));
         self.pool_idle.set(f64::from(idle));
+        self.pool_max.set(f64::from(pool.max_size()));
+        self.pool_pending.set(f64::from(pool.waiting()));
         // bb8 counts since the pool was built: the counters add what its totals grew by.
         let counts = pool.statistics();
         self.pool_direct.to(counts.get_direct);
         self.pool_waited.to(counts.get_waited);
         self.pool_timed_out.to(counts.get_timed_out);
-        let waited = u64::try_from(counts.get_wait_time.as_micros()).unwrap_or(u64::MAX);
-        self.pool_wait.to(waited);
     }
 }
 
@@ -114,9 +124,18 @@ pub(crate) fn loss(kind: &'static str, reason: &'static str) {
     counter!(LOSSES, "kind" => kind, "reason" => reason).increment(1);
 }
 
+/// The losses of `kind` an actor of that kind can have, exported at 0 from its start: an alert
+/// on a rise (`increase(...) > 0`) sees the first loss only if a series was there before it.
+fn losses_at_zero(kind: &'static str, reasons: &[&'static str]) {
+    for &reason in reasons {
+        counter!(LOSSES, "kind" => kind, "reason" => reason).increment(0);
+    }
+}
+
 /// An `AdvisoryLocks`' handle.
 pub(crate) fn advisory_held() -> Share {
     describe();
+    losses_at_zero("advisory", &["connection_lost", "stalled", "shutdown"]);
     Share::new(gauge!(ADVISORY_HELD))
 }
 

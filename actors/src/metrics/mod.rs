@@ -29,10 +29,15 @@ pub const LOSSES: &str = "pgcoord_losses_total";
 /// Counter: connections asked of the pool, by `result`: `direct` (one was idle), `waited`,
 /// `timed_out` (none within the pool timeout).
 pub const POOL_GETS: &str = "pgcoord_pool_gets_total";
-/// Counter, microseconds: time spent waiting for a pooled connection.
-pub const POOL_WAIT: &str = "pgcoord_pool_wait_microseconds_total";
+/// Histogram, seconds: each checkout of a pooled connection, from its start to its connection
+/// (near 0 when one was idle), its error or its caller giving up.
+pub const POOL_WAIT: &str = "pgcoord_pool_wait_seconds";
 /// Gauge: pooled connections, by `state` (`used`, `idle`: their sum is the open ones).
 pub const POOL_CONNECTIONS: &str = "pgcoord_pool_connections";
+/// Gauge: the most connections the pool opens.
+pub const POOL_MAX: &str = "pgcoord_pool_max_connections";
+/// Gauge: checkouts under way, waiting for a pooled connection.
+pub const POOL_PENDING: &str = "pgcoord_pool_pending_checkouts";
 /// Gauge: advisory locks held (each on a session of its own).
 pub const ADVISORY_HELD: &str = "pgcoord_advisory_locks_held";
 /// Gauge: 1 while the listener is connected with every LISTEN confirmed, else 0.
@@ -104,8 +109,39 @@ pub const RATE_TAKES: &str = "pgcoord_rate_takes_total";
 /// Counter: rate-limit permits granted.
 pub const RATE_PERMITS: &str = "pgcoord_rate_permits_total";
 
+/// Histogram buckets, seconds, for a statement or a round trip: 0.5 ms to 30 s (a pool's
+/// default timeout); [`RENEW`], [`POOL_WAIT`], [`ROUTED_SECONDS`].
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Histogram buckets, seconds, for a wait in line or a lag behind a backlog: 1 ms to an hour;
+/// [`ACQUIRE_WAIT`], [`TOPIC_LAG`], [`WORKER_MAIL_LAG`].
+pub const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Every histogram with its buckets. Exporters that need buckets set ahead (Prometheus: without
+/// them `metrics-exporter-prometheus` renders summaries, which cannot be summed across
+/// instances) take them from here:
+///
+/// ```ignore
+/// let mut builder = metrics_exporter_prometheus::PrometheusBuilder::new();
+/// for (name, buckets) in pgcoord_actors::metrics::BUCKETS {
+///     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+/// }
+/// ```
+pub const BUCKETS: [(&str, &[f64]); 6] = [
+    (ACQUIRE_WAIT, WAIT_BUCKETS),
+    (RENEW, LATENCY_BUCKETS),
+    (POOL_WAIT, LATENCY_BUCKETS),
+    (TOPIC_LAG, WAIT_BUCKETS),
+    (ROUTED_SECONDS, LATENCY_BUCKETS),
+    (WORKER_MAIL_LAG, WAIT_BUCKETS),
+];
+
 /// Every name above, for the documentation's table and its test.
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 33] = [
     LEASES_HELD,
     ACQUIRES,
     ACQUIRE_WAIT,
@@ -115,6 +151,8 @@ pub const ALL: [&str; 31] = [
     POOL_CONNECTIONS,
     POOL_GETS,
     POOL_WAIT,
+    POOL_MAX,
+    POOL_PENDING,
     ADVISORY_HELD,
     LISTENER_CONNECTED,
     LISTENER_CONNECTIONS,
@@ -178,10 +216,16 @@ fn describe_leases() {
         Unit::Count,
         "connections asked of the pool, by result: direct, waited, timed_out"
     );
-    describe_counter!(
+    describe_histogram!(
         POOL_WAIT,
-        Unit::Microseconds,
-        "time spent waiting for a pooled connection"
+        Unit::Seconds,
+        "each checkout of a pooled connection, from its start to its end"
+    );
+    describe_gauge!(POOL_MAX, Unit::Count, "the most connections the pool opens");
+    describe_gauge!(
+        POOL_PENDING,
+        Unit::Count,
+        "checkouts waiting for a pooled connection"
     );
 }
 
