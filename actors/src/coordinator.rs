@@ -245,7 +245,11 @@ impl Coordinator {
     /// released on the server (each holder told [`LossReason::Shutdown`](crate::LossReason);
     /// an election this process leads sees its leader go, a consumer of a durable topic stops),
     /// every advisory lock's session is closed (its locks with it), then the lock manager, the
-    /// listener, the payload store and the appender stop. Answers how many leases were released.
+    /// listener, the payload store and the appender stop. From its start nothing more is granted:
+    /// a wait under way ends with [`pgcoord::ErrorKind::Unavailable`], as does an acquire sent
+    /// after it, and it waits for the releases already under way (of handles dropped just
+    /// before, of grants nobody received), so a process that exits when it returns holds
+    /// nothing. Answers how many leases were released.
     /// [`pgcoord::ErrorKind::Timeout`] when the releases did not finish within `within` (the
     /// others then expire with their lease). Call it on SIGTERM, before the System stops: a
     /// process that just exits leaves its leases to expire.

@@ -170,6 +170,9 @@ impl Handler<Acquire> for LockManager {
             return AcquireResponse(Err(already_held(&request.name)));
         }
         let context = self.context();
+        if context.under_way.closing() {
+            return AcquireResponse(Err(super::under_way::closing_error()));
+        }
         let lease = match super::held::checked_lease(request.lease, context.lease) {
             Ok(lease) => lease,
             Err(e) => return AcquireResponse(Err(e)),

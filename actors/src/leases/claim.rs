@@ -28,6 +28,11 @@ impl Handler<Claim> for LockManager {
         // The turn of each name, without waiting: a name a wait, release or check of this
         // manager is busy with is left alone.
         let context = self.context();
+        if context.under_way.closing() {
+            return Box::pin(actix::fut::ready(Err(super::under_way::closing_error())));
+        }
+        // Under way until its grants are recorded or freed.
+        let ticket = context.under_way.enter();
         let mut turns = Vec::with_capacity(names.len());
         names.retain(|name| {
             let queue = context.queues.join(name);
@@ -55,6 +60,14 @@ impl Handler<Claim> for LockManager {
             })
         };
         Box::pin(claim.into_actor(self).map(move |result, act, ctx| {
+            let _ticket = ticket;
+            // Shutting down: the grants are freed (dropped unrecorded), not held.
+            let result = match result {
+                Ok(_) if act.context().under_way.closing() => {
+                    Err(super::under_way::closing_error())
+                }
+                result => result,
+            };
             let leases = result.map(|granted| {
                 (granted.into_iter())
                     .map(|(grant, won, sent)| {

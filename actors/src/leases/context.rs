@@ -14,6 +14,7 @@ use super::batch::release::Releaser;
 use super::counters::Counters;
 use super::held::HeldNames;
 use super::queues::Queues;
+use super::under_way::UnderWay;
 
 /// What every wait of one manager shares.
 pub(crate) struct WaitContext {
@@ -33,6 +34,8 @@ pub(crate) struct WaitContext {
     /// The stored limit each limited semaphore was last seen with, to name its slots at the
     /// first attempt (a stale one only costs a second attempt).
     pub(crate) limits: Mutex<HashMap<String, u32>>,
+    /// Waits, unrecorded grants and releases under way; closed by a graceful shutdown.
+    pub(crate) under_way: UnderWay,
 }
 
 impl WaitContext {

@@ -274,7 +274,8 @@ pub struct ListPrefix(pub String);
 /// Release every held lease now, and answer, once the statements are done, how many were
 /// released on the server. Each holder is told its lease ended with
 /// [`LossReason::Shutdown`](crate::LossReason::Shutdown) (so `lost()` resolves), before the
-/// statements run. The manager keeps running: what
+/// statements run. From then on nothing more is granted (waits end with `Unavailable`), and the
+/// answer also waits for releases under way before. The manager keeps running: what
 /// [`Coordinator::shutdown`](crate::Coordinator::shutdown) sends first.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "usize")]

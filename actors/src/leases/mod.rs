@@ -50,6 +50,7 @@ mod permit;
 mod queues;
 mod release;
 mod settle;
+mod under_way;
 mod wait;
 mod with_lock;
 
@@ -222,11 +223,13 @@ impl Actor for LockManager {
         // Room for bursts (a thousand acquires, wake-ups from the listener) beyond actix's 16.
         ctx.set_mailbox_capacity(4096);
         self.metrics = Some(crate::metrics::LeaseMetrics::new(&self.pool));
+        let under_way = under_way::UnderWay::default();
         let releaser = batch::release::Releaser::start(
             self.pool.clone(),
             self.table.clone(),
             self.owner.clone(),
             self.counters.clone(),
+            under_way.clone(),
         );
         let batcher = crate::batch::Batcher::start(
             Arc::new(batch::acquire::AcquireRunner {
@@ -252,6 +255,7 @@ impl Actor for LockManager {
             releaser,
             counters: self.counters.clone(),
             limits: Default::default(),
+            under_way,
         }));
         // Poll-only: no doorbell; waiters look again at their poll.
         if !self.config.poll_only() {
@@ -310,7 +314,12 @@ impl Handler<ReleaseAll> for LockManager {
     type Result = ResponseFuture<usize>;
 
     fn handle(&mut self, _: ReleaseAll, _: &mut Context<Self>) -> Self::Result {
-        let releaser = self.context().releaser.clone();
+        let context = self.context();
+        // Nothing more is granted; waits end at their next step (woken now), and a grant won
+        // meanwhile is freed, not held.
+        context.under_way.close();
+        context.queues.wake_all();
+        let (releaser, under_way) = (context.releaser.clone(), context.under_way.clone());
         // Tasks of their own, batched with each other: they finish even if the caller gives up.
         let releases: Vec<_> = (self.end_all().into_iter())
             .map(|(name, token, on_release)| {
@@ -320,6 +329,11 @@ impl Handler<ReleaseAll> for LockManager {
             .collect();
         Box::pin(async move {
             let done = futures_util::future::join_all(releases).await;
+            // And what was under way before: releases of dropped handles, grants nobody
+            // received, waits ending. Each is bounded by the statement timeout.
+            while !under_way.settled() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             done.iter().filter(|r| matches!(r, Ok(Ok(())))).count()
         })
     }

@@ -216,6 +216,9 @@ impl Handler<AcquirePermit> for LockManager {
 
     fn handle(&mut self, request: AcquirePermit, _: &mut Context<Self>) -> PermitResponse {
         let context = self.context();
+        if context.under_way.closing() {
+            return PermitResponse(Err(super::under_way::closing_error()));
+        }
         let (slots, limited) = match request.permits {
             Some(permits) => (slot_names(&request.name, permits), None),
             None => {

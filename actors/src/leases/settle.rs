@@ -90,6 +90,11 @@ impl Handler<Settled> for LockManager {
         } = settled;
         self.count_acquire(&outcome, arrived);
         match (outcome, grant) {
+            // Shutting down: what was won is freed (dropped unrecorded), not held.
+            (Outcome::Granted(_), Some(grant)) if self.context().under_way.closing() => {
+                drop(grant);
+                crate::reply::refuse(reply, super::under_way::closing_error());
+            }
             (Outcome::Granted(won), Some(grant)) => {
                 let timing = (won.sent, lease);
                 let lease = self.lease_for(grant.record(), on_release, won.grant, timing, ctx);
@@ -119,8 +124,11 @@ pub(crate) fn spawn_wait<A: Attempts>(
     let arrived = Instant::now();
     let context = wait.context();
     let lease = wait.attempts.lease();
+    // Under way until the manager has recorded or freed what it won.
+    let ticket = context.under_way.enter();
 
     let task = async move {
+        let _ticket = ticket;
         let (mut wait, mut reply) = (wait, reply);
         let outcome = wait.run(&mut reply).await;
         let granted = matches!(outcome, Outcome::Granted(_));

@@ -163,6 +163,9 @@ impl<A: Attempts> Wait<A> {
             if line.passed(Instant::now()) {
                 return Outcome::Failed(Error::not_acquired(name, line.holder()));
             }
+            if self.context.under_way.closing() {
+                return Outcome::Failed(super::under_way::closing_error());
+            }
             let ask = line.ask();
             let sent = Instant::now();
             let answer = match attempt(attempts, pool, ask, line.deadline(), reply).await {

@@ -156,3 +156,65 @@ async fn a_shutdown_drains_its_worker_pools_before_it_releases_their_keys() {
         .get(0);
     assert_eq!(held, 0);
 }
+
+/// A shutdown waits for what is under way when it begins: the release of a handle dropped just
+/// before (here held up by a transaction that locks its row), and a wait in line, which ends
+/// with `Unavailable` instead of winning a lease nobody would release. When it returns, the
+/// process holds nothing, and asks made after it are refused.
+#[actix_rt::test]
+async fn a_shutdown_waits_for_releases_under_way_and_ends_waits_without_a_grant() {
+    let (setup, mut admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let two = Coordinator::connect(setup.builder("two").build().unwrap())
+        .await
+        .unwrap();
+    let (dropped, contended) = (unique_name("dropped"), unique_name("contended"));
+    let lease = one.locks.call(Acquire::new(&dropped)).await.unwrap();
+    // Another transaction locks the row: the dropped handle's release waits for it.
+    let table = setup.quoted_table();
+    let locker = admin.transaction().await.unwrap();
+    locker
+        .execute(
+            &format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE"),
+            &[&dropped],
+        )
+        .await
+        .unwrap();
+    drop(lease);
+    // A wait in line behind another process's lease, which is freed during the shutdown.
+    let theirs = two.locks.call(Acquire::new(&contended)).await.unwrap();
+    let waiter = {
+        let locks = one.locks.clone();
+        let name = contended.clone();
+        actix_rt::spawn(async move { locks.call(Acquire::new(name)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let shutdown = {
+        let one = one.clone();
+        actix_rt::spawn(async move { one.shutdown(Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    theirs.release().await.unwrap();
+    assert!(
+        !shutdown.is_finished(),
+        "the shutdown waits for the release"
+    );
+    locker.commit().await.unwrap();
+    shutdown.await.unwrap().unwrap();
+
+    let waited = waiter.await.unwrap().unwrap_err();
+    assert_eq!(waited.kind(), pgcoord::ErrorKind::Unavailable, "{waited}");
+    let rows: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {table} WHERE owner = 'one'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing of the stopped process is held");
+    two.shutdown(Duration::from_secs(5)).await.unwrap();
+}

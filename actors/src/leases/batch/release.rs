@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 
 use super::super::counters::Counters;
 use super::super::held::OnRelease;
+use super::super::under_way::UnderWay;
 use crate::batch::{Batcher, RunBatch, shared_error, to_share};
 
 /// One release waiting for its batch; answered `None` when its caller should release alone.
@@ -29,6 +30,8 @@ pub(crate) struct ReleaseItem {
 pub(crate) struct Releaser {
     batcher: Batcher<ReleaseItem>,
     runner: Arc<ReleaseRunner>,
+    /// Each release counts as under way until it is done: a shutdown waits for it.
+    under_way: UnderWay,
 }
 
 /// What a release needs to run.
@@ -47,6 +50,7 @@ impl Releaser {
         table: Arc<LeaseTable>,
         owner: Arc<str>,
         counters: Arc<Counters>,
+        under_way: UnderWay,
     ) -> Releaser {
         let runner = Arc::new(ReleaseRunner {
             pool,
@@ -61,6 +65,7 @@ impl Releaser {
                 crate::batch::MAX_BATCH,
             ),
             runner,
+            under_way,
         }
     }
 
@@ -73,6 +78,7 @@ impl Releaser {
         token: i64,
         on_release: OnRelease,
     ) -> Result<()> {
+        let _ticket = self.under_way.enter();
         let (_under_way, alone) = self.batcher.enter();
         if !alone {
             let (reply, answer) = oneshot::channel();
@@ -107,8 +113,11 @@ impl Releaser {
             warn!(lease.name = %name, what, "no runtime to release it on; it expires on its own");
             return;
         };
-        let releaser = self.clone();
+        let (releaser, ticket) = (self.clone(), self.under_way.enter());
         runtime.spawn(async move {
+            // Counted from now, not from when the task first runs: a shutdown waiting for
+            // releases under way cannot miss this one.
+            let _ticket = ticket;
             match releaser.release(name.clone(), token, on_release).await {
                 Ok(()) => debug!(lease.name = %name, what, "released"),
                 Err(e) if e.is_lock_lost() => debug!(lease.name = %name, what, "released already"),
