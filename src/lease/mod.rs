@@ -124,6 +124,7 @@ pub struct LeaseTable {
     notify_holder: String,
     notify_holders: String,
     keep_free: String,
+    reap_places: String,
     fence: String,
     limits: limit::LimitStatements,
     pub(crate) proclaim: String,
@@ -181,6 +182,16 @@ impl LeaseTable {
         check_name(name)?;
         let rows = client.run(&self.keep_free, &[(&name, Type::TEXT)]).await?;
         Ok(!rows.is_empty())
+    }
+
+    /// Deletes up to 1,000 places in the waiters' line that lapsed — their waiter stopped asking,
+    /// its process gone without leaving the line — as an attempt of the same name would prune
+    /// them; answers how many. A lapsed place is already ignored by every grant: this only keeps
+    /// the line's table from keeping what nobody will prune. Safe to repeat.
+    pub async fn reap_lapsed_places(&self, client: &(impl Statements + ?Sized)) -> Result<u64> {
+        let rows = client.run(&self.reap_places, &[]).await?;
+        let reaped: i64 = rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);
+        Ok(reaped as u64)
     }
 
     /// The lock `name`, held or kept; [`ErrorKind::NotFound`] when there is no row.

@@ -24,19 +24,25 @@ impl LeaseTable {
         // `ON CONFLICT DO UPDATE` locks the existing row before it evaluates its `WHERE`, so on
         // its own it would wait for any transaction holding that row: a holder's fencing guard
         // (`FOR KEY SHARE`), a DBA's open transaction — past the caller's deadline, on a pooled
-        // connection. The `locked` CTE takes the row lock first with `NOWAIT`: a locked row
-        // fails the attempt at once with 55P03, which is `Attempt::Busy`. The CTE is read by
-        // the INSERT's SELECT, so it runs first. A missing row is inserted; a concurrent insert
-        // of the same name is one short statement to wait for.
+        // connection. The `locked` CTE takes the row lock first, skipping a row another
+        // transaction holds: a row that exists but was skipped makes `row_busy`, and the attempt
+        // answers `Attempt::Busy` at once — without raising an error, so a contended name fills
+        // no server log with ERROR lines, and a caller's own transaction stays usable. The CTEs
+        // are read by the INSERT's SELECT, so they run first. A missing row is inserted; a
+        // concurrent insert of the same name is one short statement to wait for.
         let grant_one = format!(
-            "locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE NOWAIT),
+            "locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE SKIP LOCKED),
+             row_busy AS MATERIALIZED (
+                 SELECT NOT EXISTS (SELECT 1 FROM locked)
+                        AND EXISTS (SELECT 1 FROM {t} WHERE name = $1) AS busy
+             ),
              grant_lock AS MATERIALIZED (SELECT {grant_lock} AS taken),
              granted AS (
                  INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                  SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
                         now() + $4 * interval '1 millisecond'
-                 FROM (SELECT count(*) FROM locked) AS row_lock, grant_lock
-                 WHERE grant_lock.taken AND {may_go}
+                 FROM row_busy, grant_lock
+                 WHERE grant_lock.taken AND NOT row_busy.busy AND {may_go}
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = {data},
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
@@ -88,12 +94,14 @@ impl LeaseTable {
         };
         LeaseTable {
             // The grant (token, data), or a row of NULLs when another grant statement of the
-            // name held its grant lock (`Attempt::Busy`), or no row.
+            // name held its grant lock or another transaction its row (`Attempt::Busy`), or no
+            // row.
             acquire: format!(
                 "WITH {grant_one}
                  SELECT token, data FROM granted
                  UNION ALL
-                 SELECT NULL::bigint, NULL::bytea FROM grant_lock WHERE NOT grant_lock.taken"
+                 SELECT NULL::bigint, NULL::bytea FROM grant_lock, row_busy
+                 WHERE NOT grant_lock.taken OR row_busy.busy"
             ),
             // + $7 wait ms, $8 priority. `acquire`, and when it grants nothing, a place in line
             // for $7 with priority $8 in the same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
@@ -103,24 +111,33 @@ impl LeaseTable {
             // A refusal also marks the lease's row: `waiter_until` is pushed to the place's end,
             // so a release that took its snapshot before this commits still learns, from the
             // row it ends, that someone waits (see `release_rows`). The mark's UPDATE reads
-            // `locked` first: the row is locked with NOWAIT before anything is written, so a
-            // release that holds it makes this attempt busy instead of waiting behind it. The
-            // column dates from 0001_locks.sql, whose one-deep reservation no longer reads it.
+            // `row_busy` first: the row is locked (or found busy) before anything is written, so
+            // a release that holds it makes this attempt busy instead of waiting behind it, and
+            // a busy attempt writes nothing, not even its place in line. The column dates from
+            // 0001_locks.sql, whose one-deep reservation no longer reads it.
             acquire_or_queue: format!(
                 "WITH {grant_one}, {line_up}, marked AS (
                      UPDATE {t} AS l SET waiter_until = greatest(l.waiter_until,
                          clock_timestamp() + $7 * interval '1 millisecond')
-                     FROM (SELECT count(*) FROM locked) AS row_lock
-                     WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)
+                     FROM row_busy
+                     WHERE l.name = $1 AND NOT row_busy.busy
+                       AND NOT EXISTS (SELECT 1 FROM granted)
                  )
                  SELECT NULL::varchar, NULL::bigint, NULL::bigint, token, data, false FROM granted
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea, false
-                 FROM {t} AS l, grant_lock
-                 WHERE l.name = $1 AND grant_lock.taken AND NOT EXISTS (SELECT 1 FROM granted)
+                 FROM {t} AS l, grant_lock, row_busy
+                 WHERE l.name = $1 AND grant_lock.taken AND NOT row_busy.busy
+                   AND NOT EXISTS (SELECT 1 FROM granted)
                  UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, NULL, true FROM grant_lock WHERE NOT grant_lock.taken",
-                line_up = line_up(&q, "$7", "$8", "NOT EXISTS (SELECT 1 FROM granted)"),
+                 SELECT NULL, NULL, NULL, NULL, NULL, true FROM grant_lock, row_busy
+                 WHERE NOT grant_lock.taken OR row_busy.busy",
+                line_up = line_up(
+                    &q,
+                    "$7",
+                    "$8",
+                    "NOT EXISTS (SELECT 1 FROM granted) AND NOT (SELECT busy FROM row_busy)",
+                ),
             ),
             // $1 names, $2 data, $3 replace-data flags, $4 owner, $5 lease ms, $6 sequence. The
             // batch form of `acquire`, with its conditions, except that a row another
@@ -340,6 +357,16 @@ impl LeaseTable {
             keep_free: format!(
                 "INSERT INTO {t} (name, kept) VALUES ($1, true)
                  ON CONFLICT (name) DO NOTHING RETURNING name"
+            ),
+            // Places whose waiter is gone: lapsed, as an attempt of the same name prunes them,
+            // a thousand at most a statement.
+            reap_places: format!(
+                "WITH reaped AS (
+                     DELETE FROM {q} WHERE ctid = ANY (ARRAY(
+                         SELECT ctid FROM {q} WHERE until <= clock_timestamp() LIMIT 1000))
+                     RETURNING 1
+                 )
+                 SELECT count(*) FROM reaped"
             ),
             limits: super::limit::LimitStatements::new(config),
             sequence: config.lock_sequence.quoted(),

@@ -539,3 +539,93 @@ async fn poll_only_statements_notify_nothing_and_reaching_a_holder_is_refused() 
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
 }
+
+/// An attempt on a name whose row another transaction holds answers `Busy` without raising an
+/// error: a contended name puts no ERROR line in the server's log, and an attempt run in the
+/// caller's own transaction leaves that transaction usable — also for a waiter's attempt, which
+/// then writes nothing (not even its place in line).
+#[tokio::test]
+async fn a_busy_row_answers_busy_without_an_error() {
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let mut other = super::connect(&config).await;
+    let g = grant(&table, &client, "busy", "me", LEASE).await;
+    let locker = client.transaction().await.unwrap();
+    table
+        .owner("me")
+        .unwrap()
+        .fence(&locker, "busy", g.token)
+        .await
+        .unwrap();
+    let theirs = other.transaction().await.unwrap();
+    let thief = table.owner("thief").unwrap();
+    let request = AcquireRequest::new("busy");
+    assert_eq!(
+        thief.try_acquire(&theirs, &request, LEASE).await.unwrap(),
+        Attempt::Busy
+    );
+    assert_eq!(
+        (thief.try_acquire_or_queue(&theirs, &request, LEASE, LEASE))
+            .await
+            .unwrap(),
+        Attempt::Busy
+    );
+    // The caller's transaction goes on, and nothing was written for the busy attempts.
+    let places: i64 = theirs
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE name = 'busy'",
+                config.lock_queue().quoted()
+            ),
+            &[],
+        )
+        .await
+        .expect("the caller's transaction is not aborted")
+        .get(0);
+    assert_eq!(places, 0, "a busy attempt takes no place in line");
+    theirs.commit().await.unwrap();
+    locker.commit().await.unwrap();
+}
+
+/// A place in line whose waiter stopped asking (its process gone without leaving the line)
+/// lapses, and `reap_lapsed_places` deletes it; a place still in time stays.
+#[tokio::test]
+async fn lapsed_places_in_line_are_reaped_and_live_ones_stay() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    grant(&table, &client, "line", "holder", LEASE).await;
+    let request = AcquireRequest::new("line");
+    let queue = |owner: &'static str, wait: Duration| {
+        let (table, client, request) = (&table, &client, &request);
+        async move {
+            let owner = table.owner(owner).unwrap();
+            owner
+                .try_acquire_or_queue(client, request, LEASE, wait)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(
+        queue("gone", Duration::from_millis(50)).await,
+        Attempt::Held(_)
+    ));
+    assert!(matches!(queue("alive", LEASE).await, Attempt::Held(_)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(table.reap_lapsed_places(&client).await.unwrap(), 1);
+    let waiters: Vec<String> = client
+        .query(
+            &format!("SELECT waiter FROM {}", config.lock_queue().quoted()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(waiters, ["alive"]);
+    assert_eq!(
+        table.reap_lapsed_places(&client).await.unwrap(),
+        0,
+        "safe to repeat"
+    );
+}

@@ -1,12 +1,30 @@
 //! Inspection: [`Get`], [`List`] and [`ListPrefix`] — reads on the pool, safe to retry on
-//! another connection whatever happened to the first.
+//! another connection whatever happened to the first — and the reaping of lapsed places in
+//! line, as safe to repeat.
 
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
+use tracing::debug;
 
 use super::LockManager;
 use super::counters::Counters;
 use super::messages::{Get, List, ListPrefix};
+
+impl LockManager {
+    /// Deletes the places in line that lapsed (see `LeaseTable::reap_lapsed_places`), on a
+    /// task of its own: a place a dead process left behind is ignored by every grant already,
+    /// and is gone within a lease of lapsing. A failure waits for the next time.
+    pub(super) fn reap_lapsed_places(&self) {
+        let (pool, table) = (self.pool.clone(), self.table.clone());
+        tokio::spawn(async move {
+            match table.reap_lapsed_places(&pool.idempotent(None)).await {
+                Ok(0) => {}
+                Ok(reaped) => debug!(reaped, "lapsed places in line deleted"),
+                Err(e) => debug!(error = %e, "cannot delete lapsed places in line; next time"),
+            }
+        });
+    }
+}
 
 impl Handler<Get> for LockManager {
     type Result = ResponseFuture<Result<LeaseInfo>>;

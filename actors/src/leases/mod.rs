@@ -267,6 +267,8 @@ impl Actor for LockManager {
         // Every lease is at least the manager's (see `Acquire::lease`): its margin at least this.
         let sweep = book::sweep_every(self.config.lease());
         ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
+        // Places in line whose waiter is gone, once a lease: reaped within a lease of lapsing.
+        ctx.run_interval(self.config.lease(), |act, _| act.reap_lapsed_places());
         // The pool's gauges, once a second.
         ctx.run_interval(Duration::from_secs(1), |act, _| {
             if let Some(metrics) = &act.metrics {

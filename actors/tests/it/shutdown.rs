@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use actix::Actor;
 use pgcoord_actors::*;
 use pgcoord_testkit::unique_name;
 
@@ -217,4 +218,41 @@ async fn a_shutdown_waits_for_releases_under_way_and_ends_waits_without_a_grant(
         .get(0);
     assert_eq!(rows, 0, "nothing of the stopped process is held");
     two.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// A place in line a dead process left behind is deleted by any running manager within about a
+/// lease of lapsing: the line's table keeps nothing nobody would prune.
+#[actix_rt::test]
+async fn a_place_in_line_left_by_a_dead_process_is_reaped_within_a_lease() {
+    let lease = Duration::from_secs(1);
+    let (setup, admin) = Setup::new(lease, Duration::from_millis(300)).await;
+    let config = setup.builder("alive").build().unwrap();
+    let table = pgcoord::LeaseTable::new(&config);
+    let name = unique_name("line");
+    let request = pgcoord::lease::AcquireRequest::new(&name);
+    let holder = table.owner("holder").unwrap();
+    assert!(matches!(
+        holder
+            .try_acquire(&admin, &request, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        pgcoord::lease::Attempt::Granted(_)
+    ));
+    // The dead process: in line for 100 ms, then never heard of again.
+    let dead = table.owner("dead").unwrap();
+    let queued = dead.try_acquire_or_queue(&admin, &request, lease, Duration::from_millis(100));
+    assert!(matches!(
+        queued.await.unwrap(),
+        pgcoord::lease::Attempt::Held(_)
+    ));
+    let places = async || -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", config.lock_queue().quoted());
+        admin.query_one(&sql, &[]).await.unwrap().get(0)
+    };
+    assert_eq!(places().await, 1);
+    let _alive = LockManager::new(config.clone()).start();
+    pgcoord_testkit::eventually(Duration::from_secs(5), "the place reaped", async || {
+        places().await == 0
+    })
+    .await;
 }
