@@ -83,6 +83,7 @@ pub enum ErrorKind {
 
 /// Who holds a lock that could not be acquired, as far as the database said.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Holder {
     /// The owner identity of the holder.
     pub owner: String,

@@ -63,6 +63,7 @@ pub mod election;
 pub mod error;
 pub mod ident;
 pub mod lease;
+mod made;
 pub mod payload;
 pub mod rate;
 pub mod schedule;
@@ -102,5 +103,6 @@ pub mod __private {
     pub use crate::db::fresh::{IDLE_CHECK_AFTER, answers};
     pub use crate::db::pool::{Manager, Pooled};
     pub use crate::db::retry::{RETRY_ATTEMPTS, backoff, retry};
+    pub use crate::made::{event, holder, lease_info, limit_change};
     pub use crate::statement::{CachingClient, Param, Sealed, Session, cancel};
 }

@@ -154,6 +154,7 @@ impl LimitStatements {
 
 /// What [`LeaseTable::set_limit`] changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LimitChange {
     /// The limit before; `None` when none was stored.
     pub previous: Option<u32>,

@@ -51,6 +51,7 @@ pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
 
 /// A lease granted by an acquire attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The fencing token of this tenure.
     pub token: i64,
@@ -74,6 +75,7 @@ pub enum Attempt {
 /// What [`LeaseTable::get`] and [`LeaseTable::list`] report about a lock. Inspection only: it
 /// grants nothing and may be stale by the time it is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseInfo {
     /// The lock's name.
     pub name: String,

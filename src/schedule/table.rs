@@ -64,6 +64,7 @@ impl std::fmt::Display for RunState {
 
 /// One tick's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunInfo {
     /// The schedule's name.
     pub schedule: String,

@@ -17,6 +17,7 @@ use crate::statement::{Param, Statements};
 
 /// A consumer's cursor and how far behind its topic it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConsumerInfo {
     /// The consumer's name.
     pub consumer: String,

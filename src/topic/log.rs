@@ -40,6 +40,7 @@ pub struct HeldBack {
 
 /// A topic as [`TopicTable::topics`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TopicInfo {
     /// The topic's name.
     pub topic: String,

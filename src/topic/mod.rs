@@ -84,6 +84,7 @@ impl std::str::FromStr for Cursor {
 
 /// One event read from a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Event {
     /// Where the event is in its topic's order; ack it to move past it.
     pub cursor: Cursor,

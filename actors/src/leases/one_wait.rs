@@ -199,11 +199,7 @@ mod tests {
     const POLL: Duration = Duration::from_secs(5);
 
     fn holder(remaining: Duration) -> Holder {
-        Holder {
-            owner: "other".into(),
-            token: 7,
-            remaining,
-        }
+        pgcoord::__private::holder("other".into(), 7, remaining)
     }
 
     fn unavailable() -> Error {

@@ -11,7 +11,6 @@
 
 use std::time::{Duration, Instant};
 
-use pgcoord::Holder;
 use stateright::{Model, Property};
 
 use crate::leases::one_wait::{Answer, Next, OneWait};
@@ -97,12 +96,12 @@ impl Waiting {
     /// The server's answer to an attempt at `real`: a grant of a free row, else its holder.
     fn answer(&self, state: &mut State) -> Answer<i64> {
         if state.other_holds {
-            return Answer::Held(Some(Holder {
-                owner: "other".into(),
-                token: state.token,
+            return Answer::Held(Some(pgcoord::__private::holder(
+                "other".into(),
+                state.token,
                 // Renewed while held: a whole lease left.
-                remaining: Duration::from_millis(LEASE),
-            }));
+                Duration::from_millis(LEASE),
+            )));
         }
         state.token += 1;
         state.waiter_holds = true;

@@ -157,13 +157,13 @@ mod tests {
     }
 
     fn member(owner: &str, weight: Option<u32>, held: bool) -> LeaseInfo {
-        LeaseInfo {
-            name: format!("p/members/{owner}"),
-            owner: Some(owner.into()),
-            token: Some(1),
-            data: weight.map(|w| pgcoord::signal::to_payload(&w).unwrap()),
-            remaining: Some(std::time::Duration::from_secs(u64::from(held))),
-        }
+        pgcoord::__private::lease_info(
+            format!("p/members/{owner}"),
+            Some(owner.into()),
+            Some(1),
+            weight.map(|w| pgcoord::signal::to_payload(&w).unwrap()),
+            Some(std::time::Duration::from_secs(u64::from(held))),
+        )
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! Nothing expires: a holder in the same process never misses a heartbeat. What expiry would
 //! do to a holder (someone else takes the lease over) a test forces with `force_loss`.
 
+use pgcoord::__private as made;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,11 +64,11 @@ impl LeaseState {
             if tenure.coordinator == coordinator {
                 return Err(crate::leases::acquire::already_held(name));
             }
-            return Ok(Attempt::Held(Some(Holder {
-                owner: tenure.owner.clone(),
-                token: tenure.token,
-                remaining: lease,
-            })));
+            return Ok(Attempt::Held(Some(made::holder(
+                tenure.owner.clone(),
+                tenure.token,
+                lease,
+            ))));
         }
         let front = self
             .queues
@@ -214,13 +215,13 @@ impl LeaseState {
             .get(name)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no lock named {name:?}")))?;
         let tenure = row.tenure.as_ref();
-        Ok(LeaseInfo {
-            name: name.to_owned(),
-            owner: tenure.map(|t| t.owner.clone()),
-            token: tenure.map(|t| t.token),
-            data: row.data.clone(),
-            remaining: tenure.map(|_| lease),
-        })
+        Ok(made::lease_info(
+            name.to_owned(),
+            tenure.map(|t| t.owner.clone()),
+            tenure.map(|t| t.token),
+            row.data.clone(),
+            tenure.map(|_| lease),
+        ))
     }
 }
 
@@ -302,11 +303,7 @@ pub(super) async fn acquire(
                 {
                     let holder = shared.lock().leases.get(&request.name, shared.lease).ok();
                     let holder = holder.and_then(|info| {
-                        Some(Holder {
-                            owner: info.owner?,
-                            token: info.token?,
-                            remaining: info.remaining?,
-                        })
+                        Some(made::holder(info.owner?, info.token?, info.remaining?))
                     });
                     return Err(Error::not_acquired(&request.name, holder));
                 }

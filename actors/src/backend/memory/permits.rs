@@ -128,5 +128,5 @@ pub(super) fn set_limit(shared: &Shared, request: &SetLimit) -> Result<LimitChan
     }
     drop(state);
     shared.released.notify_waiters();
-    Ok(LimitChange { previous, revoked })
+    Ok(pgcoord::__private::limit_change(previous, revoked))
 }

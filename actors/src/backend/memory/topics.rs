@@ -37,11 +37,8 @@ impl TopicState {
             xid: self.appended,
             position: self.appended,
         };
-        self.logs.entry(append.topic).or_default().push(Event {
-            cursor,
-            appended_at: SystemTime::now(),
-            body: append.body,
-        });
+        let event = pgcoord::__private::event(cursor, SystemTime::now(), append.body);
+        self.logs.entry(append.topic).or_default().push(event);
         Ok(cursor)
     }
 
