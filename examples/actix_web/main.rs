@@ -17,6 +17,10 @@ use pgcoord::Config;
 
 mod app;
 
+#[path = "../common/stop_signal.rs"]
+mod stop_signal;
+use stop_signal::StopSignal;
+
 #[actix_web::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // First of all: from here on SIGTERM and ctrl-c stop the instances the orderly way below,
@@ -108,28 +112,4 @@ async fn demo(
         .position(|(i, _, _)| leading(i))
         .ok_or("nobody leads")?;
     Ok(Some(at))
-}
-
-/// SIGTERM and ctrl-c (SIGINT), listened for from the start.
-struct StopSignal {
-    terminate: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-}
-
-impl StopSignal {
-    fn install() -> std::io::Result<StopSignal> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(StopSignal {
-            terminate: signal(SignalKind::terminate())?,
-            interrupt: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    /// The next of them, named.
-    async fn received(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.interrupt.recv() => "ctrl-c",
-        }
-    }
 }

@@ -26,6 +26,10 @@ use pgcoord::Config;
 use pgcoord_actors::{Acquire, Call, Coordinator, Runtime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "../common/stop_signal.rs"]
+mod stop_signal;
+use stop_signal::StopSignal;
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // First of all: from here on SIGTERM and ctrl-c stop the service the orderly way below,
@@ -124,30 +128,6 @@ async fn demo(address: std::net::SocketAddr) -> Result<(), Box<dyn std::error::E
     }
     println!("/metrics: {} lines", metrics.lines().count());
     Ok(())
-}
-
-/// SIGTERM and ctrl-c (SIGINT), listened for from the start.
-struct StopSignal {
-    terminate: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-}
-
-impl StopSignal {
-    fn install() -> std::io::Result<StopSignal> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(StopSignal {
-            terminate: signal(SignalKind::terminate())?,
-            interrupt: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    /// The next of them, named.
-    async fn received(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.interrupt.recv() => "ctrl-c",
-        }
-    }
 }
 
 /// Runs the job `name` while holding its lease: 409 when another run holds it. The body, if any,

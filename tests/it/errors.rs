@@ -116,7 +116,10 @@ async fn refused_logins_and_missing_databases_have_their_own_kinds() {
         .await
         .unwrap();
     tokio::spawn(connection);
-    let create = format!("CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'");
+    // Stored as SCRAM, which the rule asks for (PostgreSQL 13 stores md5 by default).
+    let create = format!(
+        "SET password_encryption = 'scram-sha-256'; CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'"
+    );
     admin.batch_execute(&create).await.unwrap();
     let connect = async |user: &str, password: Option<&str>, dbname: &str| {
         let mut pg = server.pg_config();

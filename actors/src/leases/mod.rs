@@ -22,8 +22,7 @@ use actix::prelude::*;
 use pgcoord::{Config, LeaseTable, Pool, Result};
 use tracing::warn;
 
-use crate::losses::Tenure;
-use crate::losses::{LockKey, LockLost, LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
+use crate::losses::{LossReason, LossSubscribers, Shutdown, SubscribeLockLost};
 use crate::signals::{ListenerActor, SubscribeConnState, SubscribeRaw};
 use crate::stats::GetStats;
 use context::WaitContext;
@@ -50,6 +49,7 @@ mod permit;
 mod queues;
 mod release;
 mod settle;
+mod stopping;
 mod under_way;
 mod wait;
 mod with_lock;
@@ -66,7 +66,7 @@ pub use with_lock::with_lock;
 
 /// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of
 /// them in one statement per heartbeat, watches each one's monotonic deadline, releases them,
-/// and broadcasts [`LockLost`] exactly once per lost lease. Start it with
+/// and broadcasts [`LockLost`](crate::LockLost) exactly once per lost lease. Start it with
 /// [`LockManager::connect`], which checks the server first (or inside a `Coordinator`).
 pub struct LockManager {
     config: Config,
@@ -282,62 +282,7 @@ impl Actor for LockManager {
             listener.do_send(Shutdown);
         }
         self.heartbeat = Heartbeat::default();
-        // Release what is still held, one task per lease so that thousands of them go out
-        // batched. The runtime may be shutting down with the System: then the leases expire.
-        for (name, token, on_release) in self.end_all() {
-            if let Some(context) = &self.context {
-                (context.releaser).release_in_background(name, token, on_release, "at shutdown");
-            }
-        }
-    }
-}
-
-impl LockManager {
-    /// Forgets every held lease, telling its holder and the [`LockLost`] subscribers it ended
-    /// with [`LossReason::Shutdown`]; what is left to release on the server.
-    fn end_all(&mut self) -> Vec<(Arc<str>, i64, OnRelease)> {
-        let mut ended = Vec::new();
-        for (name, token, held) in self.holdings.drain() {
-            let on_release = held.on_release;
-            held.end(Tenure::Lost(LossReason::Shutdown));
-            self.subscribers.broadcast(LockLost {
-                key: LockKey::Lease(name.to_string()),
-                token: Some(token),
-                reason: LossReason::Shutdown,
-            });
-            ended.push((name, token, on_release));
-        }
-        self.count_held();
-        ended
-    }
-}
-
-impl Handler<ReleaseAll> for LockManager {
-    type Result = ResponseFuture<usize>;
-
-    fn handle(&mut self, _: ReleaseAll, _: &mut Context<Self>) -> Self::Result {
-        let context = self.context();
-        // Nothing more is granted; waits end at their next step (woken now), and a grant won
-        // meanwhile is freed, not held.
-        context.under_way.close();
-        context.queues.wake_all();
-        let (releaser, under_way) = (context.releaser.clone(), context.under_way.clone());
-        // Tasks of their own, batched with each other: they finish even if the caller gives up.
-        let releases: Vec<_> = (self.end_all().into_iter())
-            .map(|(name, token, on_release)| {
-                let releaser = releaser.clone();
-                tokio::spawn(async move { releaser.release(name, token, on_release).await })
-            })
-            .collect();
-        Box::pin(async move {
-            let done = futures_util::future::join_all(releases).await;
-            // And what was under way before: releases of dropped handles, grants nobody
-            // received, waits ending. Each is bounded by the statement timeout.
-            while !under_way.settled() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            done.iter().filter(|r| matches!(r, Ok(Ok(())))).count()
-        })
+        self.release_left_in_background();
     }
 }
 
@@ -374,14 +319,6 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             lost: Counters::get(&counters.lost),
             renewals_failing: self.heartbeat.failures(),
         }
-    }
-}
-
-impl Handler<Shutdown> for LockManager {
-    type Result = ();
-
-    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
-        ctx.stop();
     }
 }
 

@@ -20,25 +20,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures_util::future::LocalBoxFuture;
 use pgcoord::Result;
-use pgcoord::topic::{Cursor, Event, Pending, Start, TopicTable};
-use tracing::{debug, warn};
+use pgcoord::topic::{Cursor, Event, Pending, TopicTable};
+use tracing::warn;
 
+use super::hand_over::{Delivered, Handing, SendMail, hand_over};
 use super::{Mail, Shutdown, WorkerPool, mail_topic};
-use crate::metrics::MailMetrics;
 use crate::signals::doorbell::{Gate, Go};
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
-use crate::topics::{Delivery, DeliveryContext};
+use crate::topics::DeliveryContext;
 
 /// The most events of one key read at once.
 const WINDOW: u32 = 100;
 /// The most keys one read statement takes.
 const KEYS_PER_READ: usize = 1_000;
-
-/// Hands one [`Mail`] to a worker: made where the worker's `Handler<Mail>` is known.
-type SendMail<W> =
-    Rc<dyn Fn(&Addr<W>, Mail) -> LocalBoxFuture<'static, std::result::Result<(), String>>>;
 
 /// A durable pool's mail reading: see the module docs.
 pub(super) struct Mailing<W: Actor> {
@@ -95,16 +90,6 @@ impl<W: Actor> Mailing<W> {
     pub(super) fn reads(&self) -> u64 {
         self.reads
     }
-}
-
-/// How one key's delivery ended.
-enum Delivered {
-    /// Every event handed over was handled (and acked): read on.
-    Done,
-    /// The worker answered `Err`, or stopped: the event comes again after a pause.
-    Failed,
-    /// Another process stored the key's cursor first: read again from it.
-    Moved,
 }
 
 impl<W> WorkerPool<W>
@@ -314,86 +299,6 @@ where
             }
         }
     }
-}
-
-/// What one key's delivery needs, off the actor.
-struct Handing<W: Actor> {
-    table: Arc<TopicTable>,
-    db: pgcoord::Pool,
-    send: SendMail<W>,
-    worker: Addr<W>,
-    tenure: Arc<DeliveryContext>,
-    key: String,
-    metrics: MailMetrics,
-    /// Where this read began, when this process has not made sure of the key's cursor row yet.
-    open: Option<Cursor>,
-}
-
-/// Hands `events` over, one at a time, and acks through the last one handled; also whether the
-/// key's cursor row is known to exist.
-async fn hand_over<W: Actor>(handing: Handing<W>, events: Vec<Event>) -> (Delivered, bool) {
-    let Handing {
-        table,
-        db,
-        send,
-        worker,
-        tenure,
-        key,
-        metrics,
-        open,
-    } = handing;
-    let (topic, pool) = (&tenure.topic, &tenure.consumer);
-    if let Some(from) = open {
-        // The cursor row first, where this read began: an ack moves only a row.
-        let at = (table.open_consumer(&db.idempotent(None), topic, pool, Start::After(from))).await;
-        match at {
-            Ok(at) if at == from => {}
-            Ok(_) => return (Delivered::Moved, true),
-            Err(e) => {
-                debug!(error = %e, "opening a key's mail cursor");
-                return (Delivered::Failed, false);
-            }
-        }
-    }
-    let mut handled = None;
-    let mut ended = Delivered::Done;
-    for event in events {
-        if tenure.lease.loss().is_some() {
-            break;
-        }
-        let cursor = event.cursor;
-        if let Ok(lag) = std::time::SystemTime::now().duration_since(event.appended_at) {
-            metrics.lag.record(lag.as_secs_f64());
-        }
-        let delivery = Delivery {
-            event,
-            tenure: tenure.clone(),
-        };
-        let mail = Mail {
-            key: key.clone(),
-            delivery,
-        };
-        match send(&worker, mail).await {
-            Ok(()) => {
-                metrics.handled.increment(1);
-                handled = Some(cursor);
-            }
-            Err(why) => {
-                metrics.failed.increment(1);
-                debug!(worker.key = %key, %cursor, error = %why, "mail not handled; it comes again");
-                ended = Delivered::Failed;
-                break;
-            }
-        }
-    }
-    if let Some(cursor) = handled {
-        // A failed ack only means the handled mail comes again.
-        let acked = table.ack(&db.idempotent(None), topic, pool, cursor).await;
-        if let Err(e) = acked {
-            warn!(worker.key = %key, error = %e, "cannot ack the key's mail; it comes again");
-        }
-    }
-    (ended, true)
 }
 
 /// How long a key whose worker failed a message waits before it is handed over again.

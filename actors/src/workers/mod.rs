@@ -37,11 +37,12 @@ mod activate;
 mod build;
 mod deliver;
 mod drain;
+mod hand_over;
 mod mail;
 mod members;
 mod messages;
 mod plan;
-mod reach;
+pub(crate) mod reach;
 mod rebalance;
 mod running;
 // The in-memory backend reaches holders through a `route::Holders` of its own.

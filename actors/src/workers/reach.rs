@@ -1,4 +1,5 @@
-//! A router's reach on PostgreSQL ([`Reach`], the PostgreSQL side of `route::Holders`): one
+//! How a router reaches a key's holder: the seam ([`Holders`], one implementation per backend)
+//! and its PostgreSQL side ([`Reach`]): one
 //! statement that reads a key's holder and notifies it, through the lock manager's sender to
 //! leases' holders (its notices batch with every other router's of the manager), answered
 //! through the listener. The lock table's name scopes a routed pool's channels. The sender is
@@ -11,11 +12,27 @@ use actix::prelude::*;
 use pgcoord::{Error, ErrorKind, Result};
 use tracing::debug;
 
-use super::route::Holders;
 use super::wire::{pool_channel, scope};
 use crate::Call;
 use crate::leases::{HolderNotices, LockManager};
 use crate::signals::{AskThrough, ListenerActor};
+
+/// What a router reaches keys' holders through, one per backend: on PostgreSQL, one statement
+/// that reads a key's holder and notifies it ([`HolderReach`]), answered through the listener.
+pub(crate) trait Holders: Send + Sync {
+    /// One request to the holder of `lease`, a key of pool `pool`: its answer, or `None` when
+    /// nobody holds the key (nothing was sent; with `record`, the key is recorded and the
+    /// pool's doorbell rung). `sent` is set while a worker may have the request.
+    fn send_once<'a>(
+        &'a self,
+        pool: &'a str,
+        lease: &'a str,
+        request: Vec<u8>,
+        left: Duration,
+        record: bool,
+        sent: &'a mut bool,
+    ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>>;
+}
 
 /// Asks a lock manager for its [`HolderReach`].
 #[derive(Debug, Clone, Copy, Message)]

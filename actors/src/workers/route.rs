@@ -36,7 +36,7 @@ use crate::backend::Locking;
 use crate::leases::LockManager;
 use crate::signals::ListenerActor;
 
-use super::reach::Reach;
+use super::reach::{Holders, Reach};
 use super::wire::{Reply, Wait, encode_request};
 
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
@@ -81,23 +81,6 @@ pub struct KeyRouter {
     holders: Arc<dyn Holders>,
     /// Set by [`KeyRouter::activate_keys`].
     activate_keys: bool,
-}
-
-/// What a router reaches keys' holders through, one per backend: on PostgreSQL, one statement
-/// that reads a key's holder and notifies it ([`HolderReach`]), answered through the listener.
-pub(crate) trait Holders: Send + Sync {
-    /// One request to the holder of `lease`, a key of pool `pool`: its answer, or `None` when
-    /// nobody holds the key (nothing was sent; with `record`, the key is recorded and the
-    /// pool's doorbell rung). `sent` is set while a worker may have the request.
-    fn send_once<'a>(
-        &'a self,
-        pool: &'a str,
-        lease: &'a str,
-        request: Vec<u8>,
-        left: Duration,
-        record: bool,
-        sent: &'a mut bool,
-    ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>>;
 }
 
 impl std::fmt::Debug for KeyRouter {

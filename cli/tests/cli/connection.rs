@@ -166,7 +166,11 @@ fn the_environment_fills_what_the_dsn_leaves_out() {
             .await
             .unwrap();
         tokio::spawn(connection);
-        let create = format!("CREATE ROLE app LOGIN SUPERUSER PASSWORD '{PASSWORD}'");
+        // Stored as SCRAM, which the rule asks for (PostgreSQL 13 stores md5 by default).
+        let create = format!(
+            "SET password_encryption = 'scram-sha-256'; \
+             CREATE ROLE app LOGIN SUPERUSER PASSWORD '{PASSWORD}'"
+        );
         client.batch_execute(&create).await.unwrap();
     });
     let port = server.port().to_string();

@@ -9,7 +9,7 @@ use pgcoord::{ErrorKind, Result};
 
 use super::MemoryCoordinator;
 use crate::backend::{Locking, Signalling};
-use crate::workers::route::Holders;
+use crate::workers::reach::Holders;
 use crate::workers::wire;
 use crate::{KeyRouter, Routed, Shutdown, WorkerKey, WorkerPool};
 
