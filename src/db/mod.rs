@@ -19,6 +19,7 @@
 pub(crate) mod borrowed;
 pub(crate) mod bounded;
 pub(crate) mod check;
+mod checkouts;
 pub(crate) mod connect;
 pub(crate) mod fresh;
 pub(crate) mod manager;

@@ -13,14 +13,14 @@
 //! partition costs a share of the caller's time, not all of it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
 
 use super::borrowed::{Borrowed, Loan};
+use super::checkouts::Checkouts;
 pub use super::manager::Manager;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
@@ -82,43 +82,6 @@ pub struct Pool {
     requests_kept: usize,
     /// Checkouts under way, and who is told how long each took (see [`Pool::waiting`]).
     checkouts: Arc<Checkouts>,
-}
-
-/// The checkouts of a pool and its clones: how many are under way, and the one observer of
-/// their durations (the runtime's metrics).
-#[derive(Default)]
-struct Checkouts {
-    waiting: AtomicU32,
-    observer: OnceLock<Observer>,
-}
-
-/// Told how long each checkout took.
-type Observer = Box<dyn Fn(Duration) + Send + Sync>;
-
-/// One checkout under way: counted while it lasts, observed when it ends, whatever it ended with
-/// (a connection, an error, or its caller giving up).
-struct Waiting<'a> {
-    checkouts: &'a Checkouts,
-    start: Instant,
-}
-
-impl<'a> Waiting<'a> {
-    fn new(checkouts: &'a Checkouts) -> Waiting<'a> {
-        checkouts.waiting.fetch_add(1, Ordering::Relaxed);
-        Waiting {
-            checkouts,
-            start: Instant::now(),
-        }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.checkouts.waiting.fetch_sub(1, Ordering::Relaxed);
-        if let Some(observe) = self.checkouts.observer.get() {
-            observe(self.start.elapsed());
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -290,8 +253,8 @@ impl Pool {
     /// connect that failed for good (TLS, authentication) at once, with its own kind.
     #[doc(hidden)]
     pub async fn checkout(&self, deadline: Instant) -> Result<Pooled<'_>> {
-        let waiting = Waiting::new(&self.checkouts);
-        let start = waiting.start;
+        let waiting = self.checkouts.enter();
+        let start = waiting.start();
         let deadline = deadline.min(start + self.pool_timeout);
         let mut discarded = 0u32;
         let mut requests = VecDeque::new();
@@ -428,7 +391,7 @@ impl Pool {
     /// Checkouts under way now: statements waiting for a connection (most for less than a
     /// millisecond, when one is idle).
     pub fn waiting(&self) -> u32 {
-        self.checkouts.waiting.load(Ordering::Relaxed)
+        self.checkouts.waiting()
     }
 
     /// Tells `observe` how long each checkout took, from its start to its connection, its error
@@ -436,7 +399,7 @@ impl Pool {
     /// One observer per pool and its clones: the first stays, and `false` says one was there.
     #[doc(hidden)]
     pub fn observe_checkouts(&self, observe: impl Fn(Duration) + Send + Sync + 'static) -> bool {
-        self.checkouts.observer.set(Box::new(observe)).is_ok()
+        self.checkouts.observe_with(Box::new(observe))
     }
 
     /// bb8's counts since the pool was built: gets served at once, after a wait, or timed out
