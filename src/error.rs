@@ -243,6 +243,13 @@ pub fn classify(error: &tokio_postgres::Error) -> ErrorKind {
         "40" => ErrorKind::FailedPrecondition,
         // invalid_authorization_specification (28000), invalid_password (28P01).
         "28" => ErrorKind::AuthenticationFailed,
+        // pgcoord's own, raised by its SQL functions (migrations/0012_functions.sql).
+        "PC" => match code.code() {
+            "PC001" => ErrorKind::LockLost,
+            "PC002" => ErrorKind::NotFound,
+            "PC003" => ErrorKind::AlreadyAcknowledged,
+            _ => ErrorKind::Other,
+        },
         _ if *code == SqlState::UNDEFINED_DATABASE => ErrorKind::DatabaseNotFound,
         _ if *code == SqlState::LOCK_NOT_AVAILABLE => ErrorKind::Timeout,
         _ if *code == SqlState::INSUFFICIENT_PRIVILEGE => ErrorKind::PermissionDenied,
@@ -256,6 +263,8 @@ impl From<tokio_postgres::Error> for Error {
     fn from(error: tokio_postgres::Error) -> Error {
         let kind = classify(&error);
         let message = match error.as_db_error() {
+            // pgcoord's own SQLSTATEs: the message says it all, the kind tells it apart.
+            Some(db) if db.code().code().starts_with("PC") => db.message().to_owned(),
             Some(db) => format!("database error {}: {}", db.code().code(), db.message()),
             // tokio-postgres's text leaves out the cause ("error communicating with the
             // server"); the operating system's words ("Connection reset by peer") say what

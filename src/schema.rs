@@ -58,6 +58,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0011_limits.sql",
         include_str!("../migrations/0011_limits.sql"),
     ),
+    (
+        "0012_functions.sql",
+        include_str!("../migrations/0012_functions.sql"),
+    ),
 ];
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
@@ -153,7 +157,12 @@ pub async fn lock_table_is_unlogged(client: &Client, config: &Config) -> Result<
 /// Replaces each quoted default name in `text` with the configured one, in a single pass so a
 /// replacement is never itself replaced.
 fn render(text: &str, config: &Config) -> String {
-    let names = [
+    let functions = crate::config::SQL_FUNCTIONS.iter().map(|(table, suffix)| {
+        let default = format!("{table}{suffix}");
+        let configured = config.sql_function(&default).quoted();
+        (default, configured)
+    });
+    let names: Vec<(String, String)> = [
         ("pgcoord_locks", config.lock_table.quoted()),
         ("pgcoord_locks_rvn", config.lock_sequence.quoted()),
         ("pgcoord_locks_wq", config.lock_queue.quoted()),
@@ -165,7 +174,11 @@ fn render(text: &str, config: &Config) -> String {
         ("pgcoord_locks_rl", config.rate_table().quoted()),
         ("pgcoord_locks_rr", config.resign_table().quoted()),
         ("pgcoord_locks_lm", config.limit_table().quoted()),
-    ];
+    ]
+    .into_iter()
+    .map(|(default, configured)| (default.to_owned(), configured))
+    .chain(functions)
+    .collect();
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(open) = rest.find('"') {
@@ -242,7 +255,8 @@ pub async fn migrate_and_report(
     changed
 }
 
-/// The tables, sequences, indexes and columns in the schemas pgcoord's tables live in.
+/// The tables, sequences, indexes, columns and functions in the schemas pgcoord's tables live
+/// in.
 async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
     let schemas: Vec<String> = [
         &config.lock_table,
@@ -276,6 +290,11 @@ async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
                     || quote_ident(a.attname)
              FROM relations AS r JOIN pg_attribute AS a ON a.attrelid = r.oid
              WHERE r.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+             UNION ALL
+             SELECT 'function ' || quote_ident(n.nspname) || '.' || quote_ident(p.proname) || '('
+                    || pg_get_function_identity_arguments(p.oid) || ')'
+             FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+             WHERE n.nspname IN (SELECT nspname FROM wanted)
              ORDER BY 1",
             &[&schemas],
         )
@@ -307,7 +326,24 @@ pub async fn try_create_tables(client: &Client, config: &Config) -> Result<()> {
     migrate(client, config).await
 }
 
-/// Drops pgcoord's tables and sequence (schemas are left alone). For tests and teardown; never
+/// The SQL functions' signatures, as `0012_functions.sql` creates them.
+const FUNCTION_ARGUMENTS: &[(&str, &str)] = &[
+    ("pgcoord_locks_fence", "text, bigint, text"),
+    ("pgcoord_locks_lease", "text"),
+    ("pgcoord_topics_append", "text, jsonb, boolean"),
+    ("pgcoord_topics_append", "text, bytea, boolean"),
+    ("pgcoord_topics_read", "text, bigint, bigint, bigint"),
+    (
+        "pgcoord_topics_ack",
+        "text, text, bigint, bigint, text, bigint",
+    ),
+    (
+        "pgcoord_schedules_complete",
+        "text, timestamptz, bigint, integer, timestamptz",
+    ),
+];
+
+/// Drops pgcoord's tables, sequence and functions (schemas are left alone). For tests and teardown; never
 /// call it from normal application startup.
 #[instrument(skip_all, fields(lock_table = %config.lock_table))]
 pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
@@ -325,6 +361,14 @@ pub async fn drop_tables(client: &Client, config: &Config) -> Result<()> {
         config.limit_table().quoted(),
         config.lock_sequence.quoted()
     );
+    // The SQL functions, each by its signature (the append is overloaded).
+    let functions: Vec<String> = FUNCTION_ARGUMENTS
+        .iter()
+        .map(|(default, arguments)| {
+            format!("{}({arguments})", config.sql_function(default).quoted())
+        })
+        .collect();
+    let script = format!("{script} DROP FUNCTION IF EXISTS {};", functions.join(", "));
     client.batch_execute(&script).await?;
     Ok(())
 }

@@ -175,8 +175,9 @@ impl ConfigBuilder {
         self
     }
 
-    /// The lease table, `name` or `schema.name`; its sequence is the same name with `_rvn`
-    /// appended, so the name part is at most 59 bytes. Default: `pgcoord_locks`.
+    /// The lease table, `name` or `schema.name`; its sequence and SQL functions are named after
+    /// it (`_rvn`, `_fence` and `_lease` appended), so the name part is at most 57 bytes.
+    /// Default: `pgcoord_locks`.
     pub fn lock_table(mut self, table: impl Into<String>) -> Self {
         self.lock_table = table.into();
         self
@@ -205,7 +206,8 @@ impl ConfigBuilder {
     }
 
     /// The durable topics' table, `name` or `schema.name` (see [`crate::topic`]); its cursors
-    /// and retention marks are in the tables named with `_cursors` and `_trimmed` appended.
+    /// and retention marks are in the tables named with `_cursors` and `_trimmed` appended (its
+    /// SQL functions `_append`, `_read`, `_ack`), so the name part is at most 55 bytes.
     /// Default: `pgcoord_topics`.
     pub fn topic_table(mut self, table: impl Into<String>) -> Self {
         self.topic_table = table.into();
@@ -213,7 +215,8 @@ impl ConfigBuilder {
     }
 
     /// The schedules' runs table, `name` or `schema.name` (see [`crate::schedule`]): a row per
-    /// tick started. Default: `pgcoord_schedules`.
+    /// tick started; its SQL function is named with `_complete` appended, so the name part is at
+    /// most 54 bytes. Default: `pgcoord_schedules`.
     pub fn schedule_table(mut self, table: impl Into<String>) -> Self {
         self.schedule_table = table.into();
         self

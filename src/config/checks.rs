@@ -76,7 +76,7 @@ impl ConfigBuilder {
     /// (the sequence, the queue, the default channels) named after the lock table.
     pub(super) fn names(&self) -> Result<Names> {
         let schema = self.schema.as_deref().map(Ident::new).transpose()?;
-        let lock_table = QualifiedName::parse(&self.lock_table, SEQUENCE_SUFFIX.len())?
+        let lock_table = QualifiedName::parse(&self.lock_table, super::LOCK_SUFFIX_BYTES)?
             .in_schema(schema.as_ref());
         let lock_sequence = lock_table.suffixed(SEQUENCE_SUFFIX)?;
         let lock_queue = lock_table.suffixed(super::QUEUE_SUFFIX)?;
@@ -84,7 +84,7 @@ impl ConfigBuilder {
             Some(channel) => Ident::channel(channel)?,
             None => lock_table.name().clone(),
         };
-        // The lock table's name leaves room for a 4-byte suffix (see SEQUENCE_SUFFIX).
+        // The lock table's name leaves room for the suffix (see LOCK_SUFFIX_BYTES).
         let election_channel = match &self.election_channel {
             Some(channel) => Ident::channel(channel)?,
             None => lock_table.name().suffixed("_ldr")?,
@@ -94,7 +94,8 @@ impl ConfigBuilder {
         let topic_table = QualifiedName::parse(&self.topic_table, super::TOPIC_SUFFIX_BYTES)?
             .in_schema(schema.as_ref());
         let schedule_table =
-            QualifiedName::parse(&self.schedule_table, 0)?.in_schema(schema.as_ref());
+            QualifiedName::parse(&self.schedule_table, super::SCHEDULE_SUFFIX_BYTES)?
+                .in_schema(schema.as_ref());
         Ok(Names {
             lock_table,
             lock_sequence,

@@ -24,6 +24,25 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// Suffix of the fencing-token sequence derived from the lock table's name.
 pub(crate) const SEQUENCE_SUFFIX: &str = "_rvn";
 
+/// Room the lock table's name leaves for the names derived from it: the sequence, the
+/// companion tables (no longer than [`SEQUENCE_SUFFIX`]) and the SQL functions (`_fence`,
+/// `_lease`).
+pub(crate) const LOCK_SUFFIX_BYTES: usize = 6;
+
+/// pgcoord's SQL functions (migrations/0012_functions.sql): the default table each is named
+/// after, and its suffix.
+pub(crate) const SQL_FUNCTIONS: &[(&str, &str)] = &[
+    ("pgcoord_locks", "_fence"),
+    ("pgcoord_locks", "_lease"),
+    ("pgcoord_topics", "_append"),
+    ("pgcoord_topics", "_read"),
+    ("pgcoord_topics", "_ack"),
+    ("pgcoord_schedules", "_complete"),
+];
+
+/// Room the schedule table's name leaves for its SQL function's suffix (`_complete`).
+pub(crate) const SCHEDULE_SUFFIX_BYTES: usize = 9;
+
 /// Suffix of the waiters' table derived from the lock table's name (no longer than
 /// [`SEQUENCE_SUFFIX`], for which the lock table's name leaves room).
 pub(crate) const QUEUE_SUFFIX: &str = "_wq";
@@ -41,7 +60,7 @@ pub(crate) const RESIGN_SUFFIX: &str = "_rr";
 pub(crate) const LIMIT_SUFFIX: &str = "_lm";
 
 /// Room the topic table's name leaves for the suffixes of its companions (`_cursors`,
-/// `_trimmed`).
+/// `_trimmed`) and SQL functions (`_append`, `_read`, `_ack`).
 pub(crate) const TOPIC_SUFFIX_BYTES: usize = 8;
 
 /// A validated configuration. Build one with [`Config::builder`]; cheap to clone.
@@ -192,6 +211,23 @@ impl Config {
         self.topic_table
             .suffixed("_trimmed")
             .expect("room left by the builder")
+    }
+    /// The SQL function named `default` in the migrations (`pgcoord_locks_fence`, …), named
+    /// for this configuration: after the table it acts on, as the migrations create it.
+    pub(crate) fn sql_function(&self, default: &str) -> QualifiedName {
+        let (table, suffix) = SQL_FUNCTIONS
+            .iter()
+            .find_map(|(table, suffix)| {
+                let rest = default.strip_prefix(table)?;
+                (rest == *suffix).then_some((*table, *suffix))
+            })
+            .expect("one of the migrations' functions");
+        let table = match table {
+            "pgcoord_locks" => &self.lock_table,
+            "pgcoord_topics" => &self.topic_table,
+            _ => &self.schedule_table,
+        };
+        table.suffixed(suffix).expect("room left by the builder")
     }
     /// How long a lease lasts on the server's clock after each grant or renewal.
     pub fn lease(&self) -> Duration {

@@ -9,7 +9,7 @@ use tracing::instrument;
 
 use super::{AcquireRequest, Attempt, Grant, LeaseTable, ReleaseRequest, check_name};
 use super::{holder_from, millis};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::statement::{Param, Statements};
 
 /// The lease statements of one owner, made by [`LeaseTable::owner`]. Every statement that
@@ -170,7 +170,9 @@ impl LeaseOwner<'_> {
     /// The fencing guard: succeeds only while the owner holds `name` with `token`, and — run
     /// inside the caller's transaction — keeps the lease from being taken over or released
     /// until that transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`]
-    /// otherwise. Keep guarded transactions short: a contender waits for them.
+    /// otherwise, and the transaction is aborted (SQLSTATE `PC001`): nothing written in it can
+    /// commit. Keep guarded transactions short: a contender waits for them. Other drivers and
+    /// languages call the same SQL function (docs/OPERATIONS.md, "Coordination in SQL").
     #[instrument(skip(self, client), level = "debug")]
     pub async fn fence(
         &self,
@@ -183,13 +185,8 @@ impl LeaseOwner<'_> {
             (&token, Type::INT8),
             (&self.owner, Type::TEXT),
         ];
-        let rows = client.run(&self.table.fence, params).await?;
-        if rows.is_empty() {
-            return Err(Error::new(
-                ErrorKind::LockLost,
-                format!("lock {name:?} is no longer held with token {token}"),
-            ));
-        }
+        // The function raises PC001 (`ErrorKind::LockLost`) unless the lease is held so.
+        client.run(&self.table.fence, params).await?;
         Ok(())
     }
 

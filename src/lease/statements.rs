@@ -303,13 +303,11 @@ impl LeaseTable {
                  SELECT {notify} FROM proclaimed",
                 notify = notify_sql(config, "$4", "$5"),
             ),
-            // $1 name, $2 token, $3 owner. FOR KEY SHARE conflicts with the token change of a
-            // takeover and with release, not with renewals, so the holder keeps renewing while
-            // a guarded transaction runs.
+            // $1 name, $2 token, $3 owner. The migrations' function, which any driver calls
+            // too (one home for the rule): it raises PC001 unless the lease is held so.
             fence: format!(
-                "SELECT 1 FROM {t} WHERE name = $1 AND token = $2 AND owner = $3
-                   AND expires_at > clock_timestamp()
-                 FOR KEY SHARE"
+                "SELECT {}($1, $2, $3)::text",
+                config.sql_function("pgcoord_locks_fence").quoted()
             ),
             // $1 name, $2 requester. A request for the term that holds the lease now (its
             // token), replacing an earlier one; nothing when no one holds it.

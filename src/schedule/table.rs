@@ -94,6 +94,7 @@ pub struct ScheduleTable {
     observe: String,
     claim: String,
     finish: String,
+    complete: String,
     fence: String,
     run_of: String,
     abandon: String,
@@ -140,6 +141,12 @@ impl ScheduleTable {
                      next_tick = coalesce($6, r.next_tick)
                  WHERE schedule = $1 AND tick = $2 AND token = $3 AND attempts = $7
                  RETURNING state"
+            ),
+            // The migrations' function, which other drivers call too: the fence below and the
+            // finish above, as done, in one.
+            complete: format!(
+                "SELECT {}($1, $2, $3, $4, $5)::text",
+                config.sql_function("pgcoord_schedules_complete").quoted()
             ),
             // The row is locked only when it is this run's, and as an UPDATE would lock it: it
             // cannot be finished, taken over or started again until the fencing transaction
@@ -271,6 +278,34 @@ impl ScheduleTable {
                 ),
             )),
         }
+    }
+
+    /// Fences `attempt` under `token` as [`fence`](Self::fence) does and marks the tick done,
+    /// with `next_tick` when given, inside `client`'s transaction: the tick is done if and only
+    /// if that transaction commits. [`ErrorKind::LockLost`] when this run no longer counts;
+    /// [`ErrorKind::AlreadyAcknowledged`] when the tick is done already; either aborts the
+    /// transaction (SQLSTATE `PC001`, `PC003`).
+    #[instrument(skip_all, fields(schedule, token, attempt))]
+    pub async fn complete(
+        &self,
+        client: &(impl Statements + ?Sized),
+        schedule: &str,
+        tick: SystemTime,
+        token: i64,
+        attempt: u32,
+        next_tick: Option<SystemTime>,
+    ) -> Result<()> {
+        check(schedule)?;
+        let attempt = attempt_param(attempt);
+        let params: &[Param<'_>] = &[
+            (&schedule, Type::TEXT),
+            (&tick, Type::TIMESTAMPTZ),
+            (&token, Type::INT8),
+            (&attempt, Type::INT4),
+            (&next_tick, Type::TIMESTAMPTZ),
+        ];
+        client.run(&self.complete, params).await?;
+        Ok(())
     }
 
     /// The fencing guard of one run: inside `client`'s transaction, it fails unless `attempt`

@@ -77,19 +77,12 @@ pub(super) fn cursor_sql(c: &str) -> String {
     format!("SELECT xid{XID}, position FROM {c} WHERE topic = $1 AND consumer = $2")
 }
 
-/// $1 topic, $2 consumer, $3 and $4 the cursor. Forward only. Whether it moved; whether the
-/// consumer exists.
-pub(super) fn ack_sql(c: &str) -> String {
-    format!(
-        "WITH moved AS (
-             UPDATE {c} SET xid = {x}, position = $4, acked_at = clock_timestamp()
-             WHERE topic = $1 AND consumer = $2 AND (xid, position) < ({x}, $4)
-             RETURNING 1
-         )
-         SELECT EXISTS (SELECT 1 FROM moved),
-                EXISTS (SELECT 1 FROM {c} WHERE topic = $1 AND consumer = $2)",
-        x = xid_param(3),
-    )
+/// $1 topic, $2 consumer, $3 and $4 the cursor. Whether it moved.
+pub(super) fn ack_sql(config: &crate::Config) -> String {
+    // The migrations' function, which any driver calls too: forward only; PC002
+    // (`ErrorKind::NotFound`) when the consumer was never opened.
+    let f = config.sql_function("pgcoord_topics_ack").quoted();
+    format!("SELECT {f}($1, $2, $3, $4)")
 }
 
 /// $1 topic, $2 consumer, $3 and $4 the cursor. Anywhere, backwards too.
@@ -189,11 +182,7 @@ impl TopicTable {
         ];
         let rows = client.run(&self.ack, params).await?;
         let row = rows.first().ok_or_else(|| not_opened(topic, consumer))?;
-        let (moved, exists): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
-        if !exists {
-            return Err(not_opened(topic, consumer));
-        }
-        Ok(moved)
+        Ok(row.try_get(0)?)
     }
 
     /// Puts the cursor of `consumer` of `topic` at `cursor`, backwards too: the consumer gets

@@ -60,15 +60,11 @@ pub(super) fn topics_sql(t: &str) -> String {
     )
 }
 
-/// $1 topic, $2 body, $3 channel. The event, and a doorbell rung at commit.
-pub(super) fn append_sql(t: &str, config: &crate::Config) -> String {
-    format!(
-        "WITH appended AS (
-             INSERT INTO {t} (topic, body) VALUES ($1, $2) RETURNING xid, position
-         )
-         SELECT xid{XID}, position, {notify} FROM appended",
-        notify = crate::signal::notify_sql(config, "$3", "$1"),
-    )
+/// $1 topic, $2 body, $3 whether to ring. The event, and a doorbell rung at commit: the
+/// migrations' function, which any driver calls too (one home for the rule).
+pub(super) fn append_sql(config: &crate::Config) -> String {
+    let f = config.sql_function("pgcoord_topics_append").quoted();
+    format!("SELECT xid, position FROM {f}($1, $2, $3)")
 }
 
 /// $1 topics, $2 bodies, $3 channel. Many events in one statement (one commit), in the order
@@ -90,7 +86,8 @@ pub(super) fn append_many_sql(t: &str, config: &crate::Config) -> String {
 }
 
 /// $1 topic, $2 and $3 the cursor, $4 limit. The events after the cursor, unless retention's
-/// mark is past it (then none: the caller asks the mark why).
+/// mark is past it (then none: the caller asks the mark why). The migrations' function, which
+/// any driver calls too; one SELECT, which the planner inlines.
 ///
 /// Gap-free: an event is read only when its transaction is older than the read's snapshot's
 /// xmin, the oldest transaction still running. Every such transaction has ended, so the events
@@ -101,18 +98,9 @@ pub(super) fn append_many_sql(t: &str, config: &crate::Config) -> String {
 /// One plain scan, so a page costs what a keyset-paged SELECT does: the mark is a one-time
 /// filter (`NOT (SELECT EXISTS …)` is evaluated once; a bare `NOT EXISTS` would be an anti-join
 /// probing the mark for every row), and the horizon is not returned.
-pub(super) fn read_sql(t: &str, m: &str) -> String {
-    let (x, p) = (xid_param(2), "$3");
-    format!(
-        "SELECT e.xid{XID}, e.position, e.appended_at, e.body
-         FROM {t} AS e
-         WHERE e.topic = $1 AND (e.xid, e.position) > ({x}, {p})
-           AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
-           AND NOT (SELECT EXISTS (
-               SELECT FROM {m} AS m WHERE m.topic = $1 AND (m.xid, m.position) > ({x}, {p})))
-         ORDER BY e.xid, e.position
-         LIMIT $4"
-    )
+pub(super) fn read_sql(config: &crate::Config) -> String {
+    let f = config.sql_function("pgcoord_topics_read").quoted();
+    format!("SELECT xid, position, appended_at, body FROM {f}($1, $2, $3, $4)")
 }
 
 /// The horizon: the oldest transaction still running (with an xid), as an `int8`.
@@ -183,7 +171,7 @@ impl TopicTable {
         let params: &[Param<'_>] = &[
             (&topic, Type::TEXT),
             (&body, Type::BYTEA),
-            (&self.channel, Type::TEXT),
+            (&self.doorbell, Type::BOOL),
         ];
         let rows = client.run(&self.append, params).await?;
         let row = rows

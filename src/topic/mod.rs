@@ -143,6 +143,8 @@ pub struct TopicTable {
     trim: String,
     trimmed: String,
     channel: String,
+    /// Whether appends ring (not in a poll-only deployment, where nobody listens).
+    doorbell: bool,
 }
 
 impl TopicTable {
@@ -152,20 +154,21 @@ impl TopicTable {
         let c = config.topic_cursors().quoted();
         let m = config.topic_trimmed().quoted();
         TopicTable {
-            append: log::append_sql(&t, config),
+            append: log::append_sql(config),
             append_many: log::append_many_sql(&t, config),
-            read: log::read_sql(&t, &m),
+            read: log::read_sql(config),
             lag: log::lag_sql(&t),
             topics: log::topics_sql(&t),
             open: consumer::open_sql(&t, &c, &m),
             cursor: consumer::cursor_sql(&c),
-            ack: consumer::ack_sql(&c),
+            ack: consumer::ack_sql(config),
             reset: consumer::reset_sql(&c),
             consumers: consumer::consumers_sql(&t, &c),
             pending: pending::pending_sql(&t, &c, &m),
             trim: retention::trim_sql(&t, &m),
             trimmed: retention::trimmed_sql(&m),
             channel: config.topic_table.name().as_str().to_owned(),
+            doorbell: !config.poll_only(),
         }
     }
 

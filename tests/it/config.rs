@@ -94,10 +94,21 @@ fn bad_values_have_their_own_errors() {
         ErrorKind::InvalidIdentifier
     );
     assert_eq!(
-        kind(base().lock_table("a".repeat(60))),
+        kind(base().lock_table("a".repeat(58))),
         ErrorKind::InvalidIdentifier
     );
-    assert!(base().lock_table("a".repeat(59)).build().is_ok());
+    assert!(base().lock_table("a".repeat(57)).build().is_ok());
+    // The SQL functions' names leave room as the tables' do.
+    assert_eq!(
+        kind(base().topic_table("t".repeat(56))),
+        ErrorKind::InvalidIdentifier
+    );
+    assert!(base().topic_table("t".repeat(55)).build().is_ok());
+    assert_eq!(
+        kind(base().schedule_table("s".repeat(55))),
+        ErrorKind::InvalidIdentifier
+    );
+    assert!(base().schedule_table("s".repeat(54)).build().is_ok());
     assert_eq!(
         kind(base().schema("bad\"schema")),
         ErrorKind::InvalidIdentifier

@@ -99,7 +99,6 @@ fn render(spec: &str, table: &LeaseTable, config: &Config) -> String {
         .replace("@CHANNEL@", &literal(config.lease_channel().as_str()))
         .replace("@APPEND@", &topic_sql("append"))
         .replace("@READ@", &topic_sql("read"))
-        .replace("@TOPIC_CHANNEL@", &literal(topics.channel()))
 }
 
 /// Runs spec `name` on the test database and compares its output with the committed one.

@@ -17,6 +17,7 @@ mod rate;
 mod release;
 
 mod schema;
+mod sql_functions;
 mod standby;
 mod tls;
 mod tokens;

@@ -51,6 +51,7 @@ fn default_rendering_is_exactly_the_files() {
         "0009_resign_requests.sql",
         "0010_waiter_priority.sql",
         "0011_limits.sql",
+        "0012_functions.sql",
     ]
     .iter()
     .map(|f| {

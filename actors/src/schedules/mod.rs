@@ -204,38 +204,30 @@ impl Tick {
     /// transaction that completed it committed, or the handler returned `Ok`: complete before
     /// the handler returns). On any error `tx` must not commit.
     pub async fn fence(&self, tx: &(impl pgcoord::Statements + ?Sized)) -> Result<()> {
-        let run = self
-            .table
-            .fence(tx, &self.schedule, self.at, self.token(), self.attempt);
-        match self.lease.fence(tx).await {
-            Ok(()) => run.await,
-            // A done run says so even after the lease is gone: its effects did commit.
-            Err(lost) if lost.kind() == ErrorKind::LockLost => match run.await {
-                Err(done) if done.kind() == ErrorKind::AlreadyAcknowledged => Err(done),
-                _ => Err(lost),
-            },
-            Err(e) => Err(e),
-        }
+        // The run first: a done run says so even after the lease is gone (its effects did
+        // commit), and the lease's fence, when it fails, aborts `tx`.
+        self.table
+            .fence(tx, &self.schedule, self.at, self.token(), self.attempt)
+            .await?;
+        self.lease.fence(tx).await
     }
     /// Fences `tx` (see [`Tick::fence`]) and marks the tick done in it: the tick is done if
     /// and only if `tx` commits, so its effects in `tx` are applied once. On an error `tx` must
     /// not commit.
     pub async fn complete(&self, tx: &(impl pgcoord::Statements + ?Sized)) -> Result<()> {
-        self.fence(tx).await?;
-        // The fence holds the row running under this attempt until `tx` ends: this marks it.
+        // The run's fence and its mark, in one call of the migrations' function (which other
+        // drivers call too); then the lease's fence. Either one's failure aborts `tx`.
         self.table
-            .finish(
+            .complete(
                 tx,
                 &self.schedule,
                 self.at,
                 self.token(),
                 self.attempt,
-                pgcoord::schedule::RunState::Done,
-                None,
                 self.next,
             )
-            .await
-            .map(drop)
+            .await?;
+        self.lease.fence(tx).await
     }
 }
 
