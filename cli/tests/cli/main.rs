@@ -12,6 +12,7 @@ mod connection;
 mod locks;
 mod migrate;
 mod observe;
+mod other_language;
 mod run;
 mod signals;
 mod terminal;
