@@ -48,7 +48,10 @@ pub enum ErrorKind {
     Unavailable,
     /// A TLS handshake failed for a reason that connecting again will not change: the server's
     /// certificate is not signed by a trusted root or is not for the host connected to, or the
-    /// server does not offer TLS while `sslmode` requires it. The message says which.
+    /// server does not offer TLS while `sslmode` requires it. Also the client key that cannot be
+    /// used, found when the configuration is built: encrypted without `sslpassword`, a wrong
+    /// `sslpassword`, or an encryption pgcoord does not read. The message says which, never
+    /// quoting the password.
     Tls,
     /// The server accepts no writes: a hot standby, or `default_transaction_read_only` is on.
     ReadOnly,

@@ -39,8 +39,9 @@
 //! - `statement` — [`Statements`], what every statement function runs on (your client or
 //!   transaction, or the pool's bounded statements): prepared once per pooled connection,
 //!   typed elsewhere. Sealed: pgcoord's own statements are the only ones it runs.
-//! - [`tls`] — `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as libpq has them, and [`Tls`], the connector of
-//!   every connection (rustls with the `tls` feature, on by default).
+//! - [`tls`] — `sslmode`, `sslrootcert`, `sslcert`, `sslkey` and `sslpassword` as libpq has them,
+//!   and [`Tls`], the connector of every connection (rustls with the `tls` feature, on by
+//!   default).
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.

@@ -87,7 +87,9 @@ impl ConfigBuilder {
     /// DSN or [`pg_config`](Self::pg_config) is required. A malformed one is
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) from `build()`, naming
     /// what is wrong but never quoting the password (nor an unknown option's name, when the DSN
-    /// has a password it may be part of).
+    /// has a password it may be part of). A client key (`sslkey`) encrypted as PKCS#8 is
+    /// decrypted with `sslpassword`; one that cannot be is [`ErrorKind::Tls`](crate::ErrorKind::Tls)
+    /// from `build()`, saying why.
     pub fn dsn(mut self, dsn: impl Into<String>) -> Self {
         self.connection = Connection::Dsn(dsn.into());
         self

@@ -60,7 +60,8 @@ impl Settings<'_> {
                     super::merge::merge(&mut pg, &mut options, self.var, super::passfile::load)?;
                 tls.mode = options.sslmode.as_deref().map(str::parse).transpose()?;
                 tls.roots = options.sslrootcert.as_deref().map(RootCerts::parse);
-                tls.client_cert = ClientCert::given(options.sslcert, options.sslkey);
+                tls.client_cert =
+                    ClientCert::given(options.sslcert, options.sslkey, options.sslpassword);
                 (pg, own_timeout)
             }
             Connection::Pg(pg) => {

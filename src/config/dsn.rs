@@ -12,6 +12,7 @@
 //! one.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::tls::Secret;
 
 /// The `ssl*` options taken out of a DSN, as written (not yet validated).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -20,11 +21,13 @@ pub(crate) struct TlsOptions {
     pub(crate) sslrootcert: Option<String>,
     pub(crate) sslcert: Option<String>,
     pub(crate) sslkey: Option<String>,
+    /// The client key's password: debug-printed as `_`.
+    pub(crate) sslpassword: Option<Secret>,
 }
 
 /// Options of libpq's that pgcoord does not support: a clear error instead of tokio-postgres's
 /// "unknown option".
-const UNSUPPORTED: &[&str] = &["sslpassword", "sslcrl", "sslcrldir"];
+const UNSUPPORTED: &[&str] = &["sslcrl", "sslcrldir"];
 
 /// Splits `dsn` into the DSN without its TLS options, and those options.
 pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
@@ -35,13 +38,13 @@ pub(crate) fn take_tls_options(dsn: &str) -> Result<(String, TlsOptions)> {
             "sslrootcert" => options.sslrootcert = Some(value),
             "sslcert" => options.sslcert = Some(value),
             "sslkey" => options.sslkey = Some(value),
+            "sslpassword" => options.sslpassword = Some(Secret(value)),
             key if UNSUPPORTED.contains(&key) => {
                 return Err(Error::new(
                     ErrorKind::InvalidConfig,
                     format!(
-                        "the DSN option {key} is not supported: for an encrypted client key or \
-                         revocation lists, give a rustls ClientConfig with \
-                         ConfigBuilder::tls_client_config"
+                        "the DSN option {key} is not supported: for revocation lists, give a \
+                         rustls ClientConfig with ConfigBuilder::tls_client_config"
                     ),
                 ));
             }
@@ -141,6 +144,7 @@ const KNOWN: &[&str] = &[
     "sslrootcert",
     "sslcert",
     "sslkey",
+    "sslpassword",
 ];
 
 /// The value of option `key`, named so only when it is a known option.
@@ -316,8 +320,26 @@ mod tests {
         );
         let e = take_tls_options("postgres://h/db?sslkey=%zz").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        let e = take_tls_options("postgres://h/db?sslpassword=se%zzcret").unwrap_err();
+        assert!(!e.to_string().contains("cret"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
         // Malformed key=value text is left for tokio-postgres to report.
         assert_eq!(split("host=h sslmode").0, "host=h sslmode");
+    }
+
+    #[test]
+    fn sslpassword_is_taken_in_both_forms_and_never_debug_printed() {
+        let (rest, tls) = split("host=h sslkey=/k.pem sslpassword='s3cret pass' user=u");
+        assert_eq!(rest, "host=h user=u");
+        assert_eq!(tls.sslpassword, Some(Secret("s3cret pass".into())));
+        let (rest, tls) = split("postgres://u@h/db?sslpassword=s3cret%20pass&sslkey=%2Fk.pem");
+        assert_eq!(rest, "postgres://u@h/db");
+        assert_eq!(tls.sslpassword, Some(Secret("s3cret pass".into())));
+        let shown = format!("{tls:?}");
+        assert!(
+            shown.contains("sslpassword") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 
     use std::str::FromStr;

@@ -1,6 +1,6 @@
 //! TLS: whether a connection encrypts and what it verifies (libpq's `sslmode` and
-//! `sslrootcert`), the client certificate it shows when the server asks (`sslcert`, `sslkey`),
-//! and [`Tls`], the connector every connection pgcoord opens is given — the
+//! `sslrootcert`), the client certificate it shows when the server asks (`sslcert`, `sslkey`,
+//! and `sslpassword` for an encrypted key), and [`Tls`], the connector every connection pgcoord opens is given — the
 //! pool's, dedicated sessions', the listener's and cancel requests'.
 //!
 //! With the `tls` feature (on by default) connections use rustls, with the ring crypto provider
@@ -14,6 +14,8 @@ use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::error::{Error, ErrorKind, Result};
 
+#[cfg(feature = "tls")]
+mod key;
 #[cfg(feature = "tls")]
 mod verify;
 
@@ -120,20 +122,37 @@ impl RootCerts {
     }
 }
 
-/// A client certificate and its private key (PEM files), as libpq's `sslcert` and `sslkey`:
-/// the server may ask for one (`clientcert=verify-ca|verify-full` or the `cert` method in
-/// `pg_hba.conf`). Either not given means libpq's `~/.postgresql/postgresql.crt` or `.key`; no
-/// certificate file at all means none is sent.
+/// A secret setting (`sslpassword`): shown as `_` when debug-printed, as tokio-postgres shows
+/// a password, so that no printed configuration carries it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("_")
+    }
+}
+
+/// A client certificate and its private key (PEM files), as libpq's `sslcert` and `sslkey`,
+/// with `sslpassword` for a key encrypted as PKCS#8: the server may ask for one
+/// (`clientcert=verify-ca|verify-full` or the `cert` method in `pg_hba.conf`). Either file not
+/// given means libpq's `~/.postgresql/postgresql.crt` or `.key`; no certificate file at all
+/// means none is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClientCert {
     pub(crate) cert: std::path::PathBuf,
     pub(crate) key: std::path::PathBuf,
+    pub(crate) password: Option<Secret>,
 }
 
 impl ClientCert {
-    /// The DSN's `sslcert` and `sslkey`, with libpq's defaults for what is not given; `None`
-    /// when there is no certificate file to send.
-    pub(crate) fn given(cert: Option<String>, key: Option<String>) -> Option<ClientCert> {
+    /// The DSN's `sslcert`, `sslkey` and `sslpassword`, with libpq's defaults for the files not
+    /// given; `None` when there is no certificate file to send.
+    pub(crate) fn given(
+        cert: Option<String>,
+        key: Option<String>,
+        password: Option<Secret>,
+    ) -> Option<ClientCert> {
         let default = |file: &str| {
             std::env::var_os("HOME")
                 .map(|home| std::path::Path::new(&home).join(".postgresql").join(file))
@@ -145,7 +164,11 @@ impl ClientCert {
         let key = key
             .map(std::path::PathBuf::from)
             .or_else(|| default("postgresql.key"))?;
-        Some(ClientCert { cert, key })
+        Some(ClientCert {
+            cert,
+            key,
+            password,
+        })
     }
 }
 

@@ -122,30 +122,12 @@ fn load_roots(roots: Option<RootCerts>) -> Result<RootCertStore> {
     Ok(store)
 }
 
-/// The client certificate chain and its key. As libpq, a key file that its group or others may
-/// read is refused (root-owned files may be group-readable): a readable key is a leaked one.
+/// The client certificate chain and its key (see `key::load`).
 fn read_client_cert(
     client: &ClientCert,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let chain = read_pem(&client.cert, "the client certificate")?;
-    let key_path = client.key.display();
-    let meta = std::fs::metadata(&client.key)
-        .map_err(|e| invalid(format!("cannot read the client key {key_path}: {e}")))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
-        if meta.mode() & 0o777 & !allowed != 0 {
-            return Err(invalid(format!(
-                "the client key {key_path} may be read by others (mode {:o}): make it 0600",
-                meta.mode() & 0o777
-            )));
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = meta;
-    let key = PrivateKeyDer::from_pem_file(&client.key)
-        .map_err(|e| invalid(format!("no private key in {key_path}: {e}")))?;
+    let key = super::key::load(&client.key, client.password.as_ref())?;
     Ok((chain, key))
 }
 

@@ -453,3 +453,183 @@ async fn a_client_key_others_may_read_is_refused_before_connecting() {
         .unwrap_err();
     assert!(e.to_string().contains("/nonexistent.crt"), "{e}");
 }
+
+/// The password the tests encrypt the client key with; a space in it, for both DSN forms'
+/// quoting.
+const KEY_PASSWORD: &str = "correct horse";
+
+/// The shared cluster's client key, re-encrypted by `openssl {args} -passout pass:{password}`
+/// (read from `-in`, written to `-out`) into a file of mode 0600, removed when dropped.
+fn openssl_key(args: &[&str], password: &str) -> tempfile::TempPath {
+    let (_, key) = server().client_cert().unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .arg("-in")
+        .arg(key)
+        .arg("-out")
+        .arg(file.path())
+        .arg("-passout")
+        .arg(format!("pass:{password}"))
+        .output()
+        .expect("the openssl command");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    file.into_temp_path()
+}
+
+/// The client key as `openssl pkcs8 -topk8 -v2 {cipher}` encrypts it (PBES2, PBKDF2 with
+/// HMAC-SHA256, OpenSSL 3's defaults).
+fn pkcs8_key(cipher: &str, password: &str) -> tempfile::TempPath {
+    openssl_key(&["pkcs8", "-topk8", "-v2", cipher], password)
+}
+
+/// The key=value options for the role that must show a certificate, with the key `key` and
+/// `password` options (`sslpassword=…` or nothing).
+fn cert_options(key: &std::path::Path, password: &str) -> String {
+    let (cert, _) = server().client_cert().unwrap();
+    format!(
+        "sslmode=verify-full sslrootcert={} sslcert={} sslkey={} {password} user={}",
+        root(),
+        cert.display(),
+        key.display(),
+        pgcoord_testkit::CERT_USER
+    )
+}
+
+#[tokio::test]
+async fn a_client_key_encrypted_as_pkcs8_is_decrypted_with_sslpassword() {
+    cert_role().await;
+    let user = pgcoord_testkit::CERT_USER;
+    let key = pkcs8_key("aes-256-cbc", KEY_PASSWORD);
+    let (cert, plain) = server().client_cert().unwrap();
+    let url = format!(
+        "postgres://{user}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}&sslpassword=correct%20horse",
+        server().port(),
+        root(),
+        cert.display(),
+        key.display()
+    );
+    let key_value = dsn(
+        "localhost",
+        &cert_options(&key, "sslpassword='correct horse'"),
+    );
+    // Other PBES2 schemes: AES-128, and scrypt instead of PBKDF2.
+    let aes128 = openssl_key(&["pkcs8", "-topk8", "-v2", "aes-128-cbc"], KEY_PASSWORD);
+    let scrypt = openssl_key(&["pkcs8", "-topk8", "-scrypt"], KEY_PASSWORD);
+    let others = [&aes128, &scrypt].map(|key| {
+        dsn(
+            "localhost",
+            &cert_options(key, "sslpassword='correct horse'"),
+        )
+    });
+    // A password with a key that is not encrypted is ignored, as libpq does.
+    let unencrypted = dsn("localhost", &cert_options(plain, "sslpassword=unused"));
+    for dsn in [key_value, url, unencrypted].into_iter().chain(others) {
+        let config = config(&dsn);
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("horse") && !shown.contains("unused"),
+            "{shown}"
+        );
+        let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+        // The server let the role in by its certificate, and saw that certificate.
+        let row = client
+            .query_one(
+                "SELECT current_user::text, client_dn FROM pg_stat_ssl \
+                 WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), user);
+        assert_eq!(row.get::<_, String>(1), format!("/CN={user}"));
+        assert!(pooled_encrypted(&pgcoord::Pool::new(&config)).await);
+    }
+}
+
+#[tokio::test]
+async fn a_client_key_that_cannot_be_decrypted_is_a_tls_error_that_says_why() {
+    let key = pkcs8_key("aes-256-cbc", KEY_PASSWORD);
+    let refused = |dsn: String, why: &str| {
+        let e = Config::builder().dsn(dsn).build().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+        let text = format!("{e} {e:?}");
+        assert!(text.contains(why), "{e}");
+        assert!(
+            !text.contains("horse") && !text.contains("battery"),
+            "{e:?}"
+        );
+        assert!(
+            !text.contains("PRIVATE KEY-----\n"),
+            "no key material: {e:?}"
+        );
+    };
+    let wrong = "could not be decrypted with sslpassword: wrong password";
+    refused(
+        dsn(
+            "localhost",
+            &cert_options(&key, "sslpassword='battery staple'"),
+        ),
+        wrong,
+    );
+    let (cert, _) = server().client_cert().unwrap();
+    let url = format!(
+        "postgres://localhost:{}/postgres?sslmode=require&sslcert={}&sslkey={}&sslpassword=battery",
+        server().port(),
+        cert.display(),
+        key.display()
+    );
+    refused(url, wrong);
+    refused(
+        dsn("localhost", &cert_options(&key, "")),
+        "is encrypted: give its password with sslpassword",
+    );
+    // OpenSSL's traditional encrypted PEM (Proc-Type: 4,ENCRYPTED) is not PKCS#8.
+    let legacy = openssl_key(&["pkey", "-traditional", "-aes256"], KEY_PASSWORD);
+    assert!(
+        std::fs::read_to_string(&legacy)
+            .unwrap()
+            .contains("Proc-Type: 4,ENCRYPTED")
+    );
+    refused(
+        dsn(
+            "localhost",
+            &cert_options(&legacy, "sslpassword='correct horse'"),
+        ),
+        "convert it to encrypted PKCS#8 with `openssl pkcs8 -topk8 -v2 aes-256-cbc",
+    );
+    // PKCS#8 schemes the RustCrypto crates are built without: triple DES, and PBKDF2 with
+    // HMAC-SHA1 (OpenSSL 1.0's default).
+    let sha1 = openssl_key(
+        &[
+            "pkcs8",
+            "-topk8",
+            "-v2",
+            "aes-256-cbc",
+            "-v2prf",
+            "hmacWithSHA1",
+        ],
+        KEY_PASSWORD,
+    );
+    refused(
+        dsn(
+            "localhost",
+            &cert_options(&sha1, "sslpassword='correct horse'"),
+        ),
+        "re-encrypt it with `openssl pkcs8 -topk8 -v2 aes-256-cbc`",
+    );
+    let des = pkcs8_key("des3", KEY_PASSWORD);
+    refused(
+        dsn(
+            "localhost",
+            &cert_options(&des, "sslpassword='correct horse'"),
+        ),
+        "re-encrypt it with `openssl pkcs8 -topk8 -v2 aes-256-cbc`",
+    );
+}
