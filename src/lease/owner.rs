@@ -169,7 +169,7 @@ impl LeaseOwner<'_> {
 
     /// The fencing guard: succeeds only while the owner holds `name` with `token`, and — run
     /// inside the caller's transaction — keeps the lease from being taken over or released
-    /// until that transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`]
+    /// until that transaction ends, so writes made in it are exclusive. [`ErrorKind::LockLost`](crate::ErrorKind::LockLost)
     /// otherwise, and the transaction is aborted (SQLSTATE `PC001`): nothing written in it can
     /// commit. Keep guarded transactions short: a contender waits for them. Other drivers and
     /// languages call the same SQL function (docs/OPERATIONS.md, "Coordination in SQL").
