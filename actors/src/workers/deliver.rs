@@ -186,6 +186,32 @@ impl Delivered {
     }
 }
 
+/// What a member does with a routed message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict<F, W> {
+    /// Delivered here already: answered with what became of it (`F`), not delivered again.
+    Repeat(F),
+    /// Handed to the key's worker, `W`.
+    Deliver(W),
+    /// Not delivered: the key's lease is not held here (any more, or yet), or its worker is
+    /// not up; the router looks again.
+    NotHere,
+}
+
+/// A member's decision on a routed message (the model `models::routing` runs it): what the
+/// first delivery became when its id is remembered here (`first`), whoever holds the key now;
+/// else the key's worker when `awake` finds it, which it does only while this member holds the
+/// key's lease unlost; else "not here". `awake` is asked only for a message new here.
+pub(crate) fn verdict<F, W>(first: Option<F>, awake: impl FnOnce() -> Option<W>) -> Verdict<F, W> {
+    if let Some(first) = first {
+        return Verdict::Repeat(first);
+    }
+    match awake() {
+        Some(worker) => Verdict::Deliver(worker),
+        None => Verdict::NotHere,
+    }
+}
+
 /// At most this many told messages wait for a worker; a tell beyond is not delivered, and its
 /// sender tries again until its deadline.
 const TOLD_AT_MOST: usize = 16;
@@ -211,18 +237,20 @@ where
         let Some(routing) = self.routing.as_mut() else {
             return answer(Reply::NotHere);
         };
-        // Sent again: its router heard "not here" from someone else. What the first delivery
-        // became, not a second one.
-        if let Some(mut first) = routing.delivered.get(id) {
-            return Box::pin(async move {
-                match tokio::time::timeout(within, first.wait_for(Option::is_some)).await {
-                    Ok(Ok(outcome)) => outcome.clone().unwrap_or(Reply::Unknown),
-                    Ok(Err(_)) | Err(_) => Reply::Unknown,
-                }
-            });
-        }
-        let Some(worker) = self.crew.awake(&routed.key) else {
-            return answer(Reply::NotHere);
+        let crew = &mut self.crew;
+        let worker = match verdict(routing.delivered.get(id), || crew.awake(&routed.key)) {
+            // Sent again: its router heard "not here" from someone else. What the first
+            // delivery became, not a second one.
+            Verdict::Repeat(mut first) => {
+                return Box::pin(async move {
+                    match tokio::time::timeout(within, first.wait_for(Option::is_some)).await {
+                        Ok(Ok(outcome)) => outcome.clone().unwrap_or(Reply::Unknown),
+                        Ok(Err(_)) | Err(_) => Reply::Unknown,
+                    }
+                });
+            }
+            Verdict::NotHere => return answer(Reply::NotHere),
+            Verdict::Deliver(worker) => worker,
         };
         if wait == Wait::Mailbox {
             // At most `TOLD_AT_MOST` waiting: past it, not delivered (the sender tries again).
@@ -273,5 +301,35 @@ where
             Some(routing) => routing.delivered.remember(id, within),
             None => watch::channel(None).0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remembered_message_is_answered_from_memory_and_a_new_one_delivered_only_to_a_worker() {
+        let asked = std::cell::Cell::new(false);
+        let awake = |worker: Option<u8>| {
+            let asked = &asked;
+            move || {
+                asked.set(true);
+                worker
+            }
+        };
+        // Remembered: the first delivery's outcome, whoever holds the key; its worker not asked.
+        assert_eq!(
+            verdict(Some("first"), awake(Some(1))),
+            Verdict::Repeat("first")
+        );
+        assert_eq!(
+            verdict(Some("first"), awake(None)),
+            Verdict::Repeat("first")
+        );
+        assert!(!asked.get(), "a remembered message wakes no worker");
+        assert_eq!(verdict(None::<&str>, awake(Some(1))), Verdict::Deliver(1));
+        assert!(asked.get());
+        assert_eq!(verdict(None::<&str>, awake(None)), Verdict::NotHere);
     }
 }

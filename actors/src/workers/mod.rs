@@ -35,13 +35,14 @@ use crate::backend::Locking;
 
 mod activate;
 mod build;
-mod deliver;
+// The model `models::routing` runs a member's verdict on a routed message, and a round's plan.
+pub(crate) mod deliver;
 mod drain;
 mod hand_over;
 mod mail;
 mod members;
 mod messages;
-mod plan;
+pub(crate) mod plan;
 pub(crate) mod reach;
 mod rebalance;
 mod running;

@@ -10,45 +10,45 @@ use std::collections::HashSet;
 
 /// A live member of the pool.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) struct Member {
-    pub(super) owner: String,
+pub(crate) struct Member {
+    pub(crate) owner: String,
     /// Its part of the keys: at least 1.
-    pub(super) weight: u32,
+    pub(crate) weight: u32,
 }
 
 /// What a round decides from.
 #[derive(Debug, Clone)]
-pub(super) struct Round<'a> {
+pub(crate) struct Round<'a> {
     /// This member's owner and weight.
-    pub(super) me: &'a str,
-    pub(super) weight: u32,
+    pub(crate) me: &'a str,
+    pub(crate) weight: u32,
     /// The live members read this round (this one once its member lease is in the table).
-    pub(super) members: &'a [Member],
+    pub(crate) members: &'a [Member],
     /// The pool's keys, in the order they are claimed: its own, then those recorded under it.
-    pub(super) keys: Vec<&'a str>,
+    pub(crate) keys: Vec<&'a str>,
     /// The keys held here, in the order they are let go.
-    pub(super) running: Vec<&'a str>,
+    pub(crate) running: Vec<&'a str>,
     /// The keys whose lease anyone holds, as read this round.
-    pub(super) taken: HashSet<&'a str>,
+    pub(crate) taken: HashSet<&'a str>,
     /// The most keys let go, and claimed, in one round.
-    pub(super) max_moves: usize,
+    pub(crate) max_moves: usize,
     /// The member hands every key over.
-    pub(super) draining: bool,
+    pub(crate) draining: bool,
     /// The member's first round: processes starting together register before anyone claims.
-    pub(super) first: bool,
+    pub(crate) first: bool,
 }
 
 /// What a round does.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Moves {
+pub(crate) struct Moves {
     /// Keys held here to let go (each worker stopped first).
-    pub(super) release: Vec<String>,
+    pub(crate) release: Vec<String>,
     /// Free keys to claim.
-    pub(super) claim: Vec<String>,
+    pub(crate) claim: Vec<String>,
 }
 
 /// The moves of `round`.
-pub(super) fn plan(round: &Round<'_>) -> Moves {
+pub(crate) fn plan(round: &Round<'_>) -> Moves {
     if round.draining {
         let release = drain(round.running.iter().copied(), round.max_moves);
         return Moves {
@@ -84,7 +84,7 @@ pub(super) fn plan(round: &Round<'_>) -> Moves {
 }
 
 /// A draining member's keys to let go this round: `max_moves` of those it holds.
-pub(super) fn drain<'a>(
+pub(crate) fn drain<'a>(
     running: impl IntoIterator<Item = &'a str>,
     max_moves: usize,
 ) -> Vec<String> {
@@ -97,7 +97,7 @@ pub(super) fn drain<'a>(
 
 /// This member's share of `keys`: its weight's part of the live members' total weight, rounded
 /// up (so the shares cover every key). `mine` counts until this member is among `members`.
-pub(super) fn share(members: &[Member], me: &str, mine: u32, keys: usize) -> usize {
+pub(crate) fn share(members: &[Member], me: &str, mine: u32, keys: usize) -> usize {
     let mut total: u64 = members.iter().map(|m| u64::from(m.weight)).sum();
     if !members.iter().any(|m| m.owner == me) {
         total += u64::from(mine);

@@ -17,9 +17,10 @@
 //! anyone can forge. So every send of one message carries the same id, and a member remembers
 //! the ids it delivered for as long as their senders wait: a message sent again to the member
 //! that has it is not delivered again, and gets the first delivery's answer. (A forged "not
-//! here" while the key moves to another process can still have the message handled by both.) [`KeyRouter::tell`] is answered as
-//! soon as the message is in the worker's mailbox, [`KeyRouter::ask`] once the worker has
-//! handled it. Anyone who can connect to the database can NOTIFY a member's channel: a worker
+//! here", or a replayed request, while the key moves to another process can still have the
+//! message handled by both: the model `models::routing` finds both.) [`KeyRouter::tell`] is
+//! answered as soon as the message is in the worker's mailbox, [`KeyRouter::ask`] once the
+//! worker has handled it. Anyone who can connect to the database can NOTIFY a member's channel: a worker
 //! takes routed messages as a signal's subscriber takes signals, from the database's users,
 //! not from an authenticated peer.
 
