@@ -20,7 +20,9 @@
 //! - every grant draws a new fencing token from the table's `NO CYCLE` sequence, while it holds
 //!   the name's grant lock (grants of one name never overlap in time), so a later tenure's token is
 //!   greater; it stays the same for the whole tenure;
-//! - renew, release and the fence touch a row only where name, token **and** owner match;
+//! - renew, release and the fence touch a row only where name, token **and** owner match (the
+//!   fence's SQL function may be called without the owner, from other drivers: a token names one
+//!   tenure);
 //!   renew never inserts, never steals, and never revives an expired lease;
 //! - a takeover never keeps the previous holder's data; only a kept row's data is kept.
 
