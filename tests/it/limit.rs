@@ -11,7 +11,7 @@ use super::LEASE;
 /// One attempt at a permit of `name` by `owner`, naming the slots of `known` permits.
 async fn attempt(
     table: &LeaseTable,
-    client: &tokio_postgres::Client,
+    client: &(impl pgcoord::Statements + ?Sized),
     owner: &str,
     name: &str,
     known: u32,
@@ -287,6 +287,14 @@ async fn a_grant_answers_busy_instead_of_waiting_while_a_change_holds_the_limit(
     .await
     .expect("answered without waiting for the change");
     assert_eq!(answer, LimitedAttempt::Busy);
+    // Busy without an error (no `could not obtain lock` line in the server's log): an attempt
+    // in the caller's own transaction leaves it usable.
+    let mut own = super::connect(&config).await;
+    let own_tx = own.transaction().await.unwrap();
+    let answer = attempt(&table, &own_tx, "b", "pool", 2).await;
+    assert_eq!(answer, LimitedAttempt::Busy);
+    own_tx.execute("SELECT 1", &[]).await.expect("still usable");
+    own_tx.rollback().await.unwrap();
     tx.rollback().await.unwrap();
     permit(&table, &client, "a", "pool", 2).await;
 }
