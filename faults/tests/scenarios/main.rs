@@ -6,6 +6,7 @@ mod checker;
 mod contention;
 mod failover;
 mod graceful;
+mod mutation;
 mod pauses;
 mod restarts;
 mod routing;
