@@ -125,7 +125,9 @@ impl Lease {
     /// The fencing guard: run inside your own transaction, it fails with
     /// [`ErrorKind::LockLost`] unless this lease is still held with this token, and keeps it from
     /// being taken over or released until the transaction ends. Writes in that transaction are
-    /// exclusive. Keep such transactions short.
+    /// exclusive. A refused guard aborts the transaction (SQLSTATE `PC001`): nothing written in
+    /// it commits. Keep such transactions short. Other drivers and languages call the same
+    /// guard in SQL (docs/OPERATIONS.md, "Coordination in SQL").
     ///
     /// On the in-memory backend there is no transaction to guard: `client` is not used, and the
     /// guard only checks that the lease is still held with this token.
