@@ -147,7 +147,8 @@ impl Error {
         self.0.holder.as_ref()
     }
 
-    /// The SQLSTATE the server sent, when this error came from the server.
+    /// The SQLSTATE the server sent, when this error came from the server through
+    /// tokio-postgres (an error of `pgcoord::sqlx` has its `sqlx::Error` as its source).
     pub fn code(&self) -> Option<&SqlState> {
         // The database error may sit under another pgcoord error (a retry that gave up).
         let source = self.0.source.as_deref()?;
@@ -204,6 +205,11 @@ impl Error {
         let from_connection = source
             .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
             .is_some_and(|e| classify(e) == ErrorKind::Unavailable);
+        // sqlx's errors were classified when converted (`crate::sqlx`).
+        #[cfg(feature = "sqlx")]
+        let from_connection = from_connection
+            || (self.kind() == ErrorKind::Unavailable
+                && source.is_some_and(|s| s.is::<::sqlx::Error>()));
         from_connection
             || source
                 .and_then(|s| s.downcast_ref::<Error>())
@@ -216,6 +222,10 @@ impl Error {
             code == SqlState::T_R_SERIALIZATION_FAILURE.code()
                 || code == SqlState::T_R_DEADLOCK_DETECTED.code()
         };
+        #[cfg(feature = "sqlx")]
+        if let Some(code) = crate::sqlx::sqlstate(self) {
+            return retryable(code);
+        }
         self.code().is_some_and(|c| retryable(c.code()))
     }
 }
