@@ -147,7 +147,8 @@ impl Error {
         self.0.holder.as_ref()
     }
 
-    /// The SQLSTATE the server sent, when this error came from the server.
+    /// The SQLSTATE the server sent, when this error came from the server through
+    /// tokio-postgres (an error of `pgcoord::sqlx` has its `sqlx::Error` as its source).
     pub fn code(&self) -> Option<&SqlState> {
         // The database error may sit under another pgcoord error (a retry that gave up).
         let source = self.0.source.as_deref()?;
@@ -204,6 +205,11 @@ impl Error {
         let from_connection = source
             .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
             .is_some_and(|e| classify(e) == ErrorKind::Unavailable);
+        // sqlx's errors were classified when converted (`crate::sqlx`).
+        #[cfg(feature = "sqlx")]
+        let from_connection = from_connection
+            || (self.kind() == ErrorKind::Unavailable
+                && source.is_some_and(|s| s.is::<::sqlx::Error>()));
         from_connection
             || source
                 .and_then(|s| s.downcast_ref::<Error>())
@@ -212,10 +218,15 @@ impl Error {
 
     /// True when retrying the same statement may succeed: a serialization failure or deadlock.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.code(),
-            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
-        )
+        let retryable = |code: &str| {
+            code == SqlState::T_R_SERIALIZATION_FAILURE.code()
+                || code == SqlState::T_R_DEADLOCK_DETECTED.code()
+        };
+        #[cfg(feature = "sqlx")]
+        if let Some(code) = crate::sqlx::sqlstate(self) {
+            return retryable(code);
+        }
+        self.code().is_some_and(|c| retryable(c.code()))
     }
 }
 
@@ -236,29 +247,44 @@ pub fn classify(error: &tokio_postgres::Error) -> ErrorKind {
             ErrorKind::Other
         };
     };
-    let class = &code.code()[..2];
-    match class {
+    classify_sqlstate(code.code())
+}
+
+/// The kind of a SQLSTATE the server sent, whichever driver brought it (tokio-postgres here,
+/// sqlx in `crate::sqlx`): the one home of the mapping.
+pub(crate) fn classify_sqlstate(code: &str) -> ErrorKind {
+    match code.get(..2).unwrap_or(code) {
         // connection_exception, operator_intervention (admin_shutdown, crash_shutdown,
         // cannot_connect_now), insufficient_resources (too_many_connections, ...).
         "08" | "53" => ErrorKind::Unavailable,
-        "57" if *code == SqlState::QUERY_CANCELED => ErrorKind::Timeout,
+        "57" if code == SqlState::QUERY_CANCELED.code() => ErrorKind::Timeout,
         "57" => ErrorKind::Unavailable,
         "40" => ErrorKind::FailedPrecondition,
         // invalid_authorization_specification (28000), invalid_password (28P01).
         "28" => ErrorKind::AuthenticationFailed,
         // pgcoord's own, raised by its SQL functions (migrations/0012_functions.sql).
-        "PC" => match code.code() {
+        "PC" => match code {
             "PC001" => ErrorKind::LockLost,
             "PC002" => ErrorKind::NotFound,
             "PC003" => ErrorKind::AlreadyAcknowledged,
             _ => ErrorKind::Other,
         },
-        _ if *code == SqlState::UNDEFINED_DATABASE => ErrorKind::DatabaseNotFound,
-        _ if *code == SqlState::LOCK_NOT_AVAILABLE => ErrorKind::Timeout,
-        _ if *code == SqlState::INSUFFICIENT_PRIVILEGE => ErrorKind::PermissionDenied,
-        _ if *code == SqlState::UNDEFINED_TABLE => ErrorKind::NotFound,
-        _ if *code == SqlState::DUPLICATE_TABLE => ErrorKind::AlreadyExists,
+        _ if code == SqlState::UNDEFINED_DATABASE.code() => ErrorKind::DatabaseNotFound,
+        _ if code == SqlState::LOCK_NOT_AVAILABLE.code() => ErrorKind::Timeout,
+        _ if code == SqlState::INSUFFICIENT_PRIVILEGE.code() => ErrorKind::PermissionDenied,
+        _ if code == SqlState::UNDEFINED_TABLE.code() => ErrorKind::NotFound,
+        _ if code == SqlState::DUPLICATE_TABLE.code() => ErrorKind::AlreadyExists,
         _ => ErrorKind::Other,
+    }
+}
+
+/// The message of an error the server sent with SQLSTATE `code`: pgcoord's own (`PC…`) say it
+/// all, the kind tells them apart; others name their SQLSTATE.
+pub(crate) fn server_message(code: &str, message: &str) -> String {
+    if code.starts_with("PC") {
+        message.to_owned()
+    } else {
+        format!("database error {code}: {message}")
     }
 }
 
@@ -266,9 +292,7 @@ impl From<tokio_postgres::Error> for Error {
     fn from(error: tokio_postgres::Error) -> Error {
         let kind = classify(&error);
         let message = match error.as_db_error() {
-            // pgcoord's own SQLSTATEs: the message says it all, the kind tells it apart.
-            Some(db) if db.code().code().starts_with("PC") => db.message().to_owned(),
-            Some(db) => format!("database error {}: {}", db.code().code(), db.message()),
+            Some(db) => server_message(db.code().code(), db.message()),
             // tokio-postgres's text leaves out the cause ("error communicating with the
             // server"); the operating system's words ("Connection reset by peer") say what
             // happened.

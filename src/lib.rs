@@ -54,6 +54,8 @@
 //!   which tick is due, the runs table whose row per tick makes a tick that is done stay done.
 //! - [`topic`] — durable topics: append inside the caller's transaction, read in order without
 //!   gaps, consumers' cursors acked with their effects, retention.
+//! - `sqlx` (feature `sqlx`) — fence, append, ack and complete inside sqlx
+//!   transactions.
 #![deny(missing_docs)]
 
 pub mod advisory;
@@ -70,6 +72,8 @@ pub mod rate;
 pub mod schedule;
 pub mod schema;
 pub mod signal;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod statement;
 pub mod tls;
 pub mod topic;

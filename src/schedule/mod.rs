@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, ErrorKind, Result};
 
-mod table;
+pub(crate) mod table;
 
 pub use table::{RunInfo, RunState, ScheduleTable};
 

@@ -440,7 +440,7 @@ fn run_info(row: &tokio_postgres::Row) -> Result<RunInfo> {
 }
 
 /// An attempt as the `integer` column holds it.
-fn attempt_param(attempt: u32) -> i32 {
+pub(crate) fn attempt_param(attempt: u32) -> i32 {
     i32::try_from(attempt).unwrap_or(i32::MAX)
 }
 
@@ -449,6 +449,6 @@ fn attempts(n: i32) -> u32 {
 }
 
 /// A schedule's name: 1 to 255 bytes, no NUL.
-fn check(schedule: &str) -> Result<()> {
+pub(crate) fn check(schedule: &str) -> Result<()> {
     validate_name("schedule", schedule.to_owned()).map(drop)
 }

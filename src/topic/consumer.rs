@@ -78,7 +78,7 @@ pub(super) fn cursor_sql(c: &str) -> String {
 }
 
 /// $1 topic, $2 consumer, $3 and $4 the cursor. Whether it moved.
-pub(super) fn ack_sql(config: &crate::Config) -> String {
+pub(crate) fn ack_sql(config: &crate::Config) -> String {
     // The migrations' function, which any driver calls too: forward only; PC002
     // (`ErrorKind::NotFound`) when the consumer was never opened.
     let f = config.sql_function("pgcoord_topics_ack").quoted();

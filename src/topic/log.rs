@@ -62,7 +62,7 @@ pub(super) fn topics_sql(t: &str) -> String {
 
 /// $1 topic, $2 body, $3 whether to ring. The event, and a doorbell rung at commit: the
 /// migrations' function, which any driver calls too (one home for the rule).
-pub(super) fn append_sql(config: &crate::Config) -> String {
+pub(crate) fn append_sql(config: &crate::Config) -> String {
     let f = config.sql_function("pgcoord_topics_append").quoted();
     format!("SELECT xid, position FROM {f}($1, $2, $3)")
 }
@@ -139,7 +139,7 @@ pub const MAX_BODY_BYTES: usize = 1 << 29;
 /// The most events one [`TopicTable::append_many`] statement takes.
 pub const MAX_EVENTS_PER_STATEMENT: usize = 1_000;
 
-fn check_body(body: &[u8]) -> Result<()> {
+pub(crate) fn check_body(body: &[u8]) -> Result<()> {
     if body.len() > MAX_BODY_BYTES {
         return Err(Error::new(
             ErrorKind::PayloadTooLarge,

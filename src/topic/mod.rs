@@ -29,8 +29,8 @@ use serde::de::DeserializeOwned;
 use crate::config::{Config, validate_name};
 use crate::error::Result;
 
-mod consumer;
-mod log;
+pub(crate) mod consumer;
+pub(crate) mod log;
 mod pending;
 mod retention;
 
@@ -191,7 +191,7 @@ impl TopicTable {
 }
 
 /// A topic or consumer name: 1 to 255 bytes, no NUL.
-fn check(what: &str, name: &str) -> Result<()> {
+pub(crate) fn check(what: &str, name: &str) -> Result<()> {
     validate_name(what, name.to_owned()).map(drop)
 }
 

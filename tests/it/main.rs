@@ -18,6 +18,8 @@ mod release;
 
 mod schema;
 mod sql_functions;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod standby;
 mod tls;
 mod tokens;
