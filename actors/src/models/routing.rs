@@ -209,6 +209,38 @@ impl Routing {
     }
 
     /// Member `m`'s round: its lost workers tended away, then the plan's moves.
+    /// A member drains: out of the membership first; the first keys go at once (the `Drain`
+    /// handler).
+    fn drain(&self, s: &mut State, m: usize) {
+        s.live[m] = false;
+        s.draining[m] = true;
+        let running: Vec<&str> = (self.keys())
+            .filter(|&k| s.tenure[m][k] == Tenure::Running)
+            .map(|k| KEYS[k])
+            .collect();
+        let going = plan::drain(running, usize::MAX);
+        self.release(s, m, &going);
+    }
+
+    /// Request `i` reaches its member, which decides with the code's own verdict.
+    fn arrive(&self, s: &mut State, i: usize) {
+        let (m, send) = s.requests.remove(i);
+        let first = s.remembered[m].then_some(Reply::Handled);
+        let reply = match verdict(first, || self.awake(s, m)) {
+            Verdict::Repeat(first) => first,
+            Verdict::Deliver(()) => {
+                s.handled += 1;
+                s.unleased |= s.holder[ASKED] != Some(m);
+                if self.mutant != Mutant::Forgetful {
+                    s.remembered[m] = true;
+                }
+                Reply::Handled
+            }
+            Verdict::NotHere => Reply::NotHere,
+        };
+        insert(&mut s.replies, (send, reply));
+    }
+
     fn round(&self, s: &mut State, m: usize) {
         for k in self.keys() {
             if s.tenure[m][k] == Tenure::Lost {
@@ -400,34 +432,13 @@ impl Model for Routing {
                 s.rounded[m] = true;
             }
             Action::Join(m) => s.live[m] = true,
-            Action::Drain(m) => {
-                // Out of the membership first; the first keys go at once (the `Drain` handler).
-                s.live[m] = false;
-                s.draining[m] = true;
-                let running: Vec<&str> = (self.keys())
-                    .filter(|&k| s.tenure[m][k] == Tenure::Running)
-                    .map(|k| KEYS[k])
-                    .collect();
-                let going = plan::drain(running, usize::MAX);
-                self.release(&mut s, m, &going);
-            }
+            Action::Drain(m) => self.drain(&mut s, m),
             Action::Lose(m, k) => {
                 // Granted, the answer lost: the member never runs the key; its row expires.
                 s.tenure[m][k] = Tenure::Lost;
                 s.losses += 1;
             }
-            Action::ClaimApplies(m, k) => {
-                // A grant only of a free row.
-                if s.holder[k].is_none() {
-                    s.holder[k] = Some(m);
-                    s.tenure[m][k] = Tenure::Granted;
-                    if k == ASKED {
-                        s.held_by[m] = true;
-                    }
-                } else {
-                    s.tenure[m][k] = Tenure::Free;
-                }
-            }
+            Action::ClaimApplies(m, k) => claim_applies(&mut s, m, k),
             Action::Start(m, k) => s.tenure[m][k] = Tenure::Running,
             Action::ReleaseApplies(m, k) => {
                 s.tenure[m][k] = Tenure::Free;
@@ -449,23 +460,7 @@ impl Model for Routing {
                 };
             }
             Action::Deadline => s.router = Router::NotDelivered,
-            Action::Arrive(i) => {
-                let (m, send) = s.requests.remove(i);
-                let first = s.remembered[m].then_some(Reply::Handled);
-                let reply = match verdict(first, || self.awake(&s, m)) {
-                    Verdict::Repeat(first) => first,
-                    Verdict::Deliver(()) => {
-                        s.handled += 1;
-                        s.unleased |= s.holder[ASKED] != Some(m);
-                        if self.mutant != Mutant::Forgetful {
-                            s.remembered[m] = true;
-                        }
-                        Reply::Handled
-                    }
-                    Verdict::NotHere => Reply::NotHere,
-                };
-                insert(&mut s.replies, (send, reply));
-            }
+            Action::Arrive(i) => self.arrive(&mut s, i),
             Action::LoseRequest(i) => {
                 s.requests.remove(i);
             }
@@ -474,19 +469,7 @@ impl Model for Routing {
                 insert(&mut s.requests, copy);
                 s.duplicated += 1;
             }
-            Action::Answer(i) => {
-                let (send, reply) = s.replies.remove(i);
-                // An answer to an earlier send is dropped: nobody waits for it.
-                if s.router == Router::Waiting(send) {
-                    s.router = match reply {
-                        Reply::Handled => Router::Answered,
-                        Reply::NotHere => {
-                            s.not_here = true;
-                            Router::Idle
-                        }
-                    };
-                }
-            }
+            Action::Answer(i) => answer(&mut s, i),
             Action::LoseAnswer(i) => {
                 s.replies.remove(i);
             }
@@ -543,6 +526,33 @@ impl Model for Routing {
             ));
         }
         properties
+    }
+}
+
+/// Member `m`'s claim of key `k` reaches the table: a grant only of a free row.
+fn claim_applies(s: &mut State, m: usize, k: usize) {
+    if s.holder[k].is_none() {
+        s.holder[k] = Some(m);
+        s.tenure[m][k] = Tenure::Granted;
+        if k == ASKED {
+            s.held_by[m] = true;
+        }
+    } else {
+        s.tenure[m][k] = Tenure::Free;
+    }
+}
+
+/// Answer `i` reaches the router; an answer to an earlier send is dropped: nobody waits for it.
+fn answer(s: &mut State, i: usize) {
+    let (send, reply) = s.replies.remove(i);
+    if s.router == Router::Waiting(send) {
+        s.router = match reply {
+            Reply::Handled => Router::Answered,
+            Reply::NotHere => {
+                s.not_here = true;
+                Router::Idle
+            }
+        };
     }
 }
 
