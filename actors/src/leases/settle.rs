@@ -16,7 +16,8 @@ use super::wait::{Attempts, Outcome, Reply, Wait};
 
 /// A grant the manager has not recorded yet: released when dropped so.
 pub(crate) struct Unrecorded {
-    name: String,
+    /// Shared with the book and the lease's handle once recorded: the name's one copy.
+    name: Arc<str>,
     token: i64,
     on_release: OnRelease,
     context: Arc<WaitContext>,
@@ -26,7 +27,7 @@ pub(crate) struct Unrecorded {
 impl Unrecorded {
     pub(crate) fn new(
         context: &Arc<WaitContext>,
-        name: String,
+        name: Arc<str>,
         token: i64,
         on_release: OnRelease,
     ) -> Self {
@@ -40,19 +41,18 @@ impl Unrecorded {
     }
 
     /// The grant's name, recorded by the caller: no longer released on drop.
-    pub(crate) fn record(mut self) -> String {
+    pub(crate) fn record(mut self) -> Arc<str> {
         self.armed = false;
-        std::mem::take(&mut self.name)
+        self.name.clone()
     }
 }
 
 impl Drop for Unrecorded {
     fn drop(&mut self) {
         if self.armed {
-            let name = Arc::from(std::mem::take(&mut self.name));
             let releaser = &self.context.releaser;
             releaser.release_in_background(
-                name,
+                self.name.clone(),
                 self.token,
                 self.on_release,
                 "a grant nobody recorded",
@@ -134,8 +134,13 @@ pub(crate) fn spawn_wait<A: Attempts>(
         let granted = matches!(outcome, Outcome::Granted(_));
         let grant = match &outcome {
             Outcome::Granted(won) => {
-                let name = won.slot.clone().unwrap_or_else(|| name.clone());
-                Some(Unrecorded::new(&context, name, won.grant.token, on_release))
+                let name = won.slot.as_deref().unwrap_or(&name);
+                Some(Unrecorded::new(
+                    &context,
+                    name.into(),
+                    won.grant.token,
+                    on_release,
+                ))
             }
             Outcome::Cancelled => {
                 debug!(lease.name = %name, "wait cancelled by its caller");
