@@ -18,6 +18,7 @@ pub fn in_use() -> i64 {
 // SAFETY: every call is forwarded to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on unchanged.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             IN_USE.fetch_add(layout.size() as i64, Relaxed);
@@ -26,6 +27,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on unchanged.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             IN_USE.fetch_add(layout.size() as i64, Relaxed);
@@ -35,10 +37,12 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         IN_USE.fetch_sub(layout.size() as i64, Relaxed);
+        // SAFETY: the caller's contract, passed on unchanged.
         unsafe { System.dealloc(p, layout) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on unchanged.
         let q = unsafe { System.realloc(p, layout, size) };
         if !q.is_null() {
             IN_USE.fetch_add(size as i64 - layout.size() as i64, Relaxed);
