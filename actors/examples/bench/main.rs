@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord and a fleet of 10 processes), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|held|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (held: the held leases' part of leases alone; election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord and a fleet of 10 processes), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -9,6 +9,7 @@
 //! `CONTENDERS=N` runs the contended handoff with N managers instead of 8.
 
 mod batches;
+mod counting;
 mod cpu;
 mod election;
 mod faults;
@@ -33,6 +34,9 @@ mod workers;
 use std::time::Duration;
 
 use report::Report;
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 /// Sizes of one run.
 pub struct Sizes {
@@ -113,6 +117,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_server, pg) = pgcoord_testkit::from_env_or_start()?;
     let mut report = Report::new(&pg).await?;
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if only.as_deref() == Some("held") {
+        // The held leases alone, on fresh tables.
+        let (lease, beat) = (Duration::from_secs(20), Duration::from_secs(5));
+        let admin_cfg = leases::config(&pg, "admin", lease, beat);
+        let admin = pgcoord::db::connect_spawned(&admin_cfg).await?;
+        pgcoord::schema::drop_tables(&admin, &admin_cfg).await?;
+        pgcoord::schema::migrate(&admin, &admin_cfg).await?;
+        held::run(&pg, &sizes, &mut report).await?;
+    }
     if run("leases") {
         leases::run(&pg, &sizes, &mut report).await?;
         poll_only::run(&pg, &sizes, &mut report).await?;

@@ -96,7 +96,7 @@ impl AdvisoryJob {
                 mode,
                 pinging: false,
                 watch: None,
-                lost: tokio::sync::watch::channel(crate::losses::Tenure::Held).0,
+                lost: crate::losses::tenure().0,
             }),
             Err(e) => Err((e, clean.then_some(pinned))),
         };

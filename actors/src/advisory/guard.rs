@@ -2,10 +2,9 @@
 
 use actix::Addr;
 use pgcoord::{Error, ErrorKind, Result};
-use tokio::sync::watch;
 
 use super::{AdvisoryLocks, AdvisoryUnlock};
-use crate::losses::{LossReason, Tenure};
+use crate::losses::{LossReason, TenureWatch};
 
 /// An advisory lock held on a session of its own. Dropping the guard releases the lock (in the
 /// background); [`release`](AdvisoryGuard::release) releases it and reports the outcome;
@@ -15,16 +14,12 @@ use crate::losses::{LossReason, Tenure};
 pub struct AdvisoryGuard {
     key: i64,
     locks: Addr<AdvisoryLocks>,
-    lost: watch::Receiver<Tenure>,
+    lost: TenureWatch,
     released: bool,
 }
 
 impl AdvisoryGuard {
-    pub(super) fn new(
-        key: i64,
-        locks: Addr<AdvisoryLocks>,
-        lost: watch::Receiver<Tenure>,
-    ) -> AdvisoryGuard {
+    pub(super) fn new(key: i64, locks: Addr<AdvisoryLocks>, lost: TenureWatch) -> AdvisoryGuard {
         AdvisoryGuard {
             key,
             locks,
@@ -69,7 +64,7 @@ impl Drop for AdvisoryGuard {
     fn drop(&mut self) {
         // The sender lives with the session: once it is gone, this tenure ended (lost, or
         // released by an `AdvisoryUnlock`), and a later tenure of the same key is not ours.
-        let ended = self.lost.has_changed().is_err() || *self.lost.borrow() != Tenure::Held;
+        let ended = self.lost.ended();
         if !self.released && !ended {
             self.locks.do_send(AdvisoryUnlock(self.key));
         }

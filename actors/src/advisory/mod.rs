@@ -96,7 +96,7 @@ impl Actor for AdvisoryLocks {
         let keys: Vec<i64> = self.sessions.keys().copied().collect();
         for key in keys {
             if let Some(session) = self.sessions.remove(&key) {
-                let _ = session.lost.send(Tenure::Lost(LossReason::Shutdown));
+                session.lost.send(Tenure::Lost(LossReason::Shutdown));
                 self.stats.lost += 1;
             }
             self.subscribers.broadcast(LockLost {
@@ -117,7 +117,7 @@ struct Session {
     /// The future reporting the loss the moment the connection ends; cancelled with the session.
     watch: Option<SpawnHandle>,
     /// Tells the lock's guard how its tenure ended.
-    lost: tokio::sync::watch::Sender<Tenure>,
+    lost: crate::losses::TenureSender,
 }
 
 /// How many lock-free sessions are kept open for reuse.
@@ -164,8 +164,8 @@ impl AdvisoryLocks {
         key: i64,
         mut session: Session,
         ctx: &mut Context<Self>,
-    ) -> tokio::sync::watch::Receiver<Tenure> {
-        let (lost_tx, lost_rx) = tokio::sync::watch::channel(Tenure::Held);
+    ) -> crate::losses::TenureWatch {
+        let (lost_tx, lost_rx) = crate::losses::tenure();
         session.lost = lost_tx;
         let mut ended = session.pinned.ended.clone();
         let watched = Arc::downgrade(&session.pinned);
@@ -218,7 +218,7 @@ impl AdvisoryLocks {
         }
         self.stats.lost += 1;
         warn!(advisory.key = key, ?reason, error = %error, "advisory lock lost; its session is closed");
-        let _ = session.lost.send(Tenure::Lost(reason));
+        session.lost.send(Tenure::Lost(reason));
         self.subscribers.broadcast(LockLost {
             key: LockKey::Advisory(key),
             token: None,
@@ -277,13 +277,13 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
                     // Released, or its session failed (which released it on the server): the
                     // holder asked for it either way. Lost only when it was not held.
                     if !result.as_ref().is_err_and(|e| e.is_lock_lost()) {
-                        let _ = tenure.send(Tenure::Released);
+                        tenure.send(Tenure::Released);
                     }
                     if let Err(e) = &result
                         && e.is_lock_lost()
                     {
                         act.stats.lost += 1;
-                        let _ = tenure.send(Tenure::Lost(LossReason::ConnectionLost));
+                        tenure.send(Tenure::Lost(LossReason::ConnectionLost));
                         // The session no longer held it: that is a loss nobody was told about.
                         act.subscribers.broadcast(LockLost {
                             key: LockKey::Advisory(key),

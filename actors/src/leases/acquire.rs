@@ -150,9 +150,8 @@ impl MessageResponse<LockManager, Acquire> for AcquireResponse {
         match self.0 {
             Ok(wait) => {
                 let on_release = wait.attempts.request.on_release;
-                let name = wait.attempts.request.name.clone();
-                let span = info_span!("acquire", lease.name = %name);
-                spawn_wait(ctx.address(), span, name, on_release, wait, reply);
+                let span = info_span!("acquire", lease.name = %wait.attempts.request.name);
+                spawn_wait(ctx.address(), span, on_release, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }

@@ -108,6 +108,7 @@ async fn claim(
         })
         .await?;
         for (name, grant) in grants {
+            let name = name.into();
             let unrecorded = Unrecorded::new(&context, name, grant.token, OnRelease::default());
             granted.push((unrecorded, grant, sent));
         }

@@ -6,10 +6,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
 use super::book::{Answer, Book, Renewal, Verdict};
-use crate::losses::Tenure;
+use crate::losses::{Tenure, TenureSender, TenureWatch, tenure};
 
 /// What a lease's release does besides ending the tenure.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,19 +23,19 @@ pub(crate) struct OnRelease {
 /// handle's loss signal.
 pub(crate) struct Held {
     pub(crate) on_release: OnRelease,
-    tenure: watch::Sender<Tenure>,
+    tenure: TenureSender,
 }
 
 impl Held {
     /// A lease just granted; the receiver is its handle's.
-    pub(crate) fn new(on_release: OnRelease) -> (Held, watch::Receiver<Tenure>) {
-        let (tenure, receiver) = watch::channel(Tenure::Held);
+    pub(crate) fn new(on_release: OnRelease) -> (Held, TenureWatch) {
+        let (tenure, receiver) = tenure();
         (Held { on_release, tenure }, receiver)
     }
 
     /// Tells the handle how the tenure ended.
     pub(crate) fn end(self, how: Tenure) {
-        let _ = self.tenure.send(how);
+        self.tenure.send(how);
     }
 }
 

@@ -7,21 +7,20 @@ use actix::prelude::*;
 use pgcoord::Statements;
 use pgcoord::{Error, ErrorKind, LeaseTable, Result};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
 
 use super::LockManager;
-use crate::losses::{LossReason, Tenure};
+use crate::losses::{LossReason, TenureWatch};
 use crate::seam::{Borrowed, BoxFuture};
 
 /// A lease this process holds. Its heartbeats run for exactly as long as it is held. Dropping
 /// it releases it (in the background); [`Lease::release`] releases it and reports the outcome.
 #[must_use = "dropping a Lease releases it at once"]
 pub struct Lease {
-    pub(crate) name: String,
+    pub(crate) name: Arc<str>,
     pub(crate) token: i64,
     pub(crate) data: Option<Vec<u8>>,
     pub(crate) holder: Arc<dyn Keeper>,
-    pub(crate) tenure: watch::Receiver<Tenure>,
+    pub(crate) tenure: TenureWatch,
     pub(crate) released: bool,
 }
 
@@ -140,14 +139,14 @@ impl Lease {
     /// Releases the lease. [`ErrorKind::LockLost`] when it was already lost.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.holder.release(self.name.clone(), self.token).await
+        self.holder.release(self.name.to_string(), self.token).await
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
-            self.holder.release_later(self.name.clone(), self.token);
+            self.holder.release_later(self.name.to_string(), self.token);
         }
     }
 }

@@ -196,15 +196,14 @@ impl MessageResponse<LockManager, AcquirePermit> for PermitResponse {
     fn handle(self, ctx: &mut Context<LockManager>, reply: Option<OneshotSender<Result<Lease>>>) {
         match self.0 {
             Ok(wait) => {
-                let name = wait.attempts.name.clone();
-                let span = info_span!("acquire_permit", lease.name = %name);
+                let span = info_span!("acquire_permit", lease.name = %wait.attempts.name);
                 // A permit's release is always announced: its waiters do not line up. A limited
                 // semaphore's slot keeps its row: only a change of the limit makes or deletes one.
                 let on_release = OnRelease {
                     keep: wait.attempts.limited.is_some(),
                     announce_always: true,
                 };
-                spawn_wait(ctx.address(), span, name, on_release, wait, reply);
+                spawn_wait(ctx.address(), span, on_release, wait, reply);
             }
             Err(error) => crate::reply::refuse(reply, error),
         }

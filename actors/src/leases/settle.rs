@@ -16,7 +16,8 @@ use super::wait::{Attempts, Outcome, Reply, Wait};
 
 /// A grant the manager has not recorded yet: released when dropped so.
 pub(crate) struct Unrecorded {
-    name: String,
+    /// Shared with the book and the lease's handle once recorded: the name's one copy.
+    name: Arc<str>,
     token: i64,
     on_release: OnRelease,
     context: Arc<WaitContext>,
@@ -26,7 +27,7 @@ pub(crate) struct Unrecorded {
 impl Unrecorded {
     pub(crate) fn new(
         context: &Arc<WaitContext>,
-        name: String,
+        name: Arc<str>,
         token: i64,
         on_release: OnRelease,
     ) -> Self {
@@ -40,19 +41,18 @@ impl Unrecorded {
     }
 
     /// The grant's name, recorded by the caller: no longer released on drop.
-    pub(crate) fn record(mut self) -> String {
+    pub(crate) fn record(mut self) -> Arc<str> {
         self.armed = false;
-        std::mem::take(&mut self.name)
+        self.name.clone()
     }
 }
 
 impl Drop for Unrecorded {
     fn drop(&mut self) {
         if self.armed {
-            let name = Arc::from(std::mem::take(&mut self.name));
             let releaser = &self.context.releaser;
             releaser.release_in_background(
-                name,
+                self.name.clone(),
                 self.token,
                 self.on_release,
                 "a grant nobody recorded",
@@ -109,17 +109,16 @@ impl Handler<Settled> for LockManager {
     }
 }
 
-/// Runs `wait` for the lease (or permit) `name` on a task of its own, watching its caller;
+/// Runs `wait` for a lease (or permit) on a task of its own, watching its caller;
 /// its outcome goes to `manager`, which counts it and records a grant (released at once when
 /// its caller has gone, or when the manager has stopped). Only then is the name's turn given
 /// back, with the wait's clean-up.
 pub(crate) fn spawn_wait<A: Attempts>(
     manager: Addr<LockManager>,
     span: tracing::Span,
-    name: String,
     on_release: OnRelease,
-    wait: Wait<A>,
-    reply: Option<Reply>,
+    mut wait: Wait<A>,
+    mut reply: Option<Reply>,
 ) {
     let arrived = Instant::now();
     let context = wait.context();
@@ -127,15 +126,22 @@ pub(crate) fn spawn_wait<A: Attempts>(
     // Under way until the manager has recorded or freed what it won.
     let ticket = context.under_way.enter();
 
+    // The task holds a wait the whole time: 10,000 of them at once in a claim. Its captures are
+    // used in place (moved into locals, they would take room twice), and the name is the wait's.
     let task = async move {
         let _ticket = ticket;
-        let (mut wait, mut reply) = (wait, reply);
         let outcome = wait.run(&mut reply).await;
         let granted = matches!(outcome, Outcome::Granted(_));
+        let name = wait.attempts.name();
         let grant = match &outcome {
             Outcome::Granted(won) => {
-                let name = won.slot.clone().unwrap_or_else(|| name.clone());
-                Some(Unrecorded::new(&context, name, won.grant.token, on_release))
+                let name = won.slot.as_deref().unwrap_or(name);
+                Some(Unrecorded::new(
+                    &context,
+                    name.into(),
+                    won.grant.token,
+                    on_release,
+                ))
             }
             Outcome::Cancelled => {
                 debug!(lease.name = %name, "wait cancelled by its caller");

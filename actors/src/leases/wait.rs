@@ -186,7 +186,8 @@ impl<A: Attempts> Wait<A> {
                 Next::CheckOrphans(error) => {
                     let until =
                         (line.deadline()).unwrap_or_else(|| bound(None, pool.statement_timeout()));
-                    let cleaned = release_orphans(attempts, pool, until).await;
+                    // Boxed, as an attempt alone: rare, and large.
+                    let cleaned = Box::pin(release_orphans(attempts, pool, until)).await;
                     if !cleaned {
                         self.orphans_until = Some(sent + expires_after);
                     }
@@ -205,7 +206,8 @@ impl<A: Attempts> Wait<A> {
                 Next::CheckOrphans(_) => unreachable!("checked above"),
             };
             debug!(lease.name = %name, ?nap, holder = ?line.holder(), "waiting");
-            match sleep(wake, &mut reader, nap, reply, line.deadline()).await {
+            // Boxed, as an attempt alone: only a wait that was refused naps.
+            match Box::pin(sleep(wake, &mut reader, nap, reply, line.deadline())).await {
                 Woken::Rung | Woken::Up => {}
                 Woken::CallerGone => return Outcome::Cancelled,
                 Woken::DeadlinePassed => {
@@ -279,6 +281,19 @@ async fn attempt<A: Attempts>(
     if let Some(answer) = batched {
         return Attempted::Answer(answer);
     }
+    // Boxed: a wait parked in a batch then carries no room for a statement of its own (a wait
+    // took 2.5 KB, and a claim of 10,000 names has them all at once; docs/BENCHMARKS.md).
+    Box::pin(alone(attempts, pool, ask, deadline, reply)).await
+}
+
+/// One attempt alone, on a connection of its own.
+async fn alone<A: Attempts>(
+    attempts: &A,
+    pool: &Pool,
+    ask: Ask,
+    deadline: Option<Instant>,
+    reply: &mut Option<Reply>,
+) -> Attempted {
     // Nothing is sent while waiting for a connection: safe to abandon.
     let bound = bound(deadline, pool.statement_timeout());
     let conn = tokio::select! {

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgcoord::{Error, ErrorKind, Holder, LeaseInfo, Result};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 use super::Shared;
 use crate::leases::Acquire;
-use crate::losses::{LockKey, LockLost, LossReason, Tenure as Standing};
+use crate::losses::{LockKey, LockLost, LossReason, Tenure as Standing, TenureSender, TenureWatch};
 
 /// Every lease of one in-memory backend.
 #[derive(Default)]
@@ -38,13 +38,13 @@ struct HeldBy {
     coordinator: u64,
     token: i64,
     keep_on_release: bool,
-    lost: watch::Sender<Standing>,
+    lost: TenureSender,
 }
 
 /// What one attempt found.
 pub(super) enum Attempt {
     /// Granted: the token, the data, and the loss signal's receiver.
-    Granted(i64, Option<Vec<u8>>, watch::Receiver<Standing>),
+    Granted(i64, Option<Vec<u8>>, TenureWatch),
     /// Held by someone else (`None`: free, but another waiter came first).
     Held(Option<Holder>),
 }
@@ -83,7 +83,7 @@ impl LeaseState {
         }
         self.last_token += 1;
         let token = self.last_token;
-        let (lost, lost_rx) = watch::channel(Standing::Held);
+        let (lost, lost_rx) = crate::losses::tenure();
         let row = self.rows.entry(name.clone()).or_insert(Row {
             tenure: None,
             data: None,
@@ -153,7 +153,7 @@ impl LeaseState {
             return Err(lost(name));
         };
         let tenure = row.tenure.take().expect("checked above");
-        let _ = tenure.lost.send(Standing::Released);
+        tenure.lost.send(Standing::Released);
         if !tenure.keep_on_release {
             self.rows.remove(name);
         }
@@ -175,7 +175,7 @@ impl LeaseState {
     pub(super) fn force_loss(&mut self, name: &str) -> Option<(u64, LockLost)> {
         let tenure = self.rows.get_mut(name)?.tenure.take()?;
         self.rows.remove(name);
-        let _ = tenure.lost.send(Standing::Lost(LossReason::TakenOver));
+        tenure.lost.send(Standing::Lost(LossReason::TakenOver));
         self.wake(name);
         let loss = LockLost {
             key: LockKey::Lease(name.to_owned()),
@@ -256,7 +256,7 @@ pub(super) async fn acquire(
     coordinator: u64,
     owner: String,
     request: Acquire,
-) -> Result<(i64, Option<Vec<u8>>, watch::Receiver<Standing>)> {
+) -> Result<(i64, Option<Vec<u8>>, TenureWatch)> {
     pgcoord::config::validate_name("lease name", request.name.clone())?;
     // As on PostgreSQL, though nothing expires here.
     crate::leases::held::checked_lease(request.lease, shared.lease)?;

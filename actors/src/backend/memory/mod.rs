@@ -213,7 +213,7 @@ impl Locking for MemoryCoordinator {
             let name = request.name.clone();
             let (token, data, tenure) = leases::acquire(shared.clone(), id, owner, request).await?;
             Ok(Lease {
-                name,
+                name: name.into(),
                 token,
                 data,
                 holder: Arc::new(MemoryHolder { shared }),
@@ -229,7 +229,7 @@ impl Locking for MemoryCoordinator {
             let (name, token, tenure) =
                 permits::acquire(shared.clone(), id, owner, request).await?;
             Ok(Lease {
-                name,
+                name: name.into(),
                 token,
                 data: None,
                 holder: Arc::new(MemoryHolder { shared }),

@@ -9,12 +9,11 @@ use std::time::Instant;
 
 use pgcoord::lease::{LimitChange, MAX_PERMITS, slot_names};
 use pgcoord::{Error, ErrorKind, Result};
-use tokio::sync::watch;
 
 use super::leases::Attempt;
 use super::{Shared, State};
 use crate::leases::{Acquire, AcquirePermit, SetLimit};
-use crate::losses::Tenure as Standing;
+use crate::losses::TenureWatch;
 
 /// The stored limits.
 #[derive(Default)]
@@ -23,7 +22,7 @@ pub(super) struct PermitState {
 }
 
 /// A permit granted: its slot, token and loss signal.
-pub(super) type Granted = (String, i64, watch::Receiver<Standing>);
+pub(super) type Granted = (String, i64, TenureWatch);
 
 /// One attempt at any free slot of `request`'s semaphore.
 fn attempt(
