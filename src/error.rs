@@ -223,11 +223,22 @@ impl Error {
                 || code == SqlState::T_R_DEADLOCK_DETECTED.code()
         };
         #[cfg(feature = "sqlx")]
-        if let Some(code) = crate::sqlx::sqlstate(self) {
+        if let Some(code) = sqlx_sqlstate(self) {
             return retryable(code);
         }
         self.code().is_some_and(|c| retryable(c.code()))
     }
+}
+
+/// The SQLSTATE of `error`'s `sqlx::Error`, when the server sent one. Here, not in
+/// `crate::sqlx`, so that errors depend on no room that depends on them.
+#[cfg(feature = "sqlx")]
+fn sqlx_sqlstate(error: &Error) -> Option<&str> {
+    let source = std::error::Error::source(error)?.downcast_ref::<::sqlx::Error>()?;
+    let db = source
+        .as_database_error()?
+        .try_downcast_ref::<::sqlx::postgres::PgDatabaseError>()?;
+    Some(db.code())
 }
 
 /// Classifies a database error by its SQLSTATE and the state of the connection.

@@ -35,8 +35,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sqlx::postgres::PgExecutor;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgDatabaseError, PgExecutor};
 use sqlx::{Error as SqlxError, Row};
 
 use crate::Config;
@@ -152,15 +152,6 @@ fn since_pg_epoch(time: SystemTime) -> PgInterval {
         days: 0,
         microseconds,
     }
-}
-
-/// The SQLSTATE of `error`'s `sqlx::Error`, when the server sent one.
-pub(crate) fn sqlstate(error: &Error) -> Option<&str> {
-    let source = std::error::Error::source(error)?.downcast_ref::<SqlxError>()?;
-    let db = source
-        .as_database_error()?
-        .try_downcast_ref::<PgDatabaseError>()?;
-    Some(db.code())
 }
 
 impl From<SqlxError> for Error {
