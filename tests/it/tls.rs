@@ -365,13 +365,14 @@ async fn bad_tls_settings_are_refused_when_the_configuration_is_built() {
 }
 
 /// The role that must show a client certificate exists (the shared cluster lets it in only
-/// with one).
+/// with one). Tests running at once may both create it: the loser sees `duplicate_object`, or
+/// `unique_violation` when their inserts race in the catalog.
 async fn cert_role() {
     let admin = pgcoord::db::connect_spawned(&config(&dsn("localhost", "sslmode=require")))
         .await
         .unwrap();
     let create = format!(
-        "DO $$ BEGIN CREATE ROLE {0} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        "DO $$ BEGIN CREATE ROLE {0} LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
         pgcoord_testkit::CERT_USER
     );
     admin.batch_execute(&create).await.unwrap();
