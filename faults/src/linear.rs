@@ -16,17 +16,17 @@
 //! its invocation or nowhere. The worker's later operations then count as a new thread's (an
 //! operation in flight forever would otherwise overlap all of them).
 //!
-//! [`check`] hands the history to `stateright`'s [`LinearizabilityTester`] with [`Fenced`] as
-//! the sequential specification. The tester's search copies the rest of the history at each
-//! step and remembers no dead end (a history with no linearization costs it every order of
-//! its concurrent operations), so the history is checked in windows of a few operations ordered
-//! by completion (an operation in flight by its invocation), each from the state the previous
-//! window's linearization ended in. That is sound: every operation of a window completed after
-//! every operation of the previous window was invoked, so the windows' linearizations put end
-//! to end are a linearization of the whole. It is also complete, because a window ends only
-//! where nothing ahead must be placed before something behind (`cuts`): the specification's
-//! state is the last grant, whether it is released, and the register, and each way an
-//! operation can depend on one the other side of an edge is one of the rules there.
+//! [`check`] checks the history against [`Fenced`], the sequential specification, in windows
+//! of a few operations ordered by completion (an operation in flight by its invocation), each
+//! from the state the previous window's linearization ended in. That is sound: every operation
+//! of a window completed after every operation of the previous window was invoked, so the
+//! windows' linearizations put end to end are a linearization of the whole. It is also
+//! complete, because a window ends only where nothing ahead must be placed before something
+//! behind (`cuts`): the specification's state is the last grant, whether it is released, and
+//! the register, and each way an operation can depend on one the other side of an edge is one
+//! of the rules there. Each window is searched with a memory of dead ends (`search`, the
+//! algorithm of porcupine, etcd's checker); [`check_by_stateright`] searches them with
+//! stateright's [`LinearizabilityTester`] instead, the reference the tests compare it with.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
 mod record;
+mod search;
 mod spec;
 
 pub use record::{Event, Op, Recorder, Ret, What, events, now};
@@ -78,6 +79,8 @@ pub struct Linearity {
     pub windows: usize,
     /// Operations in the largest window checked.
     pub widest: usize,
+    /// States the search visited (not counted by stateright's tester).
+    pub steps: u64,
     /// Time spent searching.
     pub elapsed: Duration,
     /// `None` when linearizable; otherwise the operations of the window without a
@@ -96,11 +99,12 @@ impl fmt::Display for Linearity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} operations ({} unknown) in {} windows (at most {} operations): {} in {:?}",
+            "{} operations ({} unknown) in {} windows (at most {} operations), {} states: {} in {:?}",
             self.operations,
             self.unknown,
             self.windows,
             self.widest,
+            self.steps,
             if self.is_linearizable() {
                 "linearizable"
             } else {
@@ -184,8 +188,9 @@ fn records(events: &[Event]) -> Vec<Record> {
     records
 }
 
-/// The state after a linearization of `window` from `start`, if there is one.
-fn linearize(window: &[Record], start: Fenced) -> Option<Fenced> {
+/// The state after a linearization of `window` from `start`, if there is one: stateright's
+/// tester, which remembers no dead end (the reference for [`search::linearize`]).
+fn linearize_by_stateright(window: &[Record], start: Fenced, _: &mut u64) -> Option<Fenced> {
     // Invocations and returns in time order. At the same instant an invocation comes before
     // the returns (the operations are then taken as concurrent), unless its own thread's last
     // operation returns then.
@@ -312,8 +317,24 @@ fn cuts(records: &[Record]) -> Vec<bool> {
 }
 
 /// Checks `events` (several workers' records, in any order across workers) for
-/// linearizability against [`Fenced`], in windows of about `window` operations.
+/// linearizability against [`Fenced`], in windows of about `window` operations, each searched
+/// with a memory of dead ends (`search`).
 pub fn check(events: &[Event], window: usize) -> Linearity {
+    check_with(events, window, search::linearize)
+}
+
+/// [`check`] with stateright's `LinearizabilityTester` searching each window: the reference
+/// the checker's own search is compared with on short histories (it remembers no dead end, so
+/// a long run's wide windows can take it hours).
+pub fn check_by_stateright(events: &[Event], window: usize) -> Linearity {
+    check_with(events, window, linearize_by_stateright)
+}
+
+fn check_with(
+    events: &[Event],
+    window: usize,
+    linearize: fn(&[Record], Fenced, &mut u64) -> Option<Fenced>,
+) -> Linearity {
     let started = Instant::now();
     let records = records(events);
     let cuts = cuts(&records);
@@ -329,6 +350,7 @@ pub fn check(events: &[Event], window: usize) -> Linearity {
         unknown: invoked - returned,
         windows: 0,
         widest: 0,
+        steps: 0,
         elapsed: Duration::ZERO,
         violation: None,
     };
@@ -339,7 +361,7 @@ pub fn check(events: &[Event], window: usize) -> Linearity {
             to += 1;
         }
         report.widest = report.widest.max(to - from);
-        let Some(end) = linearize(&records[from..to], state) else {
+        let Some(end) = linearize(&records[from..to], state, &mut report.steps) else {
             report.violation = Some(describe(&records[from..to]));
             break;
         };

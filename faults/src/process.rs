@@ -29,8 +29,18 @@ impl HolderProcess {
     /// Starts `binary` (the `holder` program: `env!("CARGO_BIN_EXE_holder")` in this crate's
     /// tests) with `args`.
     pub fn spawn(binary: impl AsRef<Path>, args: &[String]) -> HolderProcess {
+        HolderProcess::spawn_with_env(binary, args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with variables added to its environment (libfaketime's, say).
+    pub fn spawn_with_env(
+        binary: impl AsRef<Path>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> HolderProcess {
         let mut child = Command::new(binary.as_ref())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

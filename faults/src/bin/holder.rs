@@ -241,18 +241,30 @@ async fn hold(args: &Args, history: &History) {
             }
             _ = tokio::time::sleep(args.write_every) => {}
         }
-        reconnect(&config, &mut client, false).await;
-        read(history, &client, &mut record).await;
         let (token, value) = (lease.token(), value(&lease, nth));
-        record.invoke(Op::Write { token, value });
-        let outcome = history
-            .section_setting(&mut client, &lease, &owner, Some(value), Duration::ZERO)
-            .await;
-        record.complete(match &outcome {
-            Ok(_) => Some(Ret::Written),
-            Err(e) if e.is_lock_lost() => Some(Ret::Rejected),
-            Err(_) => None,
-        });
+        let section = async {
+            reconnect(&config, &mut client, false).await;
+            read(history, &client, &mut record).await;
+            record.invoke(Op::Write { token, value });
+            let outcome = history
+                .section_setting(&mut client, &lease, &owner, Some(value), Duration::ZERO)
+                .await;
+            record.complete(match &outcome {
+                Ok(_) => Some(Ret::Written),
+                Err(e) if e.is_lock_lost() => Some(Ret::Rejected),
+                Err(_) => None,
+            });
+            outcome
+        };
+        // A section on a connection cut off hangs: the loss, reported on the manager's own
+        // clock, is said all the same (the section's outcome left unknown).
+        let outcome = tokio::select! {
+            reason = &mut lost => {
+                say(format!("LOST {} {}", lease.token(), loss(reason)));
+                return;
+            }
+            outcome = section => outcome,
+        };
         match outcome {
             Ok(ack) => say(format!("ACK {} {}", ack.token, ack.write)),
             Err(e) if e.is_lock_lost() => {

@@ -3,6 +3,7 @@
 //! verdict at the end of each.
 
 mod checker;
+mod clocks;
 mod contention;
 mod failover;
 mod graceful;
@@ -129,6 +130,18 @@ impl Workload {
 
     /// Starts a holder process that reaches the server through `dsn` (a proxy's, say).
     pub fn holder_on(&self, dsn: &str, process: &str, name: &str, extra: &[&str]) -> HolderProcess {
+        self.holder_with_env(dsn, process, name, extra, &[])
+    }
+
+    /// [`holder_on`](Self::holder_on) with variables added to the process's environment.
+    pub fn holder_with_env(
+        &self,
+        dsn: &str,
+        process: &str,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> HolderProcess {
         let mut args: Vec<String> = [
             "--dsn",
             dsn,
@@ -145,7 +158,7 @@ impl Workload {
         .map(|s| s.to_string())
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
-        HolderProcess::spawn(env!("CARGO_BIN_EXE_holder"), &args)
+        HolderProcess::spawn_with_env(env!("CARGO_BIN_EXE_holder"), &args, env)
     }
 
     /// A new client (the admin's session does not survive a restart of the server).
@@ -171,9 +184,23 @@ pub const WINDOW: usize = 8;
 
 /// Asserts that the recorded operations are linearizable, and prints the check's figures.
 pub fn assert_linearizable(scenario: &str, events: &[Event]) {
+    // `LINEAR_HISTORY_DIR=dir` keeps each scenario's history (`dir/<scenario>.history`, the
+    // recorded lines), for `linear_check` to check again.
+    if let Ok(dir) = std::env::var("LINEAR_HISTORY_DIR") {
+        let lines: Vec<String> = events.iter().map(Event::line).collect();
+        let path = std::path::Path::new(&dir).join(format!("{scenario}.history"));
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        eprintln!("{scenario}: history kept in {}", path.display());
+    }
     let report = linear::check(events, WINDOW);
     eprintln!("{scenario}: linearizability: {report}");
     assert!(report.is_linearizable(), "{report}");
+    // The scenarios' histories are short enough for stateright's tester, the reference.
+    if events.len() < 40_000 {
+        let reference = linear::check_by_stateright(events, WINDOW);
+        eprintln!("{scenario}: stateright's tester: {reference}");
+        assert!(reference.is_linearizable(), "{reference}");
+    }
 }
 
 /// Collects the messages of one type it receives.
