@@ -9,7 +9,9 @@
 //! - [`linear`] — the same workload as operations (acquire, fenced write, read, release), each
 //!   recorded at its invocation and its completion (an unknown outcome left in flight), and
 //!   checked for linearizability against a sequential fenced lock guarding a register with
-//!   `stateright`'s tester.
+//!   a search with a memory of dead ends (`stateright`'s tester the reference).
+//! - [`losses`] — invariant I9 under faults: each holder's tenures, how their releases ended and
+//!   what their handles and subscribers were told, added up by the scenarios.
 //! - [`topic_history`] — the durable-topic workload's record (appends and how they ended,
 //!   deliveries in order) and its checker: out of order, lost, phantom, late.
 //! - [`process`] — [`process::HolderProcess`]: a real holder process (the `holder` binary in
@@ -25,6 +27,7 @@
 
 pub mod history;
 pub mod linear;
+pub mod losses;
 pub mod process;
 pub mod program;
 pub mod topic_history;

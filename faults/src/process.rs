@@ -4,7 +4,8 @@
 //!
 //! The `holder` binary writes one line per event on its standard output:
 //! `READY`, `HELD <token>`, `ACK <token> <write>`, `REJECTED <token>`, `LOST <token> <reason>`,
-//! `DONE <sections>`, `ERROR <message>`, and `OP ...` before and after each operation
+//! `DONE <sections>`, `ERROR <message>`, `LOSSES ...` (each manager's tenures, [`crate::losses`]),
+//! and `OP ...` before and after each operation
 //! ([`crate::linear`]). See `src/bin/holder.rs` for its arguments.
 
 use std::io::{BufRead, BufReader};

@@ -22,9 +22,11 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{Acquire, Lease, LockManager};
+
+use pgcoord_actors::{Acquire, Lease, LockLost, LockManager, SubscribeLockLost};
 use pgcoord_faults::history::History;
 use pgcoord_faults::linear::{Op, Recorder, Ret};
+use pgcoord_faults::losses::Ended;
 use pgcoord_faults::program::{arg, flag, need, number};
 
 struct Args {
@@ -149,15 +151,46 @@ async fn acquire(
 }
 
 /// Releases the lease, recorded.
-async fn release(lease: Lease, record: &mut Recorder) {
-    record.invoke(Op::Release {
-        token: lease.token(),
-    });
-    record.complete(match lease.release().await {
+/// Releases `lease`; what the release answered, and whether its handle reported a loss.
+async fn release(lease: Lease, record: &mut Recorder) -> (Option<Ret>, bool) {
+    let token = lease.token();
+    let ended = lease.lost();
+    record.invoke(Op::Release { token });
+    let answer = match lease.release().await {
         Ok(()) => Some(Ret::Released),
         Err(e) if e.is_lock_lost() => Some(Ret::Lost),
         Err(_) => None,
-    });
+    };
+    record.complete(answer);
+    // The tenure has ended: its handle says how at once.
+    (answer, ended.await.is_some())
+}
+
+/// Counts the losses a manager tells its `SubscribeLockLost` subscriber, by token.
+#[derive(Default)]
+struct Losses(std::collections::HashMap<i64, u32>);
+
+impl Actor for Losses {
+    type Context = Context<Self>;
+}
+
+impl Handler<LockLost> for Losses {
+    type Result = ();
+    fn handle(&mut self, lost: LockLost, _: &mut Context<Self>) {
+        *self.0.entry(lost.token.unwrap_or(-1)).or_default() += 1;
+    }
+}
+
+/// The counts so far (every loss told before this message was sent is counted).
+#[derive(Message)]
+#[rtype(result = "std::collections::HashMap<i64, u32>")]
+struct Counted;
+
+impl Handler<Counted> for Losses {
+    type Result = MessageResult<Counted>;
+    fn handle(&mut self, _: Counted, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.0.clone())
+    }
 }
 
 /// The value a tenure's `nth` write sets: unique, and says whose it is.
@@ -173,6 +206,11 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
         .await
         .expect("connect");
     let manager = LockManager::new(config.clone()).start();
+    let losses = Losses::default().start();
+    (manager.send(SubscribeLockLost(losses.clone().recipient())))
+        .await
+        .expect("the manager is running");
+    let mut ended = Vec::new();
     let mut sections = 0;
     let mut stuck = false;
     for _ in 0..args.rounds {
@@ -214,8 +252,17 @@ async fn rounds(args: &Args, history: &History, index: usize) -> usize {
                 say("ERROR section: no answer in time".into());
             }
         }
-        release(lease, &mut record).await;
+        let token = lease.token();
+        let (answer, handle_told) = release(lease, &mut record).await;
+        ended.push(Ended {
+            token,
+            answer,
+            handle_told,
+        });
     }
+    // Every loss the manager told was sent before its release answered.
+    let told = losses.send(Counted).await.expect("the counter is running");
+    say(pgcoord_faults::losses::line(&owner, &ended, &told));
     sections
 }
 

@@ -34,6 +34,7 @@ async fn sixteen_holders_two_hundred_rounds_each_never_overlap() {
     eprintln!("{verdict} in {:?}", started.elapsed());
     assert!(verdict.is_safe(), "{verdict}");
     super::assert_linearizable("contention", &operations);
+    super::assert_losses_told_once("contention", &mut holders, 16);
     assert_eq!(verdict.sections, 3_200);
     assert_eq!(acks.len(), 3_200);
 }

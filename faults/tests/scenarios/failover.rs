@@ -109,6 +109,7 @@ async fn a_failover_to_a_synchronous_standby_keeps_mutual_exclusion_and_every_wr
     assert!(verdict.is_safe(), "{verdict}");
     // The operations too, their grants, writes and reads on either side of the failover.
     super::assert_linearizable("failover", &operations);
+    super::assert_losses_told_once("failover", &mut holders, 6);
     let client = workload.client().await;
     let in_recovery: bool = client
         .query_one("SELECT pg_is_in_recovery()", &[])

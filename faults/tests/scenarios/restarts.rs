@@ -81,6 +81,7 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
     eprintln!("{verdict}");
     assert!(verdict.is_safe(), "{verdict}");
     super::assert_linearizable("restarts", &operations);
+    super::assert_losses_told_once("restarts", &mut holders, 6);
     assert_eq!(verdict.sections as usize, acks.len());
     // Tokens kept increasing across the restarts: no regression, and the last tenure's token is
     // the largest ever issued.

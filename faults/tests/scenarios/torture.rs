@@ -211,6 +211,7 @@ async fn torture(sections: usize) {
     );
     assert!(verdict.is_safe(), "{verdict}");
     super::assert_linearizable("torture", &operations);
+    super::assert_losses_told_once("torture", &mut holders, PROCESSES * MANAGERS);
     // A section whose commit's answer was lost (the network, a crash) is in the history
     // without an acknowledgement: checked for overlaps all the same.
     assert!(verdict.sections as usize >= acks.len(), "{verdict}");
