@@ -343,6 +343,16 @@ impl Handler<GetStats<ScheduleStats>> for ScheduleRunner {
     }
 }
 
+/// The same stop as [`StopSchedule`], for code that stops every actor alike; the final
+/// statistics are dropped.
+impl Handler<crate::losses::Shutdown> for ScheduleRunner {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        Box::pin(self.handle(StopSchedule, ctx).map(|_, _, _| ()))
+    }
+}
+
 impl Handler<StopSchedule> for ScheduleRunner {
     type Result = ResponseActFuture<Self, ScheduleStats>;
 

@@ -439,3 +439,37 @@ async fn a_schedule_whose_address_was_dropped_runs_on() {
     })
     .await;
 }
+
+/// `Shutdown`, the stop every actor takes, stops a runner as `StopSchedule` does: no tick runs
+/// after it answers, and its lease is released, so another process's runner ticks long before
+/// the lease (30 s) would have expired.
+#[actix_rt::test]
+async fn shutdown_stops_a_runner_and_releases_its_lease() {
+    let (setup, admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(1)).await;
+    let applied = applied_table(&admin, &setup).await;
+    let count = async |process: &str| -> i64 {
+        let sql = format!("SELECT count(*) FROM {applied} WHERE process = $1");
+        admin.query_one(&sql, &[&process]).await.unwrap().get(0)
+    };
+    let one = Coordinator::connect(setup.builder("one").build().unwrap())
+        .await
+        .unwrap();
+    let runner = (one.schedule(recording("tick", &applied, "one", client(&setup).await))).unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(10), "a tick of one", async || {
+        count("one").await >= 1
+    })
+    .await;
+    runner.send(Shutdown).await.unwrap();
+    let ran = count("one").await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(count("one").await, ran, "no tick after the stop");
+    let two = Coordinator::connect(setup.builder("two").build().unwrap())
+        .await
+        .unwrap();
+    let other = (two.schedule(recording("tick", &applied, "two", client(&setup).await))).unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(10), "a tick of two", async || {
+        count("two").await >= 1
+    })
+    .await;
+    other.send(StopSchedule).await.unwrap();
+}
