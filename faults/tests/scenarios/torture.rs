@@ -1,8 +1,9 @@
 //! The torture run: the fenced lock-set workload across several holder processes while faults
 //! are injected at random — holder processes paused past their lease, their sessions
 //! terminated, the server restarted or crashed (durable commits), every connection black-holed
-//! with new ones refused, or reset — then the checker's verdict and the counts, and the
-//! operations' history checked for linearizability.
+//! with new ones refused, or reset, and once a failover to the synchronous standby — then the
+//! checker's verdict and the counts, the operations' history checked for linearizability, and
+//! each tenure's loss told once.
 //!
 //! CI runs the short version (about 1,000 critical sections). The full run:
 //! `TORTURE_SECTIONS=100000 TORTURE_FAULT_MS=1000-4000 cargo test --release -p pgcoord-faults --test scenarios torture_full -- --ignored --nocapture`
@@ -11,7 +12,9 @@
 use std::time::{Duration, Instant};
 
 use pgcoord_faults::process::HolderProcess;
-use pgcoord_testkit::Proxy;
+use std::sync::Arc;
+
+use pgcoord_testkit::{Proxy, Replication, TempPostgres};
 
 use super::Workload;
 
@@ -39,6 +42,7 @@ struct Counts {
     crashes: u32,
     cut_off: u32,
     resets: u32,
+    failovers: u32,
 }
 
 /// The pause between faults, in ms, from `TORTURE_FAULT_MS=min-max` (default 300-1500).
@@ -53,17 +57,67 @@ fn spacing() -> (u64, u64) {
     }
 }
 
+/// A primary with durable commits and its synchronous standby, a proxy in front of each, and a
+/// workload whose DSN names both (read-write wins): the holders follow a failover by themselves.
+/// A session idle in a transaction is ended after 5 s, as OPERATIONS.md advises: a holder whose
+/// connection was black-holed mid-section would otherwise keep its fence's row lock (and so the
+/// lease) until the next restart.
+async fn servers() -> (
+    Arc<TempPostgres>,
+    Arc<TempPostgres>,
+    [Proxy; 2],
+    Workload,
+    String,
+) {
+    let primary = tokio::task::spawn_blocking(|| {
+        TempPostgres::start_with(&[
+            ("synchronous_commit", "on"),
+            ("wal_keep_size", "64MB"),
+            ("idle_in_transaction_session_timeout", "5s"),
+        ])
+    })
+    .await
+    .unwrap()
+    .map(Arc::new)
+    .unwrap();
+    let p = primary.clone();
+    let standby = tokio::task::spawn_blocking(move || p.start_standby(Replication::Synchronous))
+        .await
+        .unwrap()
+        .map(Arc::new)
+        .unwrap();
+    let direct = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+         target_session_attrs=read-write connect_timeout=2",
+        primary.port(),
+        standby.port()
+    );
+    let workload = Workload::on(None, direct).await;
+    let (p, s) = (primary.clone(), standby.clone());
+    tokio::task::spawn_blocking(move || p.wait_replayed(&s))
+        .await
+        .unwrap()
+        .unwrap();
+    // The holders reach the servers through proxies that can black-hole, refuse and reset them;
+    // the checker reads directly.
+    let proxies = [
+        Proxy::start(&primary.pg_config()).await.unwrap(),
+        Proxy::start(&standby.pg_config()).await.unwrap(),
+    ];
+    let via_proxies = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+         target_session_attrs=read-write connect_timeout=2",
+        proxies[0].port(),
+        proxies[1].port()
+    );
+    (primary, standby, proxies, workload, via_proxies)
+}
+
 async fn torture(sections: usize) {
     let spacing = spacing();
-    let workload = Workload::own_durable_server().await;
-    let server = workload.server.clone().unwrap();
-    // The holders reach the server through a proxy that can black-hole, refuse and reset them;
-    // the checker reads directly.
-    let proxy = Proxy::start(&server.pg_config()).await.unwrap();
-    let via_proxy = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres",
-        proxy.port()
-    );
+    let (primary, standby, proxies, workload, via_proxy) = servers().await;
+    // The server the faults restart and crash: the primary, then the promoted standby.
+    let mut server = primary.clone();
     let rounds = (sections / (PROCESSES * MANAGERS)).max(1);
     let started = Instant::now();
     let mut holders: Vec<HolderProcess> = (0..PROCESSES)
@@ -100,6 +154,9 @@ async fn torture(sections: usize) {
     eprintln!("torture: {sections} sections, seed {seed}, a fault every {spacing:?} ms");
     let mut dice = Dice(seed);
     let mut counts = Counts::default();
+    // One failover per run, at a fault drawn among the third to the eighth.
+    let failover_at = 3 + dice.roll(6);
+    let mut faults = 0;
     let done = |holders: &mut Vec<HolderProcess>| {
         holders
             .iter_mut()
@@ -114,6 +171,22 @@ async fn torture(sections: usize) {
             spacing.0 + dice.roll(spacing.1 - spacing.0),
         ))
         .await;
+        faults += 1;
+        if faults == failover_at {
+            // The primary crashes (immediate shutdown) and its synchronous standby is
+            // promoted: every acknowledged commit is on it, and the holders follow by the DSN.
+            let (p, s) = (primary.clone(), standby.clone());
+            tokio::task::spawn_blocking(move || {
+                p.stop_immediate()?;
+                s.promote()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            server = standby.clone();
+            counts.failovers += 1;
+            continue;
+        }
         match dice.roll(11) {
             // The process holding the lease now, stopped for one to two leases: its lease is
             // taken over while it believes it holds it, and its fence must keep it out.
@@ -182,14 +255,20 @@ async fn torture(sections: usize) {
             // leases, then healed (the black-holed ones never recover); or every connection
             // reset.
             _ if dice.roll(2) == 0 => {
-                proxy.cut();
-                proxy.refuse(true);
+                for proxy in &proxies {
+                    proxy.cut();
+                    proxy.refuse(true);
+                }
                 tokio::time::sleep(Duration::from_millis(1000 + dice.roll(1000))).await;
-                proxy.refuse(false);
+                for proxy in &proxies {
+                    proxy.refuse(false);
+                }
                 counts.cut_off += 1;
             }
             _ => {
-                proxy.reset();
+                for proxy in &proxies {
+                    proxy.reset();
+                }
                 counts.resets += 1;
             }
         }
@@ -210,6 +289,10 @@ async fn torture(sections: usize) {
         started.elapsed()
     );
     assert!(verdict.is_safe(), "{verdict}");
+    assert!(
+        counts.failovers == 1 || faults < failover_at,
+        "failed over: {counts:?}"
+    );
     super::assert_linearizable("torture", &operations);
     super::assert_losses_told_once("torture", &mut holders, PROCESSES * MANAGERS);
     // A section whose commit's answer was lost (the network, a crash) is in the history
