@@ -258,3 +258,8 @@ async fn a_stored_limit_lowered_while_its_permits_are_taken() {
 async fn a_topic_event_committed_behind_a_reader_is_not_skipped() {
     check_alone("topic_horizon").await;
 }
+
+#[tokio::test]
+async fn a_consumers_ack_racing_a_takeover_of_its_lease() {
+    check("consumer_ack").await;
+}
