@@ -154,6 +154,7 @@ impl LeaseTable {
     pub fn sql_text(&self, name: &str) -> Option<&str> {
         Some(match name {
             "acquire" => &self.acquire,
+            "acquire_or_queue" => &self.acquire_or_queue,
             "renew" => &self.renew,
             "release" => &self.release,
             "fence" => &self.fence,

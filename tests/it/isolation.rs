@@ -99,6 +99,14 @@ fn render(spec: &str, table: &LeaseTable, config: &Config) -> String {
         .replace("@CHANNEL@", &literal(config.lease_channel().as_str()))
         .replace("@APPEND@", &topic_sql("append"))
         .replace("@READ@", &topic_sql("read"))
+        .replace("@ACQUIRE_OR_QUEUE@", &{
+            let sql = table.sql_text("acquire_or_queue").expect("the statement");
+            assert!(
+                !sql.contains('}') && !sql.contains("$$"),
+                "acquire_or_queue's SQL"
+            );
+            sql.to_owned()
+        })
 }
 
 /// Runs spec `name` on the test database and compares its output with the committed one.
@@ -262,4 +270,9 @@ async fn a_topic_event_committed_behind_a_reader_is_not_skipped() {
 #[tokio::test]
 async fn a_consumers_ack_racing_a_takeover_of_its_lease() {
     check("consumer_ack").await;
+}
+
+#[tokio::test]
+async fn a_released_lease_goes_to_the_first_in_line_by_priority_then_arrival() {
+    check("line_order").await;
 }
