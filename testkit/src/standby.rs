@@ -110,7 +110,13 @@ impl TempPostgres {
     /// `wal_keep_size=64MB`, so a standby that was stopped for a while can catch up. `fsync`
     /// stays off.
     pub fn start_primary() -> Result<TempPostgres> {
-        Self::start_with(PRIMARY_SETTINGS)
+        Self::start_primary_with(&[])
+    }
+
+    /// [`start_primary`](Self::start_primary) with `settings` too (its standbys inherit them).
+    pub fn start_primary_with(settings: &[(&str, &str)]) -> Result<TempPostgres> {
+        let all: Vec<(&str, &str)> = PRIMARY_SETTINGS.iter().chain(settings).copied().collect();
+        Self::start_with(&all)
     }
 
     /// Starts a streaming hot standby of this server and waits until it streams: it accepts

@@ -28,8 +28,16 @@ use super::topic_consumers::{Consumers, Mode, appender};
 
 /// A primary and its standby, and a workload whose DSN names both (read-write wins).
 async fn pair(replication: Replication) -> (Arc<TempPostgres>, Arc<TempPostgres>, Workload) {
+    pair_with(replication, &[]).await
+}
+
+/// [`pair`] with the primary (and so the standby) started with `settings` too.
+pub async fn pair_with(
+    replication: Replication,
+    settings: &'static [(&'static str, &'static str)],
+) -> (Arc<TempPostgres>, Arc<TempPostgres>, Workload) {
     let primary = Arc::new(
-        tokio::task::spawn_blocking(TempPostgres::start_primary)
+        tokio::task::spawn_blocking(move || TempPostgres::start_primary_with(settings))
             .await
             .unwrap()
             .unwrap(),
@@ -59,7 +67,7 @@ async fn pair(replication: Replication) -> (Arc<TempPostgres>, Arc<TempPostgres>
 }
 
 /// Kills the primary (immediate shutdown, as a crash) and promotes the standby.
-async fn fail_over(primary: &Arc<TempPostgres>, standby: &Arc<TempPostgres>) -> Instant {
+pub async fn fail_over(primary: &Arc<TempPostgres>, standby: &Arc<TempPostgres>) -> Instant {
     let (p, s) = (primary.clone(), standby.clone());
     tokio::task::spawn_blocking(move || {
         p.stop_immediate()?;

@@ -69,35 +69,9 @@ async fn servers() -> (
     Workload,
     String,
 ) {
-    let primary = tokio::task::spawn_blocking(|| {
-        TempPostgres::start_with(&[
-            ("synchronous_commit", "on"),
-            ("wal_keep_size", "64MB"),
-            ("idle_in_transaction_session_timeout", "5s"),
-        ])
-    })
-    .await
-    .unwrap()
-    .map(Arc::new)
-    .unwrap();
-    let p = primary.clone();
-    let standby = tokio::task::spawn_blocking(move || p.start_standby(Replication::Synchronous))
-        .await
-        .unwrap()
-        .map(Arc::new)
-        .unwrap();
-    let direct = format!(
-        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
-         target_session_attrs=read-write connect_timeout=2",
-        primary.port(),
-        standby.port()
-    );
-    let workload = Workload::on(None, direct).await;
-    let (p, s) = (primary.clone(), standby.clone());
-    tokio::task::spawn_blocking(move || p.wait_replayed(&s))
-        .await
-        .unwrap()
-        .unwrap();
+    let settings = &[("idle_in_transaction_session_timeout", "5s")];
+    let (primary, standby, workload) =
+        super::failover::pair_with(Replication::Synchronous, settings).await;
     // The holders reach the servers through proxies that can black-hole, refuse and reset them;
     // the checker reads directly.
     let proxies = [
@@ -175,14 +149,7 @@ async fn torture(sections: usize) {
         if faults == failover_at {
             // The primary crashes (immediate shutdown) and its synchronous standby is
             // promoted: every acknowledged commit is on it, and the holders follow by the DSN.
-            let (p, s) = (primary.clone(), standby.clone());
-            tokio::task::spawn_blocking(move || {
-                p.stop_immediate()?;
-                s.promote()
-            })
-            .await
-            .unwrap()
-            .unwrap();
+            super::failover::fail_over(&primary, &standby).await;
             server = standby.clone();
             counts.failovers += 1;
             continue;
