@@ -157,6 +157,7 @@ impl LeaseTable {
             "acquire_or_queue" => &self.acquire_or_queue,
             "renew" => &self.renew,
             "release" => &self.release,
+            "release_many" => &self.release_many,
             "fence" => &self.fence,
             _ => return self.limits.sql_text(name),
         })

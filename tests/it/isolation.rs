@@ -26,6 +26,7 @@ const PREPARED: &[(&str, &str)] = &[
     ("acquire", "text, text, bytea, int8, bool, text"),
     ("renew", "text[], int8[], int8[], text"),
     ("release", "text, int8, bool, text, text, bool"),
+    ("release_many", "text[], int8[], bool[], bool[], text, text"),
     ("fence", "text, int8, text"),
     ("limit_set", "text, int4, text"),
     ("limit_take_back", "text, text, int8"),
@@ -275,4 +276,9 @@ async fn a_consumers_ack_racing_a_takeover_of_its_lease() {
 #[tokio::test]
 async fn a_released_lease_goes_to_the_first_in_line_by_priority_then_arrival() {
     check("line_order").await;
+}
+
+#[tokio::test]
+async fn a_batch_release_skips_rows_under_way_and_two_batches_never_wait_on_each_other() {
+    check("release_many").await;
 }
