@@ -155,6 +155,7 @@ impl LeaseTable {
         Some(match name {
             "acquire" => &self.acquire,
             "acquire_or_queue" => &self.acquire_or_queue,
+            "acquire_many" => &self.acquire_many,
             "renew" => &self.renew,
             "release" => &self.release,
             "release_many" => &self.release_many,

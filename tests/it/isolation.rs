@@ -24,6 +24,7 @@ const SPEC_TIMEOUT: Duration = Duration::from_secs(120);
 /// binds them with).
 const PREPARED: &[(&str, &str)] = &[
     ("acquire", "text, text, bytea, int8, bool, text"),
+    ("acquire_many", "text[], bytea[], bool[], text, int8, text"),
     ("renew", "text[], int8[], int8[], text"),
     ("release", "text, int8, bool, text, text, bool"),
     ("release_many", "text[], int8[], bool[], bool[], text, text"),
@@ -281,4 +282,9 @@ async fn a_released_lease_goes_to_the_first_in_line_by_priority_then_arrival() {
 #[tokio::test]
 async fn a_batch_release_skips_rows_under_way_and_two_batches_never_wait_on_each_other() {
     check("release_many").await;
+}
+
+#[tokio::test]
+async fn a_batch_grant_skips_rows_under_way_and_two_batches_never_deadlock() {
+    check("acquire_many").await;
 }
