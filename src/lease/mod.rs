@@ -156,6 +156,7 @@ impl LeaseTable {
             "acquire" => &self.acquire,
             "acquire_or_queue" => &self.acquire_or_queue,
             "acquire_many" => &self.acquire_many,
+            "acquire_any" => &self.acquire_any,
             "renew" => &self.renew,
             "release" => &self.release,
             "release_many" => &self.release_many,

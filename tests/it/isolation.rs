@@ -25,6 +25,7 @@ const SPEC_TIMEOUT: Duration = Duration::from_secs(120);
 const PREPARED: &[(&str, &str)] = &[
     ("acquire", "text, text, bytea, int8, bool, text"),
     ("acquire_many", "text[], bytea[], bool[], text, int8, text"),
+    ("acquire_any", "text[], text, int8, text"),
     ("renew", "text[], int8[], int8[], text"),
     ("release", "text, int8, bool, text, text, bool"),
     ("release_many", "text[], int8[], bool[], bool[], text, text"),
@@ -287,4 +288,9 @@ async fn a_batch_release_skips_rows_under_way_and_two_batches_never_wait_on_each
 #[tokio::test]
 async fn a_batch_grant_skips_rows_under_way_and_two_batches_never_deadlock() {
     check("acquire_many").await;
+}
+
+#[tokio::test]
+async fn permits_racing_for_a_semaphores_last_slot() {
+    check("permits").await;
 }
