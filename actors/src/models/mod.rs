@@ -2,15 +2,18 @@
 //! holding side's book (`leases::book`), one wait's decisions (`leases::one_wait`), the doorbell's
 //! gate (`signals::doorbell`), a schedule's plan (`pgcoord::schedule::plan`), a worker pool's round
 //! (`workers::plan`) and a member's verdict on a routed message (`workers::deliver::verdict`) — so
-//! the checker checks the code, not a copy. Each model runs bounded here, in the unit tests, with
-//! its properties asserted; and each has mutants (a margin dropped, a deadline counted from the
-//! wrong instant, an assumption broken) for which a test expects a counterexample, so a model that
-//! cannot fail is seen to fail. docs/DESIGN.md's invariant index names the property each checks.
+//! the checker checks the code, not a copy. The topic reader's model is the exception: its rule
+//! is one SQL statement, which the model plays and an isolation spec checks. Each model runs
+//! bounded here, in the unit tests, with its properties asserted; and each has mutants (a margin
+//! dropped, a deadline counted from the wrong instant, an assumption broken, a read past the
+//! horizon) for which a test expects a counterexample, so a model that cannot fail is seen to
+//! fail. docs/DESIGN.md's invariant index names the property each checks.
 
 mod doorbell;
 mod holding;
 mod routing;
 mod schedule;
+mod topic_reader;
 mod wait;
 
 /// Explores every state of `model` breadth first, and prints what it took (`what` names the
