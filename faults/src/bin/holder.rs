@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::Config;
-
 use pgcoord_actors::{Acquire, Lease, LockLost, LockManager, SubscribeLockLost};
 use pgcoord_faults::history::History;
 use pgcoord_faults::linear::{Op, Recorder, Ret};
@@ -150,8 +149,7 @@ async fn acquire(
     granted
 }
 
-/// Releases the lease, recorded.
-/// Releases `lease`; what the release answered, and whether its handle reported a loss.
+/// Releases `lease`, recorded; what the release answered, and whether its handle reported a loss.
 async fn release(lease: Lease, record: &mut Recorder) -> (Option<Ret>, bool) {
     let token = lease.token();
     let ended = lease.lost();
