@@ -65,15 +65,47 @@ async fn cut_off(rate: &str) -> Option<CutOff> {
     );
     let held = holder.expect("HELD", Duration::from_secs(60)).await;
     let token: i64 = held.split(' ').nth(1).unwrap().parse().unwrap();
+    let table = workload.config("admin", LEASE, LEASE / 5);
+    let expires = format!(
+        "SELECT extract(epoch FROM expires_at)::float8 FROM {} WHERE name = 'job' AND token = $1",
+        table.lock_table().quoted()
+    );
     // A few renewals on the slow clock, then the holder is cut off: no renewal reaches the
-    // server again, and none of its connections can be made anew.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // server again, and none of its connections can be made anew. The cut falls a second
+    // after a renewal ran on the server (renewals come every 2.1-2.5 s): its answer has
+    // reached the holder, and the next one cannot run. Cut while a renewal's answer is on
+    // its way, the server would count the lease from a renewal the holder never confirmed,
+    // and the holder would give up early: the safe side, not what is measured here.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first: f64 = workload
+        .admin
+        .query_one(&expires, &[&token])
+        .await
+        .unwrap()
+        .get(0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: f64 = workload
+            .admin
+            .query_one(&expires, &[&token])
+            .await
+            .unwrap()
+            .get(0);
+        if now != first {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no renewal ran within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     proxy.cut();
     proxy.refuse(true);
     let contender =
         LockManager::new(workload.config("contender", LEASE, Duration::from_secs(3))).start();
     let asking = actix_rt::spawn(contender.send(Acquire::new("job").timeout(LEASE * 4)));
-    let table = workload.config("admin", LEASE, LEASE / 5);
     let sql = format!(
         "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {} \
          WHERE name = 'job' AND token = $1",
