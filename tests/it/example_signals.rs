@@ -181,8 +181,8 @@ async fn held(pg: &TempPostgres) -> Vec<String> {
     }
 }
 
-/// The example `name`'s program, built once for every test here as `cargo build --example`
-/// builds it, into the build directory of this test (cargo leaves it unlocked while tests run).
+/// The example `name`'s program, built once for every test here, into the build directory of
+/// this test (cargo leaves it unlocked while tests run).
 fn built(name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let profile = BUILT.get_or_init(|| {
@@ -194,7 +194,9 @@ fn built(name: &str) -> PathBuf {
             .expect("profile");
         let target = profile.parent().expect("target directory");
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cargo.args(["build", "--example", "axum", "--example", "actix_web"]);
+        // With the workspace's features, as `cargo test --workspace` built them: nothing is
+        // compiled again (the root package's features alone would build the dependencies anew).
+        cargo.args(["build", "--workspace", "--example", "axum", "--example", "actix_web"]);
         cargo
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
