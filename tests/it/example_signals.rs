@@ -196,7 +196,14 @@ fn built(name: &str) -> PathBuf {
         let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         // With the workspace's features, as `cargo test --workspace` built them: nothing is
         // compiled again (the root package's features alone would build the dependencies anew).
-        cargo.args(["build", "--workspace", "--example", "axum", "--example", "actix_web"]);
+        cargo.args([
+            "build",
+            "--workspace",
+            "--example",
+            "axum",
+            "--example",
+            "actix_web",
+        ]);
         cargo
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
