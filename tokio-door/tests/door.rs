@@ -399,3 +399,39 @@ async fn a_closure_that_panics_runs_again_with_its_key() {
     drop(workers);
     runtime.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A runtime shut down while a topic consumer runs stops it without a panic on the runtime's
+/// thread (the consumer's stop used to spawn its wind-down on a tokio runtime already gone).
+#[tokio::test]
+async fn a_runtime_shut_down_with_a_consumer_running_stops_without_a_panic() {
+    let panics = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = panics.clone();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() == Some("pgcoord-actix") {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let (tables, _admin) = Tables::new().await;
+    let runtime = tables.runtime("consumer").await;
+    let coordinator = runtime.coordinator();
+    let topic = unique_name("orders");
+    let (seen, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    let consume = Consume::new(&topic, "billing", move |_: Delivery| {
+        let _ = seen.send(());
+        async { Ok(()) }
+    })
+    .poll(Duration::from_millis(200));
+    let _consumer = coordinator.consume(consume).unwrap();
+    coordinator
+        .topics
+        .call(Append::value(&topic, &1u32).unwrap())
+        .await
+        .unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(30), handed.recv());
+    assert!(handed.await.expect("within 30 s").is_some());
+    runtime.shutdown(Duration::from_secs(5)).await.unwrap();
+    // The runtime's thread has ended (its shutdown waits for it).
+    assert_eq!(panics.load(std::sync::atomic::Ordering::SeqCst), 0);
+}

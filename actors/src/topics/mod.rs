@@ -273,7 +273,14 @@ impl Actor for TopicConsumer {
             self.run.stop_requested.store(true, Ordering::Relaxed);
             self.run.stopping.notify_one();
             let abort = task.abort_handle();
-            tokio::spawn(async move {
+            // Stopped as the System ends (a `Runtime` shut down with the consumer running), the
+            // tokio runtime is going away with its tasks: the run's task ends with it, and its
+            // lease lapses or was released by the manager's own shutdown.
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                abort.abort();
+                return;
+            };
+            runtime.spawn(async move {
                 if tokio::time::timeout(STOP_WITHIN, task).await.is_err() {
                     tracing::warn!("a topic consumer's handler did not finish within 30 s");
                     abort.abort();
