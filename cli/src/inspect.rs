@@ -75,23 +75,11 @@ pub async fn show(config: &Config, client: &Client, name: &str, json: bool) -> R
 
 /// Every live place in the waiters' line: (name, waiter, time left in line), in line order.
 async fn waiters(config: &Config, client: &Client) -> Result<Vec<(String, String, Duration)>> {
-    let sql = format!(
-        "SELECT name::text, waiter::text,
-                extract(epoch FROM until - clock_timestamp())::float8
-         FROM {} WHERE until > clock_timestamp() ORDER BY name, queued_at, waiter",
-        config.lock_queue().quoted()
-    );
-    let rows = client.query(&sql, &[]).await?;
-    rows.iter()
-        .map(|r| {
-            let left: f64 = r.try_get(2)?;
-            Ok((
-                r.try_get(0)?,
-                r.try_get(1)?,
-                Duration::from_secs_f64(left.max(0.0)),
-            ))
-        })
-        .collect()
+    let line = LeaseTable::new(config).line(client).await?;
+    Ok(line
+        .into_iter()
+        .map(|p| (p.name, p.waiter, p.left))
+        .collect())
 }
 
 /// Asks the leader of election `name` to step down.

@@ -125,6 +125,7 @@ pub struct LeaseTable {
     get: String,
     list: String,
     list_prefix: String,
+    line: String,
     notify_holder: String,
     notify_holders: String,
     keep_free: String,
@@ -221,6 +222,28 @@ impl LeaseTable {
         rows.iter().map(info_from).collect()
     }
 
+    /// The live places in the waiters' line, name by name, each name's first to be served first:
+    /// at most
+    /// [`MAX_PLACES_LISTED`].
+    pub async fn line(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<Place>> {
+        let rows = client.run(&self.line, &[]).await?;
+        rows.iter()
+            .map(|row| {
+                let ms = |i| -> Result<Duration> {
+                    let ms: i64 = row.try_get(i)?;
+                    Ok(Duration::from_millis(ms.max(0) as u64))
+                };
+                Ok(Place {
+                    name: row.try_get(0)?,
+                    waiter: row.try_get(1)?,
+                    priority: row.try_get(2)?,
+                    waited: ms(3)?,
+                    left: ms(4)?,
+                })
+            })
+            .collect()
+    }
+
     /// Every lock whose name starts with `prefix` (taken literally), by name: the members and
     /// keys of a worker pool, say.
     pub async fn list_prefix(
@@ -233,6 +256,26 @@ impl LeaseTable {
             .await?;
         rows.iter().map(info_from).collect()
     }
+}
+
+/// How many places in line [`LeaseTable::line`] lists at most.
+pub const MAX_PLACES_LISTED: usize = 1000;
+
+/// A place in a lease's line of waiters, as [`LeaseTable::line`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Place {
+    /// The lease waited for.
+    pub name: String,
+    /// Who waits (the waiting manager's owner identity).
+    pub waiter: String,
+    /// Its priority: a higher one is served first, arrival order among equals.
+    pub priority: i32,
+    /// How long it has been in line (on the server's clock).
+    pub waited: Duration,
+    /// How long the place lasts unless its waiter comes back (a waiter refreshes it while it
+    /// waits: a place that lapses is a waiter gone).
+    pub left: Duration,
 }
 
 /// How much earlier than the server a holder gives up a lease of `lease`: a tenth of it, to

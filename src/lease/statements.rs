@@ -5,7 +5,7 @@
 //! server's clock and the grantee may go as far as the waiters' line says.
 
 use super::sql::*;
-use super::{HOLDER_CHANNEL_PREFIX, LeaseTable};
+use super::{HOLDER_CHANNEL_PREFIX, LeaseTable, MAX_PLACES_LISTED};
 use crate::config::Config;
 use crate::signal::notify_sql;
 
@@ -284,6 +284,16 @@ impl LeaseTable {
             list: format!(
                 "SELECT l.name, l.owner, l.token, l.data, CASE WHEN l.owner IS NULL THEN NULL ELSE {REMAINING_MS} END
                  FROM {t} AS l ORDER BY l.name"
+            ),
+            // Every live place in the waiters' line, in line order (the grant's: priority
+            // first, then arrival): what an operator looks at.
+            line: format!(
+                "SELECT name::text, waiter::text, priority,
+                        (extract(epoch FROM clock_timestamp() - queued_at) * 1000)::int8,
+                        (extract(epoch FROM until - clock_timestamp()) * 1000)::int8
+                 FROM {q} WHERE until > clock_timestamp()
+                 ORDER BY name, priority DESC, queued_at, waiter
+                 LIMIT {MAX_PLACES_LISTED}"
             ),
             // $1 prefix. Every lock whose name starts with it (no pattern: `starts_with`).
             list_prefix: format!(
