@@ -93,6 +93,14 @@ pub(crate) enum Command {
     },
     /// pgcoord's sessions by role, its tables' sizes, expired payloads.
     Status,
+    /// Serve the live view (leases and their lines, terms, consumers' lag with a chart,
+    /// schedules) as a web page at --listen, until interrupted. It only reads.
+    Ui {
+        /// Where to serve it: loopback by default (the page shows the fleet's names and data;
+        /// put it behind your own access control before serving it elsewhere).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: std::net::SocketAddr,
+    },
     /// Run COMMAND while leader of the election NAME: campaign (until elected, or at most
     /// --wait), proclaim --value, run the command; the term ends when it exits. When the term is
     /// lost, the command's process group gets SIGTERM (SIGKILL after --kill-after) and pgcoord

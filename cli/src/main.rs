@@ -153,6 +153,9 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     {
         return observe::run(config, name, *count, within, cli.as_json).await;
     }
+    if let Command::Ui { listen } = &cli.command {
+        return serve_ui(&config, *listen).await;
+    }
     // Set once connected: past the deadline the statement under way is cancelled with it.
     let cancel = std::sync::OnceLock::new();
     let bounded = async {
@@ -170,6 +173,30 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
         Ok((listening, count)) => signals::listen(&config, listening, count).await.map(|()| 0),
         Err(code) => Ok(code),
     }
+}
+
+/// `ui`: the live view at `listen`, until ctrl-c or SIGTERM.
+async fn serve_ui(config: &Config, listen: std::net::SocketAddr) -> pgcoord::Result<u8> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        pgcoord::Error::new(
+            ErrorKind::InvalidConfig,
+            format!("cannot listen on {listen}: {e}"),
+        )
+    })?;
+    let address = listener.local_addr().unwrap_or(listen);
+    // The address as the listener took it (port 0 asks for any): a script reads it here.
+    println!("serving the live view at http://{address}/");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| pgcoord::Error::new(ErrorKind::Other, format!("SIGTERM: {e}")))?;
+    tokio::select! {
+        served = pgcoord_ui::LiveView::new(config).serve(listener) => served.map_err(|e| {
+            pgcoord::Error::new(ErrorKind::Unavailable, format!("serving the live view: {e}"))
+        })?,
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(0)
 }
 
 /// Every one-shot command, on `client`; its exit code.
@@ -220,6 +247,7 @@ async fn command(
         Command::Limit { name, permits } => inspect::limit(config, client, &name, permits).await,
         Command::Advisory => inspect::advisory(client, json).await,
         Command::Status => inspect::status(config, client, json).await,
+        Command::Ui { .. } => unreachable!("ui is served by `run`: it has no deadline"),
         // Started (bounded) and run by `run`: it has no end of its own.
         Command::Listen { .. } => unreachable!("listen is not a one-shot command"),
         Command::Notify { channel, json } => signals::notify(config, client, &channel, &json).await,

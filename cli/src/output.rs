@@ -137,25 +137,8 @@ fn cut_middle(cell: String) -> String {
     format!("{head}…{tail}")
 }
 
-/// Stored data as a value: printable UTF-8 text as a string, MessagePack (as the runtime
-/// stores a typed value) decoded, anything else as `{"hex": …}`.
-pub(crate) fn data(data: Option<&[u8]>) -> Value {
-    let Some(data) = data else {
-        return Value::Null;
-    };
-    if let Ok(text) = std::str::from_utf8(data)
-        && !text.chars().any(char::is_control)
-    {
-        return Value::String(text.to_owned());
-    }
-    // Decoded only when the whole of it is one MessagePack value.
-    let mut rest = data;
-    let mut decoder = rmp_serde::Deserializer::new(&mut rest);
-    match serde::Deserialize::deserialize(&mut decoder) {
-        Ok(value) if rest.is_empty() => value,
-        _ => json!({ "hex": data.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
-    }
-}
+// Stored data is shown as the live view shows it.
+pub(crate) use pgcoord_ui::shown as data;
 
 /// Seconds as a number with a tenth's precision, for `LEFT` and ages.
 pub(crate) fn seconds(duration: std::time::Duration) -> Value {
@@ -165,19 +148,6 @@ pub(crate) fn seconds(duration: std::time::Duration) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn data_is_shown_as_text_decoded_messagepack_or_hex() {
-        assert_eq!(data(Some(b"addr-1")), json!("addr-1"));
-        let packed = rmp_serde::to_vec_named(&json!({"job": 42})).unwrap();
-        assert_eq!(data(Some(&packed)), json!({"job": 42}));
-        // Not text, and not one whole MessagePack value: a value and a stray byte after it.
-        assert_eq!(
-            data(Some(&[0x92, 0x01, 0x02, 0xc1])),
-            json!({"hex": "920102c1"})
-        );
-        assert_eq!(data(None), Value::Null);
-    }
 
     #[test]
     fn long_cells_are_cut_and_keys_are_snake_case() {

@@ -17,6 +17,7 @@ mod run;
 mod signals;
 mod terminal;
 mod topics;
+mod ui;
 
 /// The DSN of the test database (`DATABASE_URL`, else the shared throwaway cluster).
 fn dsn() -> String {

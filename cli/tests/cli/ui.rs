@@ -1,0 +1,87 @@
+//! `ui`: the live view served by the command (the page itself is tested in a browser in
+//! `ui/tests/browser.rs`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+
+use super::*;
+
+/// GET `path` from `address`: the status line and the body.
+fn get(address: &str, path: &str) -> (String, String) {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.lines().next().unwrap_or_default().to_owned();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
+}
+
+#[tokio::test]
+async fn ui_serves_the_page_and_what_it_shows_until_sigterm() {
+    let table = unique_name("cli");
+    assert!(pgcoord(&table, &["migrate"]).status.success());
+    let config = config(&table, "job-runner");
+    let client = pgcoord::db::connect_spawned(&config).await.unwrap();
+    let attempt = LeaseTable::new(&config)
+        .owner("job-runner")
+        .unwrap()
+        .try_acquire(
+            &client,
+            &AcquireRequest::new("nightly"),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(attempt, Attempt::Granted(_)));
+
+    let mut ui = pgcoord_command(&table, &["ui", "--listen", "127.0.0.1:0"])
+        .spawn()
+        .unwrap();
+    // Its first line says where it serves (port 0: any free one).
+    let mut first = String::new();
+    BufReader::new(ui.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let address = (first
+        .trim()
+        .strip_prefix("serving the live view at http://"))
+    .and_then(|a| a.strip_suffix('/'))
+    .unwrap_or_else(|| panic!("{first:?}"))
+    .to_owned();
+
+    let (status, page) = get(&address, "/");
+    assert!(status.contains("200"), "{status}");
+    assert!(page.contains("pgcoord — live view"), "{page}");
+    let (status, snapshot) = get(&address, "/snapshot");
+    assert!(status.contains("200"), "{status}");
+    let snapshot: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+    let lease = &snapshot["leases"][0];
+    assert_eq!(lease["name"], "nightly", "{snapshot}");
+    assert_eq!(lease["owner"], "job-runner", "{snapshot}");
+    assert_eq!(lease["held"], true, "{snapshot}");
+
+    // SIGTERM: it stops, exit 0.
+    // SAFETY: kill(2) with the child's pid and a signal number; no memory is involved.
+    unsafe { libc::kill(ui.id() as i32, libc::SIGTERM) };
+    let stopped = ui.wait().unwrap();
+    assert_eq!(stopped.code(), Some(0), "{stopped:?}");
+
+    // A port it cannot take: a usage error, at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let refused = pgcoord(&table, &["ui", "--listen", &port]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("cannot listen"),
+        "{refused:?}"
+    );
+}

@@ -1,0 +1,224 @@
+//! A live view of a fleet's coordination, as one web page: who holds each lease and for how
+//! much longer, who waits in its line, the terms seen, each durable topic's consumers with their
+//! lag (and a chart of it over the last minutes), what holds readers back, and what each
+//! schedule last did. `pgcoord ui` serves it; an application can mount it in its own server.
+//!
+//! - [`LiveView`] — the view: a small pool of its own, the latest look shared by every open
+//!   page, the history (`history`, pure) kept from the looks.
+//! - `snapshot` — one look, read with pgcoord's own inspection functions (no second copy of
+//!   the tables' knowledge), every statement bounded.
+//! - `page.html` — the page, with its assets: tables and an SVG chart drawn by a small script
+//!   of its own that asks for a look every second. Nothing is fetched from elsewhere.
+//!
+//! The view only reads: it changes nothing in the database. It shows no secret: the page and
+//! its JSON carry no DSN, password or server address. Any number of open pages cost one look a
+//! second between them (a look is 5 statements, and one more per topic up to 20).
+//!
+//! Mounted in an axum application (the view keeps its own pool, built from `config`):
+//!
+//! ```no_run
+//! async fn serve(config: pgcoord::Config) -> std::io::Result<()> {
+//!     let view = pgcoord_ui::LiveView::new(&config);
+//!     let app = axum::Router::new().nest("/pgcoord", view.router());
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:7070").await?;
+//!     axum::serve(listener, app).await
+//! }
+//! ```
+//!
+//! An actix-web application serves it on a port of its own beside its server, from a tokio
+//! task (`actix_rt::spawn(view.serve(listener))`), or behind the same reverse proxy.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use pgcoord::{Config, Pool};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+mod history;
+mod snapshot;
+
+use history::History;
+use snapshot::Tables;
+
+/// The page, with its style and script: served as it is, nothing fetched from elsewhere.
+const PAGE: &str = include_str!("page.html");
+
+/// How long a look may take before the page is told the database did not answer.
+const LOOK_WITHIN: Duration = Duration::from_secs(2);
+
+/// How long a look is shown again instead of taken anew: the pages ask every second, and any
+/// number of them cost one look a second.
+const LOOK_KEPT: Duration = Duration::from_millis(900);
+
+/// The live view of one database's pgcoord tables. Cheap to clone: clones share the pool, the
+/// latest look and the history.
+#[derive(Clone)]
+pub struct LiveView {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    tables: Tables,
+    /// Held while a look is taken: pages asking meanwhile wait for it and share it.
+    latest: Mutex<Latest>,
+}
+
+#[derive(Default)]
+struct Latest {
+    taken: Option<Instant>,
+    page: Arc<String>,
+    history: History,
+    /// Whether the last look failed (its warning given).
+    failing: bool,
+}
+
+impl std::fmt::Debug for LiveView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveView").finish_non_exhaustive()
+    }
+}
+
+impl LiveView {
+    /// A view of the tables `config` names, on a pool of its own (of `config`'s size; it uses
+    /// one connection at a time). Nothing connects until a page asks.
+    pub fn new(config: &Config) -> LiveView {
+        LiveView {
+            inner: Arc::new(Inner {
+                pool: Pool::new(config),
+                tables: Tables::new(config),
+                latest: Mutex::new(Latest::default()),
+            }),
+        }
+    }
+
+    /// The view's routes: `/` the page, `/snapshot` what it shows (JSON). Nest it where it
+    /// should be served (`Router::nest("/pgcoord", view.router())`).
+    pub fn router(&self) -> Router {
+        let view = self.clone();
+        Router::new()
+            .route("/", get(page))
+            .route("/snapshot", get(move || snapshot(view.clone())))
+    }
+
+    /// Serves the view on `listener` until the listener fails.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, self.router()).await
+    }
+
+    /// The latest look as the page's JSON, taken anew when it is older than [`LOOK_KEPT`].
+    async fn look(&self) -> pgcoord::Result<Arc<String>> {
+        let mut latest = self.inner.latest.lock().await;
+        if latest.taken.is_some_and(|at| at.elapsed() < LOOK_KEPT) {
+            return Ok(latest.page.clone());
+        }
+        let snapshot = match snapshot::take(&self.inner.tables, &self.inner.pool, LOOK_WITHIN).await
+        {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                // Said once when the looks start failing, not at every page's every second.
+                if !latest.failing {
+                    tracing::warn!(error = %e, "the live view cannot look at the database");
+                }
+                latest.failing = true;
+                return Err(e);
+            }
+        };
+        if latest.failing {
+            tracing::info!("the live view looks at the database again");
+        }
+        latest.failing = false;
+        snapshot::remember(&snapshot, &mut latest.history);
+        let page = Arc::new(snapshot::render(&snapshot, &latest.history).to_string());
+        latest.taken = Some(Instant::now());
+        latest.page = page.clone();
+        Ok(page)
+    }
+}
+
+async fn page() -> Response {
+    html(PAGE)
+}
+
+async fn snapshot(view: LiveView) -> Response {
+    match view.look().await {
+        Ok(page) => json_response(StatusCode::OK, page.as_str().to_owned()),
+        Err(e) => {
+            let body = json!({ "error": e.to_string(), "kind": format!("{:?}", e.kind()) });
+            json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+        }
+    }
+}
+
+fn html(body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Nothing but its own script and style, and no framing by other sites.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+        ),
+    );
+    response
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Stored data (a lease's, a term's proclamation) as the view and the `pgcoord` command show
+/// it: printable UTF-8 text as a string, MessagePack (as the runtime stores a typed value)
+/// decoded, anything else as `{"hex": …}`.
+pub fn shown(data: Option<&[u8]>) -> Value {
+    let Some(data) = data else {
+        return Value::Null;
+    };
+    if let Ok(text) = std::str::from_utf8(data)
+        && !text.chars().any(char::is_control)
+    {
+        return Value::String(text.to_owned());
+    }
+    // Decoded only when the whole of it is one MessagePack value.
+    let mut rest = data;
+    let mut decoder = rmp_serde::Deserializer::new(&mut rest);
+    match serde::Deserialize::deserialize(&mut decoder) {
+        Ok(value) if rest.is_empty() => value,
+        _ => json!({ "hex": data.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_is_shown_as_text_decoded_messagepack_or_hex() {
+        assert_eq!(shown(Some(b"addr-1")), json!("addr-1"));
+        let packed = rmp_serde::to_vec_named(&json!({"job": 42})).unwrap();
+        assert_eq!(shown(Some(&packed)), json!({"job": 42}));
+        // Not text, and not one whole MessagePack value: a value and a stray byte after it.
+        assert_eq!(
+            shown(Some(&[0x92, 0x01, 0x02, 0xc1])),
+            json!({"hex": "920102c1"})
+        );
+        assert_eq!(shown(None), Value::Null);
+    }
+}

@@ -1,0 +1,208 @@
+//! One look at the database — leases and their lines, topics and their consumers, what holds
+//! readers back, schedules' last runs — read with the core's inspection functions, every
+//! statement bounded by the look's deadline; and the page's JSON made of it and the history.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pgcoord::lease::Place;
+use pgcoord::schedule::{RunInfo, ScheduleTable};
+use pgcoord::topic::{ConsumerInfo, HeldBack, TopicInfo, TopicTable};
+use pgcoord::{Config, LeaseInfo, LeaseTable, Pool, Result};
+use serde_json::{Value, json};
+
+use crate::history::{History, LagSample};
+
+/// At most this many topics are looked into (a statement each); the rest are listed only.
+const TOPICS_LOOKED_INTO: usize = 20;
+
+/// At most this many leases are sent to the page (the first by name); the count says how many
+/// there are.
+const LEASES_SHOWN: usize = 500;
+
+/// The tables a look reads, their statements rendered once.
+pub(crate) struct Tables {
+    leases: LeaseTable,
+    topics: TopicTable,
+    schedules: ScheduleTable,
+}
+
+impl Tables {
+    pub fn new(config: &Config) -> Tables {
+        Tables {
+            leases: LeaseTable::new(config),
+            topics: TopicTable::new(config),
+            schedules: ScheduleTable::new(config),
+        }
+    }
+}
+
+/// What one look found.
+pub(crate) struct Snapshot {
+    at: SystemTime,
+    leases: Vec<LeaseInfo>,
+    line: Vec<Place>,
+    topics: Vec<(TopicInfo, Vec<ConsumerInfo>)>,
+    held_back: Option<HeldBack>,
+    schedules: Vec<RunInfo>,
+}
+
+/// Looks, every statement within `within` of now.
+pub(crate) async fn take(tables: &Tables, pool: &Pool, within: Duration) -> Result<Snapshot> {
+    let client = pool.statements(Some(Instant::now() + within));
+    let leases = tables.leases.list(&client).await?;
+    let line = tables.leases.line(&client).await?;
+    let mut topics = Vec::new();
+    for (i, topic) in tables.topics.topics(&client).await?.into_iter().enumerate() {
+        let consumers = if i < TOPICS_LOOKED_INTO {
+            tables.topics.consumers(&client, &topic.topic).await?
+        } else {
+            Vec::new()
+        };
+        topics.push((topic, consumers));
+    }
+    let held_back = tables.topics.held_back(&client).await?;
+    let schedules = tables.schedules.latest(&client).await?;
+    Ok(Snapshot {
+        at: SystemTime::now(),
+        leases,
+        line,
+        topics,
+        held_back,
+        schedules,
+    })
+}
+
+/// Adds what `snapshot` saw to `history`: each consumer's lag, each held lease's term.
+pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
+    let at = epoch(snapshot.at);
+    let mut consumers = Vec::new();
+    for (topic, listed) in &snapshot.topics {
+        for consumer in listed {
+            let name = format!("{}/{}", topic.topic, consumer.consumer);
+            let seconds = consumer
+                .oldest_unacked
+                .map_or(0.0, |t| age(snapshot.at, t).as_secs_f64());
+            let sample = LagSample {
+                at,
+                events: consumer.lag_events,
+                seconds,
+            };
+            history.record_lag(&name, sample);
+            consumers.push(name);
+        }
+    }
+    history.keep_consumers(&consumers);
+    let mut names = Vec::new();
+    for lease in &snapshot.leases {
+        if let (Some(owner), Some(token), true) = (&lease.owner, lease.token, lease.is_held()) {
+            history.record_holder(&lease.name, owner, token, at);
+        }
+        names.push(lease.name.clone());
+    }
+    history.keep_leases(&names);
+}
+
+/// The page's JSON: the snapshot, with each lease's terms and each consumer's lag series.
+pub(crate) fn render(snapshot: &Snapshot, history: &History) -> Value {
+    let leases: Vec<Value> = (snapshot.leases.iter().take(LEASES_SHOWN))
+        .map(|lease| {
+            let waiters: Vec<Value> = (snapshot.line.iter())
+                .filter(|place| place.name == lease.name)
+                .map(|place| {
+                    json!({
+                        "waiter": place.waiter,
+                        "priority": place.priority,
+                        "waited": secs(place.waited),
+                        "left": secs(place.left),
+                    })
+                })
+                .collect();
+            let terms: Vec<Value> = (history.terms(&lease.name).into_iter().flatten())
+                .map(|t| json!({ "owner": t.owner, "token": t.token, "since": t.since }))
+                .collect();
+            json!({
+                "name": lease.name,
+                "owner": lease.owner,
+                "token": lease.token,
+                "held": lease.is_held(),
+                "left": lease.remaining.map(secs),
+                "data": crate::shown(lease.data.as_deref()),
+                "waiters": waiters,
+                "terms": terms,
+            })
+        })
+        .collect();
+    let topics: Vec<Value> = (snapshot.topics.iter())
+        .map(|(topic, consumers)| {
+            let consumers: Vec<Value> = (consumers.iter())
+                .map(|c| {
+                    json!({
+                        "consumer": c.consumer,
+                        "cursor": c.cursor.to_string(),
+                        "lag_events": c.lag_events,
+                        "lag_seconds": c.oldest_unacked.map(|t| secs(age(snapshot.at, t))),
+                        "acked_ago": secs(age(snapshot.at, c.acked_at)),
+                    })
+                })
+                .collect();
+            json!({
+                "topic": topic.topic,
+                "events": topic.events,
+                "oldest_age": secs(age(snapshot.at, topic.oldest)),
+                "newest_age": secs(age(snapshot.at, topic.newest)),
+                "consumers": consumers,
+            })
+        })
+        .collect();
+    let held_back = snapshot.held_back.as_ref().map(|h| {
+        json!({ "pid": h.pid, "prepared": h.prepared, "database": h.database, "age": secs(h.age) })
+    });
+    let schedules: Vec<Value> = (snapshot.schedules.iter())
+        .map(|run| {
+            json!({
+                "schedule": run.schedule,
+                "tick": epoch(run.tick),
+                "state": run.state.as_str(),
+                "attempts": run.attempts,
+                "owner": run.owner,
+                "token": run.token,
+                "next_tick": run.next_tick.map(epoch),
+                "error": run.error,
+            })
+        })
+        .collect();
+    let lag: Vec<Value> = history
+        .lag()
+        .map(|(name, series)| {
+            let samples: Vec<Value> = (series.iter())
+                .map(|s| json!([s.at, s.events, s.seconds]))
+                .collect();
+            json!({ "consumer": name, "samples": samples })
+        })
+        .collect();
+    json!({
+        "at": epoch(snapshot.at),
+        "lease_count": snapshot.leases.len(),
+        "leases": leases,
+        "topics": topics,
+        "held_back": held_back,
+        "schedules": schedules,
+        "lag": lag,
+    })
+}
+
+fn epoch(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// How long before `now` `then` was (0 for a time after it: clocks differ).
+fn age(now: SystemTime, then: SystemTime) -> Duration {
+    now.duration_since(then).unwrap_or_default()
+}
+
+/// Seconds with a tenth's precision.
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}

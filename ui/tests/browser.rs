@@ -1,0 +1,290 @@
+//! The live view in a real browser: headless Chromium driven through chromedriver (WebDriver),
+//! against `LiveView` served on loopback and a coordinator that holds a lease, runs a durable
+//! topic's consumer and a schedule. Screenshots go to the test's output folder.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder};
+use pgcoord::schedule::Timing;
+use pgcoord::{Config, ConfigBuilder};
+use pgcoord_actors::{Acquire, Append, Call, Consume, Delivery, Runtime, Schedule};
+use pgcoord_testkit::{find_program, require, test_pg_config, unique_name};
+use tokio::sync::Semaphore;
+
+/// The chromedriver process and the session it drives; both ended on drop.
+struct Browser {
+    client: Client,
+    driver: Child,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Headless Chromium through Debian's chromedriver, or `None` (skipped) where it is missing.
+async fn browser() -> Option<Browser> {
+    let driver = require(
+        find_program("chromedriver"),
+        "chromedriver",
+        "chromium-driver",
+    )?;
+    let chromium = require(find_program("chromium"), "chromium", "chromium")?;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let driver = Command::new(driver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": chromium,
+            // Root in CI: no sandbox. A fixed window, for comparable screenshots.
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,1400"],
+        }),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(capabilities.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(client) => return Some(Browser { client, driver }),
+            Err(e) if Instant::now() < until => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no WebDriver session within 30 s: {e}"),
+        }
+    }
+}
+
+/// Fresh tables for one test, migrated.
+fn builder(pg: &tokio_postgres::Config, table: &str, owner: &str) -> ConfigBuilder {
+    Config::builder()
+        .pg_config(pg)
+        .lock_table(table)
+        .payload_table(format!("{table}_p"))
+        .topic_table(format!("{table}_t"))
+        .schedule_table(format!("{table}_s"))
+        .owner(owner)
+        .lease(Duration::from_secs(10))
+}
+
+/// Where the screenshots go.
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("live-view");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits (at most `within`) until the text of the first element `css` matches satisfies `ok`;
+/// how long it took.
+async fn until_text(
+    client: &Client,
+    css: &str,
+    within: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < within {
+        // Read in one script: the page draws its tables anew every second.
+        let script = "const e = document.querySelector(arguments[0]); \
+                      return e ? e.innerText : null;";
+        let text = client.execute(script, vec![css.into()]).await.unwrap();
+        last = text.as_str().unwrap_or_default().to_owned();
+        if ok(&last) {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{css}: {last:?} after {within:?}");
+}
+
+/// The y coordinates of the chart's line for `consumer`, oldest first (read in one script: the
+/// page draws the chart anew every second).
+async fn chart_ys(client: &Client, consumer: &str) -> Vec<f64> {
+    let css = format!("#lag-chart polyline[data-consumer='{consumer}']");
+    let script = "const l = document.querySelector(arguments[0]); \
+                  return l ? l.getAttribute('points') : null;";
+    let points = client.execute(script, vec![css.into()]).await.unwrap();
+    let points = points.as_str().expect("the consumer's line").to_owned();
+    (points.split_whitespace())
+        .map(|p| p.split(',').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let client = &browser.client;
+    let mut pg = test_pg_config().unwrap();
+    // A password the server does not ask for (the test cluster trusts loopback), so that the
+    // page can be searched for it.
+    if pg.get_password().is_none() {
+        pg.password("ui-test-secret-7f3a");
+    }
+    let password = String::from_utf8(pg.get_password().unwrap().to_vec()).unwrap();
+    let table = unique_name("ui");
+    let config = builder(&pg, &table, "viewer").build().unwrap();
+    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
+    client.goto(&format!("http://{address}/")).await.unwrap();
+    until_text(client, "#status", Duration::from_secs(10), |t| {
+        t.starts_with("updated")
+    })
+    .await;
+
+    // A lease taken after the page opened is on it within 2 s (the page asks every second).
+    let runtime = Runtime::connect(builder(&pg, &table, "worker-a").build().unwrap())
+        .await
+        .unwrap();
+    let coordinator = runtime.coordinator().clone();
+    let name = unique_name("nightly");
+    let lease = coordinator
+        .locks
+        .call(Acquire::new(&name).data(b"batch 42".to_vec()))
+        .await
+        .unwrap();
+    let row = format!("#leases tr[data-name='{name}']");
+    let shown = until_text(client, &row, Duration::from_secs(2), |t| {
+        t.contains("worker-a") && t.contains("batch 42")
+    })
+    .await;
+    eprintln!("a new lease shown after {shown:?}");
+
+    // Another process waits for it: its place in line is on the lease's row. Released, the lease
+    // goes to it, and the row shows both terms, the first first.
+    let other = Runtime::connect(builder(&pg, &table, "worker-b").build().unwrap())
+        .await
+        .unwrap();
+    let wait = Acquire::new(&name).timeout(Duration::from_secs(60));
+    let waiting = tokio::spawn(other.coordinator().locks.call(wait));
+    until_text(client, &row, Duration::from_secs(10), |t| {
+        t.contains("worker-b") && t.contains("waiting")
+    })
+    .await;
+    let first = format!("{} worker-a from", lease.token());
+    lease.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    let second = format!("{} worker-b from", lease.token());
+    let terms = until_text(client, &row, Duration::from_secs(2), |t| {
+        t.find(&first)
+            .zip(t.find(&second))
+            .is_some_and(|(a, b)| a < b)
+    })
+    .await;
+    eprintln!("the new term shown after {terms:?}");
+
+    // A consumer stalled on its first event: its lag rises on the page and in the chart.
+    let topic = unique_name("orders");
+    // No permit until resumed: the handler waits in its first event.
+    let gate = Arc::new(Semaphore::new(0));
+    let permits = gate.clone();
+    let consume = Consume::new(&topic, "billing", move |_: Delivery| {
+        let permits = permits.clone();
+        async move {
+            permits.acquire().await.unwrap().forget();
+            Ok(())
+        }
+    })
+    .poll(Duration::from_millis(200));
+    let _consumer = coordinator.consume(consume).unwrap();
+    for n in 0..10u32 {
+        let append = Append::value(&topic, &n).unwrap();
+        coordinator.topics.call(append).await.unwrap();
+    }
+    let consumer = format!("{topic}/billing");
+    let lag_cell = format!("#consumers tr[data-consumer='{consumer}'] td.lag");
+    until_text(client, &lag_cell, Duration::from_secs(10), |t| t == "10").await;
+    // A few samples at 10 for the chart, then a picture of the stalled consumer.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let high = chart_ys(client, &consumer).await;
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join("lagging.png"), png).unwrap();
+
+    // Resumed, it catches up: the lag falls to 0, and the chart's line comes down.
+    gate.add_permits(10);
+    until_text(client, &lag_cell, Duration::from_secs(15), |t| t == "0").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = chart_ys(client, &consumer).await;
+    let baseline = after.iter().cloned().fold(f64::MIN, f64::max);
+    let top = high.iter().cloned().fold(f64::MAX, f64::min);
+    assert!(top < baseline, "the chart rose while it lagged: {high:?}");
+    assert_eq!(
+        *after.last().unwrap(),
+        baseline,
+        "and is back down: {after:?}"
+    );
+
+    // A schedule's last run.
+    let every = Timing::every(Duration::from_millis(300)).unwrap();
+    let rollup = unique_name("rollup");
+    let schedule = Schedule::new(&rollup, every, |_| async { Ok(()) });
+    let _runner = coordinator.schedule(schedule).unwrap();
+    let run = format!("#schedules tr[data-schedule='{rollup}']");
+    until_text(client, &run, Duration::from_secs(10), |t| {
+        t.contains("done")
+    })
+    .await;
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join("live-view.png"), png).unwrap();
+
+    // No secret anywhere: not on the page, not in what it reads.
+    let page = client.source().await.unwrap();
+    assert!(page.contains(&name), "the page is the one looked at");
+    assert!(!page.contains(&password), "the password is on the page");
+    client
+        .goto(&format!("http://{address}/snapshot"))
+        .await
+        .unwrap();
+    let snapshot = client.source().await.unwrap();
+    assert!(snapshot.contains(&name));
+    assert!(
+        !snapshot.contains(&password),
+        "the password is in the snapshot"
+    );
+
+    lease.release().await.unwrap();
+    other.shutdown(Duration::from_secs(5)).await.unwrap();
+    runtime.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // What an open page costs the database, the fleet stopped: the transactions committed
+    // meanwhile (each of the view's statements is one; the statistics lag by up to a second).
+    client.goto(&format!("http://{address}/")).await.unwrap();
+    until_text(client, "#status", Duration::from_secs(10), |t| {
+        t.starts_with("updated")
+    })
+    .await;
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let before: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    let per_second = (after - before - 1) as f64 / 10.0;
+    eprintln!("one open page: {per_second:.1} statements a second");
+    // A look a second: 5 statements and one per topic looked into (here 1), give or take the
+    // statistics' lag.
+    assert!(per_second <= 7.0, "{per_second} statements a second");
+}
