@@ -421,6 +421,13 @@ async fn the_line_goes_by_priority_then_arrival() {
             .unwrap();
         assert!(matches!(attempt, Attempt::Held(_)), "{waiter}: {attempt:?}");
     }
+    // Listed as it will be served (what `pgcoord lock show` and the live view show).
+    let line = table.line(&client).await.unwrap();
+    let listed: Vec<(&str, i32)> = (line.iter().filter(|p| p.name == name))
+        .map(|p| (p.waiter.as_str(), p.priority))
+        .collect();
+    assert_eq!(listed, [("preferred", 5), ("early", 0), ("later", 0)]);
+    assert!(line.iter().all(|p| p.left > Duration::ZERO && p.waited < LEASE));
     let release = async |owner: &str, token: i64| {
         let request = ReleaseRequest {
             name,
