@@ -427,7 +427,10 @@ async fn the_line_goes_by_priority_then_arrival() {
         .map(|p| (p.waiter.as_str(), p.priority))
         .collect();
     assert_eq!(listed, [("preferred", 5), ("early", 0), ("later", 0)]);
-    assert!(line.iter().all(|p| p.left > Duration::ZERO && p.waited < LEASE));
+    assert!(
+        line.iter()
+            .all(|p| p.left > Duration::ZERO && p.waited < LEASE)
+    );
     let release = async |owner: &str, token: i64| {
         let request = ReleaseRequest {
             name,
