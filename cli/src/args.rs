@@ -100,6 +100,11 @@ pub(crate) enum Command {
         /// put it behind your own access control before serving it elsewhere).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: std::net::SocketAddr,
+        /// Let the page act (ask a leader to resign, release a lease, move a consumer's cursor)
+        /// for whoever enters the token read from PGCOORD_UI_TOKEN (16 characters or more; never
+        /// on the command line, where other users can read it).
+        #[arg(long)]
+        allow_actions: bool,
     },
     /// Run COMMAND while leader of the election NAME: campaign (until elected, or at most
     /// --wait), proclaim --value, run the command; the term ends when it exits. When the term is

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use pgcoord::lease::ReleaseRequest;
 use pgcoord::{Config, Error, ErrorKind, LeaseTable, Result};
 use serde_json::Value;
 use tokio_postgres::Client;
@@ -142,42 +141,13 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
              renewal, and may be writing under it now (its fenced writes stop at once)",
         ));
     }
-    let table = LeaseTable::new(config);
-    let lease = table.get(client, name).await?;
-    let (Some(token), Some(owner)) = (lease.token, lease.owner.as_deref()) else {
-        return Err(Error::new(
-            ErrorKind::NotFound,
-            format!("lease {name:?} is not held"),
-        ));
-    };
-    // As its holder: a release matches owner and token.
-    // Announced always: it may be a semaphore's permit or an election's term, whose listeners
-    // do not line up.
-    let limited = match name.rsplit_once('#') {
-        Some((semaphore, index)) if index.parse::<u32>().is_ok() => {
-            table.limit(client, semaphore).await?.is_some()
-        }
-        _ => false,
-    };
-    let request = ReleaseRequest {
-        name,
-        token,
-        keep: limited,
-        announce_always: true,
-    };
-    match table.owner(owner)?.release(client, &request).await {
-        Ok(()) => {
-            println!(
-                "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"
-            );
-            Ok(())
-        }
-        Err(e) if e.is_lock_lost() => Err(Error::new(
-            ErrorKind::FailedPrecondition,
-            format!("lease {name:?} changed hands meanwhile; look again"),
-        )),
-        Err(e) => Err(e),
-    }
+    let (owner, token) = LeaseTable::new(config)
+        .force_release(client, name, None)
+        .await?;
+    println!(
+        "released {name:?} (token {token}, owner {owner}); the holder learns at its next renewal"
+    );
+    Ok(())
 }
 
 /// `advisory`: advisory locks held or awaited, by key, with their sessions. A lock taken with

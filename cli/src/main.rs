@@ -153,8 +153,22 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
     {
         return observe::run(config, name, *count, within, cli.as_json).await;
     }
-    if let Command::Ui { listen } = &cli.command {
-        return serve_ui(&config, *listen).await;
+    if let Command::Ui {
+        listen,
+        allow_actions,
+    } = &cli.command
+    {
+        let mut view = pgcoord_ui::LiveView::new(&config);
+        if *allow_actions {
+            let token = std::env::var("PGCOORD_UI_TOKEN").map_err(|_| {
+                pgcoord::Error::new(
+                    ErrorKind::InvalidConfig,
+                    "--allow-actions needs the token in PGCOORD_UI_TOKEN",
+                )
+            })?;
+            view = view.allow_actions(token)?;
+        }
+        return serve_ui(view, *listen).await;
     }
     // Set once connected: past the deadline the statement under way is cancelled with it.
     let cancel = std::sync::OnceLock::new();
@@ -176,7 +190,7 @@ async fn run(mut cli: Cli) -> pgcoord::Result<u8> {
 }
 
 /// `ui`: the live view at `listen`, until ctrl-c or SIGTERM.
-async fn serve_ui(config: &Config, listen: std::net::SocketAddr) -> pgcoord::Result<u8> {
+async fn serve_ui(view: pgcoord_ui::LiveView, listen: std::net::SocketAddr) -> pgcoord::Result<u8> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         pgcoord::Error::new(
             ErrorKind::InvalidConfig,
@@ -190,7 +204,7 @@ async fn serve_ui(config: &Config, listen: std::net::SocketAddr) -> pgcoord::Res
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| pgcoord::Error::new(ErrorKind::Other, format!("SIGTERM: {e}")))?;
     tokio::select! {
-        served = pgcoord_ui::LiveView::new(config).serve(listener) => served.map_err(|e| {
+        served = view.serve(listener) => served.map_err(|e| {
             pgcoord::Error::new(ErrorKind::Unavailable, format!("serving the live view: {e}"))
         })?,
         _ = tokio::signal::ctrl_c() => {}

@@ -103,16 +103,8 @@ pub async fn reset(
              and moving it forward skips events for good",
         ));
     }
-    let table = TopicTable::new(config);
-    let cursor = match to {
-        "oldest" => table.trimmed(client, topic).await?.unwrap_or(Cursor::START),
-        // After every event whose transaction has ended.
-        "now" => table.horizon(client).await?,
-        cursor => cursor.parse()?,
-    };
-    let before = table.cursor(client, topic, consumer).await?;
-    table
-        .reset_consumer(client, topic, consumer, cursor)
+    let (before, cursor) = TopicTable::new(config)
+        .reset_consumer_to(client, topic, consumer, to)
         .await?;
     println!("consumer {consumer:?} of {topic:?}: cursor {before} -> {cursor}");
     Ok(())

@@ -139,6 +139,59 @@ impl LeaseOwner<'_> {
     }
 }
 
+impl super::LeaseTable {
+    /// Ends the current tenure of `name` as its holder's release would (the waiter first in line
+    /// announced), matched on the owner and token read first: what an operator does to a lease
+    /// whose holder is stuck. With `expected`, only the tenure with that token is ended
+    /// ([`ErrorKind::FailedPrecondition`] when another holds it now): a confirmation that names
+    /// what was looked at. A limited semaphore's slot keeps its row, free. The holder learns at
+    /// its next renewal; its fenced writes stop at once. The owner and token released.
+    pub async fn force_release(
+        &self,
+        client: &(impl Statements + ?Sized),
+        name: &str,
+        expected: Option<i64>,
+    ) -> Result<(String, i64)> {
+        let lease = self.get(client, name).await?;
+        let (Some(token), Some(owner)) = (lease.token, lease.owner.clone()) else {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("lease {name:?} is not held"),
+            ));
+        };
+        let changed = || {
+            Error::new(
+                ErrorKind::FailedPrecondition,
+                format!("lease {name:?} changed hands meanwhile; look again"),
+            )
+        };
+        if expected.is_some_and(|expected| expected != token) {
+            return Err(changed());
+        }
+        // A permit of a limited semaphore keeps its slot's row (its slots' rows are made only
+        // by a change of limit).
+        let limited = match name.rsplit_once('#') {
+            Some((semaphore, index)) if index.parse::<u32>().is_ok() => {
+                self.limit(client, semaphore).await?.is_some()
+            }
+            _ => false,
+        };
+        // Announced always: it may be a semaphore's permit or an election's term, whose
+        // listeners do not line up.
+        let request = ReleaseRequest {
+            name,
+            token,
+            keep: limited,
+            announce_always: true,
+        };
+        match self.owner(&owner)?.release(client, &request).await {
+            Ok(()) => Ok((owner, token)),
+            Err(e) if e.is_lock_lost() => Err(changed()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Released;

@@ -208,6 +208,27 @@ impl TopicTable {
         Ok(())
     }
 
+    /// [`reset_consumer`](Self::reset_consumer) to a place named as operators name it:
+    /// `oldest` (the first event retention kept: everything is handed over again), `now` (past
+    /// every event whose transaction has ended: the backlog skipped) or `XID/POSITION`. The
+    /// cursor before and after.
+    pub async fn reset_consumer_to(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: &str,
+        consumer: &str,
+        to: &str,
+    ) -> Result<(Cursor, Cursor)> {
+        let cursor = match to {
+            "oldest" => self.trimmed(client, topic).await?.unwrap_or(Cursor::START),
+            "now" => self.horizon(client).await?,
+            cursor => cursor.parse()?,
+        };
+        let before = self.cursor(client, topic, consumer).await?;
+        self.reset_consumer(client, topic, consumer, cursor).await?;
+        Ok((before, cursor))
+    }
+
     /// Every consumer of `topic`, by name, with its cursor and lag. The lag counts events, so it
     /// reads the index of every event behind each consumer: for dashboards, not hot paths.
     pub async fn consumers(

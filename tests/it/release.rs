@@ -474,3 +474,32 @@ async fn the_line_goes_by_priority_then_arrival() {
         format!("{}:{name}later", name.len())
     );
 }
+
+/// An operator's release (`pgcoord lock release --force`, the live view's) ends the tenure it
+/// names and no other: with a token that is no longer the holder's, nothing is released.
+#[tokio::test]
+async fn a_forced_release_ends_only_the_tenure_it_names() {
+    let (config, client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let name = "stuck";
+    let first = grant(&table, &client, name, "a", LEASE).await;
+    let stale = table
+        .force_release(&client, name, Some(first.token + 1))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.kind(), ErrorKind::FailedPrecondition, "{stale}");
+    assert_eq!(
+        table.get(&client, name).await.unwrap().token,
+        Some(first.token)
+    );
+    let (owner, token) = table
+        .force_release(&client, name, Some(first.token))
+        .await
+        .unwrap();
+    assert_eq!((owner.as_str(), token), ("a", first.token));
+    let gone = table.get(&client, name).await.unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound);
+    // Nothing held: nothing to release.
+    let none = table.force_release(&client, name, None).await.unwrap_err();
+    assert_eq!(none.kind(), ErrorKind::NotFound);
+}

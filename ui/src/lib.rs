@@ -10,8 +10,11 @@
 //! - `page.html` — the page, with its assets: tables and an SVG chart drawn by a small script
 //!   of its own that asks for a look every second. Nothing is fetched from elsewhere.
 //!
-//! The view only reads: it changes nothing in the database. It shows no secret: the page and
-//! its JSON carry no DSN, password or server address. Any number of open pages cost one look a
+//! The view reads; it acts only when given a token ([`LiveView::allow_actions`]): a leader
+//! asked to resign, a lease released by force (naming the token it ends), a consumer's cursor
+//! moved to now or to the oldest event (`actions`: each a POST carrying the token in a header,
+//! refused across sites, audited through `tracing`). It shows no secret: the page and its JSON
+//! carry no DSN, password, server address or token. Any number of open pages cost one look a
 //! second between them (a look is 5 statements, and one more per topic up to 20).
 //!
 //! Mounted in an axum application (the view keeps its own pool, built from `config`):
@@ -32,13 +35,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::Path;
+use axum::http::HeaderMap;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use pgcoord::{Config, Pool};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+mod actions;
 mod history;
 mod snapshot;
 
@@ -65,6 +71,8 @@ pub struct LiveView {
 struct Inner {
     pool: Pool,
     tables: Tables,
+    /// The token that lets a request act; `None`: the view only reads.
+    token: Option<String>,
     /// Held while a look is taken: pages asking meanwhile wait for it and share it.
     latest: Mutex<Latest>,
 }
@@ -92,18 +100,55 @@ impl LiveView {
             inner: Arc::new(Inner {
                 pool: Pool::new(config),
                 tables: Tables::new(config),
+                token: None,
                 latest: Mutex::new(Latest::default()),
             }),
         }
     }
 
-    /// The view's routes: `/` the page, `/snapshot` what it shows (JSON). Nest it where it
-    /// should be served (`Router::nest("/pgcoord", view.router())`).
+    /// The same view, whose page may act when it is given `token` (asked for on the page, kept
+    /// in the browser's tab, sent in a header): at least 16 characters, else
+    /// [`ErrorKind::InvalidConfig`](pgcoord::ErrorKind::InvalidConfig). Call it before the view
+    /// is cloned or served.
+    pub fn allow_actions(self, token: impl Into<String>) -> pgcoord::Result<LiveView> {
+        let token = token.into();
+        if token.chars().count() < actions::TOKEN_MIN_LEN {
+            return Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::InvalidConfig,
+                format!(
+                    "the live view's token must have at least {} characters",
+                    actions::TOKEN_MIN_LEN
+                ),
+            ));
+        }
+        let Ok(mut inner) = Arc::try_unwrap(self.inner) else {
+            return Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::InvalidConfig,
+                "allow_actions: the view is already shared",
+            ));
+        };
+        inner.token = Some(token);
+        Ok(LiveView {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The view's routes: `/` the page, `/snapshot` what it shows (JSON), and with actions
+    /// allowed `POST /actions/{resign,release,reset}`. Nest it where it should be served
+    /// (`Router::nest("/pgcoord", view.router())`).
     pub fn router(&self) -> Router {
-        let view = self.clone();
+        let (view, acting) = (self.clone(), self.clone());
         Router::new()
             .route("/", get(page))
             .route("/snapshot", get(move || snapshot(view.clone())))
+            .route(
+                "/actions/{action}",
+                post(
+                    move |Path(action): Path<String>, headers: HeaderMap, body: String| {
+                        act(acting.clone(), action, headers, body)
+                    },
+                ),
+            )
     }
 
     /// Serves the view on `listener` until the listener fails.
@@ -134,7 +179,8 @@ impl LiveView {
         }
         latest.failing = false;
         snapshot::remember(&snapshot, &mut latest.history);
-        let page = Arc::new(snapshot::render(&snapshot, &latest.history).to_string());
+        let acting = self.inner.token.is_some();
+        let page = Arc::new(snapshot::render(&snapshot, &latest.history, acting).to_string());
         latest.taken = Some(Instant::now());
         latest.page = page.clone();
         Ok(page)
@@ -151,6 +197,46 @@ async fn snapshot(view: LiveView) -> Response {
         Err(e) => {
             let body = json!({ "error": e.to_string(), "kind": format!("{:?}", e.kind()) });
             json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+        }
+    }
+}
+
+/// An action: refused without the token or across sites; audited either way.
+async fn act(view: LiveView, action: String, headers: HeaderMap, body: String) -> Response {
+    let Some(token) = view.inner.token.as_deref() else {
+        let body = json!({ "error": "actions are off: the view was started without a token" });
+        return json_response(StatusCode::NOT_FOUND, body.to_string());
+    };
+    let target: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    // What it acts on, for the audit: names only (the body has no secret; the token is in a
+    // header, never logged).
+    let on = ["name", "topic", "consumer", "to", "token"]
+        .iter()
+        .filter_map(|k| target.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some((status, why)) = actions::refusal(&headers, token) {
+        tracing::warn!(target: "pgcoord_ui::audit", action, on, refused = why, "live view action refused");
+        let body = json!({ "error": format!("refused: {why}") });
+        return json_response(status, body.to_string());
+    }
+    match actions::act(&view, &action, &target).await {
+        Ok(done) => {
+            tracing::info!(target: "pgcoord_ui::audit", action, on, "live view action done");
+            json_response(StatusCode::OK, done.to_string())
+        }
+        Err(e) => {
+            tracing::warn!(target: "pgcoord_ui::audit", action, on, error = %e, "live view action failed");
+            let status = match e.kind() {
+                pgcoord::ErrorKind::NotFound => StatusCode::NOT_FOUND,
+                pgcoord::ErrorKind::InvalidConfig
+                | pgcoord::ErrorKind::InvalidName
+                | pgcoord::ErrorKind::InvalidIdentifier => StatusCode::BAD_REQUEST,
+                pgcoord::ErrorKind::FailedPrecondition => StatusCode::CONFLICT,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let body = json!({ "error": e.to_string() });
+            json_response(status, body.to_string())
         }
     }
 }

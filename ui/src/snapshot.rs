@@ -21,9 +21,9 @@ const LEASES_SHOWN: usize = 500;
 
 /// The tables a look reads, their statements rendered once.
 pub(crate) struct Tables {
-    leases: LeaseTable,
-    topics: TopicTable,
-    schedules: ScheduleTable,
+    pub leases: LeaseTable,
+    pub topics: TopicTable,
+    pub schedules: ScheduleTable,
 }
 
 impl Tables {
@@ -103,7 +103,7 @@ pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
 }
 
 /// The page's JSON: the snapshot, with each lease's terms and each consumer's lag series.
-pub(crate) fn render(snapshot: &Snapshot, history: &History) -> Value {
+pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> Value {
     let leases: Vec<Value> = (snapshot.leases.iter().take(LEASES_SHOWN))
         .map(|lease| {
             let waiters: Vec<Value> = (snapshot.line.iter())
@@ -182,6 +182,7 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History) -> Value {
         .collect();
     json!({
         "at": epoch(snapshot.at),
+        "actions": actions,
         "lease_count": snapshot.leases.len(),
         "leases": leases,
         "topics": topics,

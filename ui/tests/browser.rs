@@ -288,3 +288,137 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     // statistics' lag.
     assert!(per_second <= 7.0, "{per_second} statements a second");
 }
+
+/// Clicks the button `css` (drawn anew every second: found again until the click lands) and
+/// accepts the confirmation it asks for.
+async fn click_and_confirm(client: &Client, css: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let clicked = match client.find(fantoccini::Locator::Css(css)).await {
+            Ok(button) => button.click().await.is_ok(),
+            Err(_) => false,
+        };
+        if clicked {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{css}: no button to click within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client.accept_alert().await.expect("a confirmation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_are_refused_without_the_token_and_take_effect_with_it() {
+    const TOKEN: &str = "a-token-of-the-operators-7c1e";
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let client = &browser.client;
+    let pg = test_pg_config().unwrap();
+    let table = unique_name("ui");
+    let config = builder(&pg, &table, "viewer").build().unwrap();
+    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    let view = pgcoord_ui::LiveView::new(&config)
+        .allow_actions(TOKEN)
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(view.serve(listener));
+
+    let runtime = Runtime::connect(builder(&pg, &table, "worker-a").build().unwrap())
+        .await
+        .unwrap();
+    let name = unique_name("leader");
+    let lease = (runtime.coordinator().locks)
+        .call(Acquire::new(&name))
+        .await
+        .unwrap();
+    client.goto(&format!("http://{address}/")).await.unwrap();
+    let release = format!("#leases tr[data-name='{name}'] button[data-action='release']");
+    let resign = format!("#leases tr[data-name='{name}'] button[data-action='resign']");
+    let result = "#action-result";
+
+    // No token entered: refused, and the lease still held.
+    click_and_confirm(client, &release).await;
+    until_text(client, result, Duration::from_secs(5), |t| {
+        t.contains("refused: no token")
+    })
+    .await;
+    // A wrong one: refused too.
+    let field = client
+        .find(fantoccini::Locator::Css("#token"))
+        .await
+        .unwrap();
+    field.send_keys("not-the-operators-token").await.unwrap();
+    click_and_confirm(client, &release).await;
+    until_text(client, result, Duration::from_secs(5), |t| {
+        t.contains("refused: wrong token")
+    })
+    .await;
+    let table_of = pgcoord::LeaseTable::new(&config);
+    let held = table_of.get(&admin, &name).await.unwrap();
+    assert_eq!(held.token, Some(lease.token()), "refused, yet acted on");
+    assert!(held.is_held());
+
+    // With it: the leader is asked to resign (its term sees the request), then the lease is
+    // released, naming the token it ends.
+    field.clear().await.unwrap();
+    field.send_keys(TOKEN).await.unwrap();
+    click_and_confirm(client, &resign).await;
+    until_text(client, result, Duration::from_secs(5), |t| {
+        t.contains("asked the leader")
+    })
+    .await;
+    let asked = table_of
+        .owner("worker-a")
+        .unwrap()
+        .resign_requested(&admin, &name, lease.token())
+        .await
+        .unwrap();
+    assert!(asked, "the resignation was not recorded");
+    click_and_confirm(client, &release).await;
+    until_text(client, result, Duration::from_secs(5), |t| {
+        t.contains("released") && t.contains(&format!("token {}", lease.token()))
+    })
+    .await;
+    // Released, the row goes (nobody waits for it).
+    let freed = table_of.get(&admin, &name).await;
+    assert!(
+        freed
+            .as_ref()
+            .is_err_and(|e| e.kind() == pgcoord::ErrorKind::NotFound),
+        "not released: {freed:?}"
+    );
+    // Its holder learns at its next renewal.
+    let lost = tokio::time::timeout(Duration::from_secs(15), lease.lost()).await;
+    assert!(lost.expect("the holder told within 15 s").is_some());
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join("actions.png"), png).unwrap();
+
+    // A request from another site, token and all: refused (a browser sends these headers).
+    let forged = cross_site_post(&address, &name, TOKEN).await;
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    runtime.shutdown(Duration::from_secs(5)).await.unwrap();
+}
+
+/// A POST as another site's page would send it (its `Origin` and `Sec-Fetch-Site`), with the
+/// token: the status line and body.
+async fn cross_site_post(address: &std::net::SocketAddr, name: &str, token: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::json!({ "name": name, "token": 1 }).to_string();
+    let request = format!(
+        "POST /actions/release HTTP/1.1\r\nHost: {address}\r\nOrigin: https://elsewhere.example\r\n\
+         Sec-Fetch-Site: cross-site\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+}

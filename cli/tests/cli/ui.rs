@@ -75,6 +75,32 @@ async fn ui_serves_the_page_and_what_it_shows_until_sigterm() {
     let stopped = ui.wait().unwrap();
     assert_eq!(stopped.code(), Some(0), "{stopped:?}");
 
+    // Actions without their token: refused at once, the token asked for where it belongs.
+    let no_token = pgcoord_command(
+        &table,
+        &["ui", "--listen", "127.0.0.1:0", "--allow-actions"],
+    )
+    .env_remove("PGCOORD_UI_TOKEN")
+    .output()
+    .unwrap();
+    assert_eq!(no_token.status.code(), Some(2), "{no_token:?}");
+    assert!(
+        String::from_utf8_lossy(&no_token.stderr).contains("PGCOORD_UI_TOKEN"),
+        "{no_token:?}"
+    );
+    let short = pgcoord_command(
+        &table,
+        &["ui", "--listen", "127.0.0.1:0", "--allow-actions"],
+    )
+    .env("PGCOORD_UI_TOKEN", "short")
+    .output()
+    .unwrap();
+    assert_eq!(short.status.code(), Some(2), "{short:?}");
+    assert!(
+        !String::from_utf8_lossy(&short.stderr).contains("short"),
+        "{short:?}"
+    );
+
     // A port it cannot take: a usage error, at once.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().to_string();
