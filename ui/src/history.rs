@@ -32,11 +32,16 @@ pub(crate) struct Term {
     pub since: f64,
 }
 
-/// The lag series (by `topic/consumer`) and the terms (by lease name).
+/// How long the terms of a lease whose row is gone are kept: a key released by one member and
+/// claimed by another a moment later is one lease changing hands, not two.
+pub(crate) const TERMS_OUTLIVE_ROW: f64 = 600.0;
+
+/// The lag series (by `topic/consumer`) and the terms (by lease name, with when its row was
+/// last seen).
 #[derive(Debug, Default)]
 pub(crate) struct History {
     lag: BTreeMap<String, VecDeque<LagSample>>,
-    terms: BTreeMap<String, VecDeque<Term>>,
+    terms: BTreeMap<String, (f64, VecDeque<Term>)>,
 }
 
 impl History {
@@ -60,7 +65,8 @@ impl History {
         if !self.terms.contains_key(name) && self.terms.len() >= LEASES_FOLLOWED {
             return;
         }
-        let terms = self.terms.entry(name.to_owned()).or_default();
+        let (seen, terms) = self.terms.entry(name.to_owned()).or_default();
+        *seen = at;
         if terms.back().is_some_and(|last| last.token == token) {
             return;
         }
@@ -74,9 +80,16 @@ impl History {
         });
     }
 
-    /// Forgets the terms of leases whose rows are gone.
-    pub fn keep_leases(&mut self, seen: &[String]) {
-        self.terms.retain(|name, _| seen.contains(name));
+    /// Marks the leases whose rows are `seen` at `at`, and forgets the terms of those whose
+    /// rows have been gone for [`TERMS_OUTLIVE_ROW`].
+    pub fn keep_leases(&mut self, seen: &[String], at: f64) {
+        for name in seen {
+            if let Some((last, _)) = self.terms.get_mut(name) {
+                *last = at;
+            }
+        }
+        self.terms
+            .retain(|_, (last, _)| *last >= at - TERMS_OUTLIVE_ROW);
     }
 
     /// Each consumer's series, oldest sample first.
@@ -86,7 +99,7 @@ impl History {
 
     /// Each lease's terms, oldest first.
     pub fn terms(&self, name: &str) -> Option<&VecDeque<Term>> {
-        self.terms.get(name)
+        self.terms.get(name).map(|(_, terms)| terms)
     }
 }
 
@@ -158,8 +171,24 @@ mod tests {
                 .terms(&format!("n{}", LEASES_FOLLOWED + 5))
                 .is_none()
         );
-        history.keep_leases(&["x".to_owned()]);
+        // Rows gone: kept a while (a key changing hands), then forgotten.
+        history.keep_leases(&["x".to_owned()], 100.0);
+        assert!(history.terms("n0").is_some());
+        history.keep_leases(&["x".to_owned()], 100.0 + TERMS_OUTLIVE_ROW + 1.0);
         assert!(history.terms("n0").is_none());
         assert!(history.terms("x").is_some());
+    }
+
+    #[test]
+    fn a_lease_released_and_taken_again_keeps_its_terms() {
+        let mut history = History::default();
+        history.record_holder("pool/keys/k", "a", 7, 0.0);
+        // Released: its row is gone for a look.
+        history.keep_leases(&[], 1.0);
+        history.record_holder("pool/keys/k", "b", 9, 2.0);
+        let owners: Vec<&str> = (history.terms("pool/keys/k").unwrap().iter())
+            .map(|t| t.owner.as_str())
+            .collect();
+        assert_eq!(owners, ["a", "b"]);
     }
 }

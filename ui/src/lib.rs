@@ -1,7 +1,7 @@
 //! A live view of a fleet's coordination, as one web page: who holds each lease and for how
 //! much longer, who waits in its line, the terms seen, each durable topic's consumers with their
-//! lag (and a chart of it over the last minutes), what holds readers back, and what each
-//! schedule last did. `pgcoord ui` serves it; an application can mount it in its own server.
+//! lag (and a chart of it over the last minutes), what holds readers back, each worker pool's
+//! members and the keys they hold, and what each schedule last did. `pgcoord ui` serves it; an application can mount it in its own server.
 //!
 //! - [`LiveView`] — the view: a small pool of its own, the latest look shared by every open
 //!   page, the history (`history`, pure) kept from the looks.

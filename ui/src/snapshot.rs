@@ -2,6 +2,7 @@
 //! readers back, schedules' last runs — read with the core's inspection functions, every
 //! statement bounded by the look's deadline; and the page's JSON made of it and the history.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pgcoord::lease::Place;
@@ -99,7 +100,7 @@ pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
         }
         names.push(lease.name.clone());
     }
-    history.keep_leases(&names);
+    history.keep_leases(&names, at);
 }
 
 /// The page's JSON: the snapshot, with each lease's terms and each consumer's lag series.
@@ -183,6 +184,7 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
     json!({
         "at": epoch(snapshot.at),
         "actions": actions,
+        "pools": pools(snapshot, history),
         "lease_count": snapshot.leases.len(),
         "leases": leases,
         "topics": topics,
@@ -190,6 +192,64 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
         "schedules": schedules,
         "lag": lag,
     })
+}
+
+/// The worker pools, from their leases (the runtime names them `{pool}/members/{owner}`, its
+/// weight the data, and `{pool}/keys/{key}`): each member with its weight and the keys it
+/// holds, the keys nobody holds, and how many keys changed hands in the last minute (terms seen
+/// after a key's first).
+fn pools(snapshot: &Snapshot, history: &History) -> Vec<Value> {
+    #[derive(Default)]
+    struct Pool<'a> {
+        members: BTreeMap<&'a str, u32>,
+        keys: BTreeMap<&'a str, Vec<&'a str>>,
+        unheld: Vec<&'a str>,
+        moves: usize,
+    }
+    let minute_ago = epoch(snapshot.at) - 60.0;
+    let mut pools: BTreeMap<&str, Pool> = BTreeMap::new();
+    for lease in &snapshot.leases {
+        let holder = lease.owner.as_deref().filter(|_| lease.is_held());
+        if let Some((pool, owner)) = lease.name.split_once("/members/") {
+            if holder.is_some() {
+                // Weighs 1 without a weight stored, as the pool counts it.
+                let weight = lease.value::<u32>().ok().flatten().unwrap_or(1);
+                pools.entry(pool).or_default().members.insert(owner, weight);
+            }
+        } else if let Some((pool, key)) = lease.name.split_once("/keys/") {
+            let entry = pools.entry(pool).or_default();
+            match holder {
+                Some(owner) => entry.keys.entry(owner).or_default().push(key),
+                None => entry.unheld.push(key),
+            }
+            let terms = history.terms(&lease.name).into_iter().flatten();
+            entry.moves += terms.skip(1).filter(|t| t.since >= minute_ago).count();
+        }
+    }
+    (pools.into_iter())
+        .filter(|(_, pool)| !pool.members.is_empty() || !pool.keys.is_empty())
+        .map(|(name, pool)| {
+            let mut owners: Vec<&str> = pool.members.keys().copied().collect();
+            // A key's holder whose member lease is gone (it is leaving): shown too.
+            owners.extend(pool.keys.keys().filter(|o| !pool.members.contains_key(*o)));
+            let members: Vec<Value> = (owners.into_iter())
+                .map(|owner| {
+                    json!({
+                        "owner": owner,
+                        "member": pool.members.contains_key(owner),
+                        "weight": pool.members.get(owner),
+                        "keys": pool.keys.get(owner).cloned().unwrap_or_default(),
+                    })
+                })
+                .collect();
+            json!({
+                "pool": name,
+                "members": members,
+                "unheld": pool.unheld,
+                "moves_last_minute": pool.moves,
+            })
+        })
+        .collect()
 }
 
 fn epoch(t: SystemTime) -> f64 {

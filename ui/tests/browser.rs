@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder};
 use pgcoord::schedule::Timing;
 use pgcoord::{Config, ConfigBuilder};
-use pgcoord_actors::{Acquire, Append, Call, Consume, Delivery, Runtime, Schedule};
+use pgcoord_actors::{Acquire, Append, Call, Consume, Delivery, Runtime, Schedule, TaskPool};
 use pgcoord_testkit::{find_program, require, test_pg_config, unique_name};
 use tokio::sync::Semaphore;
 
@@ -271,22 +271,43 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     other.shutdown(Duration::from_secs(5)).await.unwrap();
     runtime.shutdown(Duration::from_secs(5)).await.unwrap();
 
-    // What an open page costs the database, the fleet stopped: the transactions committed
-    // meanwhile (each of the view's statements is one; the statistics lag by up to a second).
+    // What an open page costs the database: a view of a database of its own (the other
+    // tests' fleets run beside this one), where nothing else runs. The transactions committed
+    // there meanwhile: each of the view's statements is one, and the statistics lag by up to a
+    // second.
+    let database = unique_name("ui_cost");
+    let create = format!("CREATE DATABASE {database}");
+    admin.batch_execute(&create).await.unwrap();
+    let mut quiet = pg.clone();
+    quiet.dbname(&database);
+    let config = builder(&quiet, &table, "viewer").build().unwrap();
+    let own = pgcoord::db::connect_spawned(&config).await.unwrap();
+    pgcoord::schema::migrate(&own, &config).await.unwrap();
+    // One topic, as in the fleet above.
+    pgcoord::TopicTable::new(&config)
+        .append(&own, &unique_name("events"), b"1")
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
     client.goto(&format!("http://{address}/")).await.unwrap();
     until_text(client, "#status", Duration::from_secs(10), |t| {
         t.starts_with("updated")
     })
     .await;
     let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
-    let before: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    let before: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let after: i64 = admin.query_one(commits, &[]).await.unwrap().get(0);
+    let after: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
     let per_second = (after - before - 1) as f64 / 10.0;
     eprintln!("one open page: {per_second:.1} statements a second");
-    // A look a second: 5 statements and one per topic looked into (here 1), give or take the
-    // statistics' lag.
-    assert!(per_second <= 7.0, "{per_second} statements a second");
+    // A look a second: 5 statements and one per topic looked into (here 1); give or take the
+    // statistics' lag and the server's own work on a new database (autovacuum's analyze).
+    assert!(per_second <= 10.0, "{per_second} statements a second");
+    client.goto("about:blank").await.unwrap();
+    let drop_it = format!("DROP DATABASE {database} WITH (FORCE)");
+    admin.batch_execute(&drop_it).await.unwrap();
 }
 
 /// Clicks the button `css` (drawn anew every second: found again until the click lands) and
@@ -421,4 +442,76 @@ async fn cross_site_post(address: &std::net::SocketAddr, name: &str, token: &str
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.unwrap();
     answer
+}
+
+/// A pool of four keys whose workers wait until their key moves.
+fn four_keys(name: &str) -> TaskPool {
+    let keys = (0..4).map(|k| format!("k{k}")).collect();
+    TaskPool::new(name, keys, |_| std::future::pending::<()>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_members_keys_move_on_the_page() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let client = &browser.client;
+    let pg = test_pg_config().unwrap();
+    let table = unique_name("ui");
+    let config = builder(&pg, &table, "viewer").build().unwrap();
+    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
+
+    let a = Runtime::connect(builder(&pg, &table, "member-a").build().unwrap())
+        .await
+        .unwrap();
+    let b = Runtime::connect(builder(&pg, &table, "member-b").build().unwrap())
+        .await
+        .unwrap();
+    let pool = unique_name("shards");
+    let in_a = a.coordinator().run_tasks(four_keys(&pool)).unwrap();
+    let in_b = b.coordinator().run_tasks(four_keys(&pool)).unwrap();
+    client.goto(&format!("http://{address}/")).await.unwrap();
+    let held = |member: &str| {
+        format!("#pools tr[data-pool='{pool}'][data-member='{member}'] td.keys-held")
+    };
+    // Two members, two keys each.
+    until_text(client, &held("member-a"), Duration::from_secs(30), |t| {
+        t == "2"
+    })
+    .await;
+    until_text(client, &held("member-b"), Duration::from_secs(30), |t| {
+        t == "2"
+    })
+    .await;
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join("pool.png"), png).unwrap();
+
+    // Drained, a hands its keys over: b holds all four on the page, and a key is found there.
+    in_a.drain(Duration::from_secs(10)).await.unwrap();
+    until_text(client, &held("member-b"), Duration::from_secs(30), |t| {
+        t == "4"
+    })
+    .await;
+    // Its two keys changed hands within the minute.
+    let moves = format!("#pools tr[data-pool='{pool}'][data-member='member-b'] td.moves");
+    until_text(client, &moves, Duration::from_secs(5), |t| {
+        t.parse::<u32>().is_ok_and(|n| n >= 2)
+    })
+    .await;
+    let search = client
+        .find(fantoccini::Locator::Css("#key-search"))
+        .await
+        .unwrap();
+    search.send_keys("k0").await.unwrap();
+    until_text(client, "#key-found", Duration::from_secs(5), |t| {
+        t.contains("k0 held by member-b")
+    })
+    .await;
+    drop((in_a, in_b));
+    a.shutdown(Duration::from_secs(5)).await.unwrap();
+    b.shutdown(Duration::from_secs(5)).await.unwrap();
 }
