@@ -42,6 +42,7 @@ impl Handler<ConnState> for LockManager {
         let channel = self.config().lease_channel().as_str();
         if state == ConnState::Connected || state.may_have_missed(channel) {
             self.context().queues.wake_all();
+            super::counters::Counters::add(&self.counters.woken_all);
         }
     }
 }

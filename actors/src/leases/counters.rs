@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub(crate) renew_failures: AtomicU64,
     pub(crate) granted: AtomicU64,
     pub(crate) lost: AtomicU64,
+    pub(crate) woken_all: AtomicU64,
 }
 
 impl Counters {

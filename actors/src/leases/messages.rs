@@ -305,4 +305,7 @@ pub struct ManagerStats {
     pub lost: u64,
     /// Renewals that failed in a row now: 0 when the last one succeeded (or none was needed).
     pub renewals_failing: u32,
+    /// Times every waiter was told to ask again: the lease channel's listener connected, or
+    /// may have missed announcements (each costs a waiter at most one attempt).
+    pub woken_all: u64,
 }

@@ -326,6 +326,7 @@ impl Handler<GetStats<ManagerStats>> for LockManager {
             read_statements: Counters::get(&counters.read_statements),
             lost: Counters::get(&counters.lost),
             renewals_failing: self.heartbeat.failures(),
+            woken_all: Counters::get(&counters.woken_all),
         }
     }
 }

@@ -61,7 +61,7 @@ async fn a_release_wakes_the_waiter_first_in_line_whose_one_attempt_takes_the_le
     let (setup, admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(1)).await;
     let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
     let (held, waits) = contend(&setup, &admin, &holder, &waiter, Some(b"mine")).await;
-    let before = stats(&waiter).await.acquire_statements;
+    let before = stats(&waiter).await;
     let released = Instant::now();
     held.release().await.unwrap();
     let lease = waits.await.unwrap().unwrap().unwrap();
@@ -71,8 +71,14 @@ async fn a_release_wakes_the_waiter_first_in_line_whose_one_attempt_takes_the_le
         "{:?}",
         released.elapsed()
     );
-    let after = stats(&waiter).await.acquire_statements;
-    assert_eq!(after - before, 1, "one attempt after the release, granted");
+    let after = stats(&waiter).await;
+    let attempts = after.acquire_statements - before.acquire_statements;
+    // Its listener connecting late (a busy machine) tells every waiter to ask again too.
+    let woken_all = after.woken_all - before.woken_all;
+    assert!(
+        attempts >= 1 && attempts <= 1 + woken_all,
+        "{attempts} attempts after the release, {woken_all} times woken with everyone"
+    );
     assert_eq!(lease.data(), Some(&b"mine"[..]));
     let (owner, token, _) = row(&setup, &admin, "job").await.unwrap();
     assert_eq!((owner.as_str(), token), ("waiter", lease.token()));
@@ -166,7 +172,7 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
     }
     let mut before = Vec::new();
     for waiter in &waiters {
-        before.push(stats(waiter).await.acquire_statements);
+        before.push(stats(waiter).await);
     }
     let releases_before = stats(&holder).await.release_statements;
     let released = Instant::now();
@@ -181,8 +187,16 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
     );
     for (i, wait) in waits.into_iter().enumerate() {
         let lease = wait.await.unwrap().unwrap().unwrap();
-        let after = stats(&waiters[i]).await.acquire_statements;
-        assert_eq!(after - before[i], 1, "one attempt for {}", names[i]);
+        let after = stats(&waiters[i]).await;
+        let attempts = after.acquire_statements - before[i].acquire_statements;
+        // A waiter whose listener connected late (a busy machine) was also told to ask again
+        // (everyone is, as announcements may have been missed): at most one attempt each.
+        let woken_all = after.woken_all - before[i].woken_all;
+        assert!(
+            attempts >= 1 && attempts <= 1 + woken_all,
+            "{attempts} attempts for {}, {woken_all} times woken with everyone",
+            names[i]
+        );
         let (owner, token, _) = row(&setup, &admin, names[i]).await.unwrap();
         assert_eq!((owner, token), (format!("w{}", names[i]), lease.token()));
         lease.release().await.unwrap();
