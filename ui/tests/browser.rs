@@ -2,6 +2,7 @@
 //! against `LiveView` served on loopback and a coordinator that holds a lease, runs a durable
 //! topic's consumer and a schedule. Screenshots go to the test's output folder.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -22,7 +23,10 @@ struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        // The driver and the browser it started share a process group of their own: all of it
+        // goes, even when the test panicked before closing the session.
+        // SAFETY: kill(2) with a process group id and a signal number; no memory is involved.
+        unsafe { libc::kill(-(self.driver.id() as i32), libc::SIGKILL) };
         let _ = self.driver.wait();
     }
 }
@@ -40,6 +44,7 @@ async fn browser() -> Option<Browser> {
         probe.local_addr().unwrap().port()
     };
     let driver = Command::new(driver)
+        .process_group(0)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
