@@ -91,6 +91,25 @@ fn builder(pg: &tokio_postgres::Config, table: &str, owner: &str) -> ConfigBuild
         .lease(Duration::from_secs(10))
 }
 
+/// Migrates fresh tables named `table` on `pg` for a viewer; its config and an admin client.
+async fn fresh_tables(
+    pg: &tokio_postgres::Config,
+    table: &str,
+) -> (Config, tokio_postgres::Client) {
+    let config = builder(pg, table, "viewer").build().unwrap();
+    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
+    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    (config, admin)
+}
+
+/// Serves `view` on a free loopback port; its address.
+async fn serve(view: pgcoord_ui::LiveView) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(view.serve(listener));
+    address
+}
+
 /// Where the screenshots go.
 fn screenshots() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("live-view");
@@ -149,13 +168,9 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     }
     let password = String::from_utf8(pg.get_password().unwrap().to_vec()).unwrap();
     let table = unique_name("ui");
-    let config = builder(&pg, &table, "viewer").build().unwrap();
-    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
-    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    let (config, admin) = fresh_tables(&pg, &table).await;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
+    let address = serve(pgcoord_ui::LiveView::new(&config)).await;
     client.goto(&format!("http://{address}/")).await.unwrap();
     until_text(client, "#status", Duration::from_secs(10), |t| {
         t.starts_with("updated")
@@ -293,9 +308,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
         .append(&own, &unique_name("events"), b"1")
         .await
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
+    let address = serve(pgcoord_ui::LiveView::new(&config)).await;
     client.goto(&format!("http://{address}/")).await.unwrap();
     until_text(client, "#status", Duration::from_secs(10), |t| {
         t.starts_with("updated")
@@ -345,15 +358,11 @@ async fn actions_are_refused_without_the_token_and_take_effect_with_it() {
     let client = &browser.client;
     let pg = test_pg_config().unwrap();
     let table = unique_name("ui");
-    let config = builder(&pg, &table, "viewer").build().unwrap();
-    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
-    pgcoord::schema::migrate(&admin, &config).await.unwrap();
+    let (config, admin) = fresh_tables(&pg, &table).await;
     let view = pgcoord_ui::LiveView::new(&config)
         .allow_actions(TOKEN)
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(view.serve(listener));
+    let address = serve(view).await;
 
     let runtime = Runtime::connect(builder(&pg, &table, "worker-a").build().unwrap())
         .await
@@ -463,12 +472,8 @@ async fn a_drained_members_keys_move_on_the_page() {
     let client = &browser.client;
     let pg = test_pg_config().unwrap();
     let table = unique_name("ui");
-    let config = builder(&pg, &table, "viewer").build().unwrap();
-    let admin = pgcoord::db::connect_spawned(&config).await.unwrap();
-    pgcoord::schema::migrate(&admin, &config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(pgcoord_ui::LiveView::new(&config).serve(listener));
+    let (config, _admin) = fresh_tables(&pg, &table).await;
+    let address = serve(pgcoord_ui::LiveView::new(&config)).await;
 
     let a = Runtime::connect(builder(&pg, &table, "member-a").build().unwrap())
         .await

@@ -111,3 +111,41 @@ async fn ui_serves_the_page_and_what_it_shows_until_sigterm() {
         "{refused:?}"
     );
 }
+
+/// With the database unreachable the page is still served, and each look answers within its
+/// bound with the error (503), never hanging.
+#[test]
+fn ui_answers_a_look_at_an_unreachable_database_with_the_error_in_time() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let dsn = format!("host=127.0.0.1 port={port} user=nobody dbname=none connect_timeout=1");
+    let table = unique_name("cli");
+    let mut ui = pgcoord_command(&table, &["--dsn", &dsn, "ui", "--listen", "127.0.0.1:0"])
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(ui.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let address = (first
+        .trim()
+        .strip_prefix("serving the live view at http://"))
+    .and_then(|a| a.strip_suffix('/'))
+    .unwrap_or_else(|| panic!("{first:?}"))
+    .to_owned();
+    let (status, _) = get(&address, "/");
+    assert!(status.contains("200"), "{status}");
+    let asked = std::time::Instant::now();
+    let (status, body) = get(&address, "/snapshot");
+    assert!(status.contains("503"), "{status} {body}");
+    assert!(body.contains("\"error\""), "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    // SAFETY: kill(2) with the child's pid and a signal number; no memory is involved.
+    unsafe { libc::kill(ui.id() as i32, libc::SIGTERM) };
+    assert_eq!(ui.wait().unwrap().code(), Some(0));
+}
