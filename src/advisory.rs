@@ -145,3 +145,55 @@ mod tests {
         assert_eq!(key_for_name("foobar") as u64, 0x8594_4171_f739_67e8);
     }
 }
+
+/// The most advisory locks [`list`] lists.
+pub const MAX_ADVISORY_LISTED: usize = 1_000;
+
+/// An advisory lock held or awaited on the server, as [`list`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdvisoryLockInfo {
+    /// The key: one `bigint` key as it was given, or `K1,K2` for a lock on two `int` keys.
+    pub key: String,
+    /// PostgreSQL's mode: `ExclusiveLock` or `ShareLock`.
+    pub mode: String,
+    /// Held (`true`) or awaited.
+    pub granted: bool,
+    /// The session's backend pid.
+    pub pid: i32,
+    /// The session's `application_name` (pgcoord names its sessions `<app> <role>`).
+    pub application: String,
+}
+
+/// Every advisory lock of every database of the server held or awaited now (from `pg_locks`),
+/// by key, holders first: at most [`MAX_ADVISORY_LISTED`]. Any pooled client will do.
+pub async fn list(client: &(impl Statements + ?Sized)) -> Result<Vec<AdvisoryLockInfo>> {
+    // Two-key locks keep each int4 key in an oid column: read back as signed.
+    let sql = format!(
+        "SELECT CASE WHEN l.objsubid = 1
+                     THEN ((l.classid::bigint << 32) | l.objid::bigint)::text
+                     ELSE (l.classid::bigint - CASE WHEN l.classid::bigint >= 2147483648
+                                                    THEN 4294967296 ELSE 0 END)::text
+                          || ',' ||
+                          (l.objid::bigint - CASE WHEN l.objid::bigint >= 2147483648
+                                                  THEN 4294967296 ELSE 0 END)::text
+                END AS key,
+                l.mode, l.granted, l.pid, coalesce(a.application_name, '')
+         FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2)
+         ORDER BY l.objsubid, key, l.granted DESC, l.pid
+         LIMIT {MAX_ADVISORY_LISTED}"
+    );
+    let rows = client.run(&sql, &[]).await?;
+    (rows.iter())
+        .map(|row| {
+            Ok(AdvisoryLockInfo {
+                key: row.try_get(0)?,
+                mode: row.try_get(1)?,
+                granted: row.try_get(2)?,
+                pid: row.try_get(3)?,
+                application: row.try_get(4)?,
+            })
+        })
+        .collect()
+}

@@ -43,6 +43,7 @@
 //!   and [`Tls`], the connector of every connection (rustls with the `tls` feature, on by
 //!   default).
 //! - [`schema`] — the migrations in `migrations/`, for default or custom names.
+//! - [`sessions`] — the database's sessions by `application_name`: who is connected, since when.
 //! - [`advisory`] — advisory lock statements for pinned sessions, key derivation, ping.
 //! - [`lease`] — lease statements: acquire, renew in one batch, release, inspect, fence.
 //! - [`election`] — leaders as lease holders: the proclamation stored and announced at once.
@@ -71,6 +72,7 @@ pub mod payload;
 pub mod rate;
 pub mod schedule;
 pub mod schema;
+pub mod sessions;
 pub mod signal;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;

@@ -151,6 +151,23 @@ pub struct Taken {
 #[derive(Debug, Clone)]
 pub struct RateTable {
     take: String,
+    buckets: String,
+}
+
+/// The most buckets [`RateTable::buckets`] lists.
+pub const MAX_BUCKETS_LISTED: usize = 100;
+
+/// A key's bucket as [`RateTable::buckets`] lists it. The rate is the caller's (it is not
+/// stored): how drained a bucket is shows as the time until it is full again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Bucket {
+    /// The rate-limited key.
+    pub key: String,
+    /// How long until its bucket is full again, on the server's clock (zero: full).
+    pub full_in: Duration,
+    /// What its last take got.
+    pub granted: u64,
 }
 
 impl RateTable {
@@ -179,7 +196,31 @@ impl RateTable {
                 new = granted("$4"),
                 old = granted(avail),
             ),
+            // The most drained first: those furthest from full.
+            buckets: format!(
+                "SELECT key::text,
+                        greatest(0, tat - (extract(epoch FROM clock_timestamp()) * 1000000)::int8),
+                        granted
+                 FROM {t} ORDER BY tat DESC LIMIT {MAX_BUCKETS_LISTED}"
+            ),
         }
+    }
+
+    /// The buckets furthest from full (at most [`MAX_BUCKETS_LISTED`]): what an operator looks
+    /// at.
+    pub async fn buckets(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<Bucket>> {
+        let rows = client.run(&self.buckets, &[]).await?;
+        (rows.iter())
+            .map(|row| {
+                let micros: i64 = row.try_get(1)?;
+                let granted: i64 = row.try_get(2)?;
+                Ok(Bucket {
+                    key: row.try_get(0)?,
+                    full_in: Duration::from_micros(micros.max(0) as u64),
+                    granted: granted.max(0) as u64,
+                })
+            })
+            .collect()
     }
 
     /// Takes `n` from `key` if all `n` fit, or nothing. [`ErrorKind::InvalidConfig`] when `n`

@@ -153,36 +153,18 @@ pub async fn release(config: &Config, client: &Client, name: &str, force: bool) 
 /// `advisory`: advisory locks held or awaited, by key, with their sessions. A lock taken with
 /// one `bigint` key shows it; one taken with two `int` keys shows `K1,K2`.
 pub async fn advisory(client: &Client, json: bool) -> Result<()> {
-    // Two-key locks keep each int4 key in an oid column: read back as signed.
-    let rows = client
-        .query(
-            "SELECT CASE WHEN l.objsubid = 1
-                         THEN ((l.classid::bigint << 32) | l.objid::bigint)::text
-                         ELSE (l.classid::bigint - CASE WHEN l.classid::bigint >= 2147483648
-                                                        THEN 4294967296 ELSE 0 END)::text
-                              || ',' ||
-                              (l.objid::bigint - CASE WHEN l.objid::bigint >= 2147483648
-                                                      THEN 4294967296 ELSE 0 END)::text
-                    END AS key,
-                    l.mode, l.granted, l.pid, coalesce(a.application_name, '')
-             FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2)
-             ORDER BY l.objsubid, key, l.granted DESC, l.pid",
-            &[],
-        )
-        .await?;
+    let locks = pgcoord::advisory::list(client).await?;
     let mut listing = Listing::new(
         &["KEY", "MODE", "STATE", "PID", "APPLICATION"],
         "advisory lock(s)",
     );
-    for row in &rows {
-        let granted: bool = row.try_get(2)?;
+    for lock in locks {
         listing.push(vec![
-            row.try_get::<_, String>(0)?.into(),
-            row.try_get::<_, String>(1)?.into(),
-            if granted { "held" } else { "waiting" }.into(),
-            row.try_get::<_, i32>(3)?.into(),
-            row.try_get::<_, String>(4)?.into(),
+            lock.key.into(),
+            lock.mode.into(),
+            if lock.granted { "held" } else { "waiting" }.into(),
+            lock.pid.into(),
+            lock.application.into(),
         ]);
     }
     listing.print(json);

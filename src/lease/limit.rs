@@ -34,11 +34,15 @@ use super::semaphore::MAX_PERMITS;
 const CHANGE_ATTEMPTS: u32 = 16;
 
 /// The statements of stored limits, rendered once per configured table.
+/// The most stored limits [`LeaseTable::limits`] lists.
+pub const MAX_LIMITS_LISTED: usize = 1_000;
+
 #[derive(Debug, Clone)]
 pub(super) struct LimitStatements {
     set: String,
     take_back: String,
     get: String,
+    list: String,
     acquire: String,
 }
 
@@ -116,6 +120,9 @@ impl LimitStatements {
                  RETURNING l.owner IS NOT NULL AND l.expires_at > clock_timestamp()"
             ),
             get: format!("SELECT permits FROM {m} WHERE name = $1"),
+            list: format!(
+                "SELECT name::text, permits FROM {m} ORDER BY name LIMIT {MAX_LIMITS_LISTED}"
+            ),
             // $1 name, $2 owner, $3 lease ms, $4 sequence, $5 candidate slots, $6 the limit the
             // candidates were named for. A free candidate below the limit, locked without
             // waiting (a fenced transaction of a previous holder skips it), granted. Columns:
@@ -266,6 +273,14 @@ impl LeaseTable {
             previous: previous.map(|p| p as u32),
             revoked,
         })
+    }
+
+    /// Every stored limit, by semaphore name: at most [`MAX_LIMITS_LISTED`].
+    pub async fn limits(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<(String, u32)>> {
+        let rows = client.run(&self.limits.list, &[]).await?;
+        (rows.iter())
+            .map(|row| Ok((row.try_get(0)?, row.try_get::<_, i32>(1)? as u32)))
+            .collect()
     }
 
     /// The stored limit of semaphore `name`; `None` when it has none.

@@ -37,6 +37,7 @@ use crate::statement::Statements;
 mod batch;
 mod holder_channel;
 mod limit;
+mod look;
 mod owner;
 mod release;
 mod semaphore;
@@ -46,7 +47,7 @@ mod statements;
 pub use batch::{AcquireRequest, MAX_NAMES_PER_STATEMENT};
 use holder_channel::HOLDER_CHANNEL_PREFIX;
 pub use holder_channel::holder_channel;
-pub use limit::{LimitChange, LimitedAttempt};
+pub use limit::{LimitChange, LimitedAttempt, MAX_LIMITS_LISTED};
 pub use owner::LeaseOwner;
 pub use release::{ReleaseRequest, Released};
 pub use semaphore::{MAX_PERMITS, SlotAttempt, slot_names};
@@ -126,6 +127,7 @@ pub struct LeaseTable {
     list: String,
     list_prefix: String,
     line: String,
+    list_and_line: String,
     notify_holder: String,
     notify_holders: String,
     keep_free: String,
@@ -227,20 +229,8 @@ impl LeaseTable {
     /// [`MAX_PLACES_LISTED`].
     pub async fn line(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<Place>> {
         let rows = client.run(&self.line, &[]).await?;
-        rows.iter()
-            .map(|row| {
-                let ms = |i| -> Result<Duration> {
-                    let ms: i64 = row.try_get(i)?;
-                    Ok(Duration::from_millis(ms.max(0) as u64))
-                };
-                Ok(Place {
-                    name: row.try_get(0)?,
-                    waiter: row.try_get(1)?,
-                    priority: row.try_get(2)?,
-                    waited: ms(3)?,
-                    left: ms(4)?,
-                })
-            })
+        (rows.iter())
+            .map(|row| look::place_from(row, [0, 1, 2, 3, 4]))
             .collect()
     }
 
@@ -321,12 +311,17 @@ fn holder_from(row: Option<&tokio_postgres::Row>) -> Result<Option<Holder>> {
 }
 
 fn info_from(row: &tokio_postgres::Row) -> Result<LeaseInfo> {
-    let remaining: Option<i64> = row.try_get(4)?;
+    info_at(row, 0)
+}
+
+/// A lock from `row`'s columns `first..first + 5`: name, owner, token, data, ms left.
+fn info_at(row: &tokio_postgres::Row, first: usize) -> Result<LeaseInfo> {
+    let remaining: Option<i64> = row.try_get(first + 4)?;
     Ok(LeaseInfo {
-        name: row.try_get(0)?,
-        owner: row.try_get(1)?,
-        token: row.try_get(2)?,
-        data: row.try_get(3)?,
+        name: row.try_get(first)?,
+        owner: row.try_get(first + 1)?,
+        token: row.try_get(first + 2)?,
+        data: row.try_get(first + 3)?,
         remaining: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
     })
 }

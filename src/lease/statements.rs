@@ -92,7 +92,7 @@ impl LeaseTable {
                 notify = notify_sql(config, channel, &announce(&q, "released.name", None)),
             )
         };
-        LeaseTable {
+        let mut table = LeaseTable {
             // The grant (token, data), or a row of NULLs when another grant statement of the
             // name held its grant lock or another transaction its row (`Attempt::Busy`), or no
             // row.
@@ -381,6 +381,9 @@ impl LeaseTable {
             channel: config.lease_channel.as_str().to_owned(),
             poll_only: config.poll_only(),
             election_channel: config.election_channel.as_str().to_owned(),
-        }
+            list_and_line: String::new(),
+        };
+        table.list_and_line = super::look::list_and_line_sql(&table.list, &table.line);
+        table
     }
 }

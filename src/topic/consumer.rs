@@ -19,6 +19,8 @@ use crate::statement::{Param, Statements};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConsumerInfo {
+    /// The topic it reads.
+    pub topic: String,
     /// The consumer's name.
     pub consumer: String,
     /// What it has acknowledged through.
@@ -102,8 +104,9 @@ pub(super) fn consumers_sql(t: &str, c: &str) -> String {
               WHERE e.topic = c.topic AND (e.xid, e.position) > (c.xid, c.position)),
              (SELECT e.appended_at FROM {t} AS e
               WHERE e.topic = c.topic AND (e.xid, e.position) > (c.xid, c.position)
-              ORDER BY e.xid, e.position LIMIT 1)
-         FROM {c} AS c WHERE c.topic = $1 ORDER BY c.consumer"
+              ORDER BY e.xid, e.position LIMIT 1),
+             c.topic::text
+         FROM {c} AS c WHERE $1::text IS NULL OR c.topic = $1 ORDER BY c.topic, c.consumer"
     )
 }
 
@@ -237,10 +240,28 @@ impl TopicTable {
         topic: &str,
     ) -> Result<Vec<ConsumerInfo>> {
         check("topic", topic)?;
+        self.consumers_of(client, Some(topic)).await
+    }
+
+    /// Every consumer of every topic, by topic and name, with its cursor and lag: one
+    /// statement, for dashboards (as [`consumers`](Self::consumers)).
+    pub async fn all_consumers(
+        &self,
+        client: &(impl Statements + ?Sized),
+    ) -> Result<Vec<ConsumerInfo>> {
+        self.consumers_of(client, None).await
+    }
+
+    async fn consumers_of(
+        &self,
+        client: &(impl Statements + ?Sized),
+        topic: Option<&str>,
+    ) -> Result<Vec<ConsumerInfo>> {
         let rows = client.run(&self.consumers, &[(&topic, Type::TEXT)]).await?;
         rows.iter()
             .map(|row| {
                 Ok(ConsumerInfo {
+                    topic: row.try_get(6)?,
                     consumer: row.try_get(0)?,
                     cursor: cursor_at(row, 1)?,
                     acked_at: row.try_get(3)?,

@@ -10,6 +10,7 @@ mod embedded;
 mod errors;
 mod example_signals;
 mod ident;
+mod inspect;
 mod isolation;
 mod lease;
 mod limit;

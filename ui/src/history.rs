@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-/// How many lag samples are kept for each consumer: ten minutes at one a second.
-pub(crate) const LAG_SAMPLES: usize = 600;
+/// How many lag samples are kept for each consumer: ten minutes at one every fifteen seconds
+/// (the pace of a look's slow part).
+pub(crate) const LAG_SAMPLES: usize = 40;
 
 /// How many terms are kept for each lease, the latest last.
 pub(crate) const TERMS_KEPT: usize = 20;

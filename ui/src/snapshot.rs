@@ -1,20 +1,27 @@
-//! One look at the database — leases and their lines, topics and their consumers, what holds
-//! readers back, schedules' last runs — read with the core's inspection functions, every
-//! statement bounded by the look's deadline; and the page's JSON made of it and the history.
+//! One look at the database, in two parts read at two paces: every second the leases and their
+//! lines (one statement), and every [`REST_EVERY`] the rest — topics and their consumers, what
+//! holds readers back, schedules' last runs, stored limits and rate-limit buckets, advisory
+//! locks, the database's sessions (eight statements). An open page so costs the database under
+//! two statements a second. Each part is read with the core's inspection functions, every
+//! statement bounded by the look's deadline; the page's JSON is made of both and the history.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use pgcoord::advisory::AdvisoryLockInfo;
 use pgcoord::lease::Place;
+use pgcoord::rate::{Bucket, RateTable};
 use pgcoord::schedule::{RunInfo, ScheduleTable};
+use pgcoord::sessions::SessionInfo;
 use pgcoord::topic::{ConsumerInfo, HeldBack, TopicInfo, TopicTable};
 use pgcoord::{Config, LeaseInfo, LeaseTable, Pool, Result};
 use serde_json::{Value, json};
 
 use crate::history::{History, LagSample};
 
-/// At most this many topics are looked into (a statement each); the rest are listed only.
-const TOPICS_LOOKED_INTO: usize = 20;
+/// How often the slow part of a look is read: 8 statements every 15 s, beside the leases' one
+/// about a second, is under 2 statements a second for any number of open pages.
+pub(crate) const REST_EVERY: Duration = Duration::from_secs(15);
 
 /// At most this many leases are sent to the page (the first by name); the count says how many
 /// there are.
@@ -25,6 +32,7 @@ pub(crate) struct Tables {
     pub leases: LeaseTable,
     pub topics: TopicTable,
     pub schedules: ScheduleTable,
+    pub rates: RateTable,
 }
 
 impl Tables {
@@ -33,56 +41,74 @@ impl Tables {
             leases: LeaseTable::new(config),
             topics: TopicTable::new(config),
             schedules: ScheduleTable::new(config),
+            rates: RateTable::new(config),
         }
     }
 }
 
-/// What one look found.
+/// The part of a look read every second: the leases and their lines.
 pub(crate) struct Snapshot {
     at: SystemTime,
     leases: Vec<LeaseInfo>,
     line: Vec<Place>,
+}
+
+/// The part read every [`REST_EVERY`].
+pub(crate) struct Rest {
+    at: SystemTime,
     topics: Vec<(TopicInfo, Vec<ConsumerInfo>)>,
     held_back: Option<HeldBack>,
     schedules: Vec<RunInfo>,
+    limits: Vec<(String, u32)>,
+    buckets: Vec<Bucket>,
+    advisory: Vec<AdvisoryLockInfo>,
+    sessions: Vec<SessionInfo>,
 }
 
-/// Looks, every statement within `within` of now.
+/// Reads the leases and their lines: one statement, within `within` of now.
 pub(crate) async fn take(tables: &Tables, pool: &Pool, within: Duration) -> Result<Snapshot> {
     let client = pool.statements(Some(Instant::now() + within));
-    let leases = tables.leases.list(&client).await?;
-    let line = tables.leases.line(&client).await?;
-    let mut topics = Vec::new();
-    for (i, topic) in tables.topics.topics(&client).await?.into_iter().enumerate() {
-        let consumers = if i < TOPICS_LOOKED_INTO {
-            tables.topics.consumers(&client, &topic.topic).await?
-        } else {
-            Vec::new()
-        };
-        topics.push((topic, consumers));
-    }
-    let held_back = tables.topics.held_back(&client).await?;
-    let schedules = tables.schedules.latest(&client).await?;
+    let (leases, line) = tables.leases.list_and_line(&client).await?;
     Ok(Snapshot {
         at: SystemTime::now(),
         leases,
         line,
-        topics,
-        held_back,
-        schedules,
     })
 }
 
-/// Adds what `snapshot` saw to `history`: each consumer's lag, each held lease's term.
-pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
-    let at = epoch(snapshot.at);
+/// Reads the rest: eight statements, each within `within` of now.
+pub(crate) async fn take_rest(tables: &Tables, pool: &Pool, within: Duration) -> Result<Rest> {
+    let client = pool.statements(Some(Instant::now() + within));
+    let mut consumers = tables.topics.all_consumers(&client).await?;
+    let topics = (tables.topics.topics(&client).await?.into_iter())
+        .map(|topic| {
+            let (theirs, others) = consumers.drain(..).partition(|c| c.topic == topic.topic);
+            consumers = others;
+            (topic, theirs)
+        })
+        .collect();
+    Ok(Rest {
+        topics,
+        held_back: tables.topics.held_back(&client).await?,
+        schedules: tables.schedules.latest(&client).await?,
+        limits: tables.leases.limits(&client).await?,
+        buckets: tables.rates.buckets(&client).await?,
+        advisory: pgcoord::advisory::list(&client).await?,
+        sessions: pgcoord::sessions::list(&client).await?,
+        at: SystemTime::now(),
+    })
+}
+
+/// Adds each consumer's lag in `rest` to `history`.
+pub(crate) fn remember_lag(rest: &Rest, history: &mut History) {
+    let at = epoch(rest.at);
     let mut consumers = Vec::new();
-    for (topic, listed) in &snapshot.topics {
+    for (topic, listed) in &rest.topics {
         for consumer in listed {
             let name = format!("{}/{}", topic.topic, consumer.consumer);
             let seconds = consumer
                 .oldest_unacked
-                .map_or(0.0, |t| age(snapshot.at, t).as_secs_f64());
+                .map_or(0.0, |t| age(rest.at, t).as_secs_f64());
             let sample = LagSample {
                 at,
                 events: consumer.lag_events,
@@ -93,6 +119,11 @@ pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
         }
     }
     history.keep_consumers(&consumers);
+}
+
+/// Adds each held lease's term in `snapshot` to `history`.
+pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
+    let at = epoch(snapshot.at);
     let mut names = Vec::new();
     for lease in &snapshot.leases {
         if let (Some(owner), Some(token), true) = (&lease.owner, lease.token, lease.is_held()) {
@@ -103,8 +134,8 @@ pub(crate) fn remember(snapshot: &Snapshot, history: &mut History) {
     history.keep_leases(&names, at);
 }
 
-/// The page's JSON: the snapshot, with each lease's terms and each consumer's lag series.
-pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> Value {
+/// The page's JSON: both parts, with each lease's terms and each consumer's lag series.
+pub(crate) fn render(snapshot: &Snapshot, rest: &Rest, history: &History, actions: bool) -> Value {
     let leases: Vec<Value> = (snapshot.leases.iter().take(LEASES_SHOWN))
         .map(|lease| {
             let waiters: Vec<Value> = (snapshot.line.iter())
@@ -133,7 +164,7 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
             })
         })
         .collect();
-    let topics: Vec<Value> = (snapshot.topics.iter())
+    let topics: Vec<Value> = (rest.topics.iter())
         .map(|(topic, consumers)| {
             let consumers: Vec<Value> = (consumers.iter())
                 .map(|c| {
@@ -141,24 +172,24 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
                         "consumer": c.consumer,
                         "cursor": c.cursor.to_string(),
                         "lag_events": c.lag_events,
-                        "lag_seconds": c.oldest_unacked.map(|t| secs(age(snapshot.at, t))),
-                        "acked_ago": secs(age(snapshot.at, c.acked_at)),
+                        "lag_seconds": c.oldest_unacked.map(|t| secs(age(rest.at, t))),
+                        "acked_ago": secs(age(rest.at, c.acked_at)),
                     })
                 })
                 .collect();
             json!({
                 "topic": topic.topic,
                 "events": topic.events,
-                "oldest_age": secs(age(snapshot.at, topic.oldest)),
-                "newest_age": secs(age(snapshot.at, topic.newest)),
+                "oldest_age": secs(age(rest.at, topic.oldest)),
+                "newest_age": secs(age(rest.at, topic.newest)),
                 "consumers": consumers,
             })
         })
         .collect();
-    let held_back = snapshot.held_back.as_ref().map(|h| {
+    let held_back = rest.held_back.as_ref().map(|h| {
         json!({ "pid": h.pid, "prepared": h.prepared, "database": h.database, "age": secs(h.age) })
     });
-    let schedules: Vec<Value> = (snapshot.schedules.iter())
+    let schedules: Vec<Value> = (rest.schedules.iter())
         .map(|run| {
             json!({
                 "schedule": run.schedule,
@@ -183,6 +214,7 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
         .collect();
     json!({
         "at": epoch(snapshot.at),
+        "rest_at": epoch(rest.at),
         "actions": actions,
         "pools": pools(snapshot, history),
         "lease_count": snapshot.leases.len(),
@@ -191,6 +223,60 @@ pub(crate) fn render(snapshot: &Snapshot, history: &History, actions: bool) -> V
         "held_back": held_back,
         "schedules": schedules,
         "lag": lag,
+        "limits": limits(snapshot, rest),
+        "rates": (rest.buckets.iter())
+            .map(|b| json!({ "key": b.key, "full_in": secs(b.full_in), "granted": b.granted }))
+            .collect::<Vec<_>>(),
+        "advisory": (rest.advisory.iter())
+            .map(|a| json!({
+                "key": a.key, "mode": a.mode, "held": a.granted, "pid": a.pid,
+                "application": a.application,
+            }))
+            .collect::<Vec<_>>(),
+        "fleet": fleet(snapshot, rest),
+    })
+}
+
+/// Each stored limit with its permits held now (its slots `{name}#{i}` held).
+fn limits(snapshot: &Snapshot, rest: &Rest) -> Vec<Value> {
+    (rest.limits.iter())
+        .map(|(name, limit)| {
+            let in_use = (snapshot.leases.iter())
+                .filter(|lease| lease.is_held())
+                .filter_map(|lease| lease.name.strip_prefix(name.as_str()))
+                .filter_map(|slot| slot.strip_prefix('#'))
+                .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                .count();
+            json!({ "name": name, "limit": limit, "in_use": in_use })
+        })
+        .collect()
+}
+
+/// The processes seen holding leases (each with how many), and the database's sessions: the
+/// listeners among them (`… listener`) say whether each process's doorbell is connected.
+fn fleet(snapshot: &Snapshot, rest: &Rest) -> Value {
+    let mut holders: BTreeMap<&str, usize> = BTreeMap::new();
+    for lease in snapshot.leases.iter().filter(|l| l.is_held()) {
+        if let Some(owner) = lease.owner.as_deref() {
+            *holders.entry(owner).or_default() += 1;
+        }
+    }
+    let sessions: Vec<Value> = (rest.sessions.iter())
+        .map(|s| {
+            json!({
+                "application": s.application,
+                "pid": s.pid,
+                "state": s.state,
+                "connected": secs(s.connected),
+                "in_state": s.in_state.map(secs),
+            })
+        })
+        .collect();
+    json!({
+        "holders": holders.into_iter()
+            .map(|(owner, leases)| json!({ "owner": owner, "leases": leases }))
+            .collect::<Vec<_>>(),
+        "sessions": sessions,
     })
 }
 

@@ -238,7 +238,8 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     }
     let consumer = format!("{topic}/billing");
     let lag_cell = format!("#consumers tr[data-consumer='{consumer}'] td.lag");
-    until_text(client, &lag_cell, Duration::from_secs(10), |t| t == "10").await;
+    // Topics and schedules are in the look's slow part, read every fifteen seconds.
+    until_text(client, &lag_cell, Duration::from_secs(35), |t| t == "10").await;
     // A few samples at 10 for the chart, then a picture of the stalled consumer.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let high = chart_ys(client, &consumer).await;
@@ -247,7 +248,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
 
     // Resumed, it catches up: the lag falls to 0, and the chart's line comes down.
     gate.add_permits(10);
-    until_text(client, &lag_cell, Duration::from_secs(15), |t| t == "0").await;
+    until_text(client, &lag_cell, Duration::from_secs(35), |t| t == "0").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = chart_ys(client, &consumer).await;
     let baseline = after.iter().cloned().fold(f64::MIN, f64::max);
@@ -265,10 +266,49 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     let schedule = Schedule::new(&rollup, every, |_| async { Ok(()) });
     let _runner = coordinator.schedule(schedule).unwrap();
     let run = format!("#schedules tr[data-schedule='{rollup}']");
-    until_text(client, &run, Duration::from_secs(10), |t| {
+    until_text(client, &run, Duration::from_secs(35), |t| {
         t.contains("done")
     })
     .await;
+
+    // Also in the slow part: a stored limit with one of its permits held, an advisory lock held
+    // by a session, and the sessions, the runtime's listener among them.
+    let table_of = pgcoord::LeaseTable::new(&config);
+    let semaphore = unique_name("uploads");
+    table_of.set_limit(&admin, &semaphore, 2).await.unwrap();
+    let slot = format!("{semaphore}#0");
+    (table_of.owner("worker-a").unwrap())
+        .try_acquire(
+            &admin,
+            &pgcoord::lease::AcquireRequest::new(&slot),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let key = pgcoord::advisory::key_for_name(&semaphore);
+    admin
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let limit_row = format!("#limits tr[data-limit='{semaphore}']");
+    let in_use = format!("{limit_row} td.in-use");
+    until_text(client, &in_use, Duration::from_secs(35), |t| t == "1").await;
+    let advisory_row = format!("#advisory tr[data-key='{key}']");
+    until_text(client, &advisory_row, Duration::from_secs(35), |t| {
+        t.contains("held")
+    })
+    .await;
+    let listener = "#sessions tr[data-application$=' listener']";
+    until_text(client, listener, Duration::from_secs(2), |t| {
+        t.contains("idle")
+    })
+    .await;
+    let owner_row = "#holders tr[data-owner='worker-a']";
+    until_text(client, owner_row, Duration::from_secs(2), |_| true).await;
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
     let png = client.screenshot().await.unwrap();
     std::fs::write(screenshots().join("live-view.png"), png).unwrap();
 
@@ -308,21 +348,39 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
         .append(&own, &unique_name("events"), b"1")
         .await
         .unwrap();
+    // The server's own work on a new database (autovacuum's first visit: a transaction per
+    // table, catalogs included) comes first: measured only once the database is quiet, what
+    // it does idle is taken off.
+    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let quiet_by = Instant::now() + Duration::from_secs(90);
+    let idle = loop {
+        let before: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
+        let idle = (after - before - 1) as f64 / 5.0;
+        if idle < 1.0 {
+            break idle;
+        }
+        assert!(
+            Instant::now() < quiet_by,
+            "the new database never went quiet: {idle}/s"
+        );
+    };
     let address = serve(pgcoord_ui::LiveView::new(&config)).await;
     client.goto(&format!("http://{address}/")).await.unwrap();
     until_text(client, "#status", Duration::from_secs(10), |t| {
         t.starts_with("updated")
     })
     .await;
-    let commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
     let before: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
     let after: i64 = own.query_one(commits, &[]).await.unwrap().get(0);
-    let per_second = (after - before - 1) as f64 / 10.0;
-    eprintln!("one open page: {per_second:.1} statements a second");
-    // A look a second: 5 statements and one per topic looked into (here 1); give or take the
-    // statistics' lag and the server's own work on a new database (autovacuum's analyze).
-    assert!(per_second <= 10.0, "{per_second} statements a second");
+    let per_second = (after - before - 1) as f64 / 30.0 - idle;
+    eprintln!("one open page: {per_second:.2} statements a second (the database idle: {idle:.2})");
+    // The leases and their lines about every second (one statement), the rest every fifteen
+    // (eight): 1.7 a second, give or take a slow part at the window's edges, an idle check
+    // when a look came late, and the statistics' lag.
+    assert!(per_second <= 2.5, "{per_second} statements a second");
     client.goto("about:blank").await.unwrap();
     let drop_it = format!("DROP DATABASE {database} WITH (FORCE)");
     admin.batch_execute(&drop_it).await.unwrap();
