@@ -1,5 +1,5 @@
-//! The view's actions — a leader asked to resign, a lease released by force, a consumer's
-//! cursor moved — off unless the view was given a token. Each is a POST whose JSON body names
+//! The view's actions — a leader asked to resign, a pool member asked to drain, a lease
+//! released by force, a consumer's cursor moved — off unless the view was given a token. Each is a POST whose JSON body names
 //! what it acts on, carrying the token in its `Authorization: Bearer` header: never in a URL,
 //! never logged. A cross-site page cannot send that header (nor a JSON body) without the
 //! browser asking this server first, which it never allows; `Sec-Fetch-Site` and `Origin` are
@@ -75,6 +75,26 @@ pub(crate) async fn act(view: &LiveView, action: &str, body: &Value) -> Result<V
             let by = "pgcoord-ui";
             let term = tables.leases.request_resign(&client, name, by).await?;
             Ok(json!({ "done": format!("asked the leader of {name:?} to resign"), "token": term }))
+        }
+        "drain" => {
+            // A resign request on the member's lease: the member finds it at a round (within a
+            // lease), hands every key over and stops, as `Drain` does in its process.
+            let (pool, member) = (text("pool")?, text("member")?);
+            let lease = format!("{pool}/members/{member}");
+            match tables
+                .leases
+                .request_resign(&client, &lease, "pgcoord-ui")
+                .await?
+            {
+                Some(token) => Ok(json!({
+                    "done": format!("asked member {member:?} of pool {pool:?} to drain"),
+                    "token": token,
+                })),
+                None => Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("{member:?} is not a member of pool {pool:?} now"),
+                )),
+            }
         }
         "release" => {
             let name = text("name")?;

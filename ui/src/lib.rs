@@ -14,7 +14,7 @@
 //!   of its own that asks for a look about every second. Nothing is fetched from elsewhere.
 //!
 //! The view reads; it acts only when given a token ([`LiveView::allow_actions`]): a leader
-//! asked to resign, a lease released by force (naming the token it ends), a consumer's cursor
+//! asked to resign, a pool member asked to drain, a lease released by force (naming the token it ends), a consumer's cursor
 //! moved to now or to the oldest event (`actions`: each a POST carrying the token in a header,
 //! refused across sites, audited through `tracing`). It shows no secret: the page and its JSON
 //! carry no DSN, password, server address or token. Any number of open pages cost one look a
@@ -141,7 +141,7 @@ impl LiveView {
     }
 
     /// The view's routes: `/` the page, `/snapshot` what it shows (JSON), and with actions
-    /// allowed `POST /actions/{resign,release,reset}`. Nest it where it should be served
+    /// allowed `POST /actions/{resign,drain,release,reset}`. Nest it where it should be served
     /// (`Router::nest("/pgcoord", view.router())`).
     pub fn router(&self) -> Router {
         let (view, acting) = (self.clone(), self.clone());
@@ -237,7 +237,7 @@ async fn act(view: LiveView, action: String, headers: HeaderMap, body: String) -
     let target: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     // What it acts on, for the audit: names only (the body has no secret; the token is in a
     // header, never logged).
-    let on = ["name", "topic", "consumer", "to", "token"]
+    let on = ["name", "pool", "member", "topic", "consumer", "to", "token"]
         .iter()
         .filter_map(|k| target.get(*k).map(|v| format!("{k}={v}")))
         .collect::<Vec<_>>()

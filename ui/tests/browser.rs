@@ -15,6 +15,9 @@ use pgcoord_actors::{Acquire, Append, Call, Consume, Delivery, Runtime, Schedule
 use pgcoord_testkit::{find_program, require, test_pg_config, unique_name};
 use tokio::sync::Semaphore;
 
+/// The operator's token of the views that act.
+const TOKEN: &str = "a-token-of-the-operators-7c1e";
+
 /// The chromedriver process and the session it drives; both ended on drop.
 struct Browser {
     client: Client,
@@ -409,7 +412,6 @@ async fn click_and_confirm(client: &Client, css: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_are_refused_without_the_token_and_take_effect_with_it() {
-    const TOKEN: &str = "a-token-of-the-operators-7c1e";
     let Some(browser) = browser().await else {
         return;
     };
@@ -531,7 +533,10 @@ async fn a_drained_members_keys_move_on_the_page() {
     let pg = test_pg_config().unwrap();
     let table = unique_name("ui");
     let (config, _admin) = fresh_tables(&pg, &table).await;
-    let address = serve(pgcoord_ui::LiveView::new(&config)).await;
+    let view = pgcoord_ui::LiveView::new(&config)
+        .allow_actions(TOKEN)
+        .unwrap();
+    let address = serve(view).await;
 
     let a = Runtime::connect(builder(&pg, &table, "member-a").build().unwrap())
         .await
@@ -558,8 +563,21 @@ async fn a_drained_members_keys_move_on_the_page() {
     let png = client.screenshot().await.unwrap();
     std::fs::write(screenshots().join("pool.png"), png).unwrap();
 
-    // Drained, a hands its keys over: b holds all four on the page, and a key is found there.
-    in_a.drain(Duration::from_secs(10)).await.unwrap();
+    // Drained from the page (its request stored, found by the member at a round), a hands its
+    // keys over: b holds all four on the page, and a key is found there.
+    let field = client
+        .find(fantoccini::Locator::Css("#token"))
+        .await
+        .unwrap();
+    field.send_keys(TOKEN).await.unwrap();
+    let drain = format!(
+        "#pools tr[data-pool='{pool}'][data-member='member-a'] button[data-action='drain']"
+    );
+    click_and_confirm(client, &drain).await;
+    until_text(client, "#action-result", Duration::from_secs(5), |t| {
+        t.contains("asked member \"member-a\"")
+    })
+    .await;
     until_text(client, &held("member-b"), Duration::from_secs(30), |t| {
         t == "4"
     })

@@ -89,6 +89,14 @@ pub trait Locking: Send + Sync {
     fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>>;
     /// Every lock whose name starts with `prefix`, by name (a worker pool's members and keys).
     fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>>;
+    /// Whether the tenure of `name` with `token` was asked to step down, by a request stored in
+    /// the database (`pgcoord::LeaseTable::request_resign`: an election's leader asked to
+    /// resign, a worker pool's member asked to drain from `pgcoord ui`). Nobody asks the
+    /// in-memory backend: `false` there.
+    fn resign_requested(&self, name: &str, token: i64) -> BoxFuture<Result<bool>> {
+        let _ = (name, token);
+        Box::pin(async { Ok(false) })
+    }
 }
 
 /// Publish/subscribe and request/reply: what a [`ListenerActor`] does, as
@@ -223,6 +231,14 @@ impl Locking for Addr<LockManager> {
     fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
         Box::pin(self.call(ListPrefix(prefix.to_owned())))
     }
+
+    fn resign_requested(&self, name: &str, token: i64) -> BoxFuture<Result<bool>> {
+        let asked = crate::election::ResignRequested {
+            name: name.to_owned(),
+            token,
+        };
+        Box::pin(self.call(asked))
+    }
 }
 
 impl Locking for Coordinator {
@@ -252,6 +268,10 @@ impl Locking for Coordinator {
 
     fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
         self.locks.list_prefix(prefix)
+    }
+
+    fn resign_requested(&self, name: &str, token: i64) -> BoxFuture<Result<bool>> {
+        self.locks.resign_requested(name, token)
     }
 }
 

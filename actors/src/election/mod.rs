@@ -29,7 +29,7 @@ pub use observe::LeaderChanged;
 use observe::LeaderObserver;
 use proclaim::Proclaim;
 pub use resign::RequestResign;
-use resign::ResignRequested;
+pub(crate) use resign::ResignRequested;
 
 /// One election: a name, and the actors that run it. Cheap to clone.
 #[derive(Clone, Debug)]

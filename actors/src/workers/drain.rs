@@ -43,6 +43,26 @@ where
     }
 }
 
+impl<W> WorkerPool<W>
+where
+    W: Actor<Context = Context<W>> + Handler<Shutdown>,
+{
+    /// Begins handing every key over, unless that is under way: asked by [`Drain`], or from
+    /// outside through the database (a resign request on the member lease, found at a round).
+    pub(super) fn begin_drain(&mut self, ctx: &mut Context<Self>) {
+        if self.drain.is_some() {
+            return;
+        }
+        self.drain = Some(Draining::default());
+        info!(pool.name = %self.name, keys = self.crew.len(), "draining: handing every key over");
+        // Out of the membership first: the other members' shares grow to cover these keys.
+        self.membership.leave();
+        // The first keys go now, the rest at the next ticks (at most `max_moves` each).
+        let going = plan::drain(self.crew.keys().map(String::as_str), self.round.max_moves());
+        self.drain_some(going, ctx);
+    }
+}
+
 impl<W> Handler<Drain> for WorkerPool<W>
 where
     W: Actor<Context = Context<W>> + Handler<Shutdown>,
@@ -51,18 +71,9 @@ where
 
     fn handle(&mut self, _: Drain, ctx: &mut Context<Self>) -> Self::Result {
         let (told, drained) = tokio::sync::oneshot::channel();
-        let first = self.drain.is_none();
-        self.drain
-            .get_or_insert_with(Draining::default)
-            .waiters
-            .push(told);
-        if first {
-            info!(pool.name = %self.name, keys = self.crew.len(), "draining: handing every key over");
-            // Out of the membership first: the other members' shares grow to cover these keys.
-            self.membership.leave();
-            // The first keys go now, the rest at the next ticks (at most `max_moves` each).
-            let going = plan::drain(self.crew.keys().map(String::as_str), self.round.max_moves());
-            self.drain_some(going, ctx);
+        self.begin_drain(ctx);
+        if let Some(drain) = self.drain.as_mut() {
+            drain.waiters.push(told);
         }
         // Resolves also when the pool stopped another way (its keys are then released too).
         Box::pin(async move {

@@ -44,6 +44,13 @@ impl Membership {
         (self.lease.as_ref()).is_none_or(|m| m.loss().is_some())
     }
 
+    /// The member lease's token while it is held.
+    pub(super) fn token(&self) -> Option<i64> {
+        (self.lease.as_ref())
+            .filter(|m| m.loss().is_none())
+            .map(Lease::token)
+    }
+
     /// Keeps the member lease just acquired.
     pub(super) fn keep(&mut self, lease: Lease) {
         self.lease = Some(lease);

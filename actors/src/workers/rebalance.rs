@@ -8,11 +8,15 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures_util::Stream;
 use pgcoord::LeaseInfo;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::plan::{self, Round};
 use super::{Shutdown, WorkerPool, members};
 use crate::leases::{Acquire, Claim, Lease};
+
+/// Every this many rounds a member looks for a drain asked of it through the database: within
+/// a lease of the request (a round is a quarter lease), for a statement every fourth round.
+const DRAIN_LOOKED_FOR_EVERY: u64 = 4;
 
 /// The key sets a pool follows, each replacing the last.
 type KeyStream = Pin<Box<dyn Stream<Item = Vec<String>>>>;
@@ -83,6 +87,14 @@ where
         self.read_mail(ctx, held);
         let member_lease = format!("{}/members/{}", self.name, self.owner);
         let needs_membership = self.drain.is_none() && self.membership.needs_lease();
+        // A drain asked from outside (a resign request on the member lease, as `pgcoord ui`
+        // stores it): looked for every few rounds, by reading the table, never on a
+        // notification's word.
+        let drain_asked = (self.drain.is_none()
+            && self.round.ticks.is_multiple_of(DRAIN_LOOKED_FOR_EVERY))
+        .then(|| self.membership.token())
+        .flatten()
+        .map(|token| (member_lease.clone(), token));
         let (locks, prefix, key_prefix) = (
             self.locks.clone(),
             format!("{}/members/", self.name),
@@ -102,13 +114,21 @@ where
             };
             let members = locks.list_prefix(&prefix).await?;
             let keys = locks.list_prefix(&key_prefix).await?;
-            Ok::<_, pgcoord::Error>((membership, members, keys))
+            let drain = match drain_asked {
+                Some((lease, token)) => locks.resign_requested(&lease, token).await?,
+                None => false,
+            };
+            Ok::<_, pgcoord::Error>((membership, members, keys, drain))
         };
         ctx.spawn(round.into_actor(self).map(move |result, act, ctx| {
             act.round.ticking = false;
             match result {
-                Ok((membership, members, keys)) => {
+                Ok((membership, members, keys, drain)) => {
                     act.keep_membership(membership);
+                    if drain {
+                        info!(pool.name = %act.name, "asked to drain through the database");
+                        act.begin_drain(ctx);
+                    }
                     act.rebalanced(&members, &keys, first, ctx);
                 }
                 Err(e) => {

@@ -440,3 +440,46 @@ async fn weighted_members_take_their_weights_part() {
     .await;
     assert_eq!(check(&history.lock().unwrap()), 40, "one worker per key");
 }
+
+/// A drain asked through the database — a resign request on the member's lease, as `pgcoord
+/// ui`'s drain stores it — is found by the member at a round (never on a notification's word):
+/// it hands every key over and stops, and the other member serves them all.
+#[actix_rt::test]
+async fn a_member_asked_to_drain_through_the_database_hands_its_keys_over_and_stops() {
+    let (setup, admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    let history = History::default();
+    let a = recorded(&setup, "a", "asked", &keys, &history).start();
+    let b = recorded(&setup, "b", "asked", &keys, &history).start();
+    pgcoord_testkit::eventually(Duration::from_secs(6), "3/3", async || {
+        assignment(&a).await.keys.len() == 3 && assignment(&b).await.keys.len() == 3
+    })
+    .await;
+    let table = pgcoord::LeaseTable::new(&setup.builder("operator").build().unwrap());
+    let asked = table
+        .request_resign(&admin, "asked/members/a", "operator")
+        .await
+        .unwrap();
+    assert!(asked.is_some(), "a is a member");
+    let started = Instant::now();
+    // Looked for every fourth round (a round is a quarter lease): within about a lease, then
+    // three keys handed over.
+    pgcoord_testkit::eventually(Duration::from_secs(10), "a stopped", async || {
+        !a.connected()
+    })
+    .await;
+    eprintln!("drained after {:?}", started.elapsed());
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE owner = 'a' AND name LIKE 'asked/%'",
+        setup.quoted_table()
+    );
+    pgcoord_testkit::eventually(Duration::from_secs(4), "a holds nothing", async || {
+        admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) == 0
+    })
+    .await;
+    pgcoord_testkit::eventually(Duration::from_secs(4), "b serves all 6", async || {
+        assignment(&b).await.keys.len() == 6
+    })
+    .await;
+    assert_eq!(check(&history.lock().unwrap()), 6, "one worker per key");
+}
