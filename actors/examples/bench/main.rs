@@ -1,7 +1,7 @@
 //! The benchmark: every pgcoord figure next to a raw SQL floor measured in the same run.
 //!
 //! Run with `cargo run --release -p pgcoord-actors --example bench`. Options:
-//! `--quick` (tiny sizes, a smoke run), `--only leases|held|fleet|election|routing|advisory|signals|topics|rates|schedules|faults` (held: the held leases' part of leases alone; election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord and a fleet of 10 processes), sizes one by one
+//! `--quick` (tiny sizes, a smoke run), `--only leases|held|fleet|election|routing|advisory|signals|topics|rates|schedules|view|faults` (held: the held leases' part of leases alone; election includes semaphores and worker pools; fleet the host application's throughput beside pgcoord and a fleet of 10 processes), sizes one by one
 //! (`--pairs N`, `--seconds N` of contention, `--held N` leases, `--requests N`, `--fanout N`, `--backlog N` events of the topic catch-up,
 //! `--rounds N` of server restarts and of advisory repetitions),
 //! `--write PATH` (also write the table, with the machine described, as markdown;
@@ -29,6 +29,7 @@ mod semaphore;
 mod signals;
 mod topics;
 mod unlogged;
+mod view;
 mod workers;
 
 use std::time::Duration;
@@ -165,6 +166,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("schedules") {
         schedules::run(&pg, &sizes, &mut report).await?;
+    }
+    if run("view") {
+        view::run(&pg, &sizes, &mut report).await?;
     }
     if run("faults") {
         faults::run(&pg, &sizes, &mut report).await?;
