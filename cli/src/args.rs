@@ -93,14 +93,16 @@ pub(crate) enum Command {
     },
     /// pgcoord's sessions by role, its tables' sizes, expired payloads.
     Status,
-    /// Serve the live view (leases and their lines, terms, consumers' lag with a chart,
-    /// schedules) as a web page at --listen, until interrupted. It only reads.
+    /// Serve the live view (leases and their lines, terms, worker pools, consumers' lag with a
+    /// chart, schedules, limits, advisory locks, the fleet's sessions) as a web page at
+    /// --listen, until interrupted. It only reads, unless --allow-actions.
     Ui {
         /// Where to serve it: loopback by default (the page shows the fleet's names and data;
         /// put it behind your own access control before serving it elsewhere).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: std::net::SocketAddr,
-        /// Let the page act (ask a leader to resign, release a lease, move a consumer's cursor)
+        /// Let the page act (ask a leader to resign or a pool member to drain, release a lease,
+        /// move a consumer's cursor)
         /// for whoever enters the token read from PGCOORD_UI_TOKEN (16 characters or more; never
         /// on the command line, where other users can read it).
         #[arg(long)]
