@@ -275,24 +275,40 @@ async fn a_tick_completed_in_sql_counts_once() {
 
 #[tokio::test]
 async fn the_functions_are_named_after_their_tables_and_migrate_again() {
-    let (config, client) = super::setup().await;
+    // Every table in a schema of its own: what migrating again would create is read from the
+    // schemas pgcoord's tables live in, and other tests create tables in `public` meanwhile.
+    let schema = pgcoord_testkit::unique_name("again");
+    let config = super::builder()
+        .lock_table(format!("{schema}.locks"))
+        .payload_table(format!("{schema}.payloads"))
+        .topic_table(format!("{schema}.topics"))
+        .schedule_table(format!("{schema}.schedules"))
+        .build()
+        .unwrap();
+    let client = super::connect(&config).await;
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    pgcoord::schema::migrate(&client, &config).await.unwrap();
     let names: Vec<String> = client
         .query(
             "SELECT p.oid::regprocedure::text FROM pg_proc AS p
-             WHERE p.proname LIKE $1 || '\\_%' ORDER BY 1",
-            &[&config.lock_table().name().as_str()],
+             WHERE p.proname LIKE $1 || '\\_%' AND p.pronamespace = $2::text::regnamespace
+             ORDER BY 1",
+            &[&config.lock_table().name().as_str(), &schema],
         )
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let lock = config.lock_table().name().as_str().to_owned();
+    // Named after the lock table, in its schema (not on the search path: qualified).
     assert_eq!(
         names,
         [
-            format!("{lock}_fence(text,bigint,text)"),
-            format!("{lock}_lease(text)"),
+            format!("{schema}.locks_fence(text,bigint,text)"),
+            format!("{schema}.locks_lease(text)"),
         ]
     );
     // Migrating again creates and replaces nothing.
