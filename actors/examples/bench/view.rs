@@ -100,20 +100,27 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     Ok(())
 }
 
-/// A page: asks for a look 0.8 s after its last answer, until `stop`.
+/// A page: asks for a look 0.8 s after its last answer, until `stop`. Each ask is bounded (a
+/// look answers within its own 2 s, or says it cannot look).
 async fn page(address: std::net::SocketAddr, stop: Instant) -> Result<(), String> {
     while Instant::now() < stop {
-        let mut stream =
-            (tokio::net::TcpStream::connect(address).await).map_err(|e| e.to_string())?;
-        let request =
-            format!("GET /snapshot HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-        (stream.write_all(request.as_bytes()).await).map_err(|e| e.to_string())?;
-        let mut answer = Vec::new();
-        (stream.read_to_end(&mut answer).await).map_err(|e| e.to_string())?;
-        if !answer.starts_with(b"HTTP/1.1 200") {
-            return Err(String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned());
-        }
+        tokio::time::timeout(Duration::from_secs(10), ask(address))
+            .await
+            .map_err(|_| "no answer within 10 s".to_owned())??;
         tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    Ok(())
+}
+
+/// One `GET /snapshot`, which must answer 200.
+async fn ask(address: std::net::SocketAddr) -> Result<(), String> {
+    let mut stream = (tokio::net::TcpStream::connect(address).await).map_err(|e| e.to_string())?;
+    let request = format!("GET /snapshot HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    (stream.write_all(request.as_bytes()).await).map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    (stream.read_to_end(&mut answer).await).map_err(|e| e.to_string())?;
+    if !answer.starts_with(b"HTTP/1.1 200") {
+        return Err(String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned());
     }
     Ok(())
 }

@@ -46,17 +46,7 @@ async fn ui_serves_the_page_and_what_it_shows_until_sigterm() {
     let mut ui = pgcoord_command(&table, &["ui", "--listen", "127.0.0.1:0"])
         .spawn()
         .unwrap();
-    // Its first line says where it serves (port 0: any free one).
-    let mut first = String::new();
-    BufReader::new(ui.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let address = (first
-        .trim()
-        .strip_prefix("serving the live view at http://"))
-    .and_then(|a| a.strip_suffix('/'))
-    .unwrap_or_else(|| panic!("{first:?}"))
-    .to_owned();
+    let address = served_at(&mut ui);
 
     let (status, page) = get(&address, "/");
     assert!(status.contains("200"), "{status}");
@@ -124,16 +114,7 @@ fn ui_answers_a_look_at_an_unreachable_database_with_the_error_in_time() {
     let mut ui = pgcoord_command(&table, &["--dsn", &dsn, "ui", "--listen", "127.0.0.1:0"])
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(ui.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let address = (first
-        .trim()
-        .strip_prefix("serving the live view at http://"))
-    .and_then(|a| a.strip_suffix('/'))
-    .unwrap_or_else(|| panic!("{first:?}"))
-    .to_owned();
+    let address = served_at(&mut ui);
     let (status, _) = get(&address, "/");
     assert!(status.contains("200"), "{status}");
     let asked = std::time::Instant::now();
@@ -148,4 +129,18 @@ fn ui_answers_a_look_at_an_unreachable_database_with_the_error_in_time() {
     // SAFETY: kill(2) with the child's pid and a signal number; no memory is involved.
     unsafe { libc::kill(ui.id() as i32, libc::SIGTERM) };
     assert_eq!(ui.wait().unwrap().code(), Some(0));
+}
+
+/// Where `pgcoord ui` serves, from its first line (with port 0: any free one).
+fn served_at(ui: &mut std::process::Child) -> String {
+    let mut first = String::new();
+    BufReader::new(ui.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    (first
+        .trim()
+        .strip_prefix("serving the live view at http://"))
+    .and_then(|a| a.strip_suffix('/'))
+    .unwrap_or_else(|| panic!("{first:?}"))
+    .to_owned()
 }
