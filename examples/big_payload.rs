@@ -5,10 +5,10 @@
 //! Run with `cargo run --example big_payload`. It uses `DATABASE_URL` when set, and otherwise
 //! starts a throwaway PostgreSQL from the locally installed server binaries (removed on exit).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Coordinator, Publish, WaitNext};
+use pgcoord_actors::{Coordinator, Heard, Publish};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,8 +21,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Coordinator::connect(config("sender")?).await?,
         Coordinator::connect(config("receiver")?).await?,
     );
-    let next = receiver.signals.send(WaitNext("reports".into()));
-    tokio::time::sleep(Duration::from_millis(100)).await; // the wait is listening
+    // Listening once this answers.
+    let mut reports = receiver.subscribe("reports").await?;
 
     let report: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     let sent = Instant::now();
@@ -30,7 +30,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .signals
         .send(Publish::new("reports", report.clone()))
         .await??;
-    let received = next.await??;
+    let Some(Heard::Signal(received)) = reports.next().await else {
+        return Err("the report was missed".into());
+    };
     println!(
         "{} bytes received in {:.1} ms, identical: {}",
         received.payload.len(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Publish, RunNow, Serve, WaitNext};
+use pgcoord_actors::{Acquire, AdvisoryLock, Coordinator, Heard, Publish, RunNow, Serve};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -70,13 +70,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     guard.release().await?; // or drop it
 
     // An event, and a request answered by the other "process".
-    let next = coord.signals.send(WaitNext("greetings".into()));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut greetings = coord.subscribe("greetings").await?; // listening once it answers
     other
         .signals
         .send(Publish::value("greetings", "hello")?)
         .await??;
-    println!("event received: {:?}", next.await??.value::<String>()?);
+    if let Some(Heard::Signal(greeting)) = greetings.next().await {
+        println!("event received: {:?}", greeting.value::<String>()?);
+    }
 
     other
         .signals

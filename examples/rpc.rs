@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Ask, Coordinator, Publish, Serve, WaitNext};
+use pgcoord_actors::{Ask, Coordinator, Publish, Serve};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -32,8 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     schema::migrate(&pgcoord::db::connect_spawned(&config).await?, &config).await?;
     let coord = Coordinator::connect(config).await?;
 
-    let ready = coord.signals.send(WaitNext("rpc_ready".into()));
-    tokio::time::sleep(Duration::from_millis(100)).await; // the wait is listening
+    let mut ready = coord.subscribe("rpc_ready").await?; // listening once it answers
     let dsn = match &server {
         Some(server) => server.dsn(),
         None => std::env::var("DATABASE_URL")?,
@@ -42,7 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .arg("serve")
         .env("DATABASE_URL", dsn)
         .spawn()?;
-    ready.await??;
+    // A message, or a gap in which it may have been: either way ask (each ask has a deadline).
+    ready.next().await;
     for (item, quantity) in [("apple", 3), ("pear", 10), ("plum", 1)] {
         let quote = Quote {
             item: item.into(),
@@ -83,12 +83,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             })
         }))
         .await??;
-    let stop = coord.signals.send(WaitNext("rpc_stop".into()));
-    tokio::time::sleep(Duration::from_millis(100)).await; // the wait is listening
+    let mut stop = coord.subscribe("rpc_stop").await?;
     coord
         .signals
         .send(Publish::new("rpc_ready", Vec::new()))
         .await??;
-    stop.await??;
+    stop.next().await;
     Ok(())
 }

@@ -114,7 +114,7 @@ mod workers;
 pub use bytes::Bytes;
 pub use pgcoord::{self, Config, Error, ErrorKind, Result};
 
-pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats, AdvisoryUnlock};
+pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats};
 pub use call::Call;
 pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, Leadership};
@@ -133,7 +133,6 @@ pub use schedules::{
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
     RequestHandler, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
-    WaitNext,
 };
 pub use stats::GetStats;
 pub use streams::{Heard, Subscription};

@@ -197,11 +197,14 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(seen.gauge(held, ""), 0.0);
 
     // The listener: connected, one connection, a message delivered.
-    let next = me.signals.send(WaitNext("metered".into()));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut heard = me.subscribe("metered").await.unwrap();
     let publish = Publish::new("metered", b"x".to_vec());
     other.signals.call(publish).await.unwrap();
-    next.await.unwrap().unwrap();
+    let next = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::StreamExt::next(&mut heard),
+    );
+    assert!(matches!(next.await, Ok(Some(Heard::Signal(_)))));
     let now = &seen;
     // Two coordinators in this process, two listeners: the gauge is their sum, not the last
     // one's value (no per-process label: an owner identity is new at every start).

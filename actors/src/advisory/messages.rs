@@ -63,12 +63,13 @@ impl AdvisoryLock {
     }
 }
 
-/// Release an advisory lock held here ([`AdvisoryGuard::release`] sends it; a dropped guard
-/// sends it too). [`pgcoord::ErrorKind::LockLost`] when it was lost (and already reported) or
-/// not held.
+/// Release an advisory lock held here: sent by its [`AdvisoryGuard`] only (released, or
+/// dropped), so no other code of the process can unlock a key someone else holds and leave
+/// that guard's owner believing it holds it. [`pgcoord::ErrorKind::LockLost`] when it was lost
+/// (and already reported).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<()>")]
-pub struct AdvisoryUnlock(pub i64);
+pub(crate) struct AdvisoryUnlock(pub(crate) i64);
 
 /// What `AdvisoryLocks` answers to [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]

@@ -11,7 +11,7 @@
 //! - `acquire` — taking a lock: the wait on its session, cancelled on the server when the
 //!   caller gives up.
 //! - `guard` — [`AdvisoryGuard`], released when dropped.
-//! - `messages` — [`AdvisoryLock`], [`AdvisoryUnlock`].
+//! - `messages` — [`AdvisoryLock`]; `AdvisoryUnlock`, which only a guard sends.
 
 use std::sync::Arc;
 
@@ -31,7 +31,8 @@ mod guard;
 mod messages;
 
 pub use guard::AdvisoryGuard;
-pub use messages::{AdvisoryLock, AdvisoryStats, AdvisoryUnlock};
+use messages::AdvisoryUnlock;
+pub use messages::{AdvisoryLock, AdvisoryStats};
 
 /// The actor holding this process's advisory locks. Start it with [`AdvisoryLocks::connect`],
 /// which checks the server first (a `Coordinator` starts one).

@@ -44,7 +44,7 @@ impl ListenerActor {
                 .raw
                 .retain(|r| !matches!(r.try_send(raw.clone()), Err(SendError::Closed(_))));
             // A raw channel carries no envelopes unless someone also subscribed to it as one.
-            if entry.subscribers.is_empty() && entry.waiters.is_empty() && entry.handler.is_none() {
+            if entry.subscribers.is_empty() && entry.handler.is_none() {
                 return;
             }
         }
@@ -149,11 +149,6 @@ impl ListenerActor {
         };
         let stats = &mut self.stats;
         let (delivered, overflowed) = (stats.delivered, stats.overflowed);
-        for waiter in entry.waiters.drain(..) {
-            if waiter.send(signal.clone()).is_ok() {
-                stats.delivered += 1;
-            }
-        }
         entry.subscribers.retain(|subscriber| match subscriber.try_send(signal.clone()) {
             Ok(()) => {
                 stats.delivered += 1;
@@ -182,18 +177,15 @@ impl ListenerActor {
             let error = format!("{overflowed} subscriber(s) had a full mailbox; dropped for them");
             self.lost(channel, error, ctx);
         }
-        // Subscribers that are gone, and waiters served, may leave nobody listening.
+        // Subscribers that are gone may leave nobody listening.
         self.unlisten_if_unused(channel, ctx);
     }
 
-    /// Forgets `channel` and UNLISTENs it when nobody subscribes, waits or serves on it any
+    /// Forgets `channel` and UNLISTENs it when nobody subscribes or serves on it any
     /// more: subscriptions end.
     pub(crate) fn unlisten_if_unused(&mut self, channel: &str, ctx: &mut Context<Self>) {
         let unused = self.channels.get(channel).is_some_and(|entry| {
-            entry.subscribers.is_empty()
-                && entry.raw.is_empty()
-                && entry.waiters.is_empty()
-                && entry.handler.is_none()
+            entry.subscribers.is_empty() && entry.raw.is_empty() && entry.handler.is_none()
         });
         if !unused {
             return;

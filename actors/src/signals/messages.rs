@@ -50,7 +50,7 @@ pub enum ConnState {
     /// The connection answers but does not deliver notifications: the listener's own probe, a
     /// NOTIFY on its reply channel, did not come back within the ping timeout (a
     /// transaction-mode pooler on the session DSN, say). It is being replaced; while it stays
-    /// deaf, waiters and subscribers hear nothing and only polls go on.
+    /// deaf, subscribers hear nothing and only polls go on.
     Deaf,
     /// Connected again and every LISTEN confirmed. Notifications sent during the gap were not
     /// delivered: resync whatever they drive.
@@ -189,12 +189,6 @@ pub struct SubscribeRaw {
     pub recipient: Recipient<RawNotification>,
 }
 
-/// Wait for the next message on `channel` (bound it with `send(..).timeout(..)`). A wait in
-/// progress survives a reconnect of the listener: it gets the next message delivered after it.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Signal>")]
-pub struct WaitNext(pub String);
-
 /// What a request handler returns: the reply payload, or an error message for the caller.
 pub type HandlerResult = std::result::Result<Vec<u8>, String>;
 
@@ -315,7 +309,7 @@ pub struct SubscribeConnState(pub Recipient<ConnState>);
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 #[non_exhaustive]
 pub struct ListenerStats {
-    /// Messages delivered to subscribers and waiters.
+    /// Messages delivered to subscribers.
     pub delivered: u64,
     /// Messages dropped because a subscriber's mailbox was full; announced as
     /// [`ConnState::MessageLost`] (as `undeliverable` ones are).

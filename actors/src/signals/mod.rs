@@ -51,7 +51,6 @@ pub(crate) struct Channel {
     pub(crate) subscribers: Vec<Recipient<Signal>>,
     /// Receivers of the notification text as it is, without an envelope (the lease channel).
     pub(crate) raw: Vec<Recipient<RawNotification>>,
-    pub(crate) waiters: Vec<oneshot::Sender<Signal>>,
     pub(crate) handler: Option<RequestHandler>,
     /// Messages waiting for an earlier one's stored payload (see `ordered`).
     pub(crate) backlog: ordered::Backlog,

@@ -1,5 +1,5 @@
 //! What `ListenerActor` is asked to do with channels: `Publish`, `Subscribe`, `Unsubscribe`,
-//! `SubscribeRaw`, `Serve`, `StopServing`, `WaitNext` — each LISTEN confirmed before it answers.
+//! `SubscribeRaw`, `Serve`, `StopServing` — each LISTEN confirmed before it answers.
 
 use actix::prelude::*;
 use pgcoord::ident::Ident;
@@ -44,7 +44,7 @@ impl Handler<Publish> for ListenerActor {
 
 impl ListenerActor {
     /// Validates `channel`, records what `register` adds to it, and makes sure it is listened
-    /// on: what `Subscribe`, `SubscribeRaw`, `Serve` and `WaitNext` have in common. The returned
+    /// on: what `Subscribe`, `SubscribeRaw` and `Serve` have in common. The returned
     /// future is not the actor's: it survives a restart of the listener, and resolves once the
     /// channel is listened on, on this connection or the next. An invalid channel registers
     /// nothing.
@@ -155,27 +155,5 @@ impl Handler<Serve> for ListenerActor {
             ))));
         }
         self.registered(&channel, |entry| entry.handler = Some(handler), ctx)
-    }
-}
-
-impl Handler<WaitNext> for ListenerActor {
-    type Result = ResponseFuture<Result<Signal>>;
-
-    fn handle(&mut self, WaitNext(channel): WaitNext, ctx: &mut Context<Self>) -> Self::Result {
-        if self.config.poll_only() {
-            return Box::pin(std::future::ready(Err(super::poll_only_refusal(
-                "waiting for a signal",
-            ))));
-        }
-        let (tx, rx) = oneshot::channel();
-        let confirmed = match self.register(&channel, |entry| entry.waiters.push(tx), ctx) {
-            Ok(confirmed) => confirmed,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
-        Box::pin(async move {
-            confirmed.await?;
-            rx.await
-                .map_err(|_| Error::new(ErrorKind::Unavailable, "the listener stopped"))
-        })
     }
 }

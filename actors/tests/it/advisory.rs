@@ -66,7 +66,7 @@ async fn locks(admin: &Client, key: i64) -> (i64, i64) {
 async fn two_managers_contend_and_locks_never_stack() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    let _guard1 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let guard1 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     assert_eq!(
         b.send(AdvisoryLock::new(k))
             .await
@@ -84,13 +84,9 @@ async fn two_managers_contend_and_locks_never_stack() {
         ErrorKind::AlreadyHeld
     );
     assert_eq!(locks(&admin, k).await, (1, 0), "held once, not stacked");
-    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
-    assert_eq!(
-        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
-        ErrorKind::LockLost
-    );
-    let _guard2 = b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
-    b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    guard1.release().await.unwrap();
+    let guard2 = b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    guard2.release().await.unwrap();
     assert_eq!(locks(&admin, k).await, (0, 0));
 }
 
@@ -103,20 +99,20 @@ async fn shared_holders_exclude_an_exclusive_one() {
         manager_with(&setup, "c", &setup.pg),
         key(),
     );
-    let _guard3 = a
+    let guard3 = a
         .send(AdvisoryLock::new(k).shared())
         .await
         .unwrap()
         .unwrap();
-    let _guard4 = b
+    let guard4 = b
         .send(AdvisoryLock::new(k).shared())
         .await
         .unwrap()
         .unwrap();
     let err = c.send(AdvisoryLock::new(k)).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotAcquired);
-    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
-    b.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    guard3.release().await.unwrap();
+    guard4.release().await.unwrap();
     let _guard5 = c.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let err = a
         .send(AdvisoryLock::new(k).shared())
@@ -130,7 +126,7 @@ async fn shared_holders_exclude_an_exclusive_one() {
 async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    let _guard6 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let guard6 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let started = Instant::now();
     let err = b
         .send(AdvisoryLock::new(k).timeout(Duration::from_millis(300)))
@@ -145,10 +141,9 @@ async fn a_wait_with_a_deadline_gets_the_lock_or_gives_up_on_the_server() {
     assert_eq!(locks(&admin, k).await, (1, 0), "no wait left on the server");
 
     let waiting = b.send(AdvisoryLock::new(k).timeout(Duration::from_secs(10)));
-    let a2 = a.clone();
     actix_rt::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        a2.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+        guard6.release().await.unwrap();
     });
     let _taken = waiting.await.unwrap().unwrap();
     assert_eq!(locks(&admin, k).await, (1, 0));
@@ -178,7 +173,7 @@ async fn a_timeout_is_answered_in_time_while_connecting_hangs() {
 async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
     let (setup, admin) = setup().await;
     let (a, b, k) = two_managers(&setup);
-    let _guard7 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let guard7 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let gave_up = b
         .send(AdvisoryLock::new(k).timeout(Duration::from_secs(60)))
         .timeout(Duration::from_millis(300))
@@ -190,7 +185,7 @@ async fn cancelling_a_blocked_wait_leaves_no_lock_held() {
         (1, 0),
         "the server-side wait was cancelled"
     );
-    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    guard7.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         locks(&admin, k).await,
@@ -214,7 +209,7 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
         key(),
     );
     let lost = subscribe(&a).await;
-    let _guard8 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let guard8 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let killed = Instant::now();
     admin
         .execute(
@@ -243,7 +238,7 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
     );
     let _guard9 = b.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     assert_eq!(
-        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
+        guard8.release().await.unwrap_err().kind(),
         ErrorKind::LockLost
     );
     assert_eq!(locks(&admin, k).await, (1, 0), "the new holder keeps it");
@@ -257,7 +252,7 @@ async fn a_black_holed_session_is_reported_stalled() {
     let via_proxy = proxy.pg_config(&setup.pg);
     let (a, k) = (manager_with(&setup, "a", &via_proxy), key());
     let lost = subscribe(&a).await;
-    let _guard10 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
+    let guard10 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     proxy.cut();
     let cut = Instant::now();
     while lost.received().is_empty() {
@@ -272,7 +267,7 @@ async fn a_black_holed_session_is_reported_stalled() {
     eprintln!("black-holed session reported after {:?}", cut.elapsed());
     assert_eq!(lost.received()[0].reason, LossReason::Stalled);
     assert_eq!(
-        a.send(AdvisoryUnlock(k)).await.unwrap().unwrap_err().kind(),
+        guard10.release().await.unwrap_err().kind(),
         ErrorKind::LockLost
     );
 }
@@ -320,9 +315,9 @@ async fn a_session_that_holds_nothing_is_reused() {
         manager_with(&setup, "b", &setup.pg),
     );
     let (k1, k2, k3) = (key(), key(), key());
-    let _guard12 = a.send(AdvisoryLock::new(k1)).await.unwrap().unwrap();
+    let guard12 = a.send(AdvisoryLock::new(k1)).await.unwrap().unwrap();
     let first = holder_pid(&admin, k1).await;
-    a.send(AdvisoryUnlock(k1)).await.unwrap().unwrap();
+    guard12.release().await.unwrap();
     let _guard13 = a.send(AdvisoryLock::new(k2)).await.unwrap().unwrap();
     assert_eq!(holder_pid(&admin, k2).await, first, "same session, reused");
     assert_eq!(
@@ -391,7 +386,16 @@ async fn a_guard_from_an_earlier_tenure_does_not_release_a_later_one() {
     let (setup, admin) = setup().await;
     let (a, _, k) = two_managers(&setup);
     let first = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
-    a.send(AdvisoryUnlock(k)).await.unwrap().unwrap();
+    // The first tenure ends by a loss: its session is ended on the server.
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
+            &[&k],
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), first.lost()).await;
+    assert_eq!(ended.unwrap(), Some(LossReason::ConnectionLost));
     let second = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     drop(first);
     tokio::time::sleep(Duration::from_millis(200)).await;
