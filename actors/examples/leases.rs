@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Acquire, Get, LockManager};
+use pgcoord_actors::backend::Locking as _;
+use pgcoord_actors::{Acquire, LockManager};
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     println!(
         "alice still leads after 3 s of heartbeats: {:?}",
-        a.send(Get("leader".into())).await??.owner
+        a.get("leader").await?.owner
     );
     leader.release().await?;
     let bob = waiting.await??;

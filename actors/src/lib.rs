@@ -120,8 +120,7 @@ pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, Leadership};
 pub use health::Health;
 pub use leases::{
-    Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, List, LockManager, MAX_LEASE,
-    ManagerStats, SetLimit, with_lock,
+    Acquire, AcquirePermit, Claim, Lease, LockManager, MAX_LEASE, ManagerStats, SetLimit, with_lock,
 };
 pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::PayloadStoreActor;

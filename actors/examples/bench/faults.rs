@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::{Config, ErrorKind};
-use pgcoord_actors::{Acquire, Get, LockManager};
+use pgcoord_actors::backend::Locking as _;
+use pgcoord_actors::{Acquire, LockManager};
 use pgcoord_testkit::TempPostgres;
 
 use crate::Sizes;
@@ -112,9 +113,9 @@ async fn restarts(sizes: &Sizes, report: &mut Report) -> Res {
     let manager = LockManager::new(config).start();
     let held = manager.send(Acquire::new("held")).await??;
     // Warm the pool: a few lookups at once, so several pooled connections exist to be killed.
-    let warm: Vec<_> = (0..4).map(|_| manager.send(Get("held".into()))).collect();
+    let warm: Vec<_> = (0..4).map(|_| manager.get("held")).collect();
     for w in warm {
-        w.await??;
+        w.await?;
     }
     tokio::time::sleep(SETTLE).await;
 
@@ -165,7 +166,7 @@ async fn restarts(sizes: &Sizes, report: &mut Report) -> Res {
     }
 
     // The held lease: never reported lost, and the row still carries its token.
-    let info = manager.send(Get("held".into())).await?;
+    let info = manager.get("held").await;
     let kept = held.loss().is_none() && info.as_ref().is_ok_and(|i| i.token == Some(held.token()));
     report.note(
         &format!(

@@ -56,7 +56,9 @@ use pgcoord::{LeaseInfo, Result};
 
 use crate::call::Call;
 use crate::coordinator::Coordinator;
-use crate::leases::{Acquire, AcquirePermit, Claim, Get, Lease, ListPrefix, LockManager, SetLimit};
+use crate::leases::{
+    Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, ListPrefix, LockManager, SetLimit,
+};
 use crate::losses::{LockLost, Shutdown, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
@@ -80,14 +82,18 @@ pub trait Locking: Send + Sync {
     /// Stores a limited semaphore's limit ([`SetLimit`]): lowered, the highest permits are
     /// taken back.
     fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>>;
-    /// Inspects one lock ([`Get`]); [`pgcoord::ErrorKind::NotFound`] when there is none.
+    /// Inspects one lock, held or kept, granting nothing; [`pgcoord::ErrorKind::NotFound`] when
+    /// there is none.
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>>;
+    /// The stored limit of semaphore `name` ([`SetLimit`]); `None` when it has none.
+    fn limit(&self, name: &str) -> BoxFuture<Result<Option<u32>>>;
     /// Registers `recipient` for [`LockLost`], sent once per lease of this backend lost.
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>>;
     /// Takes each of the [`Claim`]'s names that is free now, without waiting: the leases
     /// granted (what a worker pool claims its keys with).
     fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>>;
-    /// Every lock whose name starts with `prefix`, by name (a worker pool's members and keys).
+    /// Every lock whose name starts with `prefix` (all of them for `""`), by name, granting
+    /// nothing (a worker pool's members and keys).
     fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>>;
     /// Whether the tenure of `name` with `token` was asked to step down, by a request stored in
     /// the database (`pgcoord::LeaseTable::request_resign`: an election's leader asked to
@@ -220,6 +226,10 @@ impl Locking for Addr<LockManager> {
         Box::pin(self.call(Get(name.to_owned())))
     }
 
+    fn limit(&self, name: &str) -> BoxFuture<Result<Option<u32>>> {
+        Box::pin(self.call(GetLimit(name.to_owned())))
+    }
+
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
         sent(self, SubscribeLockLost(recipient))
     }
@@ -256,6 +266,10 @@ impl Locking for Coordinator {
 
     fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
         self.locks.get(name)
+    }
+
+    fn limit(&self, name: &str) -> BoxFuture<Result<Option<u32>>> {
+        self.locks.limit(name)
     }
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {

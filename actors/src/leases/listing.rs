@@ -1,4 +1,4 @@
-//! Inspection: [`Get`], [`List`] and [`ListPrefix`] — reads on the pool, safe to retry on
+//! Inspection: `Get` and `ListPrefix` — reads on the pool, safe to retry on
 //! another connection whatever happened to the first — and the reaping of lapsed places in
 //! line, as safe to repeat.
 
@@ -8,7 +8,7 @@ use tracing::debug;
 
 use super::LockManager;
 use super::counters::Counters;
-use super::messages::{Get, List, ListPrefix};
+use super::messages::{Get, ListPrefix};
 
 impl LockManager {
     /// Deletes the places in line that lapsed (see `LeaseTable::reap_lapsed_places`), on a
@@ -33,16 +33,6 @@ impl Handler<Get> for LockManager {
         Counters::add(&self.counters.read_statements);
         let (pool, table) = (self.pool.clone(), self.table.clone());
         Box::pin(async move { table.get(&pool.idempotent(None), &name).await })
-    }
-}
-
-impl Handler<List> for LockManager {
-    type Result = ResponseFuture<Result<Vec<LeaseInfo>>>;
-
-    fn handle(&mut self, _: List, _: &mut Context<Self>) -> Self::Result {
-        Counters::add(&self.counters.read_statements);
-        let (pool, table) = (self.pool.clone(), self.table.clone());
-        Box::pin(async move { table.list(&pool.idempotent(None)).await })
     }
 }
 

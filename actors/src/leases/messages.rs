@@ -4,10 +4,10 @@
 //! |---|---|
 //! | [`Acquire`] | `Result<Lease>`: a lease, waited for as the request says |
 //! | [`AcquirePermit`] | `Result<Lease>`: a permit of a counting semaphore, a slot's lease |
-//! | [`SetLimit`], [`GetLimit`] | a limited semaphore's stored limit, changed or read |
+//! | [`SetLimit`] | a limited semaphore's stored limit, changed |
 //! | [`Release`] | `Result<()>`: the tenure ended (what [`Lease::release`] sends) |
 //! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
-//! | [`Get`], [`List`], [`ListPrefix`] | what the table says, granting nothing |
+//! | `Get`, `GetLimit`, `ListPrefix` | what the table says, granting nothing: asked through [`Locking`](crate::backend::Locking)'s `get`, `limit` and `list_prefix`, which `Addr<LockManager>` implements |
 //! | [`RunNow`](crate::RunNow) | `Result<u64>`: every held lease renewed now; how many |
 //! | [`GetStats`](crate::GetStats)`<ManagerStats>` | [`ManagerStats`] |
 //! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
@@ -93,7 +93,7 @@ impl Acquire {
     }
 
     /// Typed data, stored as MessagePack (pgcoord's one codec, `pgcoord::signal::to_payload`);
-    /// read it back with [`Lease::value`] or [`Get`].
+    /// read it back with [`Lease::value`] or [`Locking::get`](crate::backend::Locking::get).
     pub fn value<T: Serialize>(self, value: &T) -> Result<Acquire> {
         Ok(self.data(pgcoord::signal::to_payload(value)?))
     }
@@ -217,7 +217,7 @@ impl SetLimit {
 /// The stored limit of semaphore `name`; `None` when it has none.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Option<u32>>")]
-pub struct GetLimit(pub String);
+pub(crate) struct GetLimit(pub(crate) String);
 
 impl Message for AcquirePermit {
     type Result = Result<Lease>;
@@ -259,17 +259,12 @@ impl Claim {
 /// there is no row.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<LeaseInfo>")]
-pub struct Get(pub String);
+pub(crate) struct Get(pub(crate) String);
 
-/// Inspect every lock in the table. Grants nothing.
+/// Every lease whose name starts with the prefix (all of them for `""`), as `Get` reports one.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<LeaseInfo>>")]
-pub struct List;
-
-/// Every lease whose name starts with the prefix, as `Get` reports one.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Result<Vec<LeaseInfo>>")]
-pub struct ListPrefix(pub String);
+pub(crate) struct ListPrefix(pub(crate) String);
 
 /// Release every held lease now, and answer, once the statements are done, how many were
 /// released on the server. Each holder is told its lease ended with
@@ -299,7 +294,7 @@ pub struct ManagerStats {
     /// Release statements sent: single releases, and batches of concurrent releases counted
     /// once each.
     pub release_statements: u64,
-    /// Reads sent: [`Get`], [`List`] and prefix listings (an election observer's reads among them).
+    /// Reads sent: lookups of one lock and listings (an election observer's reads among them).
     pub read_statements: u64,
     /// Leases reported lost.
     pub lost: u64,

@@ -58,10 +58,8 @@ mod with_lock;
 pub(crate) use batch::notify::HolderNotices;
 pub use held::MAX_LEASE;
 pub use lease::Lease;
-pub(crate) use messages::ReleaseAll;
-pub use messages::{
-    Acquire, AcquirePermit, Claim, Get, GetLimit, List, ListPrefix, ManagerStats, Release, SetLimit,
-};
+pub use messages::{Acquire, AcquirePermit, Claim, ManagerStats, Release, SetLimit};
+pub(crate) use messages::{Get, GetLimit, ListPrefix, ReleaseAll};
 pub use with_lock::with_lock;
 
 /// The actor that holds leases: acquires them (waiting FIFO, woken by NOTIFY), renews all of

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::bb8_postgres::PostgresConnectionManager;
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{backend_pids, unique_name};
 use tokio_postgres::NoTls;
@@ -124,7 +125,7 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
     let app_pool = app_pool(&setup.pg, &app, 1, Duration::from_millis(300)).await;
     let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
     let manager = LockManager::with_pool(config, pool, None).start();
-    manager.send(List).await.unwrap().unwrap();
+    manager.list_prefix("").await.unwrap();
     let pooled = only_backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
@@ -151,5 +152,5 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
         .get(0);
     assert_eq!(pid as u32, pooled);
     drop(conn);
-    manager.send(List).await.unwrap().unwrap();
+    manager.list_prefix("").await.unwrap();
 }

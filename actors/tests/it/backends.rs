@@ -308,8 +308,14 @@ async fn permits_and_a_stored_limit_that_is_raised_and_lowered(h: impl Harness) 
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_eq!(b.limit(&name).await.unwrap(), None);
     let change = a.set_limit(SetLimit::new(&name, 1)).await.unwrap();
     assert_eq!((change.previous, change.revoked), (None, 0));
+    assert_eq!(
+        b.limit(&name).await.unwrap(),
+        Some(1),
+        "read by another process"
+    );
     let first = a
         .acquire_permit(AcquirePermit::limited(&name))
         .await
@@ -329,6 +335,7 @@ async fn permits_and_a_stored_limit_that_is_raised_and_lowered(h: impl Harness) 
     );
     let change = b.set_limit(SetLimit::new(&name, 0)).await.unwrap();
     assert_eq!((change.previous, change.revoked), (Some(2), 2));
+    assert_eq!(a.limit(&name).await.unwrap(), Some(0));
     for permit in [first, second] {
         let lost = tokio::time::timeout(Duration::from_secs(5), permit.lost()).await;
         assert_eq!(lost, Ok(Some(LossReason::TakenOver)));

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::Proxy;
 
@@ -196,7 +197,7 @@ async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() 
 
     // A claim once the pool's connections are black-holed again: answered by its deadline —
     // `Unavailable`, or granted on a connection opened after the cut — never left waiting.
-    let warm = (0..4).map(|_| manager.send(List));
+    let warm = (0..4).map(|_| manager.list_prefix(""));
     futures_util::future::join_all(warm).await;
     proxy.cut();
     let started = Instant::now();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, TempPostgres, backend_pids, unique_name};
 
@@ -53,11 +54,7 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
         "renewals went on: {before:?} -> {after:?}"
     );
     for lease in [&a, &b] {
-        let info = manager
-            .send(Get(lease.name().into()))
-            .await
-            .unwrap()
-            .unwrap();
+        let info = manager.get(lease.name()).await.unwrap();
         assert_eq!(info.token, Some(lease.token()));
         assert!(info.remaining.unwrap() > LEASE / 2, "{info:?}");
     }
@@ -88,14 +85,14 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
         .build()
         .unwrap();
     let manager = LockManager::new(config).start();
-    manager.send(List).await.unwrap().unwrap();
+    manager.list_prefix("").await.unwrap();
     let pooled = only_backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
     cut_off_at_the_bound(&manager, bound).await;
     // The frozen connection is not back in the pool: the next call gets a new one at once.
     let started = Instant::now();
-    manager.send(List).await.unwrap().unwrap();
+    manager.list_prefix("").await.unwrap();
     assert!(started.elapsed() < bound, "{:?}", started.elapsed());
     let now = backend_pids(&admin, &app).await.unwrap();
     assert!(!now.contains(&pooled) || now.len() == 2, "{now:?}");
@@ -150,11 +147,7 @@ async fn black_holed_connections_then_healed_lose_no_lease() {
     assert!(lost.received().is_empty(), "lost: {:?}", lost.received());
     for lease in [&before, &after] {
         assert!(lease.loss().is_none());
-        let info = manager
-            .send(Get(lease.name().into()))
-            .await
-            .unwrap()
-            .unwrap();
+        let info = manager.get(lease.name()).await.unwrap();
         assert_eq!(info.token, Some(lease.token()));
         assert!(info.remaining.unwrap() > LEASE / 2, "renewed: {info:?}");
     }
@@ -185,9 +178,9 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         .unwrap()
         .unwrap();
     // Open several pooled connections, all idle (and all killed) when the server restarts.
-    let warm: Vec<_> = (0..8).map(|_| a.send(List)).collect();
+    let warm: Vec<_> = (0..8).map(|_| a.list_prefix("")).collect();
     for listed in warm {
-        listed.await.unwrap().unwrap();
+        listed.await.unwrap();
     }
     // The server's WAL writer flushes asynchronously (synchronous_commit is off in the
     // throwaway cluster): let the grants reach the disk before the crash.
@@ -205,7 +198,7 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         "tokens keep increasing"
     );
     next.release().await.unwrap();
-    a.send(List).await.unwrap().unwrap();
+    a.list_prefix("").await.unwrap();
     coordinator
         .signals
         .send(Publish::new(&channel, b"after".to_vec()))

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use actix::Actor;
 use pgcoord::LeaseTable;
 use pgcoord::lease::{AcquireRequest, Attempt};
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, unique_name};
 
@@ -238,11 +239,11 @@ async fn a_release_in_another_lock_table_on_the_channel_costs_an_attempt_and_gra
     let lease_a = waits_a.await.unwrap().unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!waits_b.is_finished(), "B's waiter was granted A's lease");
-    let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
+    let b = waiter_b.get("job").await.unwrap();
     assert_eq!(b.owner.as_deref(), Some("hb"));
     held_b.release().await.unwrap();
     let lease_b = waits_b.await.unwrap().unwrap().unwrap();
-    let b = waiter_b.send(Get("job".into())).await.unwrap().unwrap();
+    let b = waiter_b.get("job").await.unwrap();
     assert_eq!(
         (b.owner.as_deref(), b.token),
         (Some("w"), Some(lease_b.token()))

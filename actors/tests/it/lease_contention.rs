@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use pgcoord::ErrorKind;
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 
 use super::Setup;
@@ -114,7 +115,7 @@ async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
             .unwrap();
     }
     // Nobody waits any more: the released lock's row is gone.
-    let err = a.send(Get("job".into())).await.unwrap().unwrap_err();
+    let err = a.get("job").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{PgBouncer, require_program, unique_name};
 
@@ -46,7 +47,7 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
         None,
         "renewed through the pooler past its 2 s lease"
     );
-    let info = coord.locks.call(Get("held".into())).await.unwrap();
+    let info = coord.locks.get("held").await.unwrap();
     assert_eq!(info.token, Some(held.token()));
 
     // Events: published through the pooler, heard on the direct LISTEN connection; stored

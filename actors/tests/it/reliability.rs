@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::ErrorKind;
 use pgcoord_actors::Ask;
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, TempPostgres, unique_name};
 
@@ -67,7 +68,7 @@ async fn reset_or_close_while_holding(close: bool) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(lost.received().len(), 1, "{:?}", lost.received());
     assert_eq!(lease.loss(), None);
-    let info = holder.send(Get("job".into())).await.unwrap().unwrap();
+    let info = holder.get("job").await.unwrap();
     assert!(
         info.remaining.unwrap() > Duration::from_secs(1),
         "renewed: {info:?}"

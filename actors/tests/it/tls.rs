@@ -7,6 +7,7 @@ use std::time::Duration;
 use actix::Actor;
 
 use pgcoord::{Config, SslMode};
+use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{TempPostgres, unique_name};
 
@@ -39,7 +40,7 @@ async fn leases_advisory_locks_and_signals_work_over_verified_tls() {
     let lease = coord.locks.call(Acquire::new("tls-lease")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(lease.loss(), None, "renewed over TLS past its 2 s lease");
-    let info = coord.locks.call(Get("tls-lease".into())).await.unwrap();
+    let info = coord.locks.get("tls-lease").await.unwrap();
     assert_eq!(info.token, Some(lease.token()));
 
     // An advisory lock on its own session.
@@ -136,7 +137,7 @@ async fn a_certificate_it_cannot_trust_fails_calls_with_tls_at_once() {
         "{:?}",
         started.elapsed()
     );
-    let err = manager.call(List).await.unwrap_err();
+    let err = manager.list_prefix("").await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
     let err = AdvisoryLocks::connect(config.clone()).await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");

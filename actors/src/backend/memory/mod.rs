@@ -251,6 +251,11 @@ impl Locking for MemoryCoordinator {
         Box::pin(std::future::ready(info))
     }
 
+    fn limit(&self, name: &str) -> BoxFuture<Result<Option<u32>>> {
+        let limit = self.shared.lock().permits.limit(name);
+        Box::pin(std::future::ready(Ok(limit)))
+    }
+
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
         self.shared.lock().lock_lost.push((self.id, recipient));
         Box::pin(std::future::ready(Ok(())))

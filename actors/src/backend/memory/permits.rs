@@ -21,6 +21,13 @@ pub(super) struct PermitState {
     limits: HashMap<String, u32>,
 }
 
+impl PermitState {
+    /// The stored limit of semaphore `name`, if it has one.
+    pub(super) fn limit(&self, name: &str) -> Option<u32> {
+        self.limits.get(name).copied()
+    }
+}
+
 /// A permit granted: its slot, token and loss signal.
 pub(super) type Granted = (String, i64, TenureWatch);
 
