@@ -216,16 +216,20 @@ pub async fn migrate(client: &Client, config: &Config) -> Result<()> {
 /// [`migrate`], saying what it changed: the objects it created (`table public.pgcoord_locks`,
 /// `column public.pgcoord_locks.waiter`, `index …`), none when the schema was up to date. With
 /// `apply` false nothing is kept: the same migration runs and is rolled back, so the list is
-/// what [`migrate`] would change now.
+/// what [`migrate`] would change now. What other sessions create meanwhile in the same schemas
+/// (an application's own migration) is not listed.
 #[instrument(skip_all, fields(lock_table = %config.lock_table, apply))]
 pub async fn migrate_and_report(
     client: &Client,
     config: &Config,
     apply: bool,
 ) -> Result<Vec<String>> {
+    // One snapshot for the objects read before and after: a table another session creates
+    // meanwhile (an application's own migration) is in neither, so it is not reported as ours.
+    // The DDL itself looks at the catalogs as they are, so nothing is created twice.
     client
         .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
         ))
         .await?;
     let changed = async {

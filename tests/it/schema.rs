@@ -115,16 +115,26 @@ async fn concurrent_migrations_do_not_conflict() {
         .build()
         .unwrap();
     let mut tasks = Vec::new();
-    for _ in 0..4 {
+    for i in 0..6 {
         let config = config.clone();
         tasks.push(tokio::spawn(async move {
             let client = super::connect(&config).await;
-            schema::migrate(&client, &config).await
+            // Half of them say what they created (`pgcoord migrate`).
+            match i % 2 {
+                0 => schema::migrate(&client, &config).await.map(|()| Vec::new()),
+                _ => schema::migrate_and_report(&client, &config, true).await,
+            }
         }));
     }
+    let mut reported = Vec::new();
     for t in tasks {
-        t.await.unwrap().unwrap();
+        reported.extend(t.await.unwrap().unwrap());
     }
+    // Whatever each reported, it created: no object is claimed by two of them.
+    let mut distinct = reported.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), reported.len(), "{reported:?}");
 }
 
 #[tokio::test]
@@ -344,4 +354,53 @@ async fn a_waiters_table_of_migration_0003_needs_none_of_the_later_columns() {
         pgcoord::lease::Attempt::Granted(_)
     ));
     waiter.leave_line(&client, "job").await.unwrap();
+}
+
+/// What a report lists is what the migration created: a table another session creates in the
+/// same schema while the migration runs is not listed as pgcoord's (the objects before and
+/// after are read in one snapshot).
+#[tokio::test]
+async fn a_report_lists_only_what_the_migration_created_while_others_create_tables() {
+    let name = pgcoord_testkit::unique_name("report");
+    let config = super::builder().schema(&name).build().unwrap();
+    let client = super::connect(&config).await;
+    schema::migrate(&client, &config).await.unwrap();
+    // Another session creates a table of its own in the schema, holding the waiters' table
+    // meanwhile: the migration reads what exists, then its first ALTER of that table waits
+    // for this session to commit.
+    let waiters = config.lock_queue().to_string();
+    let other = super::connect(&config).await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; CREATE TABLE \"{name}\".orders (id int);
+             LOCK TABLE {waiters} IN ACCESS SHARE MODE"
+        ))
+        .await
+        .unwrap();
+    let report = tokio::spawn({
+        let config = config.clone();
+        async move { schema::migrate_and_report(&client, &config, false).await }
+    });
+    let admin = super::connect(&config).await;
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted
+         AND relation = '{waiters}'::regclass"
+    );
+    let started = std::time::Instant::now();
+    while admin
+        .query_one(&waiting, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the migration never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    other.batch_execute("COMMIT").await.unwrap();
+    let pending = report.await.unwrap().unwrap();
+    assert!(pending.is_empty(), "{pending:?}");
 }
