@@ -161,6 +161,11 @@ impl TenureSender {
         self.0.state.lock().expect("tenure").0 = tenure;
         self.0.changed.notify_waiters();
     }
+
+    /// Whether `watch` watches this very tenure (not an earlier or a later one of its lock).
+    pub(crate) fn tells(&self, watch: &TenureWatch) -> bool {
+        Arc::ptr_eq(&self.0, &watch.0)
+    }
 }
 
 impl Drop for TenureSender {

@@ -33,6 +33,14 @@ impl AdvisoryGuard {
         self.key
     }
 
+    /// The message that unlocks this tenure, and no other.
+    fn unlock(&self) -> AdvisoryUnlock {
+        AdvisoryUnlock {
+            key: self.key,
+            tenure: self.lost.clone(),
+        }
+    }
+
     /// Why the lock was lost, once it has been.
     pub fn loss(&self) -> Option<LossReason> {
         crate::losses::loss_of(&self.lost)
@@ -48,25 +56,22 @@ impl AdvisoryGuard {
     /// Releases the lock. [`ErrorKind::LockLost`] when it was already lost.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.locks
-            .send(AdvisoryUnlock(self.key))
-            .await
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Unavailable,
-                    format!("advisory locks stopped: {e}"),
-                )
-            })?
+        self.locks.send(self.unlock()).await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("advisory locks stopped: {e}"),
+            )
+        })?
     }
 }
 
 impl Drop for AdvisoryGuard {
     fn drop(&mut self) {
-        // The sender lives with the session: once it is gone, this tenure ended (lost, or
-        // released by an `AdvisoryUnlock`), and a later tenure of the same key is not ours.
+        // Ended already (lost): nothing to unlock. The message names this tenure anyway, so a
+        // later tenure of the same key is never unlocked by it.
         let ended = self.lost.ended();
         if !self.released && !ended {
-            self.locks.do_send(AdvisoryUnlock(self.key));
+            self.locks.do_send(self.unlock());
         }
     }
 }

@@ -63,13 +63,17 @@ impl AdvisoryLock {
     }
 }
 
-/// Release an advisory lock held here: sent by its [`AdvisoryGuard`] only (released, or
-/// dropped), so no other code of the process can unlock a key someone else holds and leave
-/// that guard's owner believing it holds it. [`pgcoord::ErrorKind::LockLost`] when it was lost
-/// (and already reported).
-#[derive(Debug, Clone, Message)]
+/// Release the tenure of an advisory lock that `tenure` watches: sent by its [`AdvisoryGuard`]
+/// only (released, or dropped), so no other code of the process can unlock a key someone else
+/// holds, and a guard whose tenure ended cannot unlock a later tenure of its key: either would
+/// leave that tenure's holder believing it holds the lock. [`pgcoord::ErrorKind::LockLost`]
+/// when that tenure was lost (and already reported).
+#[derive(Clone, Message)]
 #[rtype(result = "Result<()>")]
-pub(crate) struct AdvisoryUnlock(pub(crate) i64);
+pub(crate) struct AdvisoryUnlock {
+    pub(crate) key: i64,
+    pub(crate) tenure: crate::losses::TenureWatch,
+}
 
 /// What `AdvisoryLocks` answers to [`GetStats`](crate::GetStats).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]

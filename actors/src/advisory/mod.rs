@@ -233,10 +233,11 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
 
     fn handle(
         &mut self,
-        AdvisoryUnlock(key): AdvisoryUnlock,
+        AdvisoryUnlock { key, tenure }: AdvisoryUnlock,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
-        let Some(session) = self.sessions.remove(&key) else {
+        let ours = (self.sessions.get(&key)).is_some_and(|session| session.lost.tells(&tenure));
+        let Some(session) = ours.then(|| self.sessions.remove(&key)).flatten() else {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!("advisory lock {key} is not held (lost or released)"),
