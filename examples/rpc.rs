@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use pgcoord::{Config, schema};
-use pgcoord_actors::{Ask, Coordinator, Publish, Serve};
+use pgcoord_actors::{Ask, Coordinator, Heard, Publish, Serve};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .arg("serve")
         .env("DATABASE_URL", dsn)
         .spawn()?;
-    // A message, or a gap in which it may have been: either way ask (each ask has a deadline).
+    // The message, or a gap in which it may have been: either way ask (each ask has a deadline).
     ready.next().await;
     for (item, quantity) in [("apple", 3), ("pear", 10), ("plum", 1)] {
         let quote = Quote {
@@ -88,6 +88,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .signals
         .send(Publish::new("rpc_ready", Vec::new()))
         .await??;
-    stop.next().await;
+    // Only the message stops it: a gap (the listener reconnected) is no reason to.
+    while let Some(Heard::Gap(_)) = stop.next().await {}
     Ok(())
 }

@@ -216,26 +216,25 @@ pub async fn migrate(client: &Client, config: &Config) -> Result<()> {
 /// [`migrate`], saying what it changed: the objects it created (`table public.pgcoord_locks`,
 /// `column public.pgcoord_locks.waiter`, `index …`), none when the schema was up to date. With
 /// `apply` false nothing is kept: the same migration runs and is rolled back, so the list is
-/// what [`migrate`] would change now. What other sessions create meanwhile in the same schemas
-/// (an application's own migration) is not listed.
+/// what [`migrate`] would change now. Only what this migration wrote is listed: not what other
+/// sessions create meanwhile in the same schemas (an application's own migration).
 #[instrument(skip_all, fields(lock_table = %config.lock_table, apply))]
 pub async fn migrate_and_report(
     client: &Client,
     config: &Config,
     apply: bool,
 ) -> Result<Vec<String>> {
-    // One snapshot for the objects read before and after: a table another session creates
-    // meanwhile (an application's own migration) is in neither, so it is not reported as ours.
-    // The DDL itself looks at the catalogs as they are, so nothing is created twice.
     client
         .batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+            "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
         ))
         .await?;
     let changed = async {
-        let before = objects(client, config).await?;
+        let before = objects(client, config, false).await?;
         client.batch_execute(&sql(config)).await?;
-        let after = objects(client, config).await?;
+        // Only what this transaction wrote: a table another session created meanwhile in the
+        // same schema (an application's own migration) is not pgcoord's.
+        let after = objects(client, config, true).await?;
         let created: Vec<String> = after.into_iter().filter(|o| !before.contains(o)).collect();
         // A new table's columns come with it: listed only for tables that were there.
         let new_tables: Vec<String> = (created.iter())
@@ -260,8 +259,9 @@ pub async fn migrate_and_report(
 }
 
 /// The tables, sequences, indexes, columns and functions in the schemas pgcoord's tables live
-/// in.
-async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
+/// in; with `ours`, only those whose catalog row the current transaction wrote (`age(xmin)` is
+/// 0 for the transaction's own id): created or altered by it.
+async fn objects(client: &Client, config: &Config, ours: bool) -> Result<Vec<String>> {
     let schemas: Vec<String> = [
         &config.lock_table,
         &config.payload_table,
@@ -281,26 +281,27 @@ async fn objects(client: &Client, config: &Config) -> Result<Vec<String>> {
                  SELECT CASE WHEN s = '' THEN current_schema() ELSE s END AS nspname
                  FROM unnest($1::text[]) AS s
              ), relations AS (
-                 SELECT c.oid, c.relkind, n.nspname, c.relname
+                 SELECT c.oid, c.relkind, n.nspname, c.relname, c.xmin
                  FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
                  WHERE n.nspname IN (SELECT nspname FROM wanted)
                    AND c.relkind IN ('r', 'p', 'S', 'i')
              )
              SELECT CASE relkind WHEN 'S' THEN 'sequence' WHEN 'i' THEN 'index' ELSE 'table' END
                     || ' ' || quote_ident(nspname) || '.' || quote_ident(relname)
-             FROM relations
+             FROM relations WHERE NOT $2 OR age(xmin) = 0
              UNION ALL
              SELECT 'column ' || quote_ident(r.nspname) || '.' || quote_ident(r.relname) || '.'
                     || quote_ident(a.attname)
              FROM relations AS r JOIN pg_attribute AS a ON a.attrelid = r.oid
              WHERE r.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+               AND (NOT $2 OR age(a.xmin) = 0)
              UNION ALL
              SELECT 'function ' || quote_ident(n.nspname) || '.' || quote_ident(p.proname) || '('
                     || pg_get_function_identity_arguments(p.oid) || ')'
              FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
-             WHERE n.nspname IN (SELECT nspname FROM wanted)
+             WHERE n.nspname IN (SELECT nspname FROM wanted) AND (NOT $2 OR age(p.xmin) = 0)
              ORDER BY 1",
-            &[&schemas],
+            &[&schemas, &ours],
         )
         .await?;
     rows.iter().map(|r| Ok(r.try_get(0)?)).collect()

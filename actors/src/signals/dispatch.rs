@@ -131,7 +131,7 @@ impl ListenerActor {
         });
     }
 
-    /// Hands a message to every waiter and subscriber of `channel` without blocking.
+    /// Hands a message to every subscriber of `channel` without blocking.
     pub(crate) fn deliver(
         &mut self,
         channel: &str,

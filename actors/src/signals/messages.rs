@@ -138,8 +138,8 @@ impl Subscribe {
     }
 }
 
-/// End a [`Subscribe`]: `recipient` gets nothing more from `channel`. When nobody subscribes,
-/// waits or serves on the channel any more, it is UNLISTENed. A subscriber that is gone (its
+/// End a [`Subscribe`]: `recipient` gets nothing more from `channel`. When nobody subscribes
+/// or serves on the channel any more, it is UNLISTENed. A subscriber that is gone (its
 /// actor stopped) is forgotten the same way at the next message, without this.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]

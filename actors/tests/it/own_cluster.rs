@@ -126,7 +126,7 @@ pub(super) async fn freeze_while_idle(server: &TempPostgres, admin: &Client, pid
     }
 }
 
-/// A `List` on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
+/// A listing on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
 pub(super) async fn cut_off_at_the_bound(manager: &Addr<LockManager>, bound: Duration) {
     let started = Instant::now();
     let err = manager.list_prefix("").await.unwrap_err();

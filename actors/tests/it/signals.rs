@@ -386,9 +386,17 @@ async fn a_missing_store_row_is_a_typed_error() {
 }
 
 #[actix_rt::test]
-async fn bad_channel_names_are_refused_by_publish_and_subscribe() {
+async fn a_subscriber_gets_what_is_published_and_bad_channel_names_are_refused() {
     let (setup, _) = setup().await;
     let listener = listener(&setup);
+    let channel = unique_name("once");
+    let (heard, recipient) = Collector::<Signal>::start_new();
+    let subscribe = Subscribe::new(channel.clone(), recipient);
+    listener.send(subscribe).await.unwrap().unwrap();
+    let publish = Publish::new(&channel, b"first".to_vec());
+    listener.send(publish).await.unwrap().unwrap();
+    let got = heard.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(got[0].payload[..], *b"first");
     // Names NOTIFY cannot take; anything else is quoted (see any_channel_name_…).
     for bad in ["", "nul\0inside", &"c".repeat(64)] {
         let err = listener
