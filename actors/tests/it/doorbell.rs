@@ -163,6 +163,9 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
     for name in names {
         held.push(holder.send(Acquire::new(name)).await.unwrap().unwrap());
         let waiter = setup.manager(&format!("w{name}"));
+        // Connected first: its connection's wake-up cannot send an attempt counted before the
+        // releases and answered after them.
+        super::listening(&waiter).await;
         let acquire = Acquire::new(name).timeout(Duration::from_secs(10));
         waits.push(actix_rt::spawn(waiter.send(acquire)));
         waiters.push(waiter);
@@ -190,7 +193,7 @@ async fn a_batch_of_releases_wakes_each_leases_waiter() {
         let lease = wait.await.unwrap().unwrap().unwrap();
         let after = stats(&waiters[i]).await;
         let attempts = after.acquire_statements - before[i].acquire_statements;
-        // A waiter whose listener connected late (a busy machine) was also told to ask again
+        // A waiter whose listener reconnected (a busy machine) was also told to ask again
         // (everyone is, as announcements may have been missed): at most one attempt each.
         let woken_all = after.woken_all - before[i].woken_all;
         assert!(

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::{Config, ConfigBuilder};
-use pgcoord_actors::{LockLost, LockManager, SubscribeLockLost};
+use pgcoord_actors::{GetStats, LockLost, LockManager, SubscribeLockLost};
 use pgcoord_testkit::{Proxy, test_pg_config, unique_name};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
@@ -362,6 +362,16 @@ impl Handler<pgcoord_actors::Signal> for Slow {
 }
 
 /// Waits until `n` waiters are in line for the lease `name` of `setup`'s table.
+/// Waits until `manager`'s lease listener has connected (and told its waiters, if any, to ask
+/// again, as it does at every connection): from then on an attempt counted is one a doorbell,
+/// a refusal or a poll asked for, not the connection.
+pub async fn listening(manager: &Addr<LockManager>) {
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the lease listener", async || {
+        manager.send(GetStats::new()).await.unwrap().woken_all >= 1
+    })
+    .await
+}
+
 pub async fn in_line(setup: &Setup, admin: &Client, name: &str, n: i64) {
     let queue = setup
         .builder("admin")
