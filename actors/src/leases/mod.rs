@@ -262,6 +262,7 @@ impl Actor for LockManager {
             counters: self.counters.clone(),
             limits: Default::default(),
             under_way,
+            contended: Default::default(),
         }));
         // Poll-only: no doorbell; waiters look again at their poll.
         if !self.config.poll_only() {

@@ -71,6 +71,10 @@ pub(crate) struct OneWait {
     asked: bool,
     /// Whether an attempt in line was sent: leaving without the lease must leave the line.
     in_line: bool,
+    /// Whether the first attempt gets in line too (the name was contended here lately).
+    in_line_first: bool,
+    /// Whether an attempt was refused (held, full, busy): the name is contended.
+    refused: bool,
     /// Busy answers in a row.
     busy: u32,
     /// The last holder an attempt named.
@@ -87,9 +91,19 @@ impl OneWait {
             once,
             asked: false,
             in_line: false,
+            in_line_first: false,
+            refused: false,
             busy: 0,
             holder: None,
         }
+    }
+
+    /// The same wait, whose first attempt gets in line when `contended`: the name's last wait
+    /// here had to, so a plain first attempt would most likely be refused, one statement for
+    /// nothing. A name no longer contended is granted by that attempt all the same.
+    pub(crate) fn in_line_first(mut self, contended: bool) -> OneWait {
+        self.in_line_first = contended && !self.once;
+        self
     }
 
     pub(crate) fn deadline(&self) -> Option<Instant> {
@@ -121,16 +135,22 @@ impl OneWait {
     pub(crate) fn ask(&mut self) -> Ask {
         let ask = match (self.once, self.asked) {
             (true, _) => Ask::Once,
-            (false, false) => Ask::First,
-            (false, true) => Ask::InLine,
+            (false, false) if !self.in_line_first => Ask::First,
+            (false, _) => Ask::InLine,
         };
         self.asked = true;
         self.in_line |= ask == Ask::InLine;
         ask
     }
 
+    /// Whether an attempt was refused: the name is contended.
+    pub(crate) fn refused(&self) -> bool {
+        self.refused
+    }
+
     /// What comes after `answer`, at `now`.
     pub(crate) fn after<G>(&mut self, answer: Answer<G>, now: Instant) -> Next<G> {
+        self.refused |= matches!(answer, Answer::Held(_) | Answer::Busy | Answer::Full);
         match answer {
             Answer::Granted(grant) => Next::Granted(grant),
             Answer::Unknown(error) => Next::CheckOrphans(error),
@@ -228,6 +248,26 @@ mod tests {
             line.after(Answer::Granted(3u8), now),
             Next::Granted(3)
         ));
+    }
+
+    #[test]
+    fn a_wait_for_a_name_contended_lately_gets_in_line_with_its_first_attempt() {
+        let now = Instant::now();
+        let mut line = OneWait::new(None, POLL, false).in_line_first(true);
+        assert_eq!(line.ask(), Ask::InLine);
+        assert!(line.in_line(), "its place must be left if it gives up");
+        assert!(!line.refused());
+        // Refused in line: it naps (no second attempt at once, as a plain refusal gets).
+        let next = line.after::<u8>(Answer::Held(Some(holder(POLL))), now);
+        assert!(matches!(next, Next::Nap(_)), "{next:?}");
+        assert!(
+            line.refused(),
+            "still contended: the next wait gets in line first too"
+        );
+        // A single attempt never gets in line, contended or not.
+        let mut once = OneWait::new(None, POLL, true).in_line_first(true);
+        assert_eq!(once.ask(), Ask::Once);
+        assert!(!once.in_line());
     }
 
     #[test]

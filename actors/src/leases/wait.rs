@@ -102,7 +102,7 @@ impl<A: Attempts> Wait<A> {
             attempts,
             context: context.clone(),
             queue: context.queues.join(key),
-            line: OneWait::new(deadline, context.poll, once),
+            line: OneWait::new(deadline, context.poll, once).in_line_first(context.contended(key)),
             turn: None,
             orphans_until: None,
         }
@@ -196,7 +196,11 @@ impl<A: Attempts> Wait<A> {
                 next => next,
             };
             let nap = match next {
-                Next::Granted(won) => return Outcome::Granted(won),
+                Next::Granted(won) => {
+                    // Whether the next wait for it here gets in line at once (see `OneWait`).
+                    self.context.note_contention(name, line.refused());
+                    return Outcome::Granted(won);
+                }
                 Next::NotAcquired(holder) => {
                     return Outcome::Failed(Error::not_acquired(name, holder));
                 }

@@ -125,17 +125,21 @@ impl Model for Waiting {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        vec![State {
-            real: 0,
-            wait: OneWait::new(None, Duration::from_millis(POLL), false),
-            stage: Stage::Attempt,
-            other_holds: true,
-            waiter_holds: false,
-            token: 1,
-            rings: 0,
-            forged: 0,
-            duplicated: 0,
-        }]
+        // A first attempt plain, or in line (the name was contended here lately).
+        [false, true]
+            .map(|contended| State {
+                real: 0,
+                wait: OneWait::new(None, Duration::from_millis(POLL), false)
+                    .in_line_first(contended),
+                stage: Stage::Attempt,
+                other_holds: true,
+                waiter_holds: false,
+                token: 1,
+                rings: 0,
+                forged: 0,
+                duplicated: 0,
+            })
+            .into()
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {

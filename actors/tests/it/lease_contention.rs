@@ -258,3 +258,59 @@ async fn a_contended_lease_keeps_changing_hands_from_the_start() {
         "the lease sat free for {longest:?}"
     );
 }
+
+/// A manager whose last wait for a name was refused waits for it in line from its next wait's
+/// first attempt: two statements for a contended acquisition (its place in line, then the
+/// grant after the doorbell) where the first took three (a plain attempt refused first). The
+/// lease and heartbeat are long, so no renewal meets an attempt, and no poll comes first; the
+/// listeners connected before, so no connection wakes anyone.
+#[actix_rt::test]
+async fn a_name_contended_lately_is_waited_for_in_line_from_the_first_attempt() {
+    let (setup, admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(20)).await;
+    let (a, b) = (setup.manager("a"), setup.manager("b"));
+    // Connected first: a connection's wake-up would be one more attempt.
+    super::listening(&a).await;
+    super::listening(&b).await;
+    let in_line = format!(
+        "SELECT count(*) FROM \"{}_wq\" WHERE name = 'job' AND waiter = $1",
+        setup.table
+    );
+    // `waiter` waits for the lease `holder` holds; the attempts it took to get it.
+    let handed = |holder: Lease, waiter: actix::Addr<LockManager>, owner: &'static str| {
+        let (admin, in_line) = (&admin, &in_line);
+        async move {
+            let before = waiter
+                .send(GetStats::new())
+                .await
+                .unwrap()
+                .acquire_statements;
+            let waiting =
+                tokio::spawn(waiter.send(Acquire::new("job").timeout(Duration::from_secs(20))));
+            let placed = Instant::now();
+            while admin
+                .query_one(in_line, &[&owner])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 0
+            {
+                assert!(placed.elapsed() < Duration::from_secs(20), "never in line");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            holder.release().await.unwrap();
+            let lease = waiting.await.unwrap().unwrap().unwrap();
+            let after = waiter
+                .send(GetStats::new())
+                .await
+                .unwrap()
+                .acquire_statements;
+            (lease, after - before)
+        }
+    };
+    let first = a.send(Acquire::new("job")).await.unwrap().unwrap();
+    let (second, b_first) = handed(first, b.clone(), "b").await;
+    let (third, a_first) = handed(second, a.clone(), "a").await;
+    let (fourth, b_again) = handed(third, b.clone(), "b").await;
+    assert_eq!((b_first, a_first, b_again), (3, 3, 2));
+    fourth.release().await.unwrap();
+}
