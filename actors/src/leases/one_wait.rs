@@ -179,8 +179,8 @@ impl OneWait {
             Answer::Busy => {
                 self.busy += 1;
                 let nap = if self.in_line && self.busy <= QUICK_RETRIES {
-                    // In line, and another attempt (every waiter tries when a release is
-                    // announced) holds the row for a moment.
+                    // In line, and another statement holds the row for a moment (the
+                    // releaser's own next attempt, meeting the announced waiter's).
                     Duration::from_micros(250 * u64::from(self.busy))
                 } else {
                     // A renewal, a fencing guard, a DBA's transaction: less and less often.
