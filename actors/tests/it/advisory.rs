@@ -211,13 +211,7 @@ async fn a_terminated_session_is_reported_lost_and_release_does_not_unlock_the_n
     let lost = subscribe(&a).await;
     let guard8 = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     let killed = Instant::now();
-    admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
-            &[&k],
-        )
-        .await
-        .unwrap();
+    end_session_holding(&admin, k).await;
     while lost.received().is_empty() {
         assert!(
             killed.elapsed() < Duration::from_secs(5),
@@ -294,6 +288,17 @@ async fn stopping_the_manager_releases_every_lock() {
     }
 }
 
+/// Ends, on the server, the session that holds advisory key `key`.
+async fn end_session_holding(admin: &Client, key: i64) {
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
+            &[&key],
+        )
+        .await
+        .unwrap();
+}
+
 /// The backend holding the advisory key.
 async fn holder_pid(admin: &Client, key: i64) -> i32 {
     admin
@@ -348,13 +353,7 @@ async fn a_dropped_guard_releases_and_a_lost_lock_is_reported_to_its_guard() {
         .unwrap()
         .unwrap();
     assert_eq!(locks(&admin, k).await, (1, 0));
-    admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
-            &[&k],
-        )
-        .await
-        .unwrap();
+    end_session_holding(&admin, k).await;
     let reason = tokio::time::timeout(Duration::from_secs(5), taken.lost())
         .await
         .expect("the guard hears of the loss");
@@ -387,13 +386,7 @@ async fn a_guard_from_an_earlier_tenure_does_not_release_a_later_one() {
     let (a, _, k) = two_managers(&setup);
     let first = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
     // The first tenure ends by a loss: its session is ended on the server.
-    admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid::text::bigint = $1",
-            &[&k],
-        )
-        .await
-        .unwrap();
+    end_session_holding(&admin, k).await;
     let ended = tokio::time::timeout(Duration::from_secs(5), first.lost()).await;
     assert_eq!(ended.unwrap(), Some(LossReason::ConnectionLost));
     let second = a.send(AdvisoryLock::new(k)).await.unwrap().unwrap();
