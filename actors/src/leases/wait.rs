@@ -197,8 +197,10 @@ impl<A: Attempts> Wait<A> {
             };
             let nap = match next {
                 Next::Granted(won) => {
-                    // Whether the next wait for it here gets in line at once (see `OneWait`).
-                    self.context.note_contention(name, line.refused());
+                    // Whether the next wait for it here gets in line at once (see `OneWait`):
+                    // kept under the key it is read by (a semaphore's is not a lease name).
+                    self.context
+                        .note_contention(self.queue.key(), line.refused());
                     return Outcome::Granted(won);
                 }
                 Next::NotAcquired(holder) => {

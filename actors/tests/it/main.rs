@@ -361,7 +361,6 @@ impl Handler<pgcoord_actors::Signal> for Slow {
     }
 }
 
-/// Waits until `n` waiters are in line for the lease `name` of `setup`'s table.
 /// Waits until `manager`'s lease listener has connected (and told its waiters, if any, to ask
 /// again, as it does at every connection): from then on an attempt counted is one a doorbell,
 /// a refusal or a poll asked for, not the connection.
@@ -372,6 +371,7 @@ pub async fn listening(manager: &Addr<LockManager>) {
     .await
 }
 
+/// Waits until `n` waiters are in line for the lease `name` of `setup`'s table.
 pub async fn in_line(setup: &Setup, admin: &Client, name: &str, n: i64) {
     let queue = setup
         .builder("admin")
