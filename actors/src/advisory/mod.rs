@@ -236,8 +236,14 @@ impl Handler<AdvisoryUnlock> for AdvisoryLocks {
         AdvisoryUnlock { key, tenure }: AdvisoryUnlock,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
+        // Only the tenure the guard watched: a later one of the key is someone else's.
         let ours = (self.sessions.get(&key)).is_some_and(|session| session.lost.tells(&tenure));
-        let Some(session) = ours.then(|| self.sessions.remove(&key)).flatten() else {
+        let session = if ours {
+            self.sessions.remove(&key)
+        } else {
+            None
+        };
+        let Some(session) = session else {
             let error = Error::new(
                 ErrorKind::LockLost,
                 format!("advisory lock {key} is not held (lost or released)"),

@@ -312,3 +312,38 @@ pub(super) async fn acquire(
         }
     }
 }
+
+/// What a [`Lease`] of the in-memory backend releases into.
+pub(super) struct MemoryHolder {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl crate::leases::lease::Keeper for MemoryHolder {
+    fn release(&self, name: String, token: i64) -> super::BoxFuture<Result<()>> {
+        Box::pin(std::future::ready(self.release_now(&name, token)))
+    }
+
+    fn release_later(&self, name: String, token: i64) {
+        let _ = self.release_now(&name, token);
+    }
+
+    fn fence<'a>(
+        &'a self,
+        _: &'a dyn pgcoord::Statements,
+        name: &'a str,
+        token: i64,
+    ) -> pgcoord::BoxFuture<'a, Result<()>> {
+        // No transaction to guard: the token is checked.
+        Box::pin(std::future::ready(
+            self.shared.lock().leases.check(name, token),
+        ))
+    }
+}
+
+impl MemoryHolder {
+    fn release_now(&self, name: &str, token: i64) -> Result<()> {
+        let released = self.shared.lock().leases.release(name, token);
+        self.shared.released.notify_waiters();
+        released
+    }
+}

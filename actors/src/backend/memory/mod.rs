@@ -216,7 +216,7 @@ impl Locking for MemoryCoordinator {
                 name: name.into(),
                 token,
                 data,
-                holder: Arc::new(MemoryHolder { shared }),
+                holder: Arc::new(leases::MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -232,7 +232,7 @@ impl Locking for MemoryCoordinator {
                 name: name.into(),
                 token,
                 data: None,
-                holder: Arc::new(MemoryHolder { shared }),
+                holder: Arc::new(leases::MemoryHolder { shared }),
                 tenure,
                 released: false,
             })
@@ -363,40 +363,5 @@ impl pgcoord::Statements for NoDatabase {
             pgcoord::ErrorKind::Other,
             format!("the in-memory backend has no database to run {sql:?} on"),
         ))))
-    }
-}
-
-/// What a [`Lease`] of the in-memory backend releases into.
-struct MemoryHolder {
-    shared: Arc<Shared>,
-}
-
-impl crate::leases::lease::Keeper for MemoryHolder {
-    fn release(&self, name: String, token: i64) -> BoxFuture<Result<()>> {
-        Box::pin(std::future::ready(self.release_now(&name, token)))
-    }
-
-    fn release_later(&self, name: String, token: i64) {
-        let _ = self.release_now(&name, token);
-    }
-
-    fn fence<'a>(
-        &'a self,
-        _: &'a dyn pgcoord::Statements,
-        name: &'a str,
-        token: i64,
-    ) -> pgcoord::BoxFuture<'a, Result<()>> {
-        // No transaction to guard: the token is checked.
-        Box::pin(std::future::ready(
-            self.shared.lock().leases.check(name, token),
-        ))
-    }
-}
-
-impl MemoryHolder {
-    fn release_now(&self, name: &str, token: i64) -> Result<()> {
-        let released = self.shared.lock().leases.release(name, token);
-        self.shared.released.notify_waiters();
-        released
     }
 }
