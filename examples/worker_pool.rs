@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{Config, schema};
 use pgcoord_actors::{
-    GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Shutdown, WorkerKey, WorkerPool,
+    GetStats, KeyRouter, ListenerActor, LockManager, Routed, Shutdown, WorkerKey, WorkerPool,
 };
 
 /// The workers alive now, by key, with their tokens.
@@ -113,15 +113,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (a, b) = (start("process-a")?, start("process-b")?);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (held_a, held_b) = (
-        a.send(GetAssignment).await?.keys.len(),
-        b.send(GetAssignment).await?.keys.len(),
+        a.send(GetStats::new()).await?.keys.len(),
+        b.send(GetStats::new()).await?.keys.len(),
     );
     println!("process-a serves {held_a} keys, process-b {held_b}");
     println!("customer-1 is served by {}", ask("customer-1").await?);
 
     a.send(Shutdown).await?; // its workers stop, its keys' leases are released
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let held = b.send(GetAssignment).await?.keys;
+    let held = b.send(GetStats::new()).await?.keys;
     if let Some((key, token)) = held.first_key_value() {
         println!(
             "process-a stopped; process-b serves {} keys, e.g. {key} (token {token})",

@@ -182,8 +182,8 @@ impl Coordinator {
     /// Starts a [`ScheduleRunner`](crate::ScheduleRunner) in this process: with the same
     /// schedule started in every process of the fleet, each tick runs in one of them, once
     /// (see [`Schedule`](crate::Schedule)). Typed errors for a bad name or policy, before
-    /// anything starts. Runs until sent [`StopSchedule`](crate::StopSchedule) (which answers
-    /// its final statistics) or [`Shutdown`](crate::Shutdown), or the System stops (dropping
+    /// anything starts. Runs until sent [`Shutdown`](crate::Shutdown) (after which it answers
+    /// [`GetStats`](crate::GetStats) with its final statistics) or the System stops (dropping
     /// the address does not stop it).
     pub fn schedule(
         &self,

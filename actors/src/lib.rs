@@ -126,9 +126,7 @@ pub use losses::{LockKey, LockLost, LossReason, Shutdown, SubscribeLockLost};
 pub use payloads::PayloadStoreActor;
 pub use rates::RateLimiter;
 pub use run_now::RunNow;
-pub use schedules::{
-    Schedule, ScheduleRunner, ScheduleStats, StopSchedule, Tick, TickHandler, TickResult,
-};
+pub use schedules::{Schedule, ScheduleRunner, ScheduleStats, Tick, TickHandler, TickResult};
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
     RequestHandler, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
@@ -141,6 +139,6 @@ pub use topics::{
     TopicConsumer, TopicRetention,
 };
 pub use workers::{
-    Assignment, Drain, GetAssignment, KeyRouter, Mail, MembersChanged, Routed, SetKeys,
-    SubscribeMembers, TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
+    Assignment, Drain, KeyRouter, Mail, MembersChanged, Routed, SetKeys, SubscribeMembers,
+    TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
 };

@@ -436,7 +436,8 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         seen.counter("pgcoord_schedule_runs_total", done) >= 1
     })
     .await;
-    let stats = runner.send(StopSchedule).await.unwrap();
+    runner.send(pgcoord_actors::Shutdown).await.unwrap();
+    let stats = runner.send(GetStats::new()).await.unwrap();
     assert_eq!(
         seen.counter("pgcoord_schedule_runs_total", done),
         stats.done

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::Config;
 use pgcoord_actors::{
-    Ask, GetAssignment, KeyRouter, ListenerActor, LockManager, Routed, Serve, Shutdown, WorkerKey,
+    Ask, GetStats, KeyRouter, ListenerActor, LockManager, Routed, Serve, Shutdown, WorkerKey,
     WorkerPool,
 };
 
@@ -66,7 +66,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let started = Instant::now();
     loop {
         let held =
-            a.send(GetAssignment).await?.keys.len() + b.send(GetAssignment).await?.keys.len();
+            a.send(GetStats::new()).await?.keys.len() + b.send(GetStats::new()).await?.keys.len();
         if held == keys.len() {
             break;
         }

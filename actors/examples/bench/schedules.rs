@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
 use pgcoord::schedule::{RunState, ScheduleTable, Timing};
 use pgcoord::{Config, LeaseTable};
-use pgcoord_actors::{Coordinator, Schedule, StopSchedule};
+use pgcoord_actors::{Coordinator, Schedule, Shutdown};
 
 use crate::Sizes;
 use crate::leases::{Res, floor_clients};
@@ -53,7 +53,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     for runner in &runners {
-        runner.send(StopSchedule).await?;
+        runner.send(Shutdown).await?;
     }
     let ours = std::mem::take(&mut *late.lock().unwrap());
     let ticks = ours.len();

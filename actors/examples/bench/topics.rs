@@ -11,7 +11,7 @@ use futures_util::future::poll_fn;
 use pgcoord::topic::{Cursor, TopicTable};
 use pgcoord::{Config, ErrorKind};
 use pgcoord_actors::{
-    Append, Consume, Coordinator, Delivery, GetAssignment, Mail, Shutdown, WorkerKey, WorkerPool,
+    Append, Consume, Coordinator, Delivery, GetStats, Mail, Shutdown, WorkerKey, WorkerPool,
     mail_topic,
 };
 use tokio_postgres::{AsyncMessage, Client};
@@ -182,7 +182,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
     tokio::time::sleep(Duration::from_millis(300)).await; // the consumer is reading
     let claimed = Instant::now();
-    while pool.send(GetAssignment).await?.keys.is_empty() {
+    while pool.send(GetStats::new()).await?.keys.is_empty() {
         if claimed.elapsed() > Duration::from_secs(60) {
             return Err("the mail pool's key was not claimed within a minute".into());
         }

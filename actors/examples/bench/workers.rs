@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::Config;
-use pgcoord_actors::{GetAssignment, GetStats, LockManager, Shutdown, WorkerKey, WorkerPool};
+use pgcoord_actors::{GetStats, LockManager, Shutdown, WorkerKey, WorkerPool};
 
 use crate::Sizes;
 use crate::leases::Res;
@@ -23,7 +23,7 @@ impl Handler<Shutdown> for Idle {
 }
 
 async fn held(pool: &Addr<WorkerPool<Idle>>) -> usize {
-    pool.send(GetAssignment)
+    pool.send(GetStats::new())
         .await
         .map(|a| a.keys.len())
         .unwrap_or(0)

@@ -117,7 +117,7 @@ impl Schedule {
     /// failed (retried per the policy), so a handler that hangs does not hold the schedule up
     /// for the whole fleet; a [`Tick::fence`] or [`Tick::complete`] that comes later fails and
     /// its transaction must not commit. Without it a run takes as long as its handler, and
-    /// [`StopSchedule`] waits for it. Tasks the handler spawned are its own: dropping its
+    /// [`Shutdown`](crate::Shutdown) waits for it. Tasks the handler spawned are its own: dropping its
     /// future does not stop them, and a [`Tick`] they keep does not hold the schedule's lease:
     /// the runner releases it when its tenure ends (nothing more is due), and the Tick's fence
     /// fails from then on (before that, the tick's row already refuses it).
@@ -250,13 +250,6 @@ pub struct ScheduleStats {
     pub busy: u64,
 }
 
-/// Stops a [`ScheduleRunner`]: a run under way is finished (within the schedule's
-/// [`Schedule::run_within`], when it has one), the lease released; answers the runner's final
-/// [`ScheduleStats`].
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "ScheduleStats")]
-pub struct StopSchedule;
-
 /// What the loop shares with its actor.
 pub(crate) struct Shared {
     pub(crate) schedule: Schedule,
@@ -289,7 +282,7 @@ pub struct ScheduleRunner {
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
     // Its own address, so dropping the caller's does not stop the schedule: only
-    // `StopSchedule` (or the System's end) does.
+    // `Shutdown` (or the System's end) does.
     me: Option<Addr<ScheduleRunner>>,
 }
 
@@ -343,36 +336,21 @@ impl Handler<GetStats<ScheduleStats>> for ScheduleRunner {
     }
 }
 
-/// The same stop as [`StopSchedule`], for code that stops every actor alike; the final
-/// statistics are dropped.
+/// Stops the schedule: a run under way is finished (within the schedule's
+/// [`Schedule::run_within`], when it has one) and the lease released before it answers. The
+/// runner then answers [`GetStats`] with its final statistics until its last address is dropped.
 impl Handler<crate::losses::Shutdown> for ScheduleRunner {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) -> Self::Result {
-        Box::pin(self.handle(StopSchedule, ctx).map(|_, _, _| ()))
-    }
-}
-
-impl Handler<StopSchedule> for ScheduleRunner {
-    type Result = ResponseActFuture<Self, ScheduleStats>;
-
-    fn handle(&mut self, _: StopSchedule, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: crate::losses::Shutdown, _: &mut Context<Self>) -> Self::Result {
+        // Without its own address the runner stops once nobody else holds one.
         self.me = None;
         self.shared.stop();
         let task = self.task.take();
-        let shared = self.shared.clone();
-        Box::pin(
-            async move {
-                if let Some(task) = task {
-                    let _ = task.await;
-                }
-                shared.stats.lock().expect("stats lock").clone()
+        Box::pin(async move {
+            if let Some(task) = task {
+                let _ = task.await;
             }
-            .into_actor(self)
-            .map(|stats, _, ctx| {
-                ctx.stop();
-                stats
-            }),
-        )
+        })
     }
 }

@@ -51,12 +51,8 @@ impl WorkerKey {
     }
 }
 
-/// The keys a pool's process holds, with their tokens, and the live members it counted.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "Assignment")]
-pub struct GetAssignment;
-
-/// What [`GetAssignment`] answers (more may be told in later versions).
+/// What a worker pool answers to [`GetStats`](crate::GetStats): the keys its process holds,
+/// with their tokens, and the live members it counted (more may be told in later versions).
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 #[non_exhaustive]
 pub struct Assignment {

@@ -59,7 +59,7 @@ use drain::Draining;
 use mail::Mailing;
 use members::Membership;
 pub use members::{MembersChanged, SubscribeMembers};
-pub use messages::{Assignment, Drain, GetAssignment, Mail, SetKeys, WorkerKey, mail_topic};
+pub use messages::{Assignment, Drain, Mail, SetKeys, WorkerKey, mail_topic};
 use rebalance::Rounds;
 pub use route::{KeyRouter, Routed};
 use running::Crew;
@@ -192,13 +192,13 @@ where
     }
 }
 
-impl<W> Handler<GetAssignment> for WorkerPool<W>
+impl<W> Handler<crate::GetStats<Assignment>> for WorkerPool<W>
 where
     W: Actor<Context = Context<W>> + Handler<Shutdown>,
 {
     type Result = Assignment;
 
-    fn handle(&mut self, _: GetAssignment, _: &mut Context<Self>) -> Assignment {
+    fn handle(&mut self, _: crate::GetStats<Assignment>, _: &mut Context<Self>) -> Assignment {
         Assignment {
             keys: self.crew.assigned(),
             members: self.membership.count(),

@@ -12,7 +12,7 @@ use actix::prelude::*;
 use futures_util::Stream;
 use pgcoord::{Error, ErrorKind, Result};
 
-use super::{Assignment, Drain, GetAssignment, MembersChanged, SetKeys, Shutdown};
+use super::{Assignment, Drain, MembersChanged, SetKeys, Shutdown};
 use super::{SubscribeMembers, WorkerKey, WorkerPool};
 use crate::coordinator::Coordinator;
 use crate::streams::{forward, told};
@@ -92,7 +92,10 @@ impl std::fmt::Debug for Workers {
 impl Workers {
     /// The keys held here with their tokens, and the live members counted at the last tick.
     pub async fn assignment(&self) -> Result<Assignment> {
-        self.pool.send(GetAssignment).await.map_err(stopped)
+        self.pool
+            .send(crate::GetStats::new())
+            .await
+            .map_err(stopped)
     }
 
     /// Replaces the keys ([`SetKeys`]): workers of keys no longer listed stop, their leases go.

@@ -288,7 +288,7 @@ async fn a_forged_not_here_does_not_get_a_routed_message_handled_twice() {
         .routed(ListenerActor::new(config.clone(), None).start_supervised())
         .start();
     pgcoord_testkit::eventually(Duration::from_secs(10), "the key held", async || {
-        !pool.send(GetAssignment).await.unwrap().keys.is_empty()
+        !pool.send(GetStats::new()).await.unwrap().keys.is_empty()
     })
     .await;
     let sender = setup.builder("sender").build().unwrap();

@@ -66,7 +66,7 @@ async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool
 }
 
 async fn held(pool: &Addr<WorkerPool<Counter>>) -> HashMap<String, i64> {
-    let assignment = pool.send(GetAssignment).await.unwrap();
+    let assignment = pool.send(GetStats::new()).await.unwrap();
     assignment.keys.into_iter().collect()
 }
 

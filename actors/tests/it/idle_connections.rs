@@ -155,7 +155,7 @@ async fn after_a_partition_heals_a_routed_ask_is_answered_within_its_timeout() {
         .routed(ListenerActor::new(config, None).start_supervised())
         .start();
     eventually(Duration::from_secs(4), "the key held", async || {
-        member.send(GetAssignment).await.unwrap().keys.len() == 1
+        member.send(GetStats::new()).await.unwrap().keys.len() == 1
     })
     .await;
     let proxy = Proxy::start(&setup.pg).await.unwrap();

@@ -148,7 +148,7 @@ fn firsts(received: &Received) -> HashMap<String, Vec<u32>> {
 /// Waits until the keys are shared two and two.
 async fn shared(a: &Process, b: &Process) {
     pgcoord_testkit::eventually(Duration::from_secs(10), "keys shared 2/2", async || {
-        let held = |p: &Process| p.pool.send(GetAssignment);
+        let held = |p: &Process| p.pool.send(GetStats::new());
         let (a, b) = (held(a).await.unwrap(), held(b).await.unwrap());
         a.keys.len() == 2 && b.keys.len() == 2
     })
@@ -334,7 +334,7 @@ async fn a_flood_of_mail_doorbells_costs_a_read_per_gap() {
     let member = start(&setup, "a", &keys, &received, None).await;
     send(&mut admin, &table, &keys, 0..1).await;
     until_received(&received, &keys, 1).await;
-    let reads = async || member.pool.send(GetAssignment).await.unwrap().mail_reads;
+    let reads = async || member.pool.send(GetStats::new()).await.unwrap().mail_reads;
     let topic = mail_topic("mailed", "k");
     let (sent, read, most) = super::flood(&admin, table.channel(), &topic, reads).await;
     assert!(read <= most, "{read} reads for {sent} doorbells");

@@ -436,3 +436,12 @@ pub async fn flood(
     let most = lasted.as_millis() as u64 / 50 + 3;
     (sent, count().await - before, most)
 }
+
+/// Stops `runner` ([`pgcoord_actors::Shutdown`]: the run in hand finished, the lease released)
+/// and reads its final statistics.
+async fn stop_schedule(
+    runner: &Addr<pgcoord_actors::ScheduleRunner>,
+) -> Result<pgcoord_actors::ScheduleStats, MailboxError> {
+    runner.send(pgcoord_actors::Shutdown).await?;
+    runner.send(GetStats::new()).await
+}

@@ -158,7 +158,7 @@ async fn a_worker_pool_moves_keys_at_a_tick_of_at_most_a_second() {
         actix::Actor::start(WorkerPool::new(&config, locks, "polled", keys, |_| Idle))
     };
     let served = async |pool: &actix::Addr<WorkerPool<Idle>>| {
-        pool.send(GetAssignment).await.unwrap().keys.len()
+        pool.send(GetStats::new()).await.unwrap().keys.len()
     };
     let a = pool("a");
     pgcoord_testkit::eventually(Duration::from_secs(4), "a serves both", async || {

@@ -129,7 +129,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         assert!(std::time::Instant::now() < deadline, "no tick ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let stats = runner.send(StopSchedule).await.unwrap();
+    let stats = super::stop_schedule(&runner).await.unwrap();
     assert_eq!(stats.failed, 0, "{stats:?}");
 
     // A rate limit: its key's bucket taken from.

@@ -108,7 +108,7 @@ fn router(setup: &Setup, process: &str) -> KeyRouter {
 }
 
 async fn held(process: &Process) -> HashMap<String, i64> {
-    let assignment = process.pool.send(GetAssignment).await.unwrap();
+    let assignment = process.pool.send(GetStats::new()).await.unwrap();
     assignment.keys.into_iter().collect()
 }
 
@@ -405,7 +405,7 @@ async fn tells_to_a_busy_worker_wait_for_room_in_its_mailbox() {
     .routed(listener)
     .start();
     pgcoord_testkit::eventually(Duration::from_secs(4), "the key held", async || {
-        pool.send(GetAssignment).await.unwrap().keys.len() == 1
+        pool.send(GetStats::new()).await.unwrap().keys.len() == 1
     })
     .await;
     let router = router(&setup, "sender");
@@ -676,7 +676,7 @@ async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
     };
     assert_eq!(ask().await, b"hi");
     let token = *pool
-        .send(GetAssignment)
+        .send(GetStats::new())
         .await
         .unwrap()
         .keys
@@ -684,7 +684,7 @@ async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
         .next()
         .unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(4), "passivated", async || {
-        pool.send(GetAssignment).await.unwrap().passive == 1
+        pool.send(GetStats::new()).await.unwrap().passive == 1
     })
     .await;
     pgcoord_testkit::eventually(Duration::from_secs(2), "the worker stopped", async || {
@@ -692,7 +692,7 @@ async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
     })
     .await;
     let before = lives.lock().unwrap().len();
-    let idle = pool.send(GetAssignment).await.unwrap();
+    let idle = pool.send(GetStats::new()).await.unwrap();
     assert_eq!(
         (idle.keys.len(), idle.keys.values().next()),
         (1, Some(&token)),
@@ -701,7 +701,7 @@ async fn an_idle_worker_passivates_and_the_next_message_wakes_it() {
     // The next message wakes it: a worker again, the same tenure.
     assert_eq!(ask().await, b"hi");
     assert_eq!(lives.lock().unwrap()[before..], ["started"]);
-    let awake = pool.send(GetAssignment).await.unwrap();
+    let awake = pool.send(GetStats::new()).await.unwrap();
     assert_eq!(
         (awake.passive, awake.keys.values().next()),
         (0, Some(&token))
@@ -752,7 +752,7 @@ async fn a_flood_of_pool_doorbells_costs_a_look_per_gap() {
         pool.activate_keys()
     });
     pgcoord_testkit::eventually(Duration::from_secs(4), "a first tick", async || {
-        member.pool.send(GetAssignment).await.unwrap().ticks > 0
+        member.pool.send(GetStats::new()).await.unwrap().ticks > 0
     })
     .await;
     // The pool's doorbell: the holder channel of an empty owner in the pool's scope.
@@ -760,7 +760,7 @@ async fn a_flood_of_pool_doorbells_costs_a_look_per_gap() {
     let (table, pool) = (config.lock_table().quoted(), "routed");
     let scope = format!("route {}:{table} {}:{pool} ", table.len(), pool.len());
     let channel = pgcoord::lease::holder_channel(&scope, "");
-    let looks = async || member.pool.send(GetAssignment).await.unwrap().ticks;
+    let looks = async || member.pool.send(GetStats::new()).await.unwrap().ticks;
     let (sent, looked, most) = super::flood(&admin, &channel, "x", looks).await;
     assert!(looked <= most, "{looked} looks for {sent} doorbells");
     assert!(looked >= 2, "the doorbell is heard: {looked} looks");

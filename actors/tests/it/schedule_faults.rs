@@ -85,9 +85,9 @@ async fn a_run_past_its_bound_is_failed_and_retried_and_its_late_complete_does_n
     );
 
     // A run under way hangs: the stop waits for its bound, not for ever.
-    let stopped = tokio::time::timeout(Duration::from_secs(5), runner.send(StopSchedule))
+    let stopped = tokio::time::timeout(Duration::from_secs(5), super::stop_schedule(&runner))
         .await
-        .expect("StopSchedule answers within the run's bound")
+        .expect("the stop answers within the run's bound")
         .unwrap();
     assert!(stopped.failed >= 1 && stopped.done >= 1, "{stopped:?}");
 
@@ -152,7 +152,7 @@ async fn a_tick_kept_past_its_run_does_not_hold_the_schedule() {
         ErrorKind::LockLost
     );
     drop(tx);
-    let stopped = runner.send(StopSchedule).await.unwrap();
+    let stopped = super::stop_schedule(&runner).await.unwrap();
     assert!(stopped.done >= 1 && stopped.failed >= 1, "{stopped:?}");
     assert_eq!(stopped.taken_over, 0, "{stopped:?}");
 }
@@ -280,9 +280,9 @@ async fn a_partitioned_process_loses_the_schedule_and_every_tick_still_runs_once
     proxy.refuse(false);
     tokio::time::sleep(lease).await;
     for runner in [&one_runner, &two_runner] {
-        let stopped = tokio::time::timeout(lease * 2, runner.send(StopSchedule))
+        let stopped = tokio::time::timeout(lease * 2, super::stop_schedule(runner))
             .await
-            .expect("StopSchedule answers")
+            .expect("the stop answers")
             .unwrap();
         assert!(stopped.started >= 1, "{stopped:?}");
     }

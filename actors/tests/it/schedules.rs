@@ -98,7 +98,7 @@ async fn every_tick_runs_once_across_three_processes() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut stats = Vec::new();
     for runner in &runners {
-        stats.push(runner.send(StopSchedule).await.unwrap());
+        stats.push(super::stop_schedule(&runner).await.unwrap());
     }
     let rows = admin
         .query(
@@ -161,8 +161,8 @@ async fn a_failed_run_is_retried_and_one_that_keeps_failing_is_abandoned() {
     let broken = one.schedule(broken).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(flaky.send(GetStats::new()).await.unwrap().failed >= 1);
-    let flaky_stats = flaky.send(StopSchedule).await.unwrap();
-    let broken_stats = broken.send(StopSchedule).await.unwrap();
+    let flaky_stats = super::stop_schedule(&flaky).await.unwrap();
+    let broken_stats = super::stop_schedule(&broken).await.unwrap();
 
     let table = ScheduleTable::new(&setup.builder("admin").build().unwrap());
     let runs = table.runs(&admin, "flaky", 100).await.unwrap();
@@ -300,8 +300,8 @@ async fn a_run_that_lost_its_lease_is_taken_over_and_its_effects_apply_once() {
         assert!(Instant::now() < deadline, "the tick was never taken over");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let first = first.send(StopSchedule).await.unwrap();
-    let second = second.send(StopSchedule).await.unwrap();
+    let first = super::stop_schedule(&first).await.unwrap();
+    let second = super::stop_schedule(&second).await.unwrap();
     assert_eq!(
         first.taken_over, 1,
         "process one knows its run did not count: {first:?}"
@@ -377,7 +377,7 @@ async fn after_an_outage(catch_up: CatchUp) -> (Vec<SystemTime>, SystemTime) {
         .schedule(recording("tick", &applied, "one", client(&setup).await).catch_up(catch_up))
         .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    runner.send(StopSchedule).await.unwrap();
+    super::stop_schedule(&runner).await.unwrap();
     let rows = admin
         .query(&format!("SELECT tick FROM {applied} ORDER BY tick"), &[])
         .await
@@ -440,7 +440,7 @@ async fn a_schedule_whose_address_was_dropped_runs_on() {
     .await;
 }
 
-/// `Shutdown`, the stop every actor takes, stops a runner as `StopSchedule` does: no tick runs
+/// `Shutdown` stops a runner: no tick runs
 /// after it answers, and its lease is released, so another process's runner ticks long before
 /// the lease (30 s) would have expired.
 #[actix_rt::test]
@@ -471,5 +471,5 @@ async fn shutdown_stops_a_runner_and_releases_its_lease() {
         count("two").await >= 1
     })
     .await;
-    other.send(StopSchedule).await.unwrap();
+    super::stop_schedule(&other).await.unwrap();
 }

@@ -126,7 +126,7 @@ async fn a_shutdown_drains_its_worker_pools_before_it_releases_their_keys() {
     let pool = WorkerPool::new(&config, one.locks.clone(), "drained", keys, factory).start();
     one.drain_on_shutdown(pool.clone().recipient());
     pgcoord_testkit::eventually(Duration::from_secs(10), "every key held", async || {
-        pool.send(GetAssignment).await.unwrap().keys.len() == 5
+        pool.send(GetStats::new()).await.unwrap().keys.len() == 5
     })
     .await;
 

@@ -104,7 +104,7 @@ fn check(history: &[Event]) -> usize {
 }
 
 async fn assignment(pool: &Addr<WorkerPool<Recorder>>) -> Assignment {
-    pool.send(GetAssignment).await.unwrap()
+    pool.send(GetStats::new()).await.unwrap()
 }
 
 #[actix_rt::test]
