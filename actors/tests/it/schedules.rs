@@ -98,7 +98,7 @@ async fn every_tick_runs_once_across_three_processes() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut stats = Vec::new();
     for runner in &runners {
-        stats.push(super::stop_schedule(&runner).await.unwrap());
+        stats.push(super::stop_schedule(runner).await.unwrap());
     }
     let rows = admin
         .query(
