@@ -27,7 +27,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     let sent = Instant::now();
     sender
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new("reports", report.clone()))
         .await??;
     let Some(Heard::Signal(received)) = reports.next().await else {

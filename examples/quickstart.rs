@@ -28,7 +28,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A lease: named, kept alive by heartbeats, with a fencing token.
     let lease = coord
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("leader").data(b"node-1".to_vec()))
         .await??;
     println!(
@@ -47,7 +48,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
     );
     let refused = other
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("leader").fail_if_locked())
         .await?
         .unwrap_err();
@@ -55,24 +57,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     lease.release().await?;
 
     // A loss: an operator frees a lease by hand; the holder learns at its next renewal.
-    let lease = coord.locks.send(Acquire::new("report")).await??;
+    let lease = coord
+        .locks()
+        .unwrap()
+        .send(Acquire::new("report"))
+        .await??;
     let table = config.lock_table().quoted();
     client
         .execute(&format!("DELETE FROM {table} WHERE name = 'report'"), &[])
         .await?;
-    coord.locks.send(RunNow).await??;
+    coord.locks()?.send(RunNow).await??;
     println!("lease {:?} lost: {:?}", lease.name(), lease.lost().await);
 
     // An advisory lock on a dedicated, pinged session.
     let key = pgcoord::advisory::key_for_name("nightly-report");
-    let guard = coord.advisory.send(AdvisoryLock::new(key)).await??;
+    let guard = coord
+        .advisory()
+        .unwrap()
+        .send(AdvisoryLock::new(key))
+        .await??;
     println!("advisory lock {key} held");
     guard.release().await?; // or drop it
 
     // An event, and a request answered by the other "process".
     let mut greetings = coord.subscribe("greetings").await?; // listening once it answers
     other
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::value("greetings", "hello")?)
         .await??;
     if let Some(Heard::Signal(greeting)) = greetings.next().await {
@@ -80,13 +91,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     other
-        .signals
+        .signals()
+        .unwrap()
         .send(Serve::typed("double", |n: i64| async move {
             Ok::<_, String>(n * 2)
         }))
         .await??;
     let request = pgcoord_actors::Ask::value("double", &21i64)?.timeout(Duration::from_secs(5));
-    let reply: i64 = coord.signals.send(request.returning()).await??;
+    let reply: i64 = coord.signals()?.send(request.returning()).await??;
     println!("request/reply: 21 doubled is {reply}");
     Ok(())
 }

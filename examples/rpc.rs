@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             quantity,
         };
         let ask = Ask::value("quote", &quote)?.timeout(Duration::from_secs(5));
-        let price: Price = coord.signals.send(ask.returning()).await??;
+        let price: Price = coord.signals()?.send(ask.returning()).await??;
         println!(
             "{quantity} × {item}: {} cents (from process {})",
             price.cents,
@@ -57,7 +57,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     coord
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new("rpc_stop", Vec::new()))
         .await??;
     let status = child.wait().await?;
@@ -71,7 +72,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let coord =
         Coordinator::connect(Config::builder().pg_config(&pg).owner("server").build()?).await?;
     coord
-        .signals
+        .signals()
+        .unwrap()
         .send(Serve::typed("quote", |q: Quote| async move {
             let each = match q.item.as_str() {
                 "apple" => 40,
@@ -85,7 +87,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .await??;
     let mut stop = coord.subscribe("rpc_stop").await?;
     coord
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new("rpc_ready", Vec::new()))
         .await??;
     // Only the message stops it: a gap (the listener reconnected) is no reason to.

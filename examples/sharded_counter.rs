@@ -119,12 +119,12 @@ async fn member(dsn: &str, owner: &str) -> Result<(), Box<dyn std::error::Error>
     };
     let pool = WorkerPool::new(
         &config,
-        coordinator.locks.clone(),
+        coordinator.locks()?.clone(),
         "counters",
         keys,
         factory,
     )
-    .routed(coordinator.signals.clone())
+    .routed(coordinator.signals()?.clone())
     .durable(&coordinator)
     .start();
     println!("READY");
@@ -198,8 +198,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let coordinator = Coordinator::connect(sender.clone()).await?;
     let router = KeyRouter::new(
         "counters",
-        coordinator.locks.clone(),
-        coordinator.signals.clone(),
+        coordinator.locks()?.clone(),
+        coordinator.signals()?.clone(),
     );
     let started = Instant::now();
     // Durable increments: each its own transaction of this process's (an outbox).

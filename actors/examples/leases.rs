@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use pgcoord::{Config, schema};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::{Acquire, LockManager};
 
 #[actix::main]
@@ -27,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut client = pgcoord::db::connect_spawned(&alice).await?;
     schema::migrate(&client, &alice).await?;
     let (a, b) = (
-        LockManager::new(alice).start(),
+        LockManager::new(alice.clone()).start(),
         LockManager::new(config("bob")?).start(),
     );
 
@@ -55,7 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     println!(
         "alice still leads after 3 s of heartbeats: {:?}",
-        a.get("leader").await?.owner
+        pgcoord::LeaseTable::new(&alice)
+            .get(&client, "leader")
+            .await?
+            .owner
     );
     leader.release().await?;
     let bob = waiting.await??;

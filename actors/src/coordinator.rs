@@ -1,51 +1,52 @@
-//! [`Coordinator`]: starts the three actors in the current actix System.
+//! Starting a [`Coordinator`] on PostgreSQL (its actors, in the current actix System), and what
+//! only the actors do: their addresses, elections, schedules, retention, the graceful shutdown.
 
 use actix::prelude::*;
 use pgcoord::payload::PayloadTable;
 use pgcoord::{Config, Pool};
 
 use crate::advisory::AdvisoryLocks;
+use crate::backend::{Actors, Coordinator, Door};
 use crate::election::Election;
 use crate::leases::LockManager;
-use crate::losses::{LockLost, SubscribeLockLost};
 use crate::payloads::PayloadStoreActor;
-use crate::signals::{ConnState, ListenerActor, SubscribeConnState};
-use futures_util::Stream;
+use crate::signals::ListenerActor;
 use pgcoord::Result;
 
-/// A pool to drain at shutdown, if it still runs.
-type Drained = Box<dyn Fn() -> Option<Recipient<crate::Drain>> + Send>;
-
-/// The addresses of a process's pgcoord actors, which share one connection pool.
-#[derive(Clone)]
-pub struct Coordinator {
-    /// Leases.
-    pub locks: Addr<LockManager>,
-    /// Advisory locks, each on a session of its own (not from the pool).
-    pub advisory: Addr<AdvisoryLocks>,
-    /// Publish/subscribe and request/reply (supervised).
-    pub signals: Addr<ListenerActor>,
-    /// The payload store: large payloads put and fetched (fetches bounded to half the pool),
-    /// expired rows deleted on a timer.
-    pub payloads: Addr<PayloadStoreActor>,
-    /// Appends to durable topics, batched ([`Append`](crate::Append)).
-    pub topics: Addr<crate::TopicAppender>,
-    /// What the actors were started with.
-    config: Config,
-    /// The pool they share.
-    pool: Pool,
-    /// The thread they run on: the actors this handle starts later (consumers, retention,
-    /// schedules, observers) start there too, so a handle works from any thread (a tokio
-    /// service's, through [`Runtime`](crate::Runtime)).
-    arbiter: ArbiterHandle,
-    /// Worker pools drained by [`shutdown`](Self::shutdown) before anything is released.
-    drained: std::sync::Arc<std::sync::Mutex<Vec<Drained>>>,
-}
-
 impl Coordinator {
-    /// The pool the actors share.
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
+    /// The actors, or [`pgcoord::ErrorKind::Unsupported`] in memory, naming `what` needs them.
+    pub(crate) fn actors(&self, what: &str) -> Result<&Actors> {
+        self.door.actors(what)
+    }
+
+    /// The lock manager's address, for actix code (`addr.send(Acquire)`, [`SubscribeLockLost`](crate::SubscribeLockLost)).
+    /// [`pgcoord::ErrorKind::Unsupported`] on the in-memory backend, which runs no actors: code
+    /// that runs on both uses the coordinator's own methods.
+    pub fn locks(&self) -> Result<&Addr<LockManager>> {
+        Ok(&self.actors("the lock manager's address")?.locks)
+    }
+
+    /// The advisory locks' actor ([`AdvisoryLock`](crate::AdvisoryLock)); PostgreSQL only, as
+    /// [`locks`](Self::locks).
+    pub fn advisory(&self) -> Result<&Addr<AdvisoryLocks>> {
+        Ok(&self.actors("advisory locks")?.advisory)
+    }
+
+    /// The listener's address (publish/subscribe, serving, [`SubscribeConnState`](crate::SubscribeConnState)); PostgreSQL
+    /// only, as [`locks`](Self::locks).
+    pub fn signals(&self) -> Result<&Addr<ListenerActor>> {
+        Ok(&self.actors("the listener's address")?.signals)
+    }
+
+    /// The payload store's address; PostgreSQL only, as [`locks`](Self::locks).
+    pub fn payloads(&self) -> Result<&Addr<PayloadStoreActor>> {
+        Ok(&self.actors("the payload store's address")?.payloads)
+    }
+
+    /// The topic appender's address ([`Append`](crate::Append), batched); PostgreSQL only, as
+    /// [`locks`](Self::locks).
+    pub fn topics(&self) -> Result<&Addr<crate::TopicAppender>> {
+        Ok(&self.actors("the topic appender's address")?.topics)
     }
 
     /// Checks the server, then starts the actors as [`start`](Self::start) does: the start that
@@ -109,7 +110,7 @@ impl Coordinator {
             Some(PayloadStoreActor::store(payloads.clone())),
         )
         .start_supervised();
-        Coordinator {
+        let actors = Actors {
             // One LISTEN connection per process: lease wake-ups come through the listener.
             locks: LockManager::with_pool(config.clone(), pool.clone(), Some(signals.clone()))
                 .start(),
@@ -122,6 +123,9 @@ impl Coordinator {
             pool,
             arbiter: Arbiter::current(),
             drained: Default::default(),
+        };
+        Coordinator {
+            door: Door::Postgres(std::sync::Arc::new(actors)),
         }
     }
 
@@ -136,6 +140,7 @@ impl Coordinator {
         retention: pgcoord::topic::Retention,
         every: std::time::Duration,
     ) -> pgcoord::Result<Addr<crate::TopicRetention>> {
+        let actors = self.actors("topic retention")?;
         let topic = pgcoord::config::validate_name("topic", topic.into())?;
         if every < std::time::Duration::from_millis(10) {
             return Err(pgcoord::Error::new(
@@ -149,34 +154,10 @@ impl Coordinator {
                 "a retention that keeps everything trims nothing: set max_age or max_events",
             ));
         }
-        let table = pgcoord::TopicTable::new(&self.config);
+        let table = pgcoord::TopicTable::new(&actors.config);
         let retention =
-            crate::TopicRetention::new(table, self.pool.clone(), topic, retention, every);
-        Ok(Actor::start_in_arbiter(&self.arbiter, |_| retention))
-    }
-
-    /// Starts a [`TopicConsumer`](crate::TopicConsumer) of durable topic events in this
-    /// process, on the actors' pool: it delivers while it holds the consumer's lease, and waits
-    /// for it otherwise. Typed errors for a bad name, window or poll, before anything starts.
-    /// It runs until it is sent [`Shutdown`](crate::Shutdown) or the System stops
-    /// (dropping the address does not stop it: the listener holds it for the doorbell).
-    pub fn consume(&self, consume: crate::Consume) -> pgcoord::Result<Addr<crate::TopicConsumer>> {
-        consume.check()?;
-        let consumer = crate::TopicConsumer::new(
-            consume,
-            pgcoord::TopicTable::new(&self.config),
-            self.pool.clone(),
-            self.locks.clone(),
-            self.signals.clone(),
-        );
-        Ok(Actor::start_in_arbiter(&self.arbiter, |_| consumer))
-    }
-
-    /// A [`RateLimiter`](crate::RateLimiter) at `rate`, on the actors' pool: fleet-wide rate
-    /// limits per key, each take one statement on the server's clock.
-    pub fn rate_limiter(&self, rate: pgcoord::rate::RateLimit) -> crate::RateLimiter {
-        let table = pgcoord::RateTable::new(&self.config);
-        crate::RateLimiter::new(table, self.pool.clone(), rate)
+            crate::TopicRetention::new(table, actors.pool.clone(), topic, retention, every);
+        Ok(Actor::start_in_arbiter(&actors.arbiter, |_| retention))
     }
 
     /// Starts a [`ScheduleRunner`](crate::ScheduleRunner) in this process: with the same
@@ -189,52 +170,62 @@ impl Coordinator {
         &self,
         schedule: crate::Schedule,
     ) -> pgcoord::Result<Addr<crate::ScheduleRunner>> {
+        let actors = self.actors("schedules")?;
         schedule.check()?;
         let runner = crate::ScheduleRunner::new(
             schedule,
-            pgcoord::schedule::ScheduleTable::new(&self.config),
-            self.pool.clone(),
-            self.locks.clone(),
-            self.config.owner().to_owned(),
+            pgcoord::schedule::ScheduleTable::new(&actors.config),
+            actors.pool.clone(),
+            actors.locks.clone(),
+            actors.config.owner().to_owned(),
         );
-        Ok(Actor::start_in_arbiter(&self.arbiter, |_| runner))
+        Ok(Actor::start_in_arbiter(&actors.arbiter, |_| runner))
     }
 
     /// The election `name` run by this process's actors (see [`Election`]).
     /// [`pgcoord::ErrorKind::InvalidName`] for a name a lease could not have.
     pub fn election(&self, name: impl Into<String>) -> pgcoord::Result<Election> {
-        Election::new(&self.config, name, self.locks.clone(), self.signals.clone())
-            .map(|election| election.on(self.arbiter.clone()))
+        let actors = self.actors("elections")?;
+        Election::new(
+            &actors.config,
+            name,
+            actors.locks.clone(),
+            actors.signals.clone(),
+        )
+        .map(|election| election.on(actors.arbiter.clone()))
     }
 
     /// The thread the actors run on: start an actor of your own there with
     /// `Actor::start_in_arbiter(&coordinator.arbiter(), ..)` (a [`WorkerPool`](crate::WorkerPool),
-    /// say) from any thread.
-    pub fn arbiter(&self) -> ArbiterHandle {
-        self.arbiter.clone()
+    /// say) from any thread. PostgreSQL only, as [`locks`](Self::locks).
+    pub fn arbiter(&self) -> Result<ArbiterHandle> {
+        Ok(self.actors("the actors' thread")?.arbiter.clone())
     }
 
-    /// The configuration the actors were started with.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration the actors were started with; PostgreSQL only, as
+    /// [`locks`](Self::locks).
+    pub fn config(&self) -> Result<&Config> {
+        Ok(&self.actors("a configuration")?.config)
     }
 
     /// Has [`shutdown`](Self::shutdown) drain `pool` first (a
     /// [`WorkerPool`](crate::WorkerPool)'s address as `pool.recipient()`): each of its workers
     /// stopped before its key's lease is released, as [`Drain`](crate::Drain) does, before the
     /// rest of the process's leases go. Without it the shutdown releases the keys' leases with
-    /// the others while their workers are being told to stop.
-    pub fn drain_on_shutdown(&self, pool: Recipient<crate::Drain>) {
-        self.drained
-            .lock()
-            .expect("pools lock")
-            .push(Box::new(move || Some(pool.clone())));
+    /// the others while their workers are being told to stop. PostgreSQL only, as
+    /// [`shutdown`](Self::shutdown).
+    pub fn drain_on_shutdown(&self, pool: Recipient<crate::Drain>) -> Result<()> {
+        let actors = self.actors("a shutdown")?;
+        let mut drained = actors.drained.lock().expect("pools lock");
+        drained.push(Box::new(move || Some(pool.clone())));
+        Ok(())
     }
 
     /// Has [`shutdown`](Self::shutdown) drain `pool` first while it runs, without keeping it
     /// running (a [`Workers`](crate::Workers) handle's pool stops when the handle is dropped).
-    pub(crate) fn drain_while_running(&self, pool: actix::WeakRecipient<crate::Drain>) {
-        self.drained
+    pub(crate) fn drain_while_running(actors: &Actors, pool: actix::WeakRecipient<crate::Drain>) {
+        actors
+            .drained
             .lock()
             .expect("pools lock")
             .push(Box::new(move || pool.upgrade()));
@@ -255,20 +246,21 @@ impl Coordinator {
     /// others then expire with their lease). Call it on SIGTERM, before the System stops: a
     /// process that just exits leaves its leases to expire.
     pub async fn shutdown(&self, within: std::time::Duration) -> pgcoord::Result<usize> {
+        let actors = self.actors("a shutdown")?;
         let deadline = tokio::time::Instant::now() + within;
-        let pools = std::mem::take(&mut *self.drained.lock().expect("pools lock"));
+        let pools = std::mem::take(&mut *actors.drained.lock().expect("pools lock"));
         let drains = (pools.iter().filter_map(|pool| pool())).map(|pool| pool.send(crate::Drain));
         // A pool that stopped already answers at once; one that cannot drain in time is
         // released with the rest below.
         let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(drains)).await;
         let released =
-            tokio::time::timeout_at(deadline, self.locks.send(crate::leases::ReleaseAll)).await;
+            tokio::time::timeout_at(deadline, actors.locks.send(crate::leases::ReleaseAll)).await;
         // Sessions closed by the actor: its locks go with them, at once.
-        let _ = tokio::time::timeout_at(deadline, self.advisory.send(crate::Shutdown)).await;
-        self.locks.do_send(crate::Shutdown);
-        self.topics.do_send(crate::Shutdown);
-        self.payloads.do_send(crate::Shutdown);
-        self.signals.do_send(crate::Shutdown);
+        let _ = tokio::time::timeout_at(deadline, actors.advisory.send(crate::Shutdown)).await;
+        actors.locks.do_send(crate::Shutdown);
+        actors.topics.do_send(crate::Shutdown);
+        actors.payloads.do_send(crate::Shutdown);
+        actors.signals.do_send(crate::Shutdown);
         match released {
             Ok(Ok(released)) => Ok(released),
             Ok(Err(e)) => Err(pgcoord::Error::new(
@@ -280,50 +272,6 @@ impl Coordinator {
                 format!("the leases were not all released within {within:?}; the rest expire"),
             )),
         }
-    }
-}
-
-/// The streams, for either door: an actix service reads them as a tokio one does.
-impl Coordinator {
-    /// Every message published on `channel` from now on, and a [`Heard::Gap`](crate::Heard::Gap) wherever some may
-    /// have been missed, as a stream. Dropping it unsubscribes. Typed errors for a bad channel
-    /// name.
-    pub async fn subscribe(&self, channel: &str) -> Result<crate::Subscription> {
-        crate::streams::subscription(&self.signals, &self.arbiter, channel).await
-    }
-
-    /// Every lock this process loses from now on — leases and advisory locks alike, each once
-    /// ([`LockLost`]) — as a stream. Dropping it unsubscribes.
-    pub async fn lock_losses(&self) -> Result<impl Stream<Item = LockLost> + Send + Unpin + use<>> {
-        let (forwarder, feed) = crate::streams::forward(&self.arbiter(), None);
-        crate::streams::told(
-            self.locks
-                .send(SubscribeLockLost(forwarder.clone().recipient())),
-        )
-        .await?;
-        crate::streams::told(self.advisory.send(SubscribeLockLost(forwarder.recipient()))).await?;
-        Ok(feed)
-    }
-
-    /// The listener's connection states from now on ([`ConnState`]; the current one first), as
-    /// a stream: `Reconnected` and `MessageLost` are what a service resyncs on. Dropping it
-    /// unsubscribes.
-    pub async fn conn_states(
-        &self,
-    ) -> Result<impl Stream<Item = ConnState> + Send + Unpin + use<>> {
-        let (forwarder, feed) = crate::streams::forward(&self.arbiter(), None);
-        crate::streams::told(self.signals.send(SubscribeConnState(forwarder.recipient()))).await?;
-        Ok(feed)
-    }
-}
-
-impl std::fmt::Debug for Coordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The configuration's own Debug never shows the password.
-        f.debug_struct("Coordinator")
-            .field("owner", &self.config.owner())
-            .field("lock_table", &self.config.lock_table().to_string())
-            .finish_non_exhaustive()
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pgcoord::Statements;
 
-use crate::coordinator::Coordinator;
+use crate::Coordinator;
 use crate::stats::GetStats;
 use crate::{ListenerStats, ManagerStats};
 
@@ -50,10 +50,18 @@ impl Coordinator {
     /// For readiness endpoints (`examples/axum`): a process whose pgcoord is not ready cannot
     /// hear signals, or may lose its leases.
     pub async fn health(&self, within: Duration) -> Health {
+        let Ok(actors) = self.actors("health") else {
+            // In memory nothing can fail: there is no connection, no heartbeat, no database.
+            return Health {
+                listening: true,
+                renewals_failing: Some(0),
+                database: None,
+            };
+        };
         let deadline = tokio::time::Instant::now() + within;
-        let listener = tokio::time::timeout_at(deadline, self.signals.send(GetStats::new()));
-        let manager = tokio::time::timeout_at(deadline, self.locks.send(GetStats::new()));
-        let pool = self.pool().clone();
+        let listener = tokio::time::timeout_at(deadline, actors.signals.send(GetStats::new()));
+        let manager = tokio::time::timeout_at(deadline, actors.locks.send(GetStats::new()));
+        let pool = actors.pool.clone();
         let database = async move {
             let statements = pool.idempotent(Some(deadline.into_std()));
             match tokio::time::timeout_at(deadline, statements.run("SELECT 1", &[])).await {
@@ -66,7 +74,7 @@ impl Coordinator {
         let listener: Option<ListenerStats> = listener.ok().and_then(Result::ok);
         let manager: Option<ManagerStats> = manager.ok().and_then(Result::ok);
         Health {
-            listening: self.config().poll_only() || listener.is_some_and(|l| l.listening),
+            listening: actors.config.poll_only() || listener.is_some_and(|l| l.listening),
             renewals_failing: manager.map(|m| m.renewals_failing),
             database,
         }

@@ -3,13 +3,13 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use pgcoord_actors::{Acquire, Call, Coordinator};
+//! use pgcoord_actors::{Acquire, Coordinator};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! // Inside an actix System (`#[actix::main]`).
 //! let config = pgcoord::Config::builder().dsn("host=db user=app dbname=app").build()?;
 //! let coordinator = Coordinator::connect(config).await?; // checks the server first
-//! let lease = coordinator.locks.call(Acquire::new("nightly").timeout(Duration::from_secs(5))).await?;
+//! let lease = coordinator.acquire(Acquire::new("nightly").timeout(Duration::from_secs(5))).await?;
 //! let lost = lease.lost(); // Some(reason) if it is lost before it is released
 //! // ... fence the work's writes with `lease.fence(&tx)` ...
 //! lease.release().await?;
@@ -47,16 +47,18 @@
 //!   server's clock, a wait for room bounded by the caller's timeout.
 //! - `schedules` — [`Schedule`]: each tick runs once across the fleet on the server's clock,
 //!   under the schedule's lease; [`Tick::complete`] marks it done in the run's transaction.
-//! - `coordinator` — [`Coordinator`]: starts them all over one pool; [`Health`], what
+//! - `coordinator` — [`Coordinator`]: starts them all over one pool, and hands out their
+//!   addresses (the actix door: `coordinator.locks()?.send(Acquire)`); [`Health`], what
 //!   `coordinator.health(within)` finds for a readiness endpoint.
 //! - [`Runtime`] — the same on a thread of its own, for a service that is not actix (axum,
 //!   tonic under `#[tokio::main]`): the tokio door to the same house.
 //! - `streams` — what the actors tell recipients, as a `Stream` on either door: a channel's
 //!   [`Subscription`] (with [`Heard::Gap`] where messages may have been missed), losses,
 //!   connection states, leaders ([`Election::changes`]), members ([`Workers::members`]).
-//! - [`backend`] — [`backend::Locking`] and [`backend::Signalling`], which [`Coordinator`]
-//!   implements on PostgreSQL and `backend::memory` (feature `memory`) in memory, for unit
-//!   tests of applications' actors.
+//! - [`backend`] — the one front door: the [`Coordinator`]'s methods (`acquire`, `publish`,
+//!   `subscribe`, `append`, `consume`, …), answered on PostgreSQL by the actors and in memory by
+//!   `backend::memory` (feature `memory`), for unit tests of applications' code; one private
+//!   seam per concern behind them.
 //! - `losses` — what the lock actors broadcast: [`LockLost`], [`LockKey`], [`LossReason`];
 //!   [`SubscribeLockLost`] and [`Shutdown`], which both answer.
 //! - [`Call`] — `addr.call(message).await?`: one `?` where actix's `send` needs two.
@@ -115,8 +117,8 @@ pub use bytes::Bytes;
 pub use pgcoord::{self, Config, Error, ErrorKind, Result};
 
 pub use advisory::{AdvisoryGuard, AdvisoryLock, AdvisoryLocks, AdvisoryStats};
+pub use backend::door::Coordinator;
 pub use call::Call;
-pub use coordinator::Coordinator;
 pub use election::{Election, Leader, LeaderChanged, Leadership};
 pub use health::Health;
 pub use leases::{

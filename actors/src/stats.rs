@@ -6,16 +6,18 @@ use actix::Message;
 
 /// Ask an actor for its counters: [`ManagerStats`](crate::ManagerStats) from a `LockManager`,
 /// [`ListenerStats`](crate::ListenerStats) from a `ListenerActor`, [`ConsumerStats`](crate::ConsumerStats) from a
-/// `TopicConsumer`, [`ScheduleStats`](crate::ScheduleStats) from a `ScheduleRunner`,
-/// [`AdvisoryStats`](crate::AdvisoryStats) from `AdvisoryLocks`. The actor decides the type, so
-/// the caller does not name it:
+/// consumer actor (through [`TopicConsumer::stats`](crate::TopicConsumer::stats)),
+/// [`ScheduleStats`](crate::ScheduleStats) from a `ScheduleRunner`,
+/// [`AdvisoryStats`](crate::AdvisoryStats) from `AdvisoryLocks`,
+/// [`Assignment`](crate::Assignment) from a `WorkerPool`. The actor decides the type, so the
+/// caller does not name it:
 ///
 /// ```no_run
-/// # async fn example(coordinator: pgcoord_actors::Coordinator) -> Result<(), actix::MailboxError> {
+/// # async fn example(coordinator: pgcoord_actors::Coordinator) -> Result<(), Box<dyn std::error::Error>> {
 /// use pgcoord_actors::GetStats;
 ///
-/// let leases = coordinator.locks.send(GetStats::new()).await?;
-/// let listener = coordinator.signals.send(GetStats::new()).await?;
+/// let leases = coordinator.locks()?.send(GetStats::new()).await?;
+/// let listener = coordinator.signals()?.send(GetStats::new()).await?;
 /// println!("{} leases held, {} messages delivered", leases.held, listener.delivered);
 /// # Ok(()) }
 /// ```

@@ -13,12 +13,9 @@ use actix::prelude::*;
 use futures_util::Stream;
 use pgcoord::{Error, ErrorKind, Result};
 
-use crate::call::Call;
 use tokio::sync::mpsc;
 
-use crate::signals::{
-    ConnState, ListenerActor, Signal, Subscribe, SubscribeConnState, Unsubscribe,
-};
+use crate::signals::{ConnState, Signal};
 
 /// Whether an item goes on to the stream.
 pub(crate) type Keep<T> = Box<dyn Fn(&T) -> bool + Send>;
@@ -95,15 +92,18 @@ pub(crate) fn forward<T: Send + 'static>(
     keep: Option<Keep<T>>,
 ) -> (Addr<Forward<T>>, Feed<T>) {
     let (sender, receiver) = mpsc::unbounded_channel();
-    let forwarder = Forward::start_in_arbiter(arbiter, move |ctx| {
-        // Its stream is unbounded, so its mailbox is too (capacity 0): a broadcaster's
-        // `try_send` never finds it full, as a burst dropped for it would be a silent loss.
-        ctx.set_mailbox_capacity(0);
-        Forward {
+    // Its stream is unbounded, so its mailbox is too (capacity 0), from before its address is
+    // handed out: a broadcaster's `try_send` never finds it full, as a burst dropped for it would
+    // be a loss (`start_in_arbiter` would set the capacity only once the forwarder runs).
+    let (mailbox, received) = actix::dev::channel::channel(0);
+    arbiter.spawn_fn(move || {
+        let forwarder = Forward {
             sender,
             filter: keep,
-        }
+        };
+        Context::with_receiver(received).run(forwarder);
     });
+    let forwarder = Addr::new(mailbox);
     (forwarder, Feed { receiver })
 }
 
@@ -125,9 +125,9 @@ pub enum Heard {
 /// Unsubscribes when dropped.
 pub struct Subscription {
     feed: Feed<Heard>,
-    signals: Addr<ListenerActor>,
     channel: String,
-    recipient: Recipient<Signal>,
+    /// Ends the subscription at once, whichever backend holds it.
+    unsubscribe: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -139,6 +139,19 @@ impl std::fmt::Debug for Subscription {
 }
 
 impl Subscription {
+    /// The messages `feed` is told of, `channel`'s; `unsubscribe` ends it when dropped.
+    pub(crate) fn new(
+        feed: Feed<Heard>,
+        channel: String,
+        unsubscribe: Box<dyn FnOnce() + Send>,
+    ) -> Subscription {
+        Subscription {
+            feed,
+            channel,
+            unsubscribe: Some(unsubscribe),
+        }
+    }
+
     /// The next message or gap; `None` once the runtime stopped.
     pub async fn next(&mut self) -> Option<Heard> {
         self.feed.recv().await
@@ -155,10 +168,9 @@ impl Stream for Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.signals.do_send(Unsubscribe::new(
-            self.channel.clone(),
-            self.recipient.clone(),
-        ));
+        if let Some(unsubscribe) = self.unsubscribe.take() {
+            unsubscribe();
+        }
     }
 }
 
@@ -176,34 +188,6 @@ impl Handler<ConnState> for Forward<Heard> {
     fn handle(&mut self, state: ConnState, ctx: &mut Context<Self>) {
         self.pass(Heard::Gap(state), ctx);
     }
-}
-
-/// The subscription of [`Coordinator::subscribe`](crate::Coordinator::subscribe): connection
-/// states first (a gap between the two registrations is then reported), then the channel.
-pub(crate) async fn subscription(
-    signals: &Addr<ListenerActor>,
-    arbiter: &ArbiterHandle,
-    channel: &str,
-) -> Result<Subscription> {
-    let channel = channel.to_owned();
-    let ours = channel.clone();
-    let keep = move |heard: &Heard| match heard {
-        Heard::Signal(_) => true,
-        Heard::Gap(state) => state.may_have_missed(&ours),
-    };
-    let (forwarder, feed) = crate::streams::forward(arbiter, Some(Box::new(keep)));
-    // Connection states first: a gap between the two subscriptions is then reported.
-    crate::streams::told(signals.send(SubscribeConnState(forwarder.clone().recipient()))).await?;
-    let recipient = forwarder.recipient::<Signal>();
-    signals
-        .call(Subscribe::new(channel.clone(), recipient.clone()))
-        .await?;
-    Ok(Subscription {
-        feed,
-        signals: signals.clone(),
-        channel,
-        recipient,
-    })
 }
 
 /// A registration's answer: the actor got it, or it stopped ([`ErrorKind::Unavailable`]).

@@ -4,8 +4,8 @@
 //! actix actors run on a single-threaded System; `Coordinator::connect` outside one panics.
 //! Their addresses, though, are `Send`: a message sent from any thread or executor reaches the
 //! actor, and its answer comes back to the sender's task. So the runtime starts an actix System
-//! on a thread it owns and hands back the [`Coordinator`], whose addresses the service's tokio
-//! tasks use as an actix service would (`coordinator.locks.call(Acquire::new("job")).await`).
+//! on a thread it owns and hands back the [`Coordinator`], whose methods and streams the
+//! service's tokio tasks use as an actix service would (`coordinator.acquire(Acquire::new("job"))`).
 //! A [`Lease`](crate::Lease) is `Send`: it may be held, fenced and released on any task.
 
 use std::thread::JoinHandle;
@@ -15,7 +15,7 @@ use actix::prelude::*;
 use pgcoord::{Config, Error, ErrorKind, Result};
 use tokio::sync::oneshot;
 
-use crate::coordinator::Coordinator;
+use crate::Coordinator;
 use crate::streams::Subscription;
 
 /// The runtime on a thread of its own: an actix System running a [`Coordinator`]'s actors,

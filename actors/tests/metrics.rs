@@ -164,12 +164,13 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
 
     // Leases: two granted and released, one refused, one lost.
     for name in ["a", "b"] {
-        let lease = me.locks.call(Acquire::new(name)).await.unwrap();
+        let lease = me.acquire(Acquire::new(name)).await.unwrap();
         lease.release().await.unwrap();
     }
-    let held = me.locks.call(Acquire::new("held")).await.unwrap();
+    let held = me.acquire(Acquire::new("held")).await.unwrap();
     let refused = other
-        .locks
+        .locks()
+        .unwrap()
         .call(Acquire::new("held").fail_if_locked())
         .await;
     assert!(refused.is_err());
@@ -177,7 +178,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert_eq!(now.gauge("pgcoord_leases_held", ""), 1.0);
     let delete = format!("DELETE FROM \"{table}\" WHERE name = 'held'");
     admin.execute(&delete, &[]).await.unwrap();
-    me.locks.call(RunNow).await.unwrap();
+    me.locks().unwrap().call(RunNow).await.unwrap();
     held.lost().await;
     let now = &seen;
     assert_eq!(now.gauge("pgcoord_leases_held", ""), 0.0);
@@ -190,7 +191,12 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     assert!(now.samples("pgcoord_renew_seconds", "") >= 1);
 
     // Advisory locks.
-    let guard = me.advisory.call(AdvisoryLock::new(7)).await.unwrap();
+    let guard = me
+        .advisory()
+        .unwrap()
+        .call(AdvisoryLock::new(7))
+        .await
+        .unwrap();
     let held = "pgcoord_advisory_locks_held";
     assert_eq!(seen.gauge(held, ""), 1.0);
     guard.release().await.unwrap();
@@ -199,7 +205,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     // The listener: connected, one connection, a message delivered.
     let mut heard = me.subscribe("metered").await.unwrap();
     let publish = Publish::new("metered", b"x".to_vec());
-    other.signals.call(publish).await.unwrap();
+    other.signals().unwrap().call(publish).await.unwrap();
     let next = tokio::time::timeout(
         Duration::from_secs(10),
         futures_util::StreamExt::next(&mut heard),
@@ -215,7 +221,8 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
 
     // A topic consumer: one event appended through the runtime, failed once, handed over
     // again, handled and acked, its lag recorded.
-    me.topics
+    me.topics()
+        .unwrap()
         .call(Append::new("t", b"e".to_vec()))
         .await
         .unwrap();
@@ -255,7 +262,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tx.rollback().await.unwrap();
-    consumer.send(Shutdown).await.unwrap();
+    consumer.stop().await;
 
     // The lag in events: a consumer reading 5 at a time, 300 events waiting, 50 ms an event:
     // at least a window behind its full reads, counted ten seconds into its tenure (some 200
@@ -292,7 +299,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         assert!(std::time::Instant::now() < deadline, "lag {}", lag(&seen));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    consumer.send(Shutdown).await.unwrap();
+    consumer.stop().await;
 
     // The pool's gauges are sampled once a second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -328,7 +335,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     };
     let long_before = long_waits();
     let taken = app_pool.get_owned().await.unwrap();
-    let acquire = tight.locks.call(Acquire::new("tight"));
+    let acquire = tight.acquire(Acquire::new("tight"));
     let handed_back = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(taken);
@@ -350,15 +357,19 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pool = WorkerPool::new(
         &config("me"),
-        me.locks.clone(),
+        me.locks().unwrap().clone(),
         "metered",
         vec!["k".into()],
         move |_: WorkerKey| Echo(refused.clone()),
     )
-    .routed(me.signals.clone())
+    .routed(me.signals().unwrap().clone())
     .durable(&me)
     .start();
-    let router = KeyRouter::new("metered", other.locks.clone(), other.signals.clone());
+    let router = KeyRouter::new(
+        "metered",
+        other.locks().unwrap().clone(),
+        other.signals().unwrap().clone(),
+    );
     let answer = router
         .ask("k", b"hi".to_vec(), Duration::from_secs(10))
         .await;
@@ -402,7 +413,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
     })
     .await;
     let mail = Append::new(mail_topic("metered", "k"), b"m".to_vec());
-    me.topics.call(mail).await.unwrap();
+    me.topics().unwrap().call(mail).await.unwrap();
     let mail = |result: &str| {
         seen.counter(
             "pgcoord_worker_mail_total",

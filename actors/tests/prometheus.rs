@@ -69,7 +69,7 @@ async fn histograms_have_buckets_counters_start_at_zero_and_the_pool_is_gauged()
     }
 
     // Latencies are histograms with the buckets given, never summaries.
-    let lease = me.locks.call(Acquire::new("a")).await.unwrap();
+    let lease = me.acquire(Acquire::new("a")).await.unwrap();
     lease.release().await.unwrap();
     let text = prometheus.render();
     for line in [
@@ -109,7 +109,7 @@ async fn histograms_have_buckets_counters_start_at_zero_and_the_pool_is_gauged()
     // The process's pools add up: 3 of its own, 1 of the application's.
     until_line(&prometheus, "pgcoord_pool_max_connections 4").await;
     let taken = app_pool.get_owned().await.unwrap();
-    let acquire = tight.locks.call(Acquire::new("tight"));
+    let acquire = tight.acquire(Acquire::new("tight"));
     let acquired = tokio::spawn(acquire);
     until_line(&prometheus, "pgcoord_pool_pending_checkouts 1").await;
     drop(taken);

@@ -53,9 +53,8 @@ async fn get(state: web::Data<Instance>, key: web::Path<String>) -> HttpResponse
 /// Tells every instance (this one too) to drop `key`.
 async fn invalidate(state: web::Data<Instance>, key: web::Path<String>) -> HttpResponse {
     let publish = Publish::new("cache_invalidate", key.into_inner().into_bytes());
-    match state.coordinator.signals.send(publish).await {
-        Ok(Ok(())) => HttpResponse::Accepted().finish(),
-        Ok(Err(e)) => HttpResponse::ServiceUnavailable().body(e.to_string()),
+    match state.coordinator.publish(publish).await {
+        Ok(()) => HttpResponse::Accepted().finish(),
         Err(e) => HttpResponse::ServiceUnavailable().body(e.to_string()),
     }
 }
@@ -81,7 +80,8 @@ pub async fn start(
     let recipient = Invalidator(cache.clone()).start().recipient();
     let subscribe = Subscribe::new("cache_invalidate", recipient);
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(subscribe)
         .await
         .unwrap()

@@ -149,7 +149,8 @@ async fn run_job(
         },
     };
     let lease = match coordinator
-        .locks
+        .locks()
+        .unwrap()
         .call(Acquire::new(format!("job:{name}")).fail_if_locked())
         .await
     {

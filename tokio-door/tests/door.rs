@@ -78,17 +78,17 @@ async fn leases_and_permits_with_their_losses_as_a_stream() {
     let mut losses = coordinator.lock_losses().await.unwrap();
 
     let name = unique_name("job");
-    let lease = coordinator.locks.call(Acquire::new(&name)).await.unwrap();
+    let lease = coordinator.acquire(Acquire::new(&name)).await.unwrap();
     let permits = unique_name("exports");
-    let first = (coordinator.locks.call(AcquirePermit::new(&permits, 2)))
+    let first = (coordinator.acquire_permit(AcquirePermit::new(&permits, 2)))
         .await
         .unwrap();
-    let second = (coordinator.locks.call(AcquirePermit::new(&permits, 2)))
+    let second = (coordinator.acquire_permit(AcquirePermit::new(&permits, 2)))
         .await
         .unwrap();
     assert_ne!(first.token(), second.token());
     let third = AcquirePermit::new(&permits, 2).timeout(Duration::from_millis(300));
-    let refused = coordinator.locks.call(third).await.unwrap_err();
+    let refused = coordinator.acquire_permit(third).await.unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::NotAcquired, "{refused}");
 
     // The lease's row deleted behind the holder's back: its next renewal finds it gone.
@@ -152,11 +152,7 @@ async fn a_subscription_marks_the_gap_of_a_killed_listener_session() {
     let mut states = coordinator.conn_states().await.unwrap();
     assert!(matches!(next(&mut states).await, ConnState::Connected));
 
-    let publish = |n: u32| {
-        coordinator
-            .signals
-            .call(Publish::value(&channel, &n).unwrap())
-    };
+    let publish = |n: u32| coordinator.publish(Publish::value(&channel, &n).unwrap());
     publish(1).await.unwrap();
     match next(&mut orders).await {
         Heard::Signal(signal) => assert_eq!(signal.value::<u32>().unwrap(), 1),
@@ -196,11 +192,16 @@ async fn request_reply_a_topic_consumer_a_schedule_and_a_rate_limit() {
     // Request/reply.
     let channel = unique_name("double");
     let double = Serve::typed(&channel, |n: i64| async move { Ok::<_, String>(n * 2) });
-    coordinator.signals.call(double).await.unwrap();
+    coordinator.serve(double).await.unwrap();
     let ask = Ask::value(&channel, &21)
         .unwrap()
         .timeout(Duration::from_secs(5));
-    let reply: i64 = coordinator.signals.call(ask.returning()).await.unwrap();
+    let reply: i64 = coordinator
+        .signals()
+        .unwrap()
+        .call(ask.returning())
+        .await
+        .unwrap();
     assert_eq!(reply, 42);
 
     // A durable topic's consumer, handed every event in order.
@@ -214,7 +215,7 @@ async fn request_reply_a_topic_consumer_a_schedule_and_a_rate_limit() {
     let _consumer = coordinator.consume(consume).unwrap();
     for n in 0..5u32 {
         let append = Append::value(&topic, &n).unwrap();
-        coordinator.topics.call(append).await.unwrap();
+        coordinator.append(append).await.unwrap();
     }
     for n in 0..5u32 {
         let handed = tokio::time::timeout(Duration::from_secs(30), handed.recv());
@@ -425,7 +426,8 @@ async fn a_runtime_shut_down_with_a_consumer_running_stops_without_a_panic() {
     .poll(Duration::from_millis(200));
     let _consumer = coordinator.consume(consume).unwrap();
     coordinator
-        .topics
+        .topics()
+        .unwrap()
         .call(Append::value(&topic, &1u32).unwrap())
         .await
         .unwrap();

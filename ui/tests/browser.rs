@@ -187,7 +187,8 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     let coordinator = runtime.coordinator().clone();
     let name = unique_name("nightly");
     let lease = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .call(Acquire::new(&name).data(b"batch 42".to_vec()))
         .await
         .unwrap();
@@ -204,7 +205,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
         .await
         .unwrap();
     let wait = Acquire::new(&name).timeout(Duration::from_secs(60));
-    let waiting = tokio::spawn(other.coordinator().locks.call(wait));
+    let waiting = tokio::spawn(other.coordinator().locks().unwrap().call(wait));
     until_text(client, &row, Duration::from_secs(10), |t| {
         t.contains("worker-b") && t.contains("waiting")
     })
@@ -237,7 +238,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     let _consumer = coordinator.consume(consume).unwrap();
     for n in 0..10u32 {
         let append = Append::value(&topic, &n).unwrap();
-        coordinator.topics.call(append).await.unwrap();
+        coordinator.topics().unwrap().call(append).await.unwrap();
     }
     let consumer = format!("{topic}/billing");
     let lag_cell = format!("#consumers tr[data-consumer='{consumer}'] td.lag");
@@ -375,7 +376,7 @@ async fn actions_are_refused_without_the_token_and_take_effect_with_it() {
         .await
         .unwrap();
     let name = unique_name("leader");
-    let lease = (runtime.coordinator().locks)
+    let lease = (runtime.coordinator().locks().unwrap())
         .call(Acquire::new(&name))
         .await
         .unwrap();

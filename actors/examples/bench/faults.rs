@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::{Config, ErrorKind};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::{Acquire, LockManager};
 use pgcoord_testkit::TempPostgres;
 
@@ -110,10 +109,13 @@ async fn restarts(sizes: &Sizes, report: &mut Report) -> Res {
         let admin = pgcoord::db::connect_spawned(&config).await?;
         pgcoord::schema::migrate(&admin, &config).await?;
     }
-    let manager = LockManager::new(config).start();
+    let pool = pgcoord::Pool::new(&config);
+    let table = pgcoord::LeaseTable::new(&config);
+    let manager = LockManager::with_pool(config, pool.clone(), None).start();
     let held = manager.send(Acquire::new("held")).await??;
     // Warm the pool: a few lookups at once, so several pooled connections exist to be killed.
-    let warm: Vec<_> = (0..4).map(|_| manager.get("held")).collect();
+    let statements = pool.idempotent(None);
+    let warm: Vec<_> = (0..4).map(|_| table.get(&statements, "held")).collect();
     for w in warm {
         w.await?;
     }
@@ -166,7 +168,7 @@ async fn restarts(sizes: &Sizes, report: &mut Report) -> Res {
     }
 
     // The held lease: never reported lost, and the row still carries its token.
-    let info = manager.get("held").await;
+    let info = table.get(&pool.idempotent(None), "held").await;
     let kept = held.loss().is_none() && info.as_ref().is_ok_and(|i| i.token == Some(held.token()));
     report.note(
         &format!(

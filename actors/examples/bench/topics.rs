@@ -100,7 +100,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let factory = move |_: WorkerKey| Handed(mailed.clone());
     let pool = WorkerPool::new(
         &config,
-        coordinator.locks.clone(),
+        coordinator.locks()?.clone(),
         "bench_mail",
         keys,
         factory,
@@ -110,10 +110,12 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     let per = sizes.pairs * 2 / 8;
     let started = Instant::now();
     let loops = (0..8).map(|_| {
-        let (topics, body) = (coordinator.topics.clone(), body.clone());
+        let (coordinator, body) = (coordinator.clone(), body.clone());
         async move {
             for _ in 0..per {
-                topics.send(Append::new("bench", body.clone())).await??;
+                coordinator
+                    .append(Append::new("bench", body.clone()))
+                    .await?;
             }
             Ok::<(), Box<dyn std::error::Error>>(())
         }
@@ -229,7 +231,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         format!("{p50:.3}×"),
         p50 <= 1.5,
     );
-    consumer.send(pgcoord_actors::Shutdown).await?;
+    consumer.stop().await;
 
     // Catch-up: a consumer reading a backlog, against a raw keyset-paged SELECT of it.
     let backlog = sizes.backlog;
@@ -324,7 +326,7 @@ async fn catch_up(
     tokio::time::timeout(Duration::from_secs(600), finished.recv()).await?;
     let took = started.elapsed();
     sampler.abort();
-    running.send(pgcoord_actors::Shutdown).await?;
+    running.stop().await;
     let grown = peak.load(std::sync::atomic::Ordering::Relaxed);
     Ok((took, grown.saturating_sub(before)))
 }

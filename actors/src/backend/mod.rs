@@ -1,19 +1,12 @@
-//! Swappable backends: [`Locking`], [`Signalling`] and [`Topics`], the interface an application's actors can
-//! hold instead of the PostgreSQL actors' addresses, so their unit tests can run on the
-//! in-memory backend (`memory`, feature `memory`) and production on PostgreSQL
-//! ([`Coordinator`]). On PostgreSQL they are implemented once, for the actors' addresses
-//! (`Addr<LockManager>`, `Addr<ListenerActor>`), and the [`Coordinator`] delegates to them.
-//!
-//! Inside the crate each concern has one seam, so a wing never names the in-memory backend: these
-//! three, and for what users do not reach — a lease handle's release and fence (`Keeper`), a
-//! delivery's ack (`Acker`), a started consumer ([`Consuming`]'s `Consumer`), a rate limiter's
-//! buckets (`Buckets`), a router's way to a key's holder (`Holders`). Each has its PostgreSQL
+//! Backends: PostgreSQL, and in memory (`memory`, feature `memory`) for unit tests of an
+//! application's code. A [`Coordinator`] is made on one of them and answers the same on both
+//! (its methods are the one front door); inside the crate each concern has one seam, so a wing
+//! never names the in-memory backend: `Locking`, `Signalling` and `Topics` here, and for what
+//! users do not reach — a lease handle's release and fence (`Keeper`), a delivery's ack
+//! (`Acker`), a started consumer (`Consumer`, behind a [`TopicConsumer`]), a rate limiter's buckets
+//! (`Buckets`), a router's way to a key's holder (`Holders`). Each has its PostgreSQL
 //! implementation beside its wing and its in-memory one under `memory`, with the memory-only
-//! constructors (`WorkerPool::in_memory`, `RateLimiter::in_memory`, …).
-//!
-//! The traits are object safe (`Arc<dyn Locking>`), their futures `Send` and `'static`, and
-//! their requests the same messages the actors take ([`Acquire`], [`Publish`], [`Serve`],
-//! [`Ask`], [`Append`], [`Consume`]), so code written against them reads like code written against the actors.
+//! constructors (`WorkerPool::in_memory`, …).
 //!
 //! The in-memory backend is **no substitute for testing against PostgreSQL**: it has no
 //! connections to fail, no clock to disagree, no heartbeats, and no other processes. It keeps the
@@ -21,20 +14,21 @@
 //! fencing tokens, fair waiting, loss reported once, delivery to every subscriber, request and
 //! reply with errors and timeouts; for durable topics, one active consumer per name, delivery
 //! at least once and in order, the same event again after a handler's `Err` or panic, a fenced
-//! `Delivery::ack` (no retention, no horizon: every append is at once final) — and lets a test force what PostgreSQL would do to it: a lost
-//! lease (`MemoryCoordinator::force_loss`) and a listener reconnect
-//! (`MemoryCoordinator::reconnect`). The suites in `actors/tests/it/backends.rs` and
-//! `backend_pools.rs` (worker pools: `WorkerPool::in_memory`) run the same tests against both.
+//! `Delivery::ack` (no retention, no horizon: every append is at once final) — and lets a test
+//! force what PostgreSQL would do to it: a lost lease (`MemoryBackend::force_loss`) and a
+//! listener reconnect (`MemoryBackend::reconnect`). What needs the actors (elections,
+//! schedules, advisory locks, durable mail, a graceful shutdown) answers
+//! [`pgcoord::ErrorKind::Unsupported`] there. The suites in `actors/tests/it/backends.rs` and
+//! `backend_pools.rs` run the same tests against both.
 //!
-//! A job written against [`Locking`], and its unit test on the in-memory backend:
+//! A job written against a [`Coordinator`], and its unit test on the in-memory backend:
 //!
 //! ```rust
-//! use std::sync::Arc;
-//! use pgcoord_actors::backend::{Locking, memory::MemoryBackend};
-//! use pgcoord_actors::{Acquire, LossReason};
+//! use pgcoord_actors::backend::memory::MemoryBackend;
+//! use pgcoord_actors::{Acquire, Coordinator, LossReason};
 //!
-//! async fn nightly(locks: Arc<dyn Locking>) -> pgcoord::Result<&'static str> {
-//!     let lease = locks.acquire(Acquire::new("nightly").fail_if_locked()).await?;
+//! async fn nightly(coordinator: Coordinator) -> pgcoord::Result<&'static str> {
+//!     let lease = coordinator.acquire(Acquire::new("nightly").fail_if_locked()).await?;
 //!     tokio::select! {
 //!         _ = tokio::time::sleep(std::time::Duration::from_secs(3600)) => Ok("done"),
 //!         Some(LossReason::TakenOver) = lease.lost() => Ok("stopped"),
@@ -43,10 +37,10 @@
 //! # actix_rt::System::new().block_on(async {
 //! let backend = MemoryBackend::new();
 //! let (ours, theirs) = (backend.coordinator("ours"), backend.coordinator("theirs"));
-//! let job = actix_rt::spawn(nightly(Arc::new(ours.clone())));
+//! let job = actix_rt::spawn(nightly(ours.clone()));
 //! tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-//! assert!(nightly(Arc::new(theirs)).await.unwrap_err().is_not_acquired());
-//! assert!(ours.force_loss("nightly")); // as if the lease expired and was taken over
+//! assert!(nightly(theirs).await.unwrap_err().is_not_acquired());
+//! assert!(backend.force_loss("nightly")); // as if the lease expired and was taken over
 //! assert_eq!(job.await.unwrap()?, "stopped");
 //! # Ok::<_, pgcoord::Error>(()) }).unwrap();
 //! ```
@@ -55,25 +49,26 @@ use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
 use crate::call::Call;
-use crate::coordinator::Coordinator;
 use crate::leases::{
     Acquire, AcquirePermit, Claim, Get, GetLimit, Lease, ListPrefix, LockManager, SetLimit,
 };
-use crate::losses::{LockLost, Shutdown, SubscribeLockLost};
+use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
     Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
     SubscribeConnState, Unsubscribe,
 };
-use crate::topics::{Append, Consume, ConsumerStats, TopicConsumer};
+use crate::topics::{Append, Consume, ConsumerActor, TopicConsumer};
 use pgcoord::topic::Cursor;
 
+pub(crate) mod door;
 #[cfg(feature = "memory")]
 pub mod memory;
 
-pub use crate::seam::BoxFuture;
+pub(crate) use crate::seam::BoxFuture;
+pub(crate) use door::{Actors, Coordinator, Door};
 
 /// Leases: what a [`LockManager`] does, as a backend.
-pub trait Locking: Send + Sync {
+pub(crate) trait Locking: Send + Sync {
     /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>>;
     /// Acquires a permit of a semaphore as [`AcquirePermit`] says (a fixed count, or the
@@ -107,13 +102,13 @@ pub trait Locking: Send + Sync {
 
 /// Publish/subscribe and request/reply: what a [`ListenerActor`] does, as
 /// a backend.
-pub trait Signalling: Send + Sync {
+pub(crate) trait Signalling: Send + Sync {
     /// Sends to every subscriber of the channel ([`Publish`]).
     fn publish(&self, publish: Publish) -> BoxFuture<Result<()>>;
     /// Delivers every message on `channel` to `recipient` ([`Subscribe`]).
     fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>>;
-    /// Ends a subscription ([`Unsubscribe`]).
-    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>>;
+    /// Ends a subscription ([`Unsubscribe`]), at once: a dropped subscription calls it.
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>);
     /// Answers requests on a channel ([`Serve`]).
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>>;
     /// Stops answering requests on `channel` ([`StopServing`]).
@@ -124,71 +119,14 @@ pub trait Signalling: Send + Sync {
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>>;
 }
 
-/// Durable topics: what a [`TopicAppender`](crate::TopicAppender) and
-/// [`TopicConsumer`]s do, as a backend.
-pub trait Topics: Send + Sync {
+/// Durable topics: what a [`TopicAppender`](crate::TopicAppender) and consumer actors do, as a
+/// backend.
+pub(crate) trait Topics: Send + Sync {
     /// Appends an event ([`Append`]); its cursor.
     fn append(&self, append: Append) -> BoxFuture<Result<Cursor>>;
-    /// Starts consuming as [`Consume`] says, until [`Consuming::stop`]. Typed errors for bad
+    /// Starts consuming as [`Consume`] says, until [`TopicConsumer::stop`]. Typed errors for bad
     /// settings, before anything starts.
-    fn consume(&self, consume: Consume) -> Result<Consuming>;
-}
-
-/// A consumer started through [`Topics::consume`], on either backend.
-#[derive(Clone)]
-pub struct Consuming {
-    running: std::sync::Arc<dyn Consumer>,
-}
-
-/// What a started consumer answers, on each backend: the consumer actor on PostgreSQL.
-pub(crate) trait Consumer: Send + Sync {
-    /// What it has done so far.
-    fn stats(&self) -> BoxFuture<Result<ConsumerStats>>;
-    /// Stops it; done when the future is.
-    fn stop(&self) -> BoxFuture<()>;
-}
-
-impl Consumer for Addr<TopicConsumer> {
-    fn stats(&self) -> BoxFuture<Result<ConsumerStats>> {
-        let stats = self.send(crate::GetStats::new());
-        Box::pin(async move {
-            stats.await.map_err(|e| {
-                pgcoord::Error::new(
-                    pgcoord::ErrorKind::Unavailable,
-                    format!("the consumer stopped: {e}"),
-                )
-            })
-        })
-    }
-
-    fn stop(&self) -> BoxFuture<()> {
-        let stopped = self.send(Shutdown);
-        Box::pin(async move {
-            let _ = stopped.await;
-        })
-    }
-}
-
-impl Consuming {
-    pub(crate) fn new(running: std::sync::Arc<dyn Consumer>) -> Consuming {
-        Consuming { running }
-    }
-
-    /// What the consumer has done so far.
-    pub async fn stats(&self) -> Result<ConsumerStats> {
-        self.running.stats().await
-    }
-
-    /// Stops the consumer: the event in hand is finished and acked, the lease released.
-    pub async fn stop(&self) {
-        self.running.stop().await;
-    }
-}
-
-impl std::fmt::Debug for Consuming {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Consuming").finish_non_exhaustive()
-    }
+    fn consume(&self, consume: Consume) -> Result<TopicConsumer>;
 }
 
 /// An actor's answer that is not a `Result`, with the mailbox's error folded in.
@@ -251,52 +189,22 @@ impl Locking for Addr<LockManager> {
     }
 }
 
-impl Locking for Coordinator {
-    fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
-        self.locks.acquire(request)
-    }
-
-    fn acquire_permit(&self, request: AcquirePermit) -> BoxFuture<Result<Lease>> {
-        self.locks.acquire_permit(request)
-    }
-
-    fn set_limit(&self, request: SetLimit) -> BoxFuture<Result<pgcoord::lease::LimitChange>> {
-        self.locks.set_limit(request)
-    }
-
-    fn get(&self, name: &str) -> BoxFuture<Result<LeaseInfo>> {
-        self.locks.get(name)
-    }
-
-    fn limit(&self, name: &str) -> BoxFuture<Result<Option<u32>>> {
-        self.locks.limit(name)
-    }
-
-    fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
-        self.locks.subscribe_lock_lost(recipient)
-    }
-
-    fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
-        self.locks.claim(claim)
-    }
-
-    fn list_prefix(&self, prefix: &str) -> BoxFuture<Result<Vec<LeaseInfo>>> {
-        self.locks.list_prefix(prefix)
-    }
-
-    fn resign_requested(&self, name: &str, token: i64) -> BoxFuture<Result<bool>> {
-        self.locks.resign_requested(name, token)
-    }
-}
-
-impl Topics for Coordinator {
+impl Topics for Actors {
     fn append(&self, append: Append) -> BoxFuture<Result<Cursor>> {
         Box::pin(self.topics.call(append))
     }
 
-    fn consume(&self, consume: Consume) -> Result<Consuming> {
-        Coordinator::consume(self, consume)
-            .map(|consumer| Consuming::new(std::sync::Arc::new(consumer)))
+    fn consume(&self, consume: Consume) -> Result<TopicConsumer> {
+        consume.check()?;
+        let consumer = ConsumerActor::new(
+            consume,
+            pgcoord::TopicTable::new(&self.config),
+            self.pool.clone(),
+            self.locks.clone(),
+            self.signals.clone(),
+        );
+        let consumer = Actor::start_in_arbiter(&self.arbiter, |_| consumer);
+        Ok(TopicConsumer::new(std::sync::Arc::new(consumer)))
     }
 }
 
@@ -309,12 +217,8 @@ impl Signalling for Addr<ListenerActor> {
         Box::pin(self.call(Subscribe::new(channel.to_owned(), recipient)))
     }
 
-    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        let unsubscribe = Unsubscribe {
-            channel: channel.to_owned(),
-            recipient,
-        };
-        sent(self, unsubscribe)
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) {
+        self.do_send(Unsubscribe::new(channel.to_owned(), recipient));
     }
 
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
@@ -331,35 +235,5 @@ impl Signalling for Addr<ListenerActor> {
 
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
         sent(self, SubscribeConnState(recipient))
-    }
-}
-
-impl Signalling for Coordinator {
-    fn publish(&self, publish: Publish) -> BoxFuture<Result<()>> {
-        self.signals.publish(publish)
-    }
-
-    fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        self.signals.subscribe(channel, recipient)
-    }
-
-    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        self.signals.unsubscribe(channel, recipient)
-    }
-
-    fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
-        self.signals.serve(serve)
-    }
-
-    fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
-        self.signals.stop_serving(channel)
-    }
-
-    fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
-        self.signals.ask(ask)
-    }
-
-    fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
-        self.signals.subscribe_conn_state(recipient)
     }
 }

@@ -7,7 +7,7 @@
 //! | [`SetLimit`] | a limited semaphore's stored limit, changed |
 //! | [`Release`] | `Result<()>`: the tenure ended (what [`Lease::release`] sends) |
 //! | [`Claim`] | `Result<Vec<Lease>>`: whichever of many leases are free now |
-//! | `Get`, `GetLimit`, `ListPrefix` | what the table says, granting nothing: asked through [`Locking`](crate::backend::Locking)'s `get`, `limit` and `list_prefix`, which `Addr<LockManager>` implements |
+//! | `Get`, `GetLimit`, `ListPrefix` | what the table says, granting nothing: asked through the coordinator's `get`, `limit` and `list_prefix` |
 //! | [`RunNow`](crate::RunNow) | `Result<u64>`: every held lease renewed now; how many |
 //! | [`GetStats`](crate::GetStats)`<ManagerStats>` | [`ManagerStats`] |
 //! | [`SubscribeLockLost`](crate::SubscribeLockLost) | `()`: [`LockLost`](crate::LockLost) from now on |
@@ -93,7 +93,8 @@ impl Acquire {
     }
 
     /// Typed data, stored as MessagePack (pgcoord's one codec, `pgcoord::signal::to_payload`);
-    /// read it back with [`Lease::value`] or [`Locking::get`](crate::backend::Locking::get).
+    /// read it back with [`Lease::value`] or
+    /// [`Coordinator::get`](crate::Coordinator::get).
     pub fn value<T: Serialize>(self, value: &T) -> Result<Acquire> {
         Ok(self.data(pgcoord::signal::to_payload(value)?))
     }

@@ -4,7 +4,8 @@
 //! It is a handle, not an actor: nothing is held between takes (the bucket is the row), and its
 //! futures are `Send`, for any tokio task. Waiting takes on one key share a statement per round
 //! (`batch`): the one task it spawns per key ends when nobody waits. On the in-memory backend
-//! ([`RateLimiter::in_memory`]) the buckets are the backend's, computed as the statement does.
+//! (`Coordinator::rate_limiter` of a memory coordinator) the buckets are the backend's, computed
+//! as the statement does.
 
 mod batch;
 
@@ -48,8 +49,7 @@ impl Counters {
 /// Takes from keys' buckets at one [`RateLimit`], across every process that uses the same rate
 /// for the same keys (the rate travels with each take: a process with another rate for a key
 /// enforces its own on the same bucket). Made by
-/// [`Coordinator::rate_limiter`](crate::Coordinator::rate_limiter), or on the in-memory backend
-/// by [`RateLimiter::in_memory`].
+/// [`Coordinator::rate_limiter`](crate::Coordinator::rate_limiter), on either backend.
 #[derive(Clone)]
 pub struct RateLimiter {
     buckets: Arc<dyn Buckets>,

@@ -1,4 +1,4 @@
-//! [`TopicConsumer`]: a durable topic's named consumer, run by one process of the fleet at a
+//! [`ConsumerActor`]: a durable topic's named consumer, run by one process of the fleet at a
 //! time, delivering every event at least once, in order.
 //!
 //! The consumer `c` of topic `t` is the lease `"t/consumers/c"`: the process holding it delivers,
@@ -38,6 +38,7 @@ use crate::signals::doorbell::Bell;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
+pub(crate) mod consumer;
 pub(crate) mod delivery;
 // The in-memory backend's consumer hands over (`handover::handle`) and backs off
 // (`run::backoff`) as this one does.
@@ -46,6 +47,7 @@ mod retention;
 pub(crate) mod run;
 
 pub use append::{Append, TopicAppender};
+pub use consumer::TopicConsumer;
 pub use delivery::Delivery;
 pub(crate) use delivery::DeliveryContext;
 pub use retention::TopicRetention;
@@ -217,22 +219,22 @@ const STOP_WITHIN: Duration = Duration::from_secs(30);
 
 /// A durable topic's consumer in this process; see the module docs. Start it with
 /// [`Coordinator::consume`](crate::Coordinator::consume).
-pub struct TopicConsumer {
+pub(crate) struct ConsumerActor {
     run: Arc<Run>,
     signals: Addr<ListenerActor>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl TopicConsumer {
+impl ConsumerActor {
     pub(crate) fn new(
         consume: Consume,
         table: TopicTable,
         pool: Pool,
         locks: Addr<LockManager>,
         signals: Addr<ListenerActor>,
-    ) -> TopicConsumer {
+    ) -> ConsumerActor {
         let metrics = crate::metrics::TopicMetrics::new(&consume.topic, &consume.consumer);
-        TopicConsumer {
+        ConsumerActor {
             run: Arc::new(Run {
                 metrics,
                 lease_name: consume.lease_name(),
@@ -252,7 +254,7 @@ impl TopicConsumer {
     }
 }
 
-impl Actor for TopicConsumer {
+impl Actor for ConsumerActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
@@ -290,7 +292,7 @@ impl Actor for TopicConsumer {
     }
 }
 
-impl Handler<RawNotification> for TopicConsumer {
+impl Handler<RawNotification> for ConsumerActor {
     type Result = ();
 
     fn handle(&mut self, notification: RawNotification, _: &mut Context<Self>) {
@@ -302,7 +304,7 @@ impl Handler<RawNotification> for TopicConsumer {
     }
 }
 
-impl Handler<ConnState> for TopicConsumer {
+impl Handler<ConnState> for ConsumerActor {
     type Result = ();
 
     fn handle(&mut self, state: ConnState, _: &mut Context<Self>) {
@@ -313,7 +315,7 @@ impl Handler<ConnState> for TopicConsumer {
     }
 }
 
-impl Handler<GetStats<ConsumerStats>> for TopicConsumer {
+impl Handler<GetStats<ConsumerStats>> for ConsumerActor {
     type Result = ConsumerStats;
 
     fn handle(&mut self, _: GetStats<ConsumerStats>, _: &mut Context<Self>) -> ConsumerStats {
@@ -321,7 +323,7 @@ impl Handler<GetStats<ConsumerStats>> for TopicConsumer {
     }
 }
 
-impl Handler<crate::losses::Shutdown> for TopicConsumer {
+impl Handler<crate::losses::Shutdown> for ConsumerActor {
     type Result = ();
 
     fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {

@@ -61,7 +61,15 @@ where
     /// Delivers each key's durable mail ([`mail_topic`]) to its worker, at least once and in
     /// order, through `coordinator`'s pool and listener (see [`Mail`]). Every process's pool of
     /// the name should be durable, or the mail of the keys one holds waits until another does.
+    ///
+    /// # Panics
+    ///
+    /// When `coordinator` is in memory: durable mail needs PostgreSQL (a test's setup mistake).
     pub fn durable(mut self, coordinator: &crate::Coordinator) -> WorkerPool<W> {
+        let actors = match coordinator.actors("durable mail") {
+            Ok(actors) => actors,
+            Err(e) => panic!("{e}"),
+        };
         let send: SendMail<W> = Rc::new(|worker: &Addr<W>, mail: Mail| {
             let handled = worker.send(mail);
             Box::pin(async move {
@@ -72,9 +80,9 @@ where
             })
         });
         self.mailing = Some(Mailing {
-            table: Arc::new(TopicTable::new(coordinator.config())),
-            db: coordinator.pool().clone(),
-            listener: coordinator.signals.clone(),
+            table: Arc::new(TopicTable::new(&actors.config)),
+            db: actors.pool.clone(),
+            listener: actors.signals.clone(),
             send,
             gates: HashMap::new(),
             reads: 0,

@@ -14,7 +14,7 @@ use pgcoord::{Error, ErrorKind, Result};
 
 use super::{Assignment, Drain, MembersChanged, SetKeys, Shutdown};
 use super::{SubscribeMembers, WorkerKey, WorkerPool};
-use crate::coordinator::Coordinator;
+use crate::Coordinator;
 use crate::streams::{forward, told};
 
 type Work = Box<dyn Fn(WorkerKey) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
@@ -142,15 +142,16 @@ impl Coordinator {
     /// Starts `pool` in this process, on the actors' thread; callable from any thread. Typed
     /// errors for a bad pool name or key, before anything starts.
     pub fn run_tasks(&self, pool: TaskPool) -> Result<Workers> {
+        let actors = self.actors("task pools")?;
         let name = pgcoord::config::validate_name("pool", pool.name)?;
         for key in &pool.keys {
             // Each key is the lease `{pool}/keys/{key}`: a name a lease can have.
             pgcoord::config::validate_name("a key's lease", format!("{name}/keys/{key}"))?;
         }
-        let (config, locks) = (self.config().clone(), self.locks.clone());
+        let (config, locks) = (actors.config.clone(), actors.locks.clone());
         let (keys, work) = (pool.keys, pool.work);
         let (max_moves, weight) = (pool.max_moves, pool.weight);
-        let started = WorkerPool::start_in_arbiter(&self.arbiter(), move |_| {
+        let started = WorkerPool::start_in_arbiter(&actors.arbiter, move |_| {
             // One closure for every key's worker, on this thread only.
             let work: Rc<Work> = Rc::new(work);
             WorkerPool::new(&config, locks, name, keys, move |key| KeyTask {
@@ -160,10 +161,10 @@ impl Coordinator {
             .max_moves(max_moves)
             .weight(weight)
         });
-        self.drain_while_running(started.downgrade().recipient());
+        Coordinator::drain_while_running(actors, started.downgrade().recipient());
         Ok(Workers {
             pool: started,
-            arbiter: self.arbiter(),
+            arbiter: actors.arbiter.clone(),
         })
     }
 }

@@ -380,7 +380,7 @@ async fn a_flood_of_topic_doorbells_costs_a_read_per_gap() {
     // Only the doorbells make it read during the flood.
     .poll(Duration::from_secs(30));
     let consumer = coordinator.consume(consume).unwrap();
-    let stats = async || consumer.send(GetStats::new()).await.unwrap();
+    let stats = async || consumer.stats().await.unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(10), "active and read", async || {
         let now = stats().await;
         now.active && now.reads > 0
@@ -409,7 +409,8 @@ async fn forged_references_make_an_election_observer_resync_only_for_its_own_cha
     let watcher = Coordinator::start(config);
     let (lost, recipient) = Collector::<ConnState>::start_new();
     watcher
-        .signals
+        .signals()
+        .unwrap()
         .send(SubscribeConnState(recipient))
         .await
         .unwrap();
@@ -418,10 +419,13 @@ async fn forged_references_make_an_election_observer_resync_only_for_its_own_cha
     observed.wait_for(1, Duration::from_secs(5)).await;
     let other = unique_name("other");
     let (_, recipient) = Collector::<Signal>::start_new();
-    (watcher.signals.send(Subscribe::new(&other, recipient)))
-        .await
+    (watcher
+        .signals()
         .unwrap()
-        .unwrap();
+        .send(Subscribe::new(&other, recipient)))
+    .await
+    .unwrap()
+    .unwrap();
     let flood = async |channel: &str| {
         let texts: Vec<String> = (0..200)
             .map(|_| {
@@ -490,7 +494,8 @@ async fn a_subscription_stream_marks_a_lost_message_of_its_channel_as_a_gap() {
     forge(&other).await;
     forge(&ours).await;
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .call(Publish::new(&ours, b"after".to_vec()))
         .await
         .unwrap();

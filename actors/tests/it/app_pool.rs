@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::bb8_postgres::PostgresConnectionManager;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{backend_pids, unique_name};
 use tokio_postgres::NoTls;
@@ -49,7 +48,12 @@ async fn a_coordinator_runs_on_the_applications_own_pool() {
     let coordinator = Coordinator::connect_with_pool(config, pool).await.unwrap();
 
     let leases: Vec<_> = (0..6)
-        .map(|i| coordinator.locks.send(Acquire::new(format!("l{i}"))))
+        .map(|i| {
+            coordinator
+                .locks()
+                .unwrap()
+                .send(Acquire::new(format!("l{i}")))
+        })
         .collect();
     let leases: Vec<_> = futures_util::future::join_all(leases)
         .await
@@ -59,26 +63,34 @@ async fn a_coordinator_runs_on_the_applications_own_pool() {
     let (collector, recipient) = Collector::<Signal>::start_new();
     let channel = unique_name("byo");
     let subscribe = Subscribe::new(channel.clone(), recipient);
-    coordinator.signals.call(subscribe).await.unwrap();
+    coordinator
+        .signals()
+        .unwrap()
+        .call(subscribe)
+        .await
+        .unwrap();
     // One inline message and one through the payload table, both on the application's pool.
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .call(Publish::new(&channel, vec![1]))
         .await
         .unwrap();
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .call(Publish::new(&channel, vec![2; 5000]))
         .await
         .unwrap();
     let got = collector.wait_for(2, Duration::from_secs(5)).await;
     assert_eq!(got[1].payload.len(), 5000);
     let guard = coordinator
-        .advisory
+        .advisory()
+        .unwrap()
         .call(AdvisoryLock::new(7))
         .await
         .unwrap();
-    coordinator.locks.call(RunNow).await.unwrap();
+    coordinator.locks().unwrap().call(RunNow).await.unwrap();
 
     let count = |name: String| {
         let admin = &admin;
@@ -124,12 +136,13 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
         .unwrap();
     let app_pool = app_pool(&setup.pg, &app, 1, Duration::from_millis(300)).await;
     let pool = pgcoord::Pool::from_bb8(&config, app_pool.clone());
-    let manager = LockManager::with_pool(config, pool, None).start();
-    manager.list_prefix("").await.unwrap();
+    let table = super::Table::on(&config, pool.clone());
+    let _manager = LockManager::with_pool(config, pool, None).start();
+    table.list_prefix("").await.unwrap();
     let pooled = only_backend_of(&admin, &app).await;
     server.freeze_backend(pooled).unwrap();
 
-    cut_off_at_the_bound(&manager, bound).await;
+    cut_off_at_the_bound(&table, bound).await;
     // Kept aside: the application's pool (of one) has nothing to lend while the backend hangs.
     assert!(
         app_pool.get().await.is_err(),
@@ -152,5 +165,5 @@ async fn a_hung_connection_of_the_applications_pool_is_kept_aside_until_it_answe
         .get(0);
     assert_eq!(pid as u32, pooled);
     drop(conn);
-    manager.list_prefix("").await.unwrap();
+    table.list_prefix("").await.unwrap();
 }

@@ -1,5 +1,5 @@
 //! Worker pools on both backends: the same test on PostgreSQL (two `Coordinator`s, as two
-//! processes) and in memory (two `MemoryCoordinator`s on one backend) — keys shared, messages
+//! processes) and in memory (two coordinators of one `MemoryBackend`) — keys shared, messages
 //! routed to each key's worker (asked and told), a lost key's worker stopped and the key served
 //! again with a greater token, and a member's keys taken by the other when it stops.
 
@@ -74,7 +74,7 @@ async fn a_pool_shares_routes_and_serves_a_lost_key_again<H: Harness>(h: H) {
     let (a, b) = h.processes();
     let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
     let handled = Handled::default();
-    let member = |process: &H::Process, name: &'static str| {
+    let member = |process: &Coordinator, name: &'static str| {
         let factory = counters(name, &handled);
         h.pool(process, "pool", keys.clone(), factory).start()
     };
@@ -149,7 +149,7 @@ async fn a_pool_shares_routes_and_serves_a_lost_key_again<H: Harness>(h: H) {
 async fn a_message_brings_its_key_to_life<H: Harness>(h: H) {
     let (a, b) = h.processes();
     let handled = Handled::default();
-    let member = |process: &H::Process, name: &'static str| {
+    let member = |process: &Coordinator, name: &'static str| {
         let factory = counters(name, &handled);
         h.pool(process, "lazy", Vec::new(), factory)
             .activate_keys()

@@ -1,28 +1,27 @@
-//! The behavioural suite both backends pass: each test is written once against [`Locking`],
-//! [`Signalling`] and [`Topics`] and runs on PostgreSQL (two `Coordinator`s, as two processes) and in memory
-//! (two `MemoryCoordinator`s on one `MemoryBackend`). Where a test forces something — a lease
+//! The behavioural suite both backends pass: each test is written once against [`Coordinator`]
+//! and runs on PostgreSQL (two `Coordinator`s, as two processes) and in memory (two
+//! coordinators of one `MemoryBackend`). Where a test forces something — a lease
 //! taken over, a listener reconnect — each backend does it its own way: on PostgreSQL the row is
 //! deleted and the listener's backend terminated; in memory the test hooks do it.
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use pgcoord::ErrorKind;
 use pgcoord::topic::{Cursor, TopicTable};
-use pgcoord_actors::backend::memory::{MemoryBackend, MemoryCoordinator};
-use pgcoord_actors::backend::{Consuming, Locking, Signalling, Topics};
+use pgcoord_actors::backend::memory::MemoryBackend;
 use pgcoord_actors::*;
 use pgcoord_testkit::unique_name;
 use tokio_postgres::Client;
 
-use super::{Collector, Setup};
+use super::Setup;
 
 /// A backend under test: two processes' runtimes on one database, and what a test forces.
 pub(super) trait Harness {
-    type Process: Locking + Signalling + Topics + Clone + 'static;
     /// `process`'s member of the routed worker pool `name` over `keys`.
     fn pool<W>(
         &self,
-        process: &Self::Process,
+        process: &Coordinator,
         name: &str,
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
@@ -32,9 +31,9 @@ pub(super) trait Harness {
             + actix::Handler<Shutdown>
             + actix::Handler<Routed>;
     /// A router from `process` to the pool `name`.
-    fn router(&self, process: &Self::Process, pool: &str) -> KeyRouter;
+    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter;
     /// The two processes, with owners "a" and "b".
-    fn processes(&self) -> (Self::Process, Self::Process);
+    fn processes(&self) -> (Coordinator, Coordinator);
     /// Takes the lease `name` from its holder, as a takeover after an expiry would.
     async fn force_loss(&self, name: &str);
     /// Ends the lease `name` as its holder stopping to renew would: expired, its row kept.
@@ -74,8 +73,6 @@ impl Postgres {
 }
 
 impl Harness for Postgres {
-    type Process = Coordinator;
-
     fn pool<W>(
         &self,
         process: &Coordinator,
@@ -88,13 +85,14 @@ impl Harness for Postgres {
             + actix::Handler<Shutdown>
             + actix::Handler<Routed>,
     {
-        let locks = process.locks.clone();
-        WorkerPool::new(process.config(), locks, name, keys, factory)
-            .routed(process.signals.clone())
+        let locks = process.locks().unwrap().clone();
+        WorkerPool::new(process.config().unwrap(), locks, name, keys, factory)
+            .routed(process.signals().unwrap().clone())
     }
 
     fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter {
-        KeyRouter::new(pool, process.locks.clone(), process.signals.clone())
+        let (locks, signals) = (process.locks().unwrap(), process.signals().unwrap());
+        KeyRouter::new(pool, locks.clone(), signals.clone())
     }
 
     fn processes(&self) -> (Coordinator, Coordinator) {
@@ -138,8 +136,9 @@ impl Harness for Postgres {
 }
 
 pub(super) struct Memory {
-    a: MemoryCoordinator,
-    b: MemoryCoordinator,
+    backend: MemoryBackend,
+    a: Coordinator,
+    b: Coordinator,
 }
 
 impl Memory {
@@ -148,16 +147,15 @@ impl Memory {
         Memory {
             a: backend.coordinator("a"),
             b: backend.coordinator("b"),
+            backend,
         }
     }
 }
 
 impl Harness for Memory {
-    type Process = MemoryCoordinator;
-
     fn pool<W>(
         &self,
-        process: &MemoryCoordinator,
+        process: &Coordinator,
         name: &str,
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
@@ -170,29 +168,29 @@ impl Harness for Memory {
         WorkerPool::in_memory(process, name, keys, factory).routed_in_memory(process)
     }
 
-    fn router(&self, process: &MemoryCoordinator, pool: &str) -> KeyRouter {
+    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter {
         KeyRouter::in_memory(pool, process)
     }
 
-    fn processes(&self) -> (MemoryCoordinator, MemoryCoordinator) {
+    fn processes(&self) -> (Coordinator, Coordinator) {
         (self.a.clone(), self.b.clone())
     }
 
     async fn force_loss(&self, name: &str) {
-        assert!(self.a.force_loss(name), "{name} was held");
+        assert!(self.backend.force_loss(name), "{name} was held");
     }
 
     async fn expire(&self, name: &str) {
         // Nothing expires in memory: a takeover is what expiry leads to.
-        assert!(self.a.force_loss(name), "{name} was held");
+        assert!(self.backend.force_loss(name), "{name} was held");
     }
 
     async fn reconnect(&self) {
-        self.a.reconnect();
+        self.backend.reconnect(&self.a).unwrap();
     }
 
     async fn stored_cursor(&self, topic: &str, consumer: &str) -> Option<Cursor> {
-        self.a.cursor(topic, consumer)
+        self.backend.cursor(topic, consumer)
     }
 }
 
@@ -379,7 +377,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-async fn until_active(consuming: &Consuming) {
+async fn until_active(consuming: &TopicConsumer) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !consuming.stats().await.unwrap().active {
         assert!(Instant::now() < deadline, "never active");
@@ -487,8 +485,7 @@ async fn a_lease_taken_over_after_expiry_has_the_new_holders_data(h: impl Harnes
 async fn a_release_is_no_loss(h: impl Harness) {
     let (a, _) = h.processes();
     let name = unique_name("released");
-    let (losses, recipient) = Collector::<LockLost>::start_new();
-    a.subscribe_lock_lost(recipient).await.unwrap();
+    let mut losses = a.lock_losses().await.unwrap();
     // Released with `release`, and by dropping the handle: `lost()` ends without a loss.
     let lease = a.acquire(Acquire::new(&name)).await.unwrap();
     let lost = lease.lost();
@@ -501,8 +498,8 @@ async fn a_release_is_no_loss(h: impl Harness) {
     drop(lease);
     let ended = tokio::time::timeout(Duration::from_secs(5), lost).await;
     assert_eq!(ended, Ok(None), "a dropped handle's release is not a loss");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(losses.received().is_empty(), "{:?}", losses.received());
+    let reported = tokio::time::timeout(Duration::from_millis(100), losses.next()).await;
+    assert!(reported.is_err(), "{reported:?}");
 }
 
 async fn one_holder_at_a_time_with_increasing_tokens(h: impl Harness) {
@@ -589,8 +586,7 @@ async fn data_is_stored_kept_and_replaced(h: impl Harness) {
 async fn a_lease_taken_over_is_reported_once_and_goes_to_the_waiter(h: impl Harness) {
     let (a, b) = h.processes();
     let name = unique_name("taken");
-    let (losses, recipient) = Collector::<LockLost>::start_new();
-    a.subscribe_lock_lost(recipient).await.unwrap();
+    let mut losses = a.lock_losses().await.unwrap();
     let lease = a.acquire(Acquire::new(&name)).await.unwrap();
     let waiter = actix_rt::spawn(b.acquire(Acquire::new(&name)));
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -600,9 +596,10 @@ async fn a_lease_taken_over_is_reported_once_and_goes_to_the_waiter(h: impl Harn
         .await
         .expect("the holder learns of it");
     assert_eq!(reason, Some(LossReason::TakenOver));
-    let reported = losses.wait_for(1, Duration::from_secs(5)).await;
-    assert_eq!(reported[0].key, LockKey::Lease(name.clone()));
-    assert_eq!(reported[0].token, Some(lease.token()));
+    let reported = tokio::time::timeout(Duration::from_secs(5), losses.next()).await;
+    let reported = reported.expect("reported").expect("the stream runs");
+    assert_eq!(reported.key, LockKey::Lease(name.clone()));
+    assert_eq!(reported.token, Some(lease.token()));
 
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
@@ -613,25 +610,30 @@ async fn a_lease_taken_over_is_reported_once_and_goes_to_the_waiter(h: impl Harn
     let stale = lease.release().await.unwrap_err();
     assert_eq!(stale.kind(), ErrorKind::LockLost);
     next.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(losses.received().len(), 1, "reported once");
+    let again = tokio::time::timeout(Duration::from_millis(100), losses.next()).await;
+    assert!(again.is_err(), "reported once: {again:?}");
 }
 
 async fn every_subscriber_gets_every_message_in_order(h: impl Harness) {
     let (a, b) = h.processes();
     let channel = unique_name("events");
-    let (at_a, to_a) = Collector::<Signal>::start_new();
-    let (at_b, to_b) = Collector::<Signal>::start_new();
-    a.subscribe(&channel, to_a).await.unwrap();
-    b.subscribe(&channel, to_b).await.unwrap();
+    let at_a = a.subscribe(&channel).await.unwrap();
+    let at_b = b.subscribe(&channel).await.unwrap();
     for i in 0..20u8 {
         a.publish(Publish::new(&channel, vec![i])).await.unwrap();
     }
-    for collector in [at_a, at_b] {
-        let got = collector.wait_for(20, Duration::from_secs(5)).await;
-        let payloads: Vec<u8> = got.iter().map(|s| s.payload[0]).collect();
+    for subscription in [at_a, at_b] {
+        let got = tokio::time::timeout(Duration::from_secs(5), subscription.take(20).collect());
+        let got: Vec<Heard> = got.await.expect("twenty messages");
+        let signals: Vec<Signal> = (got.into_iter())
+            .map(|heard| match heard {
+                Heard::Signal(signal) => signal,
+                gap => panic!("no gap without a reconnect: {gap:?}"),
+            })
+            .collect();
+        let payloads: Vec<u8> = signals.iter().map(|s| s.payload[0]).collect();
         assert_eq!(payloads, (0..20).collect::<Vec<u8>>());
-        assert!(got.iter().all(|s| &*s.channel == channel.as_str()));
+        assert!(signals.iter().all(|s| &*s.channel == channel.as_str()));
     }
 }
 
@@ -677,22 +679,32 @@ async fn requests_get_replies_errors_and_timeouts(h: impl Harness) {
 async fn a_reconnect_is_announced_and_subscriptions_survive_it(h: impl Harness) {
     let (a, b) = h.processes();
     let channel = unique_name("resync");
-    let (states, recipient) = Collector::<ConnState>::start_new();
-    a.subscribe_conn_state(recipient).await.unwrap();
-    let (events, to_a) = Collector::<Signal>::start_new();
-    a.subscribe(&channel, to_a).await.unwrap();
+    let mut states = a.conn_states().await.unwrap();
+    let mut events = a.subscribe(&channel).await.unwrap();
 
     h.reconnect().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !states.received().contains(&ConnState::Reconnected) {
-        assert!(Instant::now() < deadline, "{:?}", states.received());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let reconnected = async {
+        while let Some(state) = states.next().await {
+            if state == ConnState::Reconnected {
+                return;
+            }
+        }
+    };
+    (tokio::time::timeout(Duration::from_secs(10), reconnected).await).expect("Reconnected");
+    // The subscription marks the gap, then goes on.
+    let gap = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+    assert!(
+        matches!(gap, Ok(Some(Heard::Gap(ConnState::Reconnected)))),
+        "{gap:?}"
+    );
     b.publish(Publish::new(&channel, b"after".to_vec()))
         .await
         .unwrap();
-    let got = events.wait_for(1, Duration::from_secs(5)).await;
-    assert_eq!(&got[0].payload[..], b"after");
+    let got = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+    match got {
+        Ok(Some(Heard::Signal(signal))) => assert_eq!(&signal.payload[..], b"after"),
+        other => panic!("{other:?}"),
+    }
 }
 
 async fn bad_input_is_refused(h: impl Harness) {
@@ -707,8 +719,7 @@ async fn bad_input_is_refused(h: impl Harness) {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidIdentifier);
-    let (_, recipient) = Collector::<Signal>::start_new();
-    let e = a.subscribe(&bad_channel, recipient).await.unwrap_err();
+    let e = a.subscribe(&bad_channel).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidIdentifier);
 }
 

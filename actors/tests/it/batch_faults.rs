@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::Proxy;
 
@@ -152,7 +151,7 @@ async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() 
         .pool_size(4)
         .build()
         .unwrap();
-    let manager = LockManager::new(config).start();
+    let (manager, table) = super::manager_on_pool(config);
     let acquires = (0..40).map(|i| manager.send(Acquire::new(format!("r-{i}"))));
     let leases: Vec<Lease> = futures_util::future::join_all(acquires)
         .await
@@ -197,7 +196,7 @@ async fn releases_and_a_claim_on_black_holed_connections_are_answered_in_time() 
 
     // A claim once the pool's connections are black-holed again: answered by its deadline —
     // `Unavailable`, or granted on a connection opened after the cut — never left waiting.
-    let warm = (0..4).map(|_| manager.list_prefix(""));
+    let warm = (0..4).map(|_| table.list_prefix(""));
     futures_util::future::join_all(warm).await;
     proxy.cut();
     let started = Instant::now();

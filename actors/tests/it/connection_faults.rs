@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, TempPostgres, backend_pids, unique_name};
 
@@ -54,7 +53,7 @@ async fn a_frozen_heartbeat_backend_loses_no_lease() {
         "renewals went on: {before:?} -> {after:?}"
     );
     for lease in [&a, &b] {
-        let info = manager.get(lease.name()).await.unwrap();
+        let info = setup.table().get(lease.name()).await.unwrap();
         assert_eq!(info.token, Some(lease.token()));
         assert!(info.remaining.unwrap() > LEASE / 2, "{info:?}");
     }
@@ -84,19 +83,19 @@ async fn a_frozen_pooled_backend_is_cut_off_at_the_deadline_and_never_reused() {
         .pool_size(1)
         .build()
         .unwrap();
-    let manager = LockManager::new(config).start();
-    manager.list_prefix("").await.unwrap();
+    let (_manager, table) = super::manager_on_pool(config);
+    table.list_prefix("").await.unwrap();
     let pooled = only_backend_of(&admin, &app).await;
     // Answered on just now: the pool trusts it without the check it gives a connection idle
     // for a second (which would find it frozen and connect anew: failed here once on a busy
     // machine, the lookup of its pid having taken that long).
-    manager.list_prefix("").await.unwrap();
+    table.list_prefix("").await.unwrap();
     server.freeze_backend(pooled).unwrap();
 
-    cut_off_at_the_bound(&manager, bound).await;
+    cut_off_at_the_bound(&table, bound).await;
     // The frozen connection is not back in the pool: the next call gets a new one at once.
     let started = Instant::now();
-    manager.list_prefix("").await.unwrap();
+    table.list_prefix("").await.unwrap();
     assert!(started.elapsed() < bound, "{:?}", started.elapsed());
     let now = backend_pids(&admin, &app).await.unwrap();
     assert!(!now.contains(&pooled) || now.len() == 2, "{now:?}");
@@ -151,7 +150,7 @@ async fn black_holed_connections_then_healed_lose_no_lease() {
     assert!(lost.received().is_empty(), "lost: {:?}", lost.received());
     for lease in [&before, &after] {
         assert!(lease.loss().is_none());
-        let info = manager.get(lease.name()).await.unwrap();
+        let info = setup.table().get(lease.name()).await.unwrap();
         assert_eq!(info.token, Some(lease.token()));
         assert!(info.remaining.unwrap() > LEASE / 2, "renewed: {info:?}");
     }
@@ -160,15 +159,16 @@ async fn black_holed_connections_then_healed_lose_no_lease() {
 #[actix_rt::test]
 async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
     let (server, setup, admin) = own_cluster().await;
-    let a = setup.manager("a");
+    let (a, a_table) = setup.manager_and_table("a");
     let coordinator = Coordinator::start(setup.builder("b").build().unwrap());
     let (lost_a, lost_b) = (
         Collector::subscribe(&a).await,
-        Collector::subscribe(&coordinator.locks).await,
+        Collector::subscribe(coordinator.locks().unwrap()).await,
     );
     let held_a = a.send(Acquire::new("a")).await.unwrap().unwrap();
     let held_b = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("b"))
         .await
         .unwrap()
@@ -176,13 +176,14 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
     let channel = unique_name("events");
     let (events, recipient) = Collector::<Signal>::start_new();
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(Subscribe::new(channel.clone(), recipient))
         .await
         .unwrap()
         .unwrap();
     // Open several pooled connections, all idle (and all killed) when the server restarts.
-    let warm: Vec<_> = (0..8).map(|_| a.list_prefix("")).collect();
+    let warm: Vec<_> = (0..8).map(|_| a_table.list_prefix("")).collect();
     for listed in warm {
         listed.await.unwrap();
     }
@@ -202,15 +203,17 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
         "tokens keep increasing"
     );
     next.release().await.unwrap();
-    a.list_prefix("").await.unwrap();
+    a_table.list_prefix("").await.unwrap();
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new(&channel, b"after".to_vec()))
         .await
         .unwrap()
         .unwrap();
     let _held = coordinator
-        .advisory
+        .advisory()
+        .unwrap()
         .send(AdvisoryLock::new(7))
         .await
         .unwrap()
@@ -223,7 +226,8 @@ async fn a_server_restart_loses_no_lease_and_the_next_calls_succeed() {
     held_b.release().await.unwrap();
     // The listener is back too: a message published now is delivered.
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new(&channel, b"later".to_vec()))
         .await
         .unwrap()

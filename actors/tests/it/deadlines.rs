@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, backend_pids, unique_name};
 
@@ -182,7 +181,7 @@ async fn an_attempt_frozen_on_the_server_is_answered_in_time_and_cleaned_up_afte
     );
     let rows: i64 = admin.query_one(&sql, &[]).await.unwrap().get(0);
     assert_eq!(rows, 1, "one tenure, the lease's own");
-    let info = waiter.get("job").await.unwrap();
+    let info = setup.table().get("job").await.unwrap();
     assert_eq!(info.token, Some(lease.token()));
     lease.release().await.unwrap();
 }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use actix::Actor;
 use pgcoord::LeaseTable;
 use pgcoord::lease::{AcquireRequest, Attempt};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, unique_name};
 
@@ -231,6 +230,7 @@ async fn a_release_in_another_lock_table_on_the_channel_costs_an_attempt_and_gra
     }
     let (holder_a, waiter_a) = (in_schema("ha", &schema_a), in_schema("w", &schema_a));
     let (holder_b, waiter_b) = (in_schema("hb", &schema_b), in_schema("w", &schema_b));
+    let table_b = super::Table::new(&setup.builder("admin").schema(&schema_b).build().unwrap());
     let held_a = holder_a.send(Acquire::new("job")).await.unwrap().unwrap();
     let held_b = holder_b.send(Acquire::new("job")).await.unwrap().unwrap();
     let wait = |waiter: &actix::Addr<LockManager>| {
@@ -242,11 +242,11 @@ async fn a_release_in_another_lock_table_on_the_channel_costs_an_attempt_and_gra
     let lease_a = waits_a.await.unwrap().unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!waits_b.is_finished(), "B's waiter was granted A's lease");
-    let b = waiter_b.get("job").await.unwrap();
+    let b = table_b.get("job").await.unwrap();
     assert_eq!(b.owner.as_deref(), Some("hb"));
     held_b.release().await.unwrap();
     let lease_b = waits_b.await.unwrap().unwrap().unwrap();
-    let b = waiter_b.get("job").await.unwrap();
+    let b = table_b.get("job").await.unwrap();
     assert_eq!(
         (b.owner.as_deref(), b.token),
         (Some("w"), Some(lease_b.token()))

@@ -263,7 +263,7 @@ async fn a_term_that_ended_cannot_proclaim_and_bad_names_are_refused() {
         )
         .await
         .unwrap();
-    coordinator.locks.call(RunNow).await.unwrap();
+    coordinator.locks().unwrap().call(RunNow).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), term.lost())
         .await
         .expect("the loss is reported");
@@ -457,7 +457,12 @@ async fn a_flood_of_proclamations_costs_an_observer_a_read_per_gap() {
         .unwrap();
     let (channel, text) = heard.split_once(": ").unwrap();
     let reads = async || {
-        let stats: ManagerStats = watcher.locks.send(GetStats::new()).await.unwrap();
+        let stats: ManagerStats = watcher
+            .locks()
+            .unwrap()
+            .send(GetStats::new())
+            .await
+            .unwrap();
         stats.read_statements
     };
     let (sent, read, most) = super::flood(&listening, channel, text, reads).await;

@@ -20,7 +20,8 @@ async fn health_answers_within_its_bound_and_says_what_is_not_well() {
         .unwrap();
     let coordinator = Coordinator::connect(config).await.unwrap();
     let _lease = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .call(Acquire::new(unique_name("health")))
         .await
         .unwrap();

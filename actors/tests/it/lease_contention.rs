@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 
 use super::Setup;
@@ -60,9 +59,16 @@ async fn a_coordinator_wakes_waiters_through_its_one_listen_connection() {
         Coordinator::start(setup.builder(owner).application_name(&app).build().unwrap())
     };
     let (a, b) = (start("a"), start("b"));
-    let held = a.locks.send(Acquire::new("job")).await.unwrap().unwrap();
+    let held = a
+        .locks()
+        .unwrap()
+        .send(Acquire::new("job"))
+        .await
+        .unwrap()
+        .unwrap();
     let waiting = b
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("job").timeout(Duration::from_secs(10)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
@@ -115,7 +121,7 @@ async fn a_releaser_cannot_take_the_lock_straight_back_from_a_waiter() {
             .unwrap();
     }
     // Nobody waits any more: the released lock's row is gone.
-    let err = a.get("job").await.unwrap_err();
+    let err = setup.table().get("job").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
 }
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use actix::Actor;
 use pgcoord::ErrorKind;
 use pgcoord::lease::{AcquireRequest, Attempt, ReleaseRequest};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 
 use super::{Collector, Setup};
@@ -67,7 +66,7 @@ async fn takeover_right_after_the_holder_stops_heartbeating() {
         .await
         .unwrap();
     assert!(renewed.is_empty());
-    let info = contender.get("job").await.unwrap();
+    let info = setup.table().get("job").await.unwrap();
     assert_eq!(
         (info.owner.as_deref(), info.token),
         (Some("contender"), Some(new.token()))
@@ -242,7 +241,7 @@ async fn heartbeats_outlive_the_acquire_deadline() {
         .unwrap();
     tokio::time::sleep(lease * 3).await;
     assert_eq!(held.loss(), None);
-    let info = a.get("job").await.unwrap();
+    let info = setup.table().get("job").await.unwrap();
     assert!(info.is_held() && info.token == Some(held.token()));
     held.release().await.unwrap();
 }

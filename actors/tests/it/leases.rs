@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 
 use super::{Collector, Setup};
@@ -74,7 +73,7 @@ async fn a_timed_out_or_cancelled_wait_never_enters_the_critical_section() {
     // Once released, nobody holds it: the abandoned waiters took nothing.
     held.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let err = b.get("job").await.unwrap_err();
+    let err = setup.table().get("job").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "no row left behind");
     assert_eq!(b.send(GetStats::new()).await.unwrap().granted, 0);
 }
@@ -88,7 +87,7 @@ async fn holding_longer_than_a_heartbeat_stays_valid() {
     let held = a.send(Acquire::new("job")).await.unwrap().unwrap();
     tokio::time::sleep(lease * 3).await;
     assert_eq!(held.loss(), None);
-    let info = a.get("job").await.unwrap();
+    let info = setup.table().get("job").await.unwrap();
     assert_eq!(
         (info.owner.as_deref(), info.token),
         (Some("a"), Some(held.token()))
@@ -173,7 +172,7 @@ async fn get_data_keep_on_release_and_replace_data() {
         .unwrap()
         .unwrap();
     assert_eq!(held.data(), Some(&b"first"[..]));
-    let info = b.get("cfg").await.unwrap();
+    let info = setup.table().get("cfg").await.unwrap();
     assert_eq!(
         (info.owner.as_deref(), info.data.as_deref()),
         (Some("a"), Some(&b"first"[..]))
@@ -181,7 +180,7 @@ async fn get_data_keep_on_release_and_replace_data() {
     held.release().await.unwrap();
 
     // Kept: the row and its data stay, free.
-    let info = b.get("cfg").await.unwrap();
+    let info = setup.table().get("cfg").await.unwrap();
     assert_eq!((info.owner, info.token, info.remaining), (None, None, None));
     assert_eq!(info.data.as_deref(), Some(&b"first"[..]));
 
@@ -205,8 +204,11 @@ async fn get_data_keep_on_release_and_replace_data() {
     assert_eq!(replaced.data(), Some(&b"third"[..]));
     replaced.release().await.unwrap();
     // Not kept this time: the row is gone.
-    assert_eq!(b.get("cfg").await.unwrap_err().kind(), ErrorKind::NotFound);
-    let all = b.list_prefix("").await.unwrap();
+    assert_eq!(
+        setup.table().get("cfg").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let all = setup.table().list_prefix("").await.unwrap();
     assert!(all.is_empty());
 }
 
@@ -229,7 +231,7 @@ async fn typed_data_round_trips_as_messagepack() {
         .unwrap()
         .unwrap();
     assert_eq!(held.value::<Leader>().unwrap(), Some(value));
-    let info = a.get("leader").await.unwrap();
+    let info = setup.table().get("leader").await.unwrap();
     assert_eq!(
         info.value::<Leader>().unwrap(),
         held.value::<Leader>().unwrap()
@@ -338,8 +340,8 @@ async fn an_acquire_with_its_own_lease_is_renewed_and_lost_by_it() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(long.loss().is_none() && short.loss().is_none());
     let left = |info: pgcoord::LeaseInfo| info.remaining.unwrap();
-    let long_left = left(a.get("long").await.unwrap());
-    let short_left = left(a.get("short").await.unwrap());
+    let long_left = left(setup.table().get("long").await.unwrap());
+    let short_left = left(setup.table().get("short").await.unwrap());
     assert!(long_left > Duration::from_secs(4), "{long_left:?}");
     assert!(short_left <= Duration::from_secs(1), "{short_left:?}");
 

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use pgcoord::ErrorKind;
 use pgcoord::lease::{LimitedAttempt, slot_names};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use tokio_postgres::Client;
 
@@ -148,7 +147,7 @@ async fn twenty_contenders_never_exceed_the_limit_as_it_is_lowered_and_a_holder_
             .unwrap()
             .get(0)
     };
-    assert_eq!(managers[2].limit("tenant:42").await.unwrap(), Some(1));
+    assert_eq!(setup.table().limit("tenant:42").await.unwrap(), Some(1));
     let mut written = 0;
     for task in tasks {
         written += task.await.unwrap();
@@ -195,7 +194,7 @@ async fn a_waiter_is_admitted_when_the_limit_is_raised_and_without_a_limit_is_re
     let (a, b) = (setup.manager("a"), setup.manager("b"));
     let err = a.call(AcquirePermit::limited("exports")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert_eq!(a.limit("exports").await.unwrap(), None);
+    assert_eq!(setup.table().limit("exports").await.unwrap(), None);
 
     a.call(SetLimit::new("exports", 1)).await.unwrap();
     let first = a.call(AcquirePermit::limited("exports")).await.unwrap();
@@ -221,7 +220,7 @@ async fn a_waiter_is_admitted_when_the_limit_is_raised_and_without_a_limit_is_re
     // Released, a limited permit's row stays (free): lowering to 0 then takes back the other.
     let slot = first.name().to_owned();
     first.release().await.unwrap();
-    let info = a.get(&slot).await.unwrap();
+    let info = setup.table().get(&slot).await.unwrap();
     assert!(!info.is_held());
     let change = a.call(SetLimit::new("exports", 0)).await.unwrap();
     assert_eq!((change.previous, change.revoked), (Some(2), 1));

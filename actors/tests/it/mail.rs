@@ -104,7 +104,7 @@ async fn start(
     };
     let pool = WorkerPool::new(
         &config,
-        coordinator.locks.clone(),
+        coordinator.locks().unwrap().clone(),
         "mailed",
         keys.to_vec(),
         factory,
@@ -292,7 +292,7 @@ async fn mail_sent_around_a_server_restart_and_a_lost_listener_all_arrives_in_or
     };
     let pool = WorkerPool::new(
         &member,
-        coordinator.locks.clone(),
+        coordinator.locks().unwrap().clone(),
         "mailed",
         keys.clone(),
         factory,

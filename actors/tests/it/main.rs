@@ -141,6 +141,17 @@ impl Setup {
         LockManager::new(self.builder(owner).build().unwrap()).start()
     }
 
+    /// A lock manager as [`manager`](Self::manager) makes, and its table read on the same pool.
+    pub fn manager_and_table(&self, owner: &str) -> (Addr<LockManager>, Table) {
+        let config = self.builder(owner).build().unwrap();
+        manager_on_pool(config)
+    }
+
+    /// The lock table, read on a pool of its own.
+    pub fn table(&self) -> Table {
+        Table::new(&self.builder("inspector").build().unwrap())
+    }
+
     pub fn quoted_table(&self) -> String {
         format!("\"{}\"", self.table)
     }
@@ -444,4 +455,52 @@ async fn stop_schedule(
 ) -> Result<pgcoord_actors::ScheduleStats, MailboxError> {
     runner.send(pgcoord_actors::Shutdown).await?;
     runner.send(GetStats::new()).await
+}
+
+/// A lock table read with the core's statements on a pool — what the lock manager answers
+/// `Coordinator::get`, `list_prefix` and `limit` with, on its own pool. A test that needs the
+/// manager's pool exercised starts the manager on the same pool (`LockManager::with_pool`).
+pub struct Table {
+    leases: pgcoord::LeaseTable,
+    pool: pgcoord::Pool,
+}
+
+impl Table {
+    /// The table of `config`, on a pool of its own.
+    pub fn new(config: &Config) -> Table {
+        Table::on(config, pgcoord::Pool::new(config))
+    }
+
+    /// The table of `config`, read on `pool`.
+    pub fn on(config: &Config, pool: pgcoord::Pool) -> Table {
+        Table {
+            leases: pgcoord::LeaseTable::new(config),
+            pool,
+        }
+    }
+
+    /// One lock, held or kept; `NotFound` when there is none.
+    pub async fn get(&self, name: &str) -> pgcoord::Result<pgcoord::LeaseInfo> {
+        self.leases.get(&self.pool.idempotent(None), name).await
+    }
+
+    /// Every lock whose name starts with `prefix`.
+    pub async fn list_prefix(&self, prefix: &str) -> pgcoord::Result<Vec<pgcoord::LeaseInfo>> {
+        self.leases
+            .list_prefix(&self.pool.idempotent(None), prefix)
+            .await
+    }
+
+    /// The stored limit of semaphore `name`.
+    pub async fn limit(&self, name: &str) -> pgcoord::Result<Option<u32>> {
+        self.leases.limit(&self.pool.idempotent(None), name).await
+    }
+}
+
+/// A lock manager of `config`, and its table read on the manager's own pool: a read exercises
+/// the pool the manager's statements use.
+pub fn manager_on_pool(config: Config) -> (Addr<LockManager>, Table) {
+    let pool = pgcoord::Pool::new(&config);
+    let table = Table::on(&config, pool.clone());
+    (LockManager::with_pool(config, pool, None).start(), table)
 }

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking;
 use pgcoord_actors::backend::memory::MemoryBackend;
 use pgcoord_actors::*;
 use pgcoord_testkit::unique_name;
@@ -95,7 +94,7 @@ async fn in_memory_the_fencing_guard_checks_the_token() {
     let process = backend.coordinator("a");
     let lease = process.acquire(Acquire::new("fenced")).await.unwrap();
     lease.fence(&NoDatabase).await.unwrap();
-    assert!(process.force_loss("fenced"));
+    assert!(backend.force_loss("fenced"));
     let e = lease.fence(&NoDatabase).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LockLost);
 }
@@ -104,7 +103,6 @@ async fn in_memory_the_fencing_guard_checks_the_token() {
 /// cursor forward once, and is refused for an event acked already or after the lease was lost.
 #[actix_rt::test]
 async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
-    use pgcoord_actors::backend::Topics;
     use pgcoord_actors::backend::memory::NoDatabase;
     let backend = MemoryBackend::new();
     let process = backend.coordinator("p");
@@ -136,7 +134,7 @@ async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
     let stats = consuming.stats().await.unwrap();
     assert_eq!((stats.delivered, stats.handler_errors), (3, 0));
     // Once the lease is lost, a late ack of an event handed over under it is refused.
-    assert!(process.force_loss(&format!("{topic}/consumers/c")));
+    assert!(backend.force_loss(&format!("{topic}/consumers/c")));
     let err = kept[2].ack(&NoDatabase).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     consuming.stop().await;
@@ -151,8 +149,8 @@ async fn in_memory_rate_limiters_share_the_backends_buckets() {
     let backend = MemoryBackend::new();
     let rate = RateLimit::per_second(50).unwrap().burst(5).unwrap();
     let (one, two) = (
-        RateLimiter::in_memory(&backend, rate),
-        RateLimiter::in_memory(&backend, rate),
+        backend.coordinator("one").rate_limiter(rate),
+        backend.coordinator("two").rate_limiter(rate),
     );
     assert_eq!(one.try_take("hot", 3).await.unwrap().granted, 3);
     assert_eq!(two.try_take("hot", 2).await.unwrap().granted, 2);
@@ -163,7 +161,7 @@ async fn in_memory_rate_limiters_share_the_backends_buckets() {
         "{refused:?}"
     );
     // Another backend's buckets are its own.
-    let other = RateLimiter::in_memory(&MemoryBackend::new(), rate);
+    let other = MemoryBackend::new().coordinator("other").rate_limiter(rate);
     assert_eq!(other.try_take("hot", 5).await.unwrap().granted, 5);
 
     // Waiting takes from both limiters: 40 more at 50/s take about 0.8 s, not less.
@@ -189,4 +187,35 @@ async fn in_memory_rate_limiters_share_the_backends_buckets() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     let err = one.try_take("", 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
+}
+
+/// In memory, what needs the actors answers `Unsupported`, naming what needed them, and nothing
+/// starts: their addresses, elections, schedules, task pools, retention, a graceful shutdown.
+#[actix_rt::test]
+async fn in_memory_what_needs_the_actors_is_unsupported() {
+    let coordinator = MemoryBackend::new().coordinator("p");
+    let unsupported = |e: pgcoord::Error, what: &str| {
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(e.to_string().contains(what), "{e}");
+    };
+    unsupported(coordinator.locks().unwrap_err(), "lock manager");
+    unsupported(coordinator.signals().unwrap_err(), "listener");
+    unsupported(coordinator.advisory().unwrap_err(), "advisory");
+    unsupported(coordinator.config().unwrap_err(), "configuration");
+    unsupported(coordinator.election("e").unwrap_err(), "elections");
+    let every = pgcoord::schedule::Timing::every(Duration::from_secs(1)).unwrap();
+    let schedule = Schedule::new("s", every, |_| async { Ok(()) });
+    unsupported(coordinator.schedule(schedule).unwrap_err(), "schedules");
+    let pool = TaskPool::new("p", vec!["k".into()], |_| async {});
+    unsupported(coordinator.run_tasks(pool).unwrap_err(), "task pools");
+    let shutdown = coordinator.shutdown(Duration::from_secs(1)).await;
+    unsupported(shutdown.unwrap_err(), "shutdown");
+    // What both backends answer still does.
+    let lease = coordinator.acquire(Acquire::new("job")).await.unwrap();
+    assert_eq!(
+        coordinator.get("job").await.unwrap().token,
+        Some(lease.token())
+    );
+    assert_eq!(coordinator.owner(), "p");
+    assert!(coordinator.health(Duration::from_secs(1)).await.is_ready());
 }

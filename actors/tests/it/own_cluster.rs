@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
 use pgcoord::ErrorKind;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{TempPostgres, backend_pids, unique_name};
 use tokio_postgres::Client;
@@ -127,9 +125,9 @@ pub(super) async fn freeze_while_idle(server: &TempPostgres, admin: &Client, pid
 }
 
 /// A listing on a frozen pooled backend fails `Unavailable` at the statement bound, not later.
-pub(super) async fn cut_off_at_the_bound(manager: &Addr<LockManager>, bound: Duration) {
+pub(super) async fn cut_off_at_the_bound(table: &super::Table, bound: Duration) {
     let started = Instant::now();
-    let err = manager.list_prefix("").await.unwrap_err();
+    let err = table.list_prefix("").await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(took >= bound && took < bound * 2, "{took:?}");

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{PgBouncer, require_program, unique_name};
 
@@ -31,13 +30,13 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
     let coord = Coordinator::connect(config).await.unwrap();
 
     // Leases, concurrently (batched statements) and one held across several heartbeats.
-    let acquires = (0..20).map(|i| coord.locks.call(Acquire::new(format!("b-{i}"))));
+    let acquires = (0..20).map(|i| coord.acquire(Acquire::new(format!("b-{i}"))));
     let leases: Vec<Lease> = futures_util::future::join_all(acquires)
         .await
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    let held = coord.locks.call(Acquire::new("held")).await.unwrap();
+    let held = coord.acquire(Acquire::new("held")).await.unwrap();
     for lease in leases {
         lease.release().await.unwrap();
     }
@@ -47,24 +46,27 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
         None,
         "renewed through the pooler past its 2 s lease"
     );
-    let info = coord.locks.get("held").await.unwrap();
+    let info = coord.get("held").await.unwrap();
     assert_eq!(info.token, Some(held.token()));
 
     // Events: published through the pooler, heard on the direct LISTEN connection; stored
     // payloads too.
     let (received, recipient) = Collector::<Signal>::start_new();
     coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Subscribe::new("bounced", recipient))
         .await
         .unwrap();
     coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Publish::new("bounced", b"small".to_vec()))
         .await
         .unwrap();
     coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Publish::new("bounced", vec![7u8; 20_000]))
         .await
         .unwrap();
@@ -73,7 +75,12 @@ async fn leases_renewals_and_publishes_go_through_pgbouncer_while_sessions_conne
     assert_eq!(messages[1].payload.len(), 20_000);
 
     // An advisory lock on its direct session.
-    let guard = coord.advisory.call(AdvisoryLock::new(42)).await.unwrap();
+    let guard = coord
+        .advisory()
+        .unwrap()
+        .call(AdvisoryLock::new(42))
+        .await
+        .unwrap();
 
     // Session-bound connections are the server's own clients; the pooler serves only the pool.
     let direct: i64 = admin

@@ -30,9 +30,10 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
     );
 
     // A lease handed over: the waiter finds it free at its next look.
-    let held = a.locks.call(Acquire::new("job")).await.unwrap();
+    let held = a.acquire(Acquire::new("job")).await.unwrap();
     let waiting = actix_rt::spawn(
-        b.locks
+        b.locks()
+            .unwrap()
             .call(Acquire::new("job").timeout(Duration::from_secs(5))),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -44,14 +45,18 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
     taken.release().await.unwrap();
 
     // A stored limit raised: the waiter gets in at its next look.
-    a.locks.call(SetLimit::new("jobs", 1)).await.unwrap();
-    let first = a.locks.call(AcquirePermit::limited("jobs")).await.unwrap();
+    a.set_limit(SetLimit::new("jobs", 1)).await.unwrap();
+    let first = a
+        .acquire_permit(AcquirePermit::limited("jobs"))
+        .await
+        .unwrap();
     let waiting = actix_rt::spawn(
-        b.locks
+        b.locks()
+            .unwrap()
             .call(AcquirePermit::limited("jobs").timeout(Duration::from_secs(5))),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    b.locks.call(SetLimit::new("jobs", 2)).await.unwrap();
+    b.set_limit(SetLimit::new("jobs", 2)).await.unwrap();
     let second = waiting.await.unwrap().unwrap();
     assert_ne!(first.name(), second.name());
 
@@ -87,7 +92,7 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
         .unwrap()
     };
     for i in 0..5u8 {
-        a.topics.call(Append::new("orders", vec![i])).await.unwrap();
+        a.append(Append::new("orders", vec![i])).await.unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen.lock().unwrap().len() < 5 && Instant::now() < deadline {
@@ -95,12 +100,13 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
     }
     let bodies: Vec<Vec<u8>> = seen.lock().unwrap().clone();
     assert_eq!(bodies, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
-    consumer.do_send(Shutdown);
+    consumer.stop().await;
 
     // What needs LISTEN is refused, saying so.
     let refused = [
-        a.signals.call(Publish::new("events", b"x".to_vec())).await,
-        a.signals
+        a.publish(Publish::new("events", b"x".to_vec())).await,
+        a.signals()
+            .unwrap()
             .call(Ask::new("rpc", b"x".to_vec()).timeout(Duration::from_secs(1)))
             .await
             .map(|_| ()),
@@ -110,15 +116,22 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         assert!(err.to_string().contains("poll-only"), "{err}");
     }
-    let router = KeyRouter::new("counters", a.locks.clone(), a.signals.clone());
+    let router = KeyRouter::new(
+        "counters",
+        a.locks().unwrap().clone(),
+        a.signals().unwrap().clone(),
+    );
     let err = (router.ask("k", b"x".to_vec(), Duration::from_secs(2)))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "routing by key: {err}");
     let (_, recipient) = super::Collector::<Signal>::start_new();
-    let err = (a.signals.call(Subscribe::new("events", recipient)))
-        .await
-        .unwrap_err();
+    let err = (a
+        .signals()
+        .unwrap()
+        .call(Subscribe::new("events", recipient)))
+    .await
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(a.health(Duration::from_secs(2)).await.is_ready());
 
@@ -186,9 +199,10 @@ async fn a_waiter_across_a_server_restart_gets_the_lease_once_it_is_released() {
         Coordinator::start(config("a")),
         Coordinator::start(config("b")),
     );
-    let held = a.locks.call(Acquire::new("job")).await.unwrap();
+    let held = a.acquire(Acquire::new("job")).await.unwrap();
     let waiting = actix_rt::spawn(
-        b.locks
+        b.locks()
+            .unwrap()
             .call(Acquire::new("job").timeout(Duration::from_secs(20))),
     );
     // The waiter has looked and lined up; the grant is on disk.

@@ -48,15 +48,17 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
     // Leases: granted with data, renewed, contended (reservation), refused with the holder,
     // kept on release, fenced in the role's own transaction.
     let lease = one
-        .locks
+        .locks()
+        .unwrap()
         .call(Acquire::new("job").data(b"d".to_vec()).keep_on_release())
         .await
         .unwrap();
-    one.locks.call(RunNow).await.unwrap();
-    let refused = two.locks.call(Acquire::new("job").fail_if_locked()).await;
+    one.locks().unwrap().call(RunNow).await.unwrap();
+    let refused = two.acquire(Acquire::new("job").fail_if_locked()).await;
     assert_eq!(refused.unwrap_err().kind(), pgcoord::ErrorKind::NotAcquired);
     let waiting = actix_rt::spawn(
-        two.locks
+        two.locks()
+            .unwrap()
             .call(Acquire::new("job").timeout(Duration::from_secs(5))),
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -71,30 +73,41 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
 
     // Signals: inline and stored payloads; expired payloads deleted.
     let (received, recipient) = Collector::<Signal>::start_new();
-    two.signals
+    two.signals()
+        .unwrap()
         .call(Subscribe::new("least", recipient))
         .await
         .unwrap();
-    one.signals
+    one.signals()
+        .unwrap()
         .call(Publish::new("least", b"x".to_vec()))
         .await
         .unwrap();
-    one.signals
+    one.signals()
+        .unwrap()
         .call(Publish::new("least", vec![1u8; 10_000]))
         .await
         .unwrap();
     assert_eq!(received.wait_for(2, Duration::from_secs(5)).await.len(), 2);
-    one.payloads.call(RunNow).await.unwrap();
+    one.payloads().unwrap().call(RunNow).await.unwrap();
 
     // Advisory locks, an election, a semaphore.
-    let guard = one.advisory.call(AdvisoryLock::new(5)).await.unwrap();
+    let guard = one
+        .advisory()
+        .unwrap()
+        .call(AdvisoryLock::new(5))
+        .await
+        .unwrap();
     guard.release().await.unwrap();
     let election = one.election("leader").unwrap();
     let term = election.campaign("v", None).await.unwrap();
     assert_eq!(election.request_resign().await.unwrap(), Some(term.token()));
     assert!(term.resign_requested().await);
     term.resign().await.unwrap();
-    let permit = one.locks.call(AcquirePermit::new("sem", 2)).await.unwrap();
+    let permit = one
+        .acquire_permit(AcquirePermit::new("sem", 2))
+        .await
+        .unwrap();
     permit.release().await.unwrap();
 
     // A durable topic: append in the role's transaction, read, a consumer acked, trimmed, and
@@ -143,7 +156,7 @@ async fn a_role_with_only_the_documented_grants_runs_everything() {
         .batch_execute(&format!("REVOKE USAGE ON SEQUENCE {sequence} FROM {role}"))
         .await
         .unwrap();
-    let err = one.locks.call(Acquire::new("after")).await.unwrap_err();
+    let err = one.acquire(Acquire::new("after")).await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::PermissionDenied, "{err}");
     assert!(
         err.to_string().contains("permission denied for sequence"),

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use pgcoord::ErrorKind;
 use pgcoord_actors::Ask;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{Proxy, TempPostgres, unique_name};
 
@@ -68,7 +67,7 @@ async fn reset_or_close_while_holding(close: bool) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(lost.received().len(), 1, "{:?}", lost.received());
     assert_eq!(lease.loss(), None);
-    let info = holder.get("job").await.unwrap();
+    let info = setup.table().get("job").await.unwrap();
     assert!(
         info.remaining.unwrap() > Duration::from_secs(1),
         "renewed: {info:?}"
@@ -334,7 +333,12 @@ async fn a_subscription_stream_loses_nothing_of_a_burst() {
         (0..10_000).collect::<Vec<_>>(),
         "in order, none lost"
     );
-    let stats = coordinator.signals.send(GetStats::new()).await.unwrap();
+    let stats = coordinator
+        .signals()
+        .unwrap()
+        .send(GetStats::new())
+        .await
+        .unwrap();
     assert_eq!(stats.overflowed, 0, "{stats:?}");
     coordinator.shutdown(Duration::from_secs(5)).await.unwrap();
 }

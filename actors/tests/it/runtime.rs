@@ -135,7 +135,12 @@ async fn a_coordinator_opens_one_pool_one_listener_and_a_session_per_advisory_lo
     // Work for every actor at once, more than the pool's size.
     let mut leases = Vec::new();
     for i in 0..6 {
-        leases.push(coordinator.locks.send(Acquire::new(format!("l{i}"))));
+        leases.push(
+            coordinator
+                .locks()
+                .unwrap()
+                .send(Acquire::new(format!("l{i}"))),
+        );
     }
     let leases: Vec<_> = futures_util::future::join_all(leases)
         .await
@@ -143,20 +148,27 @@ async fn a_coordinator_opens_one_pool_one_listener_and_a_session_per_advisory_lo
         .map(|r| r.unwrap().unwrap())
         .collect();
     let publishes: Vec<_> = (0..6)
-        .map(|i| coordinator.signals.send(Publish::new("nobody", vec![i])))
+        .map(|i| {
+            coordinator
+                .signals()
+                .unwrap()
+                .send(Publish::new("nobody", vec![i]))
+        })
         .collect();
     for p in futures_util::future::join_all(publishes).await {
         p.unwrap().unwrap();
     }
     let guards = [
         coordinator
-            .advisory
+            .advisory()
+            .unwrap()
             .send(AdvisoryLock::new(1))
             .await
             .unwrap()
             .unwrap(),
         coordinator
-            .advisory
+            .advisory()
+            .unwrap()
             .send(AdvisoryLock::new(2))
             .await
             .unwrap()
@@ -202,7 +214,7 @@ async fn a_coordinator_at_rest_closes_its_pooled_connections() {
     let burst: Vec<_> = (0..8)
         .map(|i| {
             let acquire = Acquire::new(format!("burst-{i}")).timeout(Duration::from_millis(300));
-            coordinator.locks.call(acquire)
+            coordinator.locks().unwrap().call(acquire)
         })
         .collect();
     for refused in futures_util::future::join_all(burst).await {

@@ -19,15 +19,20 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     let names: Vec<String> = (0..3).map(|_| unique_name("graceful")).collect();
     let mut leases = Vec::new();
     for name in &names {
-        leases.push(one.locks.call(Acquire::new(name)).await.unwrap());
+        leases.push(one.acquire(Acquire::new(name)).await.unwrap());
     }
     let key = i64::from(std::process::id()) * 1000 + 7;
-    let guard = one.advisory.call(AdvisoryLock::new(key)).await.unwrap();
+    let guard = one
+        .advisory()
+        .unwrap()
+        .call(AdvisoryLock::new(key))
+        .await
+        .unwrap();
     let consumer = one
         .consume(Consume::new("t", "c", |_| async { Ok(()) }).poll(Duration::from_millis(50)))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !consumer.send(GetStats::new()).await.unwrap().active {
+    while !consumer.stats().await.unwrap().active {
         assert!(
             Instant::now() < deadline,
             "the consumer never took its lease"
@@ -61,7 +66,8 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     let mut taken = Vec::new();
     for name in &names {
         taken.push(
-            two.locks
+            two.locks()
+                .unwrap()
                 .call(Acquire::new(name).fail_if_locked())
                 .await
                 .unwrap(),
@@ -69,7 +75,7 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match two.advisory.call(AdvisoryLock::new(key)).await {
+        match two.advisory().unwrap().call(AdvisoryLock::new(key)).await {
             Ok(_) => break,
             Err(e) if e.kind() == pgcoord::ErrorKind::NotAcquired => {
                 assert!(Instant::now() < deadline, "the advisory lock stayed held");
@@ -81,7 +87,7 @@ async fn a_graceful_shutdown_releases_every_lease_and_advisory_lock_at_once() {
     drop(guard);
     // The consumer stopped instead of waiting for a lease from a stopped manager.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = consumer.send(GetStats::new()).await.unwrap();
+    let stats = consumer.stats().await.unwrap();
     assert_eq!((stats.active, stats.tenures), (false, 1), "{stats:?}");
 }
 
@@ -123,8 +129,15 @@ async fn a_shutdown_drains_its_worker_pools_before_it_releases_their_keys() {
             stops: stops.clone(),
         }
     };
-    let pool = WorkerPool::new(&config, one.locks.clone(), "drained", keys, factory).start();
-    one.drain_on_shutdown(pool.clone().recipient());
+    let pool = WorkerPool::new(
+        &config,
+        one.locks().unwrap().clone(),
+        "drained",
+        keys,
+        factory,
+    )
+    .start();
+    one.drain_on_shutdown(pool.clone().recipient()).unwrap();
     pgcoord_testkit::eventually(Duration::from_secs(10), "every key held", async || {
         pool.send(GetStats::new()).await.unwrap().keys.len() == 5
     })
@@ -172,7 +185,7 @@ async fn a_shutdown_waits_for_releases_under_way_and_ends_waits_without_a_grant(
         .await
         .unwrap();
     let (dropped, contended) = (unique_name("dropped"), unique_name("contended"));
-    let lease = one.locks.call(Acquire::new(&dropped)).await.unwrap();
+    let lease = one.acquire(Acquire::new(&dropped)).await.unwrap();
     // Another transaction locks the row: the dropped handle's release waits for it.
     let table = setup.quoted_table();
     let locker = admin.transaction().await.unwrap();
@@ -185,9 +198,9 @@ async fn a_shutdown_waits_for_releases_under_way_and_ends_waits_without_a_grant(
         .unwrap();
     drop(lease);
     // A wait in line behind another process's lease, which is freed during the shutdown.
-    let theirs = two.locks.call(Acquire::new(&contended)).await.unwrap();
+    let theirs = two.acquire(Acquire::new(&contended)).await.unwrap();
     let waiter = {
-        let locks = one.locks.clone();
+        let locks = one.locks().unwrap().clone();
         let name = contended.clone();
         actix_rt::spawn(async move { locks.call(Acquire::new(name)).await })
     };

@@ -21,7 +21,8 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
     let coordinator = Coordinator::start(setup.builder("late").build().unwrap());
     let (states, recipient) = Collector::<ConnState>::start_new();
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(SubscribeConnState(recipient))
         .await
         .unwrap();
@@ -29,10 +30,12 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
     let channel = unique_name("events");
     let (events, recipient) = Collector::<Signal>::start_new();
     let subscribed = coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(Subscribe::new(channel.clone(), recipient));
     let down = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("job").timeout(Duration::from_millis(300)))
         .await
         .unwrap()
@@ -43,7 +46,8 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
     on_server(&server, TempPostgres::start_again).await;
     let up = Instant::now();
     let lease = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("job").timeout(Duration::from_secs(5)))
         .await
         .unwrap()
@@ -51,14 +55,16 @@ async fn a_runtime_started_while_the_server_is_down_is_usable_when_it_is_up() {
     let first_acquire = up.elapsed();
     assert!(first_acquire < Duration::from_secs(2), "{first_acquire:?}");
     let _held = coordinator
-        .advisory
+        .advisory()
+        .unwrap()
         .send(AdvisoryLock::new(42))
         .await
         .unwrap()
         .unwrap();
     subscribed.await.unwrap().unwrap();
     coordinator
-        .signals
+        .signals()
+        .unwrap()
         .send(Publish::new(&channel, b"hello".to_vec()))
         .await
         .unwrap()
@@ -243,7 +249,12 @@ async fn a_busy_pool_is_waited_for_no_longer_than_the_pool_timeout() {
         .unwrap();
     let started = Instant::now();
     let request = Acquire::new("job").timeout(Duration::from_secs(10));
-    let err = coordinator.locks.call(request).await.unwrap_err();
+    let err = coordinator
+        .locks()
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("busy"), "{err}");
@@ -252,7 +263,7 @@ async fn a_busy_pool_is_waited_for_no_longer_than_the_pool_timeout() {
         "{took:?}"
     );
     drop(taken);
-    let lease = coordinator.locks.call(Acquire::new("job")).await.unwrap();
+    let lease = coordinator.acquire(Acquire::new("job")).await.unwrap();
     lease.release().await.unwrap();
     // A Coordinator is Debug (so `connect(..).unwrap_err()` compiles) and shows no secret.
     let shown = format!("{coordinator:?}");

@@ -23,7 +23,7 @@ async fn a_tokio_service_holds_leases_and_exchanges_messages_through_the_threade
     // Acquired on one tokio task, held and checked on another: the lease is Send.
     let lease = tokio::spawn({
         let name = name.clone();
-        async move { coordinator.locks.call(Acquire::new(name)).await }
+        async move { coordinator.acquire(Acquire::new(name)).await }
     })
     .await
     .unwrap()
@@ -46,7 +46,13 @@ async fn a_tokio_service_holds_leases_and_exchanges_messages_through_the_threade
 
     // A message published from the tokio side comes back through the subscription's stream.
     let publish = Publish::value(&channel, &42u32).unwrap();
-    runtime.coordinator().signals.call(publish).await.unwrap();
+    runtime
+        .coordinator()
+        .signals()
+        .unwrap()
+        .call(publish)
+        .await
+        .unwrap();
     let signal = match tokio::time::timeout(Duration::from_secs(10), messages.next())
         .await
         .expect("the message within 10 s")
@@ -84,7 +90,13 @@ async fn a_shutdown_answers_within_its_bound_while_a_handler_blocks_the_runtimes
     });
     runtime.coordinator().consume(consume).unwrap();
     let append = Append::new(topic, b"x".to_vec());
-    runtime.coordinator().topics.call(append).await.unwrap();
+    runtime
+        .coordinator()
+        .topics()
+        .unwrap()
+        .call(append)
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(10), blocking.recv())
         .await
         .expect("the handler runs");

@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use actix::Actor;
-
 use pgcoord::{Config, SslMode};
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::*;
 use pgcoord_testkit::{TempPostgres, unique_name};
 
@@ -37,26 +34,33 @@ async fn leases_advisory_locks_and_signals_work_over_verified_tls() {
     let coord = Coordinator::connect(config).await.unwrap();
 
     // A lease held across several renewals, then released.
-    let lease = coord.locks.call(Acquire::new("tls-lease")).await.unwrap();
+    let lease = coord.acquire(Acquire::new("tls-lease")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(lease.loss(), None, "renewed over TLS past its 2 s lease");
-    let info = coord.locks.get("tls-lease").await.unwrap();
+    let info = coord.get("tls-lease").await.unwrap();
     assert_eq!(info.token, Some(lease.token()));
 
     // An advisory lock on its own session.
-    let guard = coord.advisory.call(AdvisoryLock::new(7)).await.unwrap();
+    let guard = coord
+        .advisory()
+        .unwrap()
+        .call(AdvisoryLock::new(7))
+        .await
+        .unwrap();
 
     // Events, inline and through the payload store, heard on the LISTEN connection.
     let (received, recipient) = Collector::<Signal>::start_new();
     let channel = unique_name("tls_events");
     coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Subscribe::new(channel.clone(), recipient))
         .await
         .unwrap();
     for payload in [b"small".to_vec(), vec![9u8; 100_000]] {
         coord
-            .signals
+            .signals()
+            .unwrap()
             .call(Publish::new(&channel, payload))
             .await
             .unwrap();
@@ -68,12 +72,14 @@ async fn leases_advisory_locks_and_signals_work_over_verified_tls() {
     // A request and its reply.
     let echo = unique_name("tls_echo");
     coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Serve::new(&echo, |p| async move { Ok(p) }))
         .await
         .unwrap();
     let reply = coord
-        .signals
+        .signals()
+        .unwrap()
         .call(Ask::new(&echo, b"ping".to_vec()))
         .await
         .unwrap();
@@ -127,7 +133,7 @@ async fn a_certificate_it_cannot_trust_fails_calls_with_tls_at_once() {
         .lock_table(unique_name("locks"))
         .build()
         .unwrap();
-    let manager = LockManager::new(config.clone()).start();
+    let (manager, table) = super::manager_on_pool(config.clone());
     let started = std::time::Instant::now();
     let request = Acquire::new("job").timeout(Duration::from_secs(10));
     let err = manager.call(request).await.unwrap_err();
@@ -137,7 +143,7 @@ async fn a_certificate_it_cannot_trust_fails_calls_with_tls_at_once() {
         "{:?}",
         started.elapsed()
     );
-    let err = manager.list_prefix("").await.unwrap_err();
+    let err = table.list_prefix("").await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");
     let err = AdvisoryLocks::connect(config.clone()).await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::Tls, "{err}");

@@ -54,8 +54,8 @@ pub(super) async fn until_seen(seen: &Seen, n: usize) -> Vec<Vec<u8>> {
     }
 }
 
-pub(super) async fn stats(consumer: &actix::Addr<TopicConsumer>) -> ConsumerStats {
-    consumer.send(GetStats::new()).await.unwrap()
+pub(super) async fn stats(consumer: &TopicConsumer) -> ConsumerStats {
+    consumer.stats().await.unwrap()
 }
 
 #[actix_rt::test]
@@ -124,7 +124,7 @@ async fn a_second_instance_waits_and_takes_over_from_the_cursor() {
     assert!(seen_two.lock().unwrap().is_empty(), "one active instance");
     assert!(!stats(&second).await.active);
     // The first stops: its lease is released and the second, waiting in line, takes over.
-    first.send(Shutdown).await.unwrap();
+    first.stop().await;
     append(&table, &admin, 20..40).await;
     assert_eq!(until_seen(&seen_two, 20).await, bodies(20..40));
     assert_eq!(
@@ -135,7 +135,7 @@ async fn a_second_instance_waits_and_takes_over_from_the_cursor() {
     assert!(stats(&second).await.active);
 }
 
-async fn until_active(consumer: &actix::Addr<TopicConsumer>) {
+async fn until_active(consumer: &TopicConsumer) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !stats(consumer).await.active {
         assert!(Instant::now() < deadline, "never active");
@@ -249,7 +249,7 @@ async fn acks_in_the_handlers_transaction_apply_each_event_exactly_once() {
         assert!(Instant::now() < deadline, "the first applied too few");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    first.send(Shutdown).await.unwrap();
+    first.stop().await;
     let _again = one.consume(consume()).unwrap();
     while admin.query_one(&count, &[]).await.unwrap().get::<_, i64>(0) < 40 {
         assert!(Instant::now() < deadline, "not all applied");

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pgcoord::Config;
-use pgcoord_actors::{Acquire, Call, Coordinator};
+use pgcoord_actors::{Acquire, Coordinator};
 use pgcoord_faults::program::{need, say};
 
 #[actix::main]
@@ -25,7 +25,7 @@ async fn main() {
         Ok(coordinator) => coordinator,
         Err(e) => return say(&format!("ERROR {e}")),
     };
-    let lease = match coordinator.locks.call(Acquire::new(need("--name"))).await {
+    let lease = match coordinator.acquire(Acquire::new(need("--name"))).await {
         Ok(lease) => lease,
         Err(e) => return say(&format!("ERROR {e}")),
     };

@@ -143,8 +143,14 @@ async fn main() {
             client: client.clone(),
         }
     };
-    let pool = WorkerPool::new(&config, coordinator.locks.clone(), "routed", keys, factory)
-        .routed(coordinator.signals.clone());
+    let pool = WorkerPool::new(
+        &config,
+        coordinator.locks().expect("on PostgreSQL").clone(),
+        "routed",
+        keys,
+        factory,
+    )
+    .routed(coordinator.signals().expect("on PostgreSQL").clone());
     let pool = if flag("--mail") {
         pool.durable(&coordinator)
     } else {

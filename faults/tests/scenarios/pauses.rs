@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use pgcoord_actors::backend::Locking as _;
 use pgcoord_actors::{Acquire, LockLost, LockManager, LossReason, SubscribeLockLost};
 use pgcoord_faults::linear::{Op, Recorder, Ret};
 
@@ -88,7 +87,8 @@ async fn a_paused_holder_process_is_fenced_out_and_takes_nothing_back() {
     // Its late heartbeat took nothing back: the contender still holds the lease.
     tokio::time::sleep(HEARTBEAT * 3).await;
     assert_eq!(lease.loss(), None);
-    let info = contender.get("job").await.unwrap();
+    let table = pgcoord::LeaseTable::new(&workload.config("w", LEASE, HEARTBEAT));
+    let info = table.get(&client, "job").await.unwrap();
     assert_eq!(info.token, Some(lease.token()));
 
     // The register after the old holder's rejected write: still the contender's value.

@@ -30,23 +30,27 @@ async fn a_server_restart_under_contention_keeps_mutual_exclusion() {
     ));
     let (losses, recipient) = super::collector::<LockLost>();
     coordinator
-        .locks
+        .locks()
+        .unwrap()
         .send(SubscribeLockLost(recipient.clone()))
         .await
         .unwrap();
     coordinator
-        .advisory
+        .advisory()
+        .unwrap()
         .send(SubscribeLockLost(recipient))
         .await
         .unwrap();
     let kept = coordinator
-        .locks
+        .locks()
+        .unwrap()
         .send(Acquire::new("kept"))
         .await
         .unwrap()
         .unwrap();
     let advisory = coordinator
-        .advisory
+        .advisory()
+        .unwrap()
         .send(AdvisoryLock::new(99))
         .await
         .unwrap()

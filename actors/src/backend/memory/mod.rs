@@ -1,29 +1,28 @@
-//! The in-memory backend (feature `memory`), for unit tests of an application's own actors:
-//! [`MemoryBackend`] stands for the database, each [`MemoryCoordinator`] for one process's
-//! runtime on it, and both implement [`Locking`], [`Signalling`] and [`Topics`] as
-//! [`Coordinator`](crate::Coordinator) does on PostgreSQL.
+//! The in-memory backend (feature `memory`), for unit tests of an application's own code:
+//! [`MemoryBackend`] stands for the database, and each of its
+//! [`coordinator`](MemoryBackend::coordinator)s for one process's runtime on it — a
+//! [`Coordinator`], answering as one on PostgreSQL does.
 //!
 //! **It is no substitute for testing against PostgreSQL.** Nothing here can fail the way a
 //! network, a server or a clock does; nothing expires (there are no heartbeats to miss); a
 //! lease's `remaining` is always the full lease; the fencing guard checks the token but guards
-//! no transaction. What a test needs to see its actors handle, it forces:
-//! [`MemoryCoordinator::force_loss`] (a lease taken over, as after an expiry) and
-//! [`MemoryCoordinator::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
+//! no transaction. What a test needs to see its code handle, it forces:
+//! [`MemoryBackend::force_loss`] (a lease taken over, as after an expiry) and
+//! [`MemoryBackend::reconnect`] (the listener's `Disconnected` then `Reconnected`: resync).
 //!
-//! Rate limits too ([`RateLimiter::in_memory`](crate::RateLimiter::in_memory): the backend's
-//! buckets, on its monotonic clock), and semaphores, limited ones too
-//! ([`Locking::acquire_permit`], [`Locking::set_limit`]). Schedules and durable mail need
-//! PostgreSQL: their guarantee is a row written in the application's own transaction.
+//! Rate limits too ([`Coordinator::rate_limiter`]: the backend's buckets, on its monotonic
+//! clock), and semaphores, limited ones too. Schedules, elections, advisory locks and durable
+//! mail need PostgreSQL ([`pgcoord::ErrorKind::Unsupported`] here): their guarantee is a row
+//! written in the application's own transaction, or a server's session.
 //!
 //! Worker pools run on it as well: [`WorkerPool::in_memory`](crate::WorkerPool::in_memory)
 //! (members are coordinators; a tick every 100 ms), routed with
 //! [`routed_in_memory`](crate::WorkerPool::routed_in_memory) and reached by
 //! [`KeyRouter::in_memory`](crate::KeyRouter::in_memory); keys can come to life
-//! (`activate_keys`, taken at the next tick). Durable mail needs PostgreSQL.
+//! (`activate_keys`, taken at the next tick).
 //!
 //! ```
 //! use pgcoord_actors::backend::memory::MemoryBackend;
-//! use pgcoord_actors::backend::Locking;
 //! use pgcoord_actors::Acquire;
 //!
 //! # actix_rt::System::new().block_on(async {
@@ -32,7 +31,7 @@
 //! let lease = alice.acquire(Acquire::new("job")).await?;
 //! let refused = bob.acquire(Acquire::new("job").fail_if_locked()).await.unwrap_err();
 //! assert_eq!(refused.holder().unwrap().owner, "alice");
-//! assert!(alice.force_loss("job"));
+//! assert!(backend.force_loss("job"));
 //! assert_eq!(lease.lost().await, Some(pgcoord_actors::LossReason::TakenOver));
 //! # Ok::<_, pgcoord::Error>(()) }).unwrap();
 //! ```
@@ -43,10 +42,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use pgcoord::{LeaseInfo, Result};
 
-use super::{BoxFuture, Consuming, Locking, Signalling, Topics};
+use super::{BoxFuture, Door, Locking, Signalling, Topics};
+use crate::Coordinator;
 use crate::leases::{Acquire, AcquirePermit, Claim, Lease, SetLimit};
 use crate::losses::LockLost;
 use crate::signals::{Ask, ConnState, Publish, Serve, Signal};
+use crate::topics::TopicConsumer;
 use pgcoord::lease::LimitChange;
 
 mod leases;
@@ -56,8 +57,8 @@ mod signals;
 mod topics;
 mod workers;
 
-/// The in-memory "database" several [`MemoryCoordinator`]s share, as processes share one
-/// PostgreSQL. Cheap to clone; clones are the same backend.
+/// The in-memory "database" several [`coordinator`](Self::coordinator)s share, as processes
+/// share one PostgreSQL. Cheap to clone; clones are the same backend.
 #[derive(Clone)]
 pub struct MemoryBackend {
     shared: Arc<Shared>,
@@ -86,7 +87,7 @@ struct State {
 }
 
 impl State {
-    /// Takes `name` from its holder (see [`MemoryCoordinator::force_loss`]), telling its
+    /// Takes `name` from its holder (see [`MemoryBackend::force_loss`]), telling its
     /// coordinator's [`LockLost`] subscribers. False when nobody held it.
     fn take_back(&mut self, name: &str) -> bool {
         let Some((holder, loss)) = self.leases.force_loss(name) else {
@@ -129,27 +130,72 @@ impl MemoryBackend {
     /// The runtime of one process on this backend, whose leases are held as `owner`. Two
     /// coordinators contend for leases as two processes do; one coordinator's second acquire of
     /// a lease it holds is [`pgcoord::ErrorKind::AlreadyHeld`].
-    pub fn coordinator(&self, owner: impl Into<String>) -> MemoryCoordinator {
+    ///
+    /// Made inside an actix System, its streams ([`Coordinator::subscribe`],
+    /// [`Coordinator::lock_losses`], …) run there; made outside one, they answer
+    /// [`pgcoord::ErrorKind::Unsupported`].
+    pub fn coordinator(&self, owner: impl Into<String>) -> Coordinator {
         let id = {
             let mut state = self.shared.lock();
             state.next_coordinator += 1;
             state.next_coordinator
         };
-        MemoryCoordinator {
+        let process = MemoryCoordinator {
             shared: self.shared.clone(),
             id,
             owner: owner.into(),
+            arbiter: actix::System::try_current().map(|_| Arbiter::current()),
+        };
+        Coordinator {
+            door: Door::Memory(process),
+        }
+    }
+
+    /// Takes the lease `name` from whichever coordinator holds it, as a takeover after an
+    /// expiry would: its handle's `lost()` resolves with
+    /// [`LossReason::TakenOver`](crate::LossReason::TakenOver), that coordinator's
+    /// [`LockLost`] subscribers are told once, and the next waiter gets the lease. False when
+    /// nobody held it.
+    pub fn force_loss(&self, name: &str) -> bool {
+        let taken = self.shared.lock().take_back(name);
+        self.shared.released.notify_waiters();
+        taken
+    }
+
+    /// The stored cursor of the consumer `consumer` of `topic`: the last event it acked (what
+    /// [`TopicTable::cursor`](pgcoord::topic::TopicTable::cursor) reads on PostgreSQL). `None`
+    /// when that consumer never started.
+    pub fn cursor(&self, topic: &str, consumer: &str) -> Option<pgcoord::topic::Cursor> {
+        self.shared.lock().topics.cursor(topic, consumer)
+    }
+
+    /// What a listener reconnect looks like to `coordinator`'s [`ConnState`] subscribers:
+    /// `Disconnected`, then `Reconnected` (notifications may have been missed: resync).
+    /// Subscriptions stay, as they do across a real reconnect.
+    /// [`pgcoord::ErrorKind::InvalidConfig`] for a coordinator of another backend.
+    pub fn reconnect(&self, coordinator: &Coordinator) -> Result<()> {
+        match &coordinator.door {
+            Door::Memory(process) if Arc::ptr_eq(&process.shared, &self.shared) => {
+                self.shared.lock().signals.reconnected(process.id);
+                Ok(())
+            }
+            _ => Err(pgcoord::Error::new(
+                pgcoord::ErrorKind::InvalidConfig,
+                "reconnect: the coordinator is not one of this backend's",
+            )),
         }
     }
 }
 
-/// One process's runtime on a [`MemoryBackend`]: [`Locking`] and [`Signalling`], and what a
-/// test forces. Cheap to clone; clones are the same process.
+/// One process's runtime on a [`MemoryBackend`], behind a [`Coordinator`]: the seams'
+/// in-memory side. Cheap to clone; clones are the same process.
 #[derive(Clone)]
-pub struct MemoryCoordinator {
+pub(crate) struct MemoryCoordinator {
     shared: Arc<Shared>,
     id: u64,
     owner: String,
+    /// The System it was made in, where its streams' forwarders run.
+    arbiter: Option<ArbiterHandle>,
 }
 
 impl std::fmt::Debug for MemoryBackend {
@@ -171,38 +217,23 @@ impl std::fmt::Debug for MemoryCoordinator {
 
 impl MemoryCoordinator {
     /// The owner identity its leases are held as.
-    pub fn owner(&self) -> &str {
+    pub(crate) fn owner(&self) -> &str {
         &self.owner
     }
 
-    /// Takes the lease `name` from whichever coordinator holds it, as a takeover after an
-    /// expiry would: its handle's `lost()` resolves with
-    /// [`LossReason::TakenOver`](crate::LossReason::TakenOver), that coordinator's
-    /// [`LockLost`] subscribers are told once, and the next waiter gets the lease. False when
-    /// nobody held it.
-    pub fn force_loss(&self, name: &str) -> bool {
-        let taken = self.shared.lock().take_back(name);
-        self.shared.released.notify_waiters();
-        taken
-    }
-
-    /// The stored cursor of the consumer `consumer` of `topic`: the last event it acked (what
-    /// [`TopicTable::cursor`](pgcoord::topic::TopicTable::cursor) reads on PostgreSQL). `None`
-    /// when that consumer never started.
-    pub fn cursor(&self, topic: &str, consumer: &str) -> Option<pgcoord::topic::Cursor> {
-        self.shared.lock().topics.cursor(topic, consumer)
+    /// Where its streams' forwarders run.
+    pub(crate) fn arbiter(&self) -> Result<ArbiterHandle> {
+        self.arbiter.clone().ok_or_else(|| {
+            pgcoord::Error::new(
+                pgcoord::ErrorKind::Unsupported,
+                "a stream of an in-memory coordinator made outside an actix System",
+            )
+        })
     }
 
     /// Records `name` as a free, kept row when it has none (a key that came to life).
     fn keep_free(&self, name: &str) -> bool {
         self.shared.lock().leases.keep_free(name)
-    }
-
-    /// What a listener reconnect looks like to this coordinator's [`ConnState`] subscribers:
-    /// `Disconnected`, then `Reconnected` (notifications may have been missed: resync).
-    /// Subscriptions stay, as they do across a real reconnect.
-    pub fn reconnect(&self) {
-        self.shared.lock().signals.reconnected(self.id);
     }
 }
 
@@ -304,9 +335,8 @@ impl Signalling for MemoryCoordinator {
         Box::pin(std::future::ready(subscribed))
     }
 
-    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
+    fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>) {
         self.shared.lock().signals.unsubscribe(channel, &recipient);
-        Box::pin(std::future::ready(Ok(())))
     }
 
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
@@ -340,8 +370,8 @@ impl Topics for MemoryCoordinator {
         Box::pin(std::future::ready(appended))
     }
 
-    fn consume(&self, consume: crate::Consume) -> Result<Consuming> {
-        topics::consume(self, consume).map(|running| Consuming::new(running))
+    fn consume(&self, consume: crate::Consume) -> Result<TopicConsumer> {
+        topics::consume(self, consume).map(|running| TopicConsumer::new(running))
     }
 }
 

@@ -28,11 +28,14 @@ impl Default for RateState {
     }
 }
 
-impl RateLimiter {
-    /// A limiter whose buckets are `backend`'s: every limiter made on one backend takes from
+impl super::MemoryCoordinator {
+    /// A limiter whose buckets are the backend's: every limiter made on one backend takes from
     /// the same buckets, as the processes of a fleet do from one table.
-    pub fn in_memory(backend: &MemoryBackend, rate: RateLimit) -> RateLimiter {
-        RateLimiter::on(Arc::new(backend.clone()), rate)
+    pub(crate) fn rate_limiter(&self, rate: RateLimit) -> RateLimiter {
+        let backend = MemoryBackend {
+            shared: self.shared.clone(),
+        };
+        RateLimiter::on(Arc::new(backend), rate)
     }
 }
 

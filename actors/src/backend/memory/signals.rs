@@ -96,7 +96,7 @@ impl SignalState {
     pub(super) fn reconnected(&self, coordinator: u64) {
         for (_, recipient) in self.conn_states.iter().filter(|(c, _)| *c == coordinator) {
             recipient.do_send(ConnState::Disconnected {
-                error: "forced by MemoryCoordinator::reconnect".into(),
+                error: "forced by MemoryBackend::reconnect".into(),
             });
             recipient.do_send(ConnState::Reconnected);
         }

@@ -101,7 +101,7 @@ pub(super) struct Running {
     stop_requested: AtomicBool,
 }
 
-impl crate::backend::Consumer for Running {
+impl crate::topics::consumer::Consumer for Running {
     fn stats(&self) -> BoxFuture<Result<ConsumerStats>> {
         let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Box::pin(std::future::ready(Ok(stats)))

@@ -8,6 +8,8 @@ use actix::prelude::*;
 use pgcoord::{ErrorKind, Result};
 
 use super::MemoryCoordinator;
+use crate::Coordinator;
+use crate::backend::Door;
 use crate::backend::{Locking, Signalling};
 use crate::workers::reach::Holders;
 use crate::workers::wire;
@@ -23,15 +25,21 @@ where
     /// The pool `name` over `keys` on the in-memory backend (feature `memory`), as the process
     /// `coordinator` is: for unit tests of an application's workers. Members are the backend's
     /// coordinators; a tick every 100 ms (nothing expires in memory: losses are forced, see
-    /// [`MemoryCoordinator::force_loss`]); routed with
+    /// [`MemoryBackend::force_loss`](super::MemoryBackend::force_loss)); routed with
     /// [`routed_in_memory`](Self::routed_in_memory). Not durable: durable mail needs
     /// PostgreSQL.
+    ///
+    /// # Panics
+    ///
+    /// When `coordinator` is on PostgreSQL (use [`WorkerPool::new`] there): a test's setup
+    /// mistake.
     pub fn in_memory(
-        coordinator: &MemoryCoordinator,
+        coordinator: &Coordinator,
         name: impl Into<String>,
         keys: Vec<String>,
         factory: impl Fn(WorkerKey) -> W + 'static,
     ) -> WorkerPool<W> {
+        let coordinator = process(coordinator);
         let (locks, owner) = (
             Arc::new(coordinator.clone()),
             coordinator.owner().to_owned(),
@@ -47,10 +55,10 @@ where
 {
     /// [`routed`](Self::routed) on the in-memory backend: a pool made
     /// [`in_memory`](Self::in_memory) answers [`KeyRouter::in_memory`]s of `coordinator`'s
-    /// backend.
-    pub fn routed_in_memory(self, coordinator: &MemoryCoordinator) -> WorkerPool<W> {
+    /// backend. Panics as [`in_memory`](Self::in_memory) does.
+    pub fn routed_in_memory(self, coordinator: &Coordinator) -> WorkerPool<W> {
         // No doorbell: a pool here looks at its ticks.
-        self.routed_through(Arc::new(coordinator.clone()), None)
+        self.routed_through(Arc::new(process(coordinator).clone()), None)
     }
 }
 
@@ -58,10 +66,20 @@ impl KeyRouter {
     /// A router to the workers of pool `pool` on the in-memory backend (feature `memory`), sent
     /// from the process `coordinator` is: it reaches pools made
     /// [`WorkerPool::in_memory`] and [`routed_in_memory`](WorkerPool::routed_in_memory) on the
-    /// same backend.
-    pub fn in_memory(pool: impl Into<String>, coordinator: &MemoryCoordinator) -> KeyRouter {
-        let coordinator = Arc::new(coordinator.clone());
+    /// same backend. Panics as [`WorkerPool::in_memory`] does.
+    pub fn in_memory(pool: impl Into<String>, coordinator: &Coordinator) -> KeyRouter {
+        let coordinator = Arc::new(process(coordinator).clone());
         KeyRouter::through(pool.into(), coordinator.clone(), coordinator)
+    }
+}
+
+/// The in-memory process behind `coordinator`.
+fn process(coordinator: &Coordinator) -> &MemoryCoordinator {
+    match &coordinator.door {
+        Door::Memory(process) => process,
+        Door::Postgres(_) => {
+            panic!("an in-memory worker pool or router on a PostgreSQL coordinator")
+        }
     }
 }
 
