@@ -125,7 +125,7 @@ async fn member(dsn: &str, owner: &str) -> Result<(), Box<dyn std::error::Error>
         factory,
     )
     .routed(coordinator.signals()?.clone())
-    .durable(&coordinator)
+    .durable(&coordinator)?
     .start();
     println!("READY");
     let line = tokio::task::spawn_blocking(|| {

@@ -43,12 +43,6 @@ impl Coordinator {
         Ok(&self.actors("the payload store's address")?.payloads)
     }
 
-    /// The topic appender's address ([`Append`](crate::Append), batched); PostgreSQL only, as
-    /// [`locks`](Self::locks).
-    pub fn topics(&self) -> Result<&Addr<crate::TopicAppender>> {
-        Ok(&self.actors("the topic appender's address")?.topics)
-    }
-
     /// Checks the server, then starts the actors as [`start`](Self::start) does: the start that
     /// can fail. [`pgcoord::ErrorKind::Unavailable`] (with the cause) when the database cannot
     /// be reached within the connect timeout, [`pgcoord::ErrorKind::ReadOnly`] on a standby,
@@ -64,7 +58,7 @@ impl Coordinator {
     /// Starts a supervised `ListenerActor` with the payload table as its store, a `LockManager`
     /// that hears lease releases through it (so the process has one LISTEN connection), an
     /// `AdvisoryLocks`, a `PayloadStoreActor` (through which the listener puts and fetches large
-    /// payloads) and a `TopicAppender`, all over one pool of at most
+    /// payloads) and a topic appender, all over one pool of at most
     /// `config.pool_size()` connections (plus the LISTEN connection, the heartbeat's, and one per
     /// held advisory lock). Must run inside an actix System; the tables must exist
     /// (`pgcoord::schema::migrate`). Nothing is checked: with the database down, everything
@@ -116,8 +110,11 @@ impl Coordinator {
                 .start(),
             advisory: AdvisoryLocks::new(config.clone()).start(),
             payloads,
-            topics: crate::TopicAppender::new(pgcoord::TopicTable::new(&config), pool.clone())
-                .start(),
+            topics: crate::topics::TopicAppender::new(
+                pgcoord::TopicTable::new(&config),
+                pool.clone(),
+            )
+            .start(),
             signals,
             config,
             pool,
@@ -196,7 +193,7 @@ impl Coordinator {
     }
 
     /// The thread the actors run on: start an actor of your own there with
-    /// `Actor::start_in_arbiter(&coordinator.arbiter(), ..)` (a [`WorkerPool`](crate::WorkerPool),
+    /// `Actor::start_in_arbiter(&coordinator.arbiter()?, ..)` (a [`WorkerPool`](crate::WorkerPool),
     /// say) from any thread. PostgreSQL only, as [`locks`](Self::locks).
     pub fn arbiter(&self) -> Result<ArbiterHandle> {
         Ok(self.actors("the actors' thread")?.arbiter.clone())
@@ -216,7 +213,7 @@ impl Coordinator {
     /// [`shutdown`](Self::shutdown).
     pub fn drain_on_shutdown(&self, pool: Recipient<crate::Drain>) -> Result<()> {
         let actors = self.actors("a shutdown")?;
-        let mut drained = actors.drained.lock().expect("pools lock");
+        let mut drained = actors.drained.lock().unwrap_or_else(|e| e.into_inner());
         drained.push(Box::new(move || Some(pool.clone())));
         Ok(())
     }
@@ -227,7 +224,7 @@ impl Coordinator {
         actors
             .drained
             .lock()
-            .expect("pools lock")
+            .unwrap_or_else(|e| e.into_inner())
             .push(Box::new(move || pool.upgrade()));
     }
 
@@ -248,7 +245,7 @@ impl Coordinator {
     pub async fn shutdown(&self, within: std::time::Duration) -> pgcoord::Result<usize> {
         let actors = self.actors("a shutdown")?;
         let deadline = tokio::time::Instant::now() + within;
-        let pools = std::mem::take(&mut *actors.drained.lock().expect("pools lock"));
+        let pools = std::mem::take(&mut *actors.drained.lock().unwrap_or_else(|e| e.into_inner()));
         let drains = (pools.iter().filter_map(|pool| pool())).map(|pool| pool.send(crate::Drain));
         // A pool that stopped already answers at once; one that cannot drain in time is
         // released with the rest below.

@@ -50,8 +50,9 @@ impl Coordinator {
     /// For readiness endpoints (`examples/axum`): a process whose pgcoord is not ready cannot
     /// hear signals, or may lose its leases.
     pub async fn health(&self, within: Duration) -> Health {
-        let Ok(actors) = self.actors("health") else {
-            // In memory nothing can fail: there is no connection, no heartbeat, no database.
+        let Some(actors) = self.door.postgres() else {
+            // In memory nothing can fail: there is no connection, no heartbeat, no database
+            // (a forced reconnect included: it is only told to subscribers).
             return Health {
                 listening: true,
                 renewals_failing: Some(0),

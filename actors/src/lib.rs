@@ -40,8 +40,8 @@
 //!   a pool whose workers are async closures, and [`Workers`], its handle.
 //! - `topics` — [`TopicConsumer`]: a durable topic's named consumer, one active instance
 //!   across the fleet (a lease), delivering at least once, in order; [`Delivery::ack`] in the
-//!   handler's transaction applies each event once; [`TopicAppender`], appends batched (group
-//!   commit). Appending in the caller's transaction is the core's
+//!   handler's transaction applies each event once; `Coordinator::append`, appends batched
+//!   (group commit). Appending in the caller's transaction is the core's
 //!   (`pgcoord::topic::TopicTable::append`).
 //! - `rates` — [`RateLimiter`]: fleet-wide rate limits per key, each take one statement on the
 //!   server's clock, a wait for room bounded by the caller's timeout.
@@ -137,8 +137,8 @@ pub use stats::GetStats;
 pub use streams::{Heard, Subscription};
 pub use threaded::Runtime;
 pub use topics::{
-    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicAppender,
-    TopicConsumer, TopicRetention,
+    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicConsumer,
+    TopicRetention,
 };
 pub use workers::{
     Assignment, Drain, KeyRouter, Mail, MembersChanged, Routed, SetKeys, SubscribeMembers,

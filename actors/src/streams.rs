@@ -17,6 +17,9 @@ use tokio::sync::mpsc;
 
 use crate::signals::{ConnState, Signal};
 
+/// Ends a subscription, on whichever backend holds it.
+pub(crate) type Unsubscribe = Box<dyn FnOnce() + Send + Sync>;
+
 /// Whether an item goes on to the stream.
 pub(crate) type Keep<T> = Box<dyn Fn(&T) -> bool + Send>;
 
@@ -127,7 +130,7 @@ pub struct Subscription {
     feed: Feed<Heard>,
     channel: String,
     /// Ends the subscription at once, whichever backend holds it.
-    unsubscribe: Option<Box<dyn FnOnce() + Send>>,
+    unsubscribe: Option<Unsubscribe>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -143,7 +146,7 @@ impl Subscription {
     pub(crate) fn new(
         feed: Feed<Heard>,
         channel: String,
-        unsubscribe: Box<dyn FnOnce() + Send>,
+        unsubscribe: Unsubscribe,
     ) -> Subscription {
         Subscription {
             feed,

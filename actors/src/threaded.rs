@@ -1,7 +1,8 @@
 //! [`Runtime`]: the whole runtime on a thread of its own, for services that are not actix
 //! (axum, tonic: a plain `#[tokio::main]`).
 //!
-//! actix actors run on a single-threaded System; `Coordinator::connect` outside one panics.
+//! actix actors run on a single-threaded System; `Coordinator::connect` outside one answers
+//! `Unsupported`.
 //! Their addresses, though, are `Send`: a message sent from any thread or executor reaches the
 //! actor, and its answer comes back to the sender's task. So the runtime starts an actix System
 //! on a thread it owns and hands back the [`Coordinator`], whose methods and streams the
@@ -57,7 +58,7 @@ impl Runtime {
         })
     }
 
-    /// The actors' addresses: `Send + Sync + Clone`, for the service's tasks and handlers.
+    /// The coordinator: `Send + Sync + Clone`, for the service's tasks and handlers.
     pub fn coordinator(&self) -> &Coordinator {
         &self.coordinator
     }

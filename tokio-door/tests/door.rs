@@ -426,9 +426,7 @@ async fn a_runtime_shut_down_with_a_consumer_running_stops_without_a_panic() {
     .poll(Duration::from_millis(200));
     let _consumer = coordinator.consume(consume).unwrap();
     coordinator
-        .topics()
-        .unwrap()
-        .call(Append::value(&topic, &1u32).unwrap())
+        .append(Append::value(&topic, &1u32).unwrap())
         .await
         .unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(30), handed.recv());

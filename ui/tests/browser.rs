@@ -238,7 +238,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     let _consumer = coordinator.consume(consume).unwrap();
     for n in 0..10u32 {
         let append = Append::value(&topic, &n).unwrap();
-        coordinator.topics().unwrap().call(append).await.unwrap();
+        coordinator.append(append).await.unwrap();
     }
     let consumer = format!("{topic}/billing");
     let lag_cell = format!("#consumers tr[data-consumer='{consumer}'] td.lag");

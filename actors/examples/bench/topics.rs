@@ -105,7 +105,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         keys,
         factory,
     )
-    .durable(&coordinator)
+    .durable(&coordinator)?
     .start();
     let per = sizes.pairs * 2 / 8;
     let started = Instant::now();

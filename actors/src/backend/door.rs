@@ -1,7 +1,8 @@
 //! The one front door: what a [`Coordinator`] answers on either backend, each call handed to
 //! the seam of its concern ([`Locking`], [`Signalling`], [`Topics`]). The backend is chosen
 //! once, when the coordinator is made; nothing here knows which it is. Each call's future owns
-//! what it needs (`'static`), as an actor's `send` does, so it can be spawned.
+//! what it needs (`'static`), so it can be spawned; like any future it is to be awaited: one
+//! dropped unawaited may or may not have made its request.
 
 use std::future::Future;
 
@@ -47,7 +48,7 @@ pub(crate) struct Actors {
     /// expired rows deleted on a timer.
     pub(crate) payloads: Addr<PayloadStoreActor>,
     /// Appends to durable topics, batched ([`Append`](crate::Append)).
-    pub(crate) topics: Addr<crate::TopicAppender>,
+    pub(crate) topics: Addr<crate::topics::TopicAppender>,
     /// What the actors were started with.
     pub(crate) config: Config,
     /// The pool they share.
@@ -106,6 +107,32 @@ impl Door {
                 pgcoord::ErrorKind::Unsupported,
                 format!("{what} needs PostgreSQL: the in-memory backend runs no actors"),
             )),
+        }
+    }
+
+    /// The actors, when on PostgreSQL.
+    pub(crate) fn postgres(&self) -> Option<&Actors> {
+        match self {
+            Door::Postgres(actors) => Some(actors),
+            #[cfg(feature = "memory")]
+            Door::Memory(_) => None,
+        }
+    }
+
+    /// Ends `recipient`'s subscription to `channel` when called: what a dropped
+    /// [`Subscription`] calls, holding no more than the seam it needs.
+    fn unsubscriber(&self, channel: &str, recipient: Recipient<Signal>) -> streams::Unsubscribe {
+        let channel = channel.to_owned();
+        match self {
+            Door::Postgres(actors) => {
+                let signals = actors.signals.clone();
+                Box::new(move || signals.unsubscribe(&channel, recipient))
+            }
+            #[cfg(feature = "memory")]
+            Door::Memory(process) => {
+                let process = process.clone();
+                Box::new(move || process.unsubscribe(&channel, recipient))
+            }
         }
     }
 
@@ -236,6 +263,8 @@ impl Coordinator {
     /// [`Heard::Gap`](crate::Heard::Gap) wherever some may have been missed, as a stream.
     /// Dropping it unsubscribes. Typed errors for a bad channel name.
     pub async fn subscribe(&self, channel: &str) -> Result<Subscription> {
+        // A bad name is refused before anything is registered.
+        pgcoord::ident::Ident::channel(channel)?;
         let channel = channel.to_owned();
         let ours = channel.clone();
         let keep = move |heard: &Heard| match heard {
@@ -243,16 +272,18 @@ impl Coordinator {
             Heard::Gap(state) => state.may_have_missed(&ours),
         };
         let (forwarder, feed) = streams::forward(&self.door.arbiter()?, Some(Box::new(keep)));
+        let recipient = forwarder.clone().recipient::<Signal>();
+        // Made before anything is registered: an error or a caller giving up below drops it,
+        // which unsubscribes (a LISTEN left behind would be a leak).
+        let unsubscribe = self.door.unsubscriber(&channel, recipient.clone());
+        let subscription = Subscription::new(feed, channel.clone(), unsubscribe);
         // Connection states first: a gap between the two registrations is then reported.
         let signalling = self.door.signalling();
         signalling
-            .subscribe_conn_state(forwarder.clone().recipient())
+            .subscribe_conn_state(forwarder.recipient())
             .await?;
-        let recipient = forwarder.recipient::<Signal>();
-        signalling.subscribe(&channel, recipient.clone()).await?;
-        let (door, ours) = (self.door.clone(), channel.clone());
-        let unsubscribe = move || door.signalling().unsubscribe(&ours, recipient);
-        Ok(Subscription::new(feed, channel, Box::new(unsubscribe)))
+        signalling.subscribe(&channel, recipient).await?;
+        Ok(subscription)
     }
 
     /// Every lock this process loses from now on — leases and advisory locks alike, each once
@@ -264,7 +295,7 @@ impl Coordinator {
             .subscribe_lock_lost(forwarder.clone().recipient())
             .await?;
         // Advisory locks are PostgreSQL's alone.
-        if let Ok(actors) = self.door.actors("advisory locks") {
+        if let Some(actors) = self.door.postgres() {
             let subscribe = actors
                 .advisory
                 .send(SubscribeLockLost(forwarder.recipient()));
@@ -293,7 +324,7 @@ impl std::fmt::Debug for Coordinator {
         let mut debug = f.debug_struct("Coordinator");
         debug.field("owner", &self.owner());
         // The configuration's own Debug never shows the password.
-        if let Ok(actors) = self.door.actors("a lock table") {
+        if let Some(actors) = self.door.postgres() {
             debug.field("lock_table", &actors.config.lock_table().to_string());
         }
         debug.finish_non_exhaustive()

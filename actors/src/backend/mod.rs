@@ -119,7 +119,7 @@ pub(crate) trait Signalling: Send + Sync {
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>>;
 }
 
-/// Durable topics: what a [`TopicAppender`](crate::TopicAppender) and consumer actors do, as a
+/// Durable topics: what the topic appender and consumer actors do, as a
 /// backend.
 pub(crate) trait Topics: Send + Sync {
     /// Appends an event ([`Append`]); its cursor.

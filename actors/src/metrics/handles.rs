@@ -139,7 +139,7 @@ pub(crate) fn advisory_held() -> Share {
     Share::new(gauge!(ADVISORY_HELD))
 }
 
-/// A `TopicConsumer`'s handles.
+/// A consumer actor's handles.
 pub(crate) struct TopicMetrics {
     pub(crate) handled: Counter,
     pub(crate) failed: Counter,

@@ -63,7 +63,7 @@ pub const TOPIC_LAG: &str = "pgcoord_topic_lag_seconds";
 /// Counter: events handed to a topic consumer's handler again, by `topic` and `consumer`: after
 /// a handler's `Err`, or after this process lost the consumer's lease before its ack.
 pub const TOPIC_REDELIVERIES: &str = "pgcoord_topic_redeliveries_total";
-/// Counter: events appended through the runtime's `TopicAppender`, by `result` (`appended`,
+/// Counter: events appended through the runtime (`Coordinator::append`), by `result` (`appended`,
 /// `failed`). Appends in an application's own transaction (`TopicTable::append`) are not seen.
 pub const TOPIC_APPENDS: &str = "pgcoord_topic_appends_total";
 

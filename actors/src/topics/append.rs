@@ -98,7 +98,7 @@ impl RunBatch<AppendItem> for AppendRunner {
 }
 
 /// Appends to durable topics in batches; [`Coordinator::topics`](crate::Coordinator::topics).
-pub struct TopicAppender {
+pub(crate) struct TopicAppender {
     runner: Arc<AppendRunner>,
     batcher: Option<Batcher<AppendItem>>,
     metrics: Arc<crate::metrics::AppendMetrics>,

@@ -55,7 +55,9 @@ impl TopicConsumer {
         self.running.stats().await
     }
 
-    /// Stops the consumer: the event in hand is finished and acked, the lease released.
+    /// Stops the consumer, and returns once it has stopped: the event in hand finished and
+    /// acked, the lease released (a handler still running after 30 s is cut off, its event
+    /// handed over again later). Stopping a stopped consumer returns at once.
     pub async fn stop(&self) {
         self.running.stop().await;
     }

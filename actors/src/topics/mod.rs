@@ -14,8 +14,8 @@
 //! `Reconnected`, or its poll: a doorbell only wakes it, and a missed one costs a poll.
 //! A cursor behind retention stops it with [`pgcoord::ErrorKind::Compacted`].
 //!
-//! Appends that need no transaction of the caller's go through [`TopicAppender`]
-//! ([`Append`]), batched; [`TopicRetention`] trims a topic on a timer.
+//! Appends that need no transaction of the caller's go through the `TopicAppender`
+//! ([`Append`], `Coordinator::append`), batched; [`TopicRetention`] trims a topic on a timer.
 //!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
@@ -46,7 +46,8 @@ pub(crate) mod handover;
 mod retention;
 pub(crate) mod run;
 
-pub use append::{Append, TopicAppender};
+pub use append::Append;
+pub(crate) use append::TopicAppender;
 pub use consumer::TopicConsumer;
 pub use delivery::Delivery;
 pub(crate) use delivery::DeliveryContext;
@@ -269,25 +270,48 @@ impl Actor for ConsumerActor {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        // The task finishes the event in hand, acks and releases the lease as it ends; a
-        // handler that takes longer than 30 s is cut off (its event comes again).
-        if let Some(task) = self.task.take() {
-            self.run.stop_requested.store(true, Ordering::Relaxed);
-            self.run.stopping.notify_one();
-            let abort = task.abort_handle();
-            // Stopped as the System ends (a `Runtime` shut down with the consumer running), the
-            // tokio runtime is going away with its tasks: the run's task ends with it, and its
-            // lease lapses or was released by the manager's own shutdown.
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                abort.abort();
-                return;
-            };
-            runtime.spawn(async move {
-                if tokio::time::timeout(STOP_WITHIN, task).await.is_err() {
-                    tracing::warn!("a topic consumer's handler did not finish within 30 s");
-                    abort.abort();
-                }
-            });
+        let Some(finished) = self.finish() else {
+            return;
+        };
+        // Stopped as the System ends (a `Runtime` shut down with the consumer running), the
+        // tokio runtime is going away with its tasks: the run's task ends with it, and its
+        // lease lapses or was released by the manager's own shutdown.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(finished)),
+            Err(_) => drop(finished),
+        }
+    }
+}
+
+impl ConsumerActor {
+    /// Asks the run to stop: it finishes the event in hand, acks it and releases the lease as it
+    /// ends; a handler that takes longer than 30 s is cut off (its event comes again). `None`
+    /// when it was asked already. Dropping the future aborts the run.
+    fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let task = self.task.take()?;
+        self.run.stop_requested.store(true, Ordering::Relaxed);
+        self.run.stopping.notify_one();
+        let abort = task.abort_handle();
+        let aborted = AbortOnDrop(Some(abort));
+        Some(async move {
+            let mut aborted = aborted;
+            if tokio::time::timeout(STOP_WITHIN, task).await.is_err() {
+                tracing::warn!("a topic consumer's handler did not finish within 30 s");
+            } else {
+                // Finished: nothing to abort.
+                aborted.0 = None;
+            }
+        })
+    }
+}
+
+/// Aborts the run's task when dropped, unless it finished.
+struct AbortOnDrop(Option<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(abort) = self.0.take() {
+            abort.abort();
         }
     }
 }
@@ -323,10 +347,18 @@ impl Handler<GetStats<ConsumerStats>> for ConsumerActor {
     }
 }
 
+/// Stops the consumer, answering once its run has ended: the event in hand finished and acked,
+/// the lease released (or the handler cut off after 30 s).
 impl Handler<crate::losses::Shutdown> for ConsumerActor {
-    type Result = ();
+    type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, _: crate::losses::Shutdown, ctx: &mut Context<Self>) {
-        ctx.stop();
+    fn handle(&mut self, _: crate::losses::Shutdown, _: &mut Context<Self>) -> Self::Result {
+        let finished = self.finish();
+        let ended = async move {
+            if let Some(finished) = finished {
+                finished.await;
+            }
+        };
+        Box::pin(ended.into_actor(self).map(|(), _, ctx| ctx.stop()))
     }
 }

@@ -61,15 +61,10 @@ where
     /// Delivers each key's durable mail ([`mail_topic`]) to its worker, at least once and in
     /// order, through `coordinator`'s pool and listener (see [`Mail`]). Every process's pool of
     /// the name should be durable, or the mail of the keys one holds waits until another does.
-    ///
-    /// # Panics
-    ///
-    /// When `coordinator` is in memory: durable mail needs PostgreSQL (a test's setup mistake).
-    pub fn durable(mut self, coordinator: &crate::Coordinator) -> WorkerPool<W> {
-        let actors = match coordinator.actors("durable mail") {
-            Ok(actors) => actors,
-            Err(e) => panic!("{e}"),
-        };
+    /// [`pgcoord::ErrorKind::Unsupported`] on an in-memory coordinator: durable mail is a row
+    /// written in the sender's transaction.
+    pub fn durable(mut self, coordinator: &crate::Coordinator) -> pgcoord::Result<WorkerPool<W>> {
+        let actors = coordinator.actors("durable mail")?;
         let send: SendMail<W> = Rc::new(|worker: &Addr<W>, mail: Mail| {
             let handled = worker.send(mail);
             Box::pin(async move {
@@ -89,7 +84,7 @@ where
             opened: HashSet::new(),
             compacted: HashSet::new(),
         });
-        self
+        Ok(self)
     }
 }
 

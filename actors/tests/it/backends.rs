@@ -226,7 +226,47 @@ on_both_backends!(
     a_handler_error_hands_the_same_event_over_and_bad_input_is_refused,
     permits_and_a_stored_limit_that_is_raised_and_lowered,
     a_claim_takes_the_free_names_and_a_prefix_lists_them,
+    a_stopped_consumer_has_finished_its_event_and_let_its_lease_go,
 );
+
+/// `TopicConsumer::stop` returns once the consumer has stopped: the event its handler was in is
+/// finished and acked, and the consumer's lease is free — not some time later.
+async fn a_stopped_consumer_has_finished_its_event_and_let_its_lease_go(h: impl Harness) {
+    let (a, _) = h.processes();
+    let topic = unique_name("stopping");
+    let cursor = a.append(Append::new(&topic, vec![1])).await.unwrap();
+    let (started, mut handling) = tokio::sync::mpsc::unbounded_channel();
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = finished.clone();
+    let consume = Consume::new(&topic, "c", move |_: Delivery| {
+        let (started, done) = (started.clone(), done.clone());
+        async move {
+            let _ = started.send(());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    });
+    let consumer = a.consume(consume).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), handling.recv())
+        .await
+        .expect("the event is handed over");
+    consumer.stop().await;
+    assert!(
+        finished.load(std::sync::atomic::Ordering::SeqCst),
+        "the handler was waited for"
+    );
+    assert_eq!(
+        h.stored_cursor(&topic, "c").await,
+        Some(cursor),
+        "and its event acked"
+    );
+    match a.get(&format!("{topic}/consumers/c")).await {
+        Ok(info) => assert_eq!(info.owner, None, "the lease is free: {info:?}"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{e}"),
+    }
+    consumer.stop().await; // a second stop returns at once
+}
 
 /// What a worker pool asks of its leases, through the same seam on both backends: a claim takes
 /// the free names at once and skips the others, a listing by prefix reads them.

@@ -110,6 +110,7 @@ async fn start(
         factory,
     )
     .durable(&coordinator)
+    .unwrap()
     .start();
     Process { coordinator, pool }
 }
@@ -298,6 +299,7 @@ async fn mail_sent_around_a_server_restart_and_a_lost_listener_all_arrives_in_or
         factory,
     )
     .durable(&coordinator)
+    .unwrap()
     .start();
     let mut admin = admin;
     send(&mut admin, &table, &keys, 0..10).await;

@@ -1,4 +1,4 @@
-//! Appends through the runtime (`TopicAppender`): batched, each caller its own cursor; a bad
+//! Appends through the runtime (`Coordinator::append`): batched, each caller its own cursor; a bad
 //! event fails alone; a failed batch fails each of its callers and the appender goes on.
 
 use std::time::{Duration, Instant};
@@ -16,15 +16,15 @@ async fn appends_through_the_runtime_are_batched_and_each_caller_gets_its_own_cu
     let config = setup.builder("one").build().unwrap();
     let one = Coordinator::connect(config.clone()).await.unwrap();
     let sends: Vec<_> = (0..300u32)
-        .map(|i| one.topics().unwrap().send(Append::new("t", i.to_string())))
+        .map(|i| one.append(Append::new("t", i.to_string())))
         .collect();
-    let bad = one.topics().unwrap().send(Append::new("", "x"));
+    let bad = one.append(Append::new("", "x"));
     let cursors: Vec<Cursor> = futures_util::future::join_all(sends)
         .await
         .into_iter()
-        .map(|r| r.unwrap().unwrap())
+        .map(|r| r.unwrap())
         .collect();
-    let err = bad.await.unwrap().unwrap_err();
+    let err = bad.await.unwrap_err();
     assert_eq!(err.kind(), pgcoord::ErrorKind::InvalidName);
     let transactions: std::collections::HashSet<i64> = cursors.iter().map(|c| c.xid).collect();
     assert!(

@@ -152,7 +152,7 @@ async fn main() {
     )
     .routed(coordinator.signals().expect("on PostgreSQL").clone());
     let pool = if flag("--mail") {
-        pool.durable(&coordinator)
+        pool.durable(&coordinator).expect("on PostgreSQL")
     } else {
         pool
     };

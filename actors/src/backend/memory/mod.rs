@@ -288,7 +288,11 @@ impl Locking for MemoryCoordinator {
     }
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
-        self.shared.lock().lock_lost.push((self.id, recipient));
+        let mut state = self.shared.lock();
+        // Streams dropped since are forgotten here, as the lock manager forgets them.
+        state.lock_lost.retain(|(_, r)| r.connected());
+        state.lock_lost.push((self.id, recipient));
+        drop(state);
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -89,6 +89,8 @@ impl SignalState {
         coordinator: u64,
         recipient: Recipient<ConnState>,
     ) {
+        // Streams dropped since are forgotten here, as the listener forgets them.
+        self.conn_states.retain(|(_, r)| r.connected());
         self.conn_states.push((coordinator, recipient));
     }
 

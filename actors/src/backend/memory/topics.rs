@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use pgcoord::topic::{Cursor, Event, Start};
 use pgcoord::{ErrorKind, Result};
@@ -99,6 +99,8 @@ pub(super) struct Running {
     stats: Mutex<ConsumerStats>,
     stopping: Notify,
     stop_requested: AtomicBool,
+    /// Set once the run has ended: its event finished and acked, its lease released.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl crate::topics::consumer::Consumer for Running {
@@ -110,7 +112,12 @@ impl crate::topics::consumer::Consumer for Running {
     fn stop(&self) -> BoxFuture<()> {
         self.stop_requested.store(true, Ordering::SeqCst);
         self.stopping.notify_one();
-        Box::pin(std::future::ready(()))
+        let mut ended = self.ended.subscribe();
+        Box::pin(async move {
+            // As on PostgreSQL: a handler that takes longer than 30 s is not waited for.
+            let ended = ended.wait_for(|ended| *ended);
+            let _ = tokio::time::timeout(Duration::from_secs(30), ended).await;
+        })
     }
 }
 
@@ -127,8 +134,13 @@ pub(super) fn consume(coordinator: &MemoryCoordinator, consume: Consume) -> Resu
         stats: Mutex::default(),
         stopping: Notify::new(),
         stop_requested: AtomicBool::new(false),
+        ended: tokio::sync::watch::Sender::new(false),
     });
-    tokio::spawn(run(coordinator.clone(), consume, running.clone()));
+    let (coordinator, ours) = (coordinator.clone(), running.clone());
+    tokio::spawn(async move {
+        run(coordinator, consume, ours.clone()).await;
+        ours.ended.send_replace(true);
+    });
     Ok(running)
 }
 
