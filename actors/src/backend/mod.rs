@@ -5,8 +5,8 @@
 //! users do not reach — a lease handle's release and fence (`Keeper`), a delivery's ack
 //! (`Acker`), a started consumer (`Consumer`, behind a [`TopicConsumer`]), a rate limiter's buckets
 //! (`Buckets`), a router's way to a key's holder (`Holders`). Each has its PostgreSQL
-//! implementation beside its wing and its in-memory one under `memory`, with the memory-only
-//! constructors (`WorkerPool::in_memory`, …).
+//! implementation beside its wing and its in-memory one under `memory`; what a coordinator
+//! makes on either backend (a worker pool, a router, a rate limiter) is dispatched in `door`.
 //!
 //! The in-memory backend is **no substitute for testing against PostgreSQL**: it has no
 //! connections to fail, no clock to disagree, no heartbeats, and no other processes. It keeps the

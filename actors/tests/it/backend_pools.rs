@@ -76,14 +76,17 @@ async fn a_pool_shares_routes_and_serves_a_lost_key_again<H: Harness>(h: H) {
     let handled = Handled::default();
     let member = |process: &Coordinator, name: &'static str| {
         let factory = counters(name, &handled);
-        h.pool(process, "pool", keys.clone(), factory).start()
+        process
+            .worker_pool("pool", keys.clone(), factory)
+            .routed_by(process)
+            .start()
     };
     let (on_a, on_b) = (member(&a, "a"), member(&b, "b"));
     until("three keys each", Duration::from_secs(10), async || {
         held(&on_a).await.len() == 3 && held(&on_b).await.len() == 3
     })
     .await;
-    let router = h.router(&a, "pool");
+    let router = a.key_router("pool");
     let (held_a, held_b) = (held(&on_a).await, held(&on_b).await);
     for (n, key) in keys.iter().enumerate() {
         let (process, token): (String, i64) = router
@@ -151,12 +154,14 @@ async fn a_message_brings_its_key_to_life<H: Harness>(h: H) {
     let handled = Handled::default();
     let member = |process: &Coordinator, name: &'static str| {
         let factory = counters(name, &handled);
-        h.pool(process, "lazy", Vec::new(), factory)
+        process
+            .worker_pool("lazy", Vec::new(), factory)
+            .routed_by(process)
             .activate_keys()
             .start()
     };
     let (on_a, on_b) = (member(&a, "a"), member(&b, "b"));
-    let router = h.router(&b, "lazy").activate_keys();
+    let router = b.key_router("lazy").activate_keys();
     for n in 0..4u64 {
         let key = format!("new-{n}");
         let answer = router.ask_value::<_, (String, i64)>(&key, &n, Duration::from_secs(10));
@@ -167,7 +172,7 @@ async fn a_message_brings_its_key_to_life<H: Harness>(h: H) {
     })
     .await;
     // Without `activate_keys`, a router does not bring keys to life.
-    let plain = h.router(&a, "lazy");
+    let plain = a.key_router("lazy");
     let e = plain.ask("never", b"x".to_vec(), Duration::from_millis(300));
     let e = e.await.unwrap_err();
     assert!(e.to_string().contains("was not delivered"), "{e}");

@@ -18,20 +18,6 @@ use super::Setup;
 
 /// A backend under test: two processes' runtimes on one database, and what a test forces.
 pub(super) trait Harness {
-    /// `process`'s member of the routed worker pool `name` over `keys`.
-    fn pool<W>(
-        &self,
-        process: &Coordinator,
-        name: &str,
-        keys: Vec<String>,
-        factory: impl Fn(WorkerKey) -> W + 'static,
-    ) -> WorkerPool<W>
-    where
-        W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<Shutdown>
-            + actix::Handler<Routed>;
-    /// A router from `process` to the pool `name`.
-    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter;
     /// The two processes, with owners "a" and "b".
     fn processes(&self) -> (Coordinator, Coordinator);
     /// Takes the lease `name` from its holder, as a takeover after an expiry would.
@@ -73,28 +59,6 @@ impl Postgres {
 }
 
 impl Harness for Postgres {
-    fn pool<W>(
-        &self,
-        process: &Coordinator,
-        name: &str,
-        keys: Vec<String>,
-        factory: impl Fn(WorkerKey) -> W + 'static,
-    ) -> WorkerPool<W>
-    where
-        W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<Shutdown>
-            + actix::Handler<Routed>,
-    {
-        let locks = process.locks().unwrap().clone();
-        WorkerPool::new(process.config().unwrap(), locks, name, keys, factory)
-            .routed(process.signals().unwrap().clone())
-    }
-
-    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter {
-        let (locks, signals) = (process.locks().unwrap(), process.signals().unwrap());
-        KeyRouter::new(pool, locks.clone(), signals.clone())
-    }
-
     fn processes(&self) -> (Coordinator, Coordinator) {
         (self.a.clone(), self.b.clone())
     }
@@ -153,25 +117,6 @@ impl Memory {
 }
 
 impl Harness for Memory {
-    fn pool<W>(
-        &self,
-        process: &Coordinator,
-        name: &str,
-        keys: Vec<String>,
-        factory: impl Fn(WorkerKey) -> W + 'static,
-    ) -> WorkerPool<W>
-    where
-        W: actix::Actor<Context = actix::Context<W>>
-            + actix::Handler<Shutdown>
-            + actix::Handler<Routed>,
-    {
-        WorkerPool::in_memory(process, name, keys, factory).routed_in_memory(process)
-    }
-
-    fn router(&self, process: &Coordinator, pool: &str) -> KeyRouter {
-        KeyRouter::in_memory(pool, process)
-    }
-
     fn processes(&self) -> (Coordinator, Coordinator) {
         (self.a.clone(), self.b.clone())
     }

@@ -15,10 +15,9 @@
 //! mail need PostgreSQL ([`pgcoord::ErrorKind::Unsupported`] here): their guarantee is a row
 //! written in the application's own transaction, or a server's session.
 //!
-//! Worker pools run on it as well: [`WorkerPool::in_memory`](crate::WorkerPool::in_memory)
-//! (members are coordinators; a tick every 100 ms), routed with
-//! [`routed_in_memory`](crate::WorkerPool::routed_in_memory) and reached by
-//! [`KeyRouter::in_memory`](crate::KeyRouter::in_memory); keys can come to life
+//! Worker pools run on it as well: [`Coordinator::worker_pool`] (members are coordinators; a
+//! tick every 100 ms), routed with [`WorkerPool::routed_by`](crate::WorkerPool::routed_by) and
+//! reached by [`Coordinator::key_router`]; keys can come to life
 //! (`activate_keys`, taken at the next tick).
 //!
 //! ```
