@@ -68,10 +68,14 @@ pub(super) async fn run(run: Arc<Run>) {
                     return;
                 }
                 Ended::Lost => continue,
-                Ended::Stopping => return,
+                Ended::Stopping => {
+                    release(lease).await;
+                    return;
+                }
                 Ended::Failed(e) => {
                     warn!(error = %e, "the consumer stops");
                     stats(&run, |s| s.failed = Some(e.to_string()));
+                    release(lease).await;
                     return;
                 }
             }
@@ -80,6 +84,18 @@ pub(super) async fn run(run: Arc<Run>) {
     }
     .instrument(span)
     .await
+}
+
+/// Releases the consumer's lease before the run ends, so that a stop answers with it free and
+/// the next instance takes over at once. A delivery a handler kept holds it on: released when
+/// the last is dropped.
+async fn release(lease: Arc<Lease>) {
+    if let Ok(lease) = Arc::try_unwrap(lease)
+        && let Err(e) = lease.release().await
+    {
+        // Lost meanwhile, or the database is away: the lease expires.
+        debug!(error = %e, "the consumer's lease was not released");
+    }
 }
 
 /// One tenure: deliver from the stored cursor while the lease is held.
