@@ -270,15 +270,17 @@ impl Actor for ConsumerActor {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        let Some(finished) = self.finish() else {
-            return;
-        };
         // Stopped as the System ends (a `Runtime` shut down with the consumer running), the
         // tokio runtime is going away with its tasks: the run's task ends with it, and its
         // lease lapses or was released by the manager's own shutdown.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(finished)),
-            Err(_) => drop(finished),
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            if let Some(task) = self.task.take() {
+                task.abort();
+            }
+            return;
+        };
+        if let Some(finished) = self.finish() {
+            runtime.spawn(finished);
         }
     }
 }
@@ -286,33 +288,18 @@ impl Actor for ConsumerActor {
 impl ConsumerActor {
     /// Asks the run to stop: it finishes the event in hand, acks it and releases the lease as it
     /// ends; a handler that takes longer than 30 s is cut off (its event comes again). `None`
-    /// when it was asked already. Dropping the future aborts the run.
+    /// when it was asked already.
     fn finish(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
         let task = self.task.take()?;
         self.run.stop_requested.store(true, Ordering::Relaxed);
         self.run.stopping.notify_one();
         let abort = task.abort_handle();
-        let aborted = AbortOnDrop(Some(abort));
         Some(async move {
-            let mut aborted = aborted;
             if tokio::time::timeout(STOP_WITHIN, task).await.is_err() {
                 tracing::warn!("a topic consumer's handler did not finish within 30 s");
-            } else {
-                // Finished: nothing to abort.
-                aborted.0 = None;
+                abort.abort();
             }
         })
-    }
-}
-
-/// Aborts the run's task when dropped, unless it finished.
-struct AbortOnDrop(Option<tokio::task::AbortHandle>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(abort) = self.0.take() {
-            abort.abort();
-        }
     }
 }
 
