@@ -98,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }))
         .await??;
     let request = pgcoord_actors::Ask::value("double", &21i64)?.timeout(Duration::from_secs(5));
-    let reply: i64 = coord.signals()?.send(request.returning()).await??;
+    let reply: i64 = coord.ask_returning(request).await?;
     println!("request/reply: 21 doubled is {reply}");
     Ok(())
 }

@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             quantity,
         };
         let ask = Ask::value("quote", &quote)?.timeout(Duration::from_secs(5));
-        let price: Price = coord.signals()?.send(ask.returning()).await??;
+        let price: Price = coord.ask_returning(ask).await?;
         println!(
             "{quantity} × {item}: {} cents (from process {})",
             price.cents,

@@ -9,8 +9,8 @@ use futures_util::StreamExt;
 use pgcoord::schedule::Timing;
 use pgcoord::{Config, ConfigBuilder, ErrorKind};
 use pgcoord_actors::{
-    Acquire, AcquirePermit, Append, Ask, Call, ConnState, Consume, Coordinator, Delivery, Heard,
-    LockKey, LossReason, Publish, Runtime, Schedule, Serve, TaskPool,
+    Acquire, AcquirePermit, Append, Ask, ConnState, Consume, Coordinator, Delivery, Heard, LockKey,
+    LossReason, Publish, Runtime, Schedule, Serve, TaskPool,
 };
 use pgcoord_testkit::{eventually, test_pg_config, unique_name};
 use tokio_postgres::Client;
@@ -196,12 +196,7 @@ async fn request_reply_a_topic_consumer_a_schedule_and_a_rate_limit() {
     let ask = Ask::value(&channel, &21)
         .unwrap()
         .timeout(Duration::from_secs(5));
-    let reply: i64 = coordinator
-        .signals()
-        .unwrap()
-        .call(ask.returning())
-        .await
-        .unwrap();
+    let reply: i64 = coordinator.ask_returning(ask).await.unwrap();
     assert_eq!(reply, 42);
 
     // A durable topic's consumer, handed every event in order.

@@ -11,6 +11,7 @@ use futures_util::Stream;
 use pgcoord::lease::LimitChange;
 use pgcoord::topic::Cursor;
 use pgcoord::{LeaseInfo, Result};
+use serde::de::DeserializeOwned;
 
 use pgcoord::{Config, Pool};
 
@@ -230,6 +231,17 @@ impl Coordinator {
     /// A request and its reply ([`Ask`]).
     pub fn ask(&self, ask: Ask) -> impl Future<Output = Result<Vec<u8>>> + Send + use<> {
         self.door.signalling().ask(ask)
+    }
+
+    /// [`ask`](Self::ask), with the reply decoded from MessagePack into `R` (what a
+    /// [`Serve::typed`] handler answers); a reply that does not decode is an error of kind
+    /// [`pgcoord::ErrorKind::Other`] that says so.
+    pub fn ask_returning<R: DeserializeOwned>(
+        &self,
+        ask: Ask,
+    ) -> impl Future<Output = Result<R>> + Send + use<R> {
+        let reply = self.ask(ask);
+        async move { pgcoord::signal::from_payload(&reply.await?) }
     }
 
     /// Appends an event to a durable topic ([`Append`]; batched with others under way): its

@@ -1,7 +1,6 @@
 //! The messages `ListenerActor` answers, and what it sends to subscribers.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -289,14 +288,6 @@ impl Ask {
         self.timeout = Some(timeout);
         self
     }
-
-    /// The same request, with its reply decoded from MessagePack into `R`.
-    pub fn returning<R: DeserializeOwned>(self) -> TypedRequest<R> {
-        TypedRequest {
-            request: self,
-            reply: PhantomData,
-        }
-    }
 }
 
 /// Register for [`ConnState`] broadcasts.
@@ -342,14 +333,3 @@ pub struct ListenerStats {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<String>>")]
 pub struct ListeningChannels;
-
-/// An [`Ask`] whose reply is decoded from MessagePack into `R`; made by
-/// [`Ask::returning`].
-pub struct TypedRequest<R> {
-    pub(crate) request: Ask,
-    pub(crate) reply: PhantomData<fn() -> R>,
-}
-
-impl<R: 'static> Message for TypedRequest<R> {
-    type Result = Result<R>;
-}

@@ -8,7 +8,6 @@
 //! restart — waiting for the reply channel to be listened on again if it must — and removes its
 //! pending entry however it ends.
 
-use std::marker::PhantomData;
 use std::time::Instant;
 
 use actix::dev::{MessageResponse, OneshotSender};
@@ -16,10 +15,9 @@ use actix::prelude::*;
 use pgcoord::ident::Ident;
 use pgcoord::signal::{Envelope, Kind, seal};
 use pgcoord::{Error, ErrorKind, Result};
-use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
-use super::messages::{Ask, TypedRequest};
+use super::messages::Ask;
 use super::subscriptions::channel_ident;
 use super::{ListenerActor, Pending};
 
@@ -192,28 +190,5 @@ impl MessageResponse<ListenerActor, AskThrough> for RequestResponse {
 impl MessageResponse<ListenerActor, Ask> for RequestResponse {
     fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
         spawn(self.0, reply, Ok);
-    }
-}
-
-/// The reply to [`TypedRequest`]: the reply decoded.
-pub struct TypedResponse<R>(Result<RoundTrip>, PhantomData<fn() -> R>);
-
-impl<R: DeserializeOwned + Send + 'static> Handler<TypedRequest<R>> for ListenerActor {
-    type Result = TypedResponse<R>;
-
-    fn handle(&mut self, typed: TypedRequest<R>, _: &mut Context<Self>) -> TypedResponse<R> {
-        let request = typed.request;
-        let trip = channel_ident(&request.channel).and_then(|channel| {
-            self.start_round_trip(Via::Channel(channel), request.payload, request.timeout)
-        });
-        TypedResponse(trip, PhantomData)
-    }
-}
-
-impl<R: DeserializeOwned + Send + 'static> MessageResponse<ListenerActor, TypedRequest<R>>
-    for TypedResponse<R>
-{
-    fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<R>>>) {
-        spawn(self.0, reply, |bytes| pgcoord::signal::from_payload(&bytes));
     }
 }

@@ -160,25 +160,16 @@ async fn typed_request_reply_and_remote_errors() {
         .unwrap()
         .unwrap();
     assert_eq!(pgcoord::signal::from_payload::<i64>(&reply).unwrap(), 42);
-    // Decoded by the request itself.
-    let sum: i64 = client
-        .send(
-            Ask::value(&channel, &Add { a: 1, b: 2 })
-                .unwrap()
-                .returning(),
-        )
+    // Decoded by the coordinator, on its own listener.
+    let coordinator = Coordinator::start(setup.builder("typed").build().unwrap());
+    let sum: i64 = coordinator
+        .ask_returning(Ask::value(&channel, &Add { a: 1, b: 2 }).unwrap())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(sum, 3);
-    let err = client
-        .send(
-            Ask::value(&channel, &Add { a: 1, b: 0 })
-                .unwrap()
-                .returning::<i64>(),
-        )
+    let err = coordinator
+        .ask_returning::<i64>(Ask::value(&channel, &Add { a: 1, b: 0 }).unwrap())
         .await
-        .unwrap()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Remote);
     assert!(err.to_string().contains("b must not be zero"), "{err}");
