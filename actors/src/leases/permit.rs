@@ -138,6 +138,13 @@ impl Attempts for PermitAttempts {
             Some(known) => self.attempt_limited(known, statements).await,
             None => {
                 let (owner, free) = (context.statements(), self.take_free());
+                if free.is_empty() {
+                    // Every slot is held here, or a wait or release here is busy with it (a
+                    // release whose announcement came before its answer): no statement could
+                    // be granted anything. Asked again shortly, as a busy row is, so that a
+                    // doorbell's attempt refused here does not wait out the doorbell's gap.
+                    return Answer::Busy;
+                }
                 pgcoord::__private::retry(|| {
                     Counters::add(&context.counters.acquire_statements);
                     owner.try_acquire_any(statements, &free, self.lease)

@@ -121,3 +121,93 @@ async fn bad_semaphores_are_refused_before_any_sql() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
 }
+
+/// Forged announcements that a slot of a full semaphore is free, flooded for a second: the
+/// waiter's attempts each find the same newest token (nothing changed hands), so the doorbell
+/// gap holds and the flood costs an attempt per gap, and grants nothing. A real release is
+/// still taken.
+#[actix_rt::test]
+async fn a_flood_of_forged_slot_releases_costs_a_waiter_an_attempt_per_gap() {
+    let (setup, admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let channel = setup
+        .builder("admin")
+        .build()
+        .unwrap()
+        .lease_channel()
+        .clone();
+    let (holder, waiter) = (setup.manager("holder"), setup.manager("waiter"));
+    let name = pgcoord_testkit::unique_name("flooded");
+    let held = holder.call(AcquirePermit::new(&name, 1)).await.unwrap();
+    let wait = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        actix_rt::spawn(async move {
+            waiter
+                .call(AcquirePermit::new(&name, 1).timeout(Duration::from_secs(30)))
+                .await
+        })
+    };
+    // The waiter is refused once and naps on the doorbell.
+    let asked = async || {
+        waiter
+            .send(GetStats::new())
+            .await
+            .unwrap()
+            .acquire_statements
+    };
+    while asked().await < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let slot = format!("{name}#0");
+    let forged = format!("{}:{slot}", slot.len());
+    let (sent, asked, most) = super::flood(&admin, channel.as_str(), &forged, asked).await;
+    assert!(sent > most, "the flood was a flood: {sent} sent");
+    assert!(asked <= most, "{asked} attempts for {sent} announcements");
+    assert!(!wait.is_finished(), "the waiter was granted on a forgery");
+    held.release().await.unwrap();
+    let permit = wait.await.unwrap().unwrap();
+    permit.release().await.unwrap();
+}
+
+/// A caller of a manager that holds every permit itself sends no statement while it waits: no
+/// slot could be granted to it. It is not left behind either: the release's doorbell makes it
+/// ask, and it is granted. (A statement over no slots used to answer "full", and when that
+/// attempt was a doorbell's — a release announced before its own answer was in — the waiter's
+/// next doorbell was put off by the doorbell's gap: 65 permits a second where 740 now.)
+#[actix_rt::test]
+async fn a_caller_whose_manager_holds_every_permit_waits_without_statements() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(20), Duration::from_secs(1)).await;
+    let manager = setup.manager("alone");
+    let name = pgcoord_testkit::unique_name("ours");
+    let held = manager.call(AcquirePermit::new(&name, 1)).await.unwrap();
+    let asked = async || {
+        manager
+            .send(GetStats::new())
+            .await
+            .unwrap()
+            .acquire_statements
+    };
+    let before = asked().await;
+    let wait = {
+        let (manager, name) = (manager.clone(), name.clone());
+        actix_rt::spawn(async move {
+            let request = AcquirePermit::new(&name, 1).timeout(Duration::from_secs(30));
+            manager.call(request).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!wait.is_finished());
+    assert_eq!(
+        asked().await,
+        before,
+        "asked the database for a slot held here"
+    );
+    held.release().await.unwrap();
+    let permit = wait.await.unwrap().unwrap();
+    assert_eq!(
+        asked().await,
+        before + 1,
+        "one attempt, once the slot was free"
+    );
+    permit.release().await.unwrap();
+}
