@@ -167,6 +167,7 @@ impl<A: Attempts> Wait<A> {
                 return Outcome::Failed(super::under_way::closing_error());
             }
             let ask = line.ask();
+            reader.reading(wake);
             let sent = Instant::now();
             let answer = match attempt(attempts, pool, ask, line.deadline(), reply).await {
                 Attempted::Answer(answer) => answer,

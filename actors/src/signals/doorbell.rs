@@ -173,6 +173,14 @@ impl Reader {
         self.rung = true;
     }
 
+    /// A read is about to start: it covers every ring heard before it, so one left behind
+    /// while the loop was not waiting (by a ring the last read already covered, say) is
+    /// forgotten instead of making a read of its own. Rings during the read still make one.
+    pub(crate) fn reading(&mut self, bell: &Bell) {
+        use futures_util::FutureExt;
+        let _ = bell.notify.notified().now_or_never();
+    }
+
     /// A read ended, having `found` something new or not.
     pub(crate) fn read(&mut self, found: bool) {
         let rung = std::mem::take(&mut self.rung);
@@ -327,5 +335,31 @@ mod tests {
         assert_eq!(quiet.opens(t0 + 2 * GAP), t0 + 2 * GAP);
         quiet.read(false, true, t0 + MS);
         assert_eq!(quiet.opens(t0 + 2 * MS), t0 + 2 * MS);
+    }
+
+    /// Whether `reader` is rung within a moment (a stored ring answers at once).
+    async fn rung_now(reader: &mut Reader, bell: &Bell) -> bool {
+        tokio::time::timeout(MS, reader.rung(bell)).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_read_covers_the_rings_before_it_but_not_those_during_it() {
+        let (bell, mut reader) = (Bell::default(), Reader::default());
+        // A ring while the loop was not waiting is left behind...
+        bell.ring();
+        assert!(rung_now(&mut reader, &bell).await);
+        reader.read(true);
+        // ... unless a read starts after it: that read covers it.
+        bell.ring();
+        reader.reading(&bell);
+        assert!(
+            !rung_now(&mut reader, &bell).await,
+            "a ring the read covered"
+        );
+        // A ring during the read makes one more read.
+        reader.reading(&bell);
+        bell.ring();
+        reader.read(true);
+        assert!(rung_now(&mut reader, &bell).await);
     }
 }
