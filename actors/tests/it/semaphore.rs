@@ -122,6 +122,15 @@ async fn bad_semaphores_are_refused_before_any_sql() {
     assert_eq!(err.kind(), ErrorKind::InvalidName);
 }
 
+/// The acquire statements `manager` has sent.
+async fn acquire_statements(manager: &actix::Addr<LockManager>) -> u64 {
+    manager
+        .send(GetStats::new())
+        .await
+        .unwrap()
+        .acquire_statements
+}
+
 /// Forged announcements that a slot of a full semaphore is free, flooded for a second: the
 /// waiter's attempts each find the same newest token (nothing changed hands), so the doorbell
 /// gap holds and the flood costs an attempt per gap, and grants nothing. A real release is
@@ -147,13 +156,7 @@ async fn a_flood_of_forged_slot_releases_costs_a_waiter_an_attempt_per_gap() {
         })
     };
     // The waiter is refused once and naps on the doorbell.
-    let asked = async || {
-        waiter
-            .send(GetStats::new())
-            .await
-            .unwrap()
-            .acquire_statements
-    };
+    let asked = async || acquire_statements(&waiter).await;
     while asked().await < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -180,13 +183,7 @@ async fn a_caller_whose_manager_holds_every_permit_waits_without_statements() {
     let manager = setup.manager("alone");
     let name = pgcoord_testkit::unique_name("ours");
     let held = manager.call(AcquirePermit::new(&name, 1)).await.unwrap();
-    let asked = async || {
-        manager
-            .send(GetStats::new())
-            .await
-            .unwrap()
-            .acquire_statements
-    };
+    let asked = async || acquire_statements(&manager).await;
     let before = asked().await;
     let wait = {
         let (manager, name) = (manager.clone(), name.clone());
