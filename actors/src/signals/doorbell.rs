@@ -7,9 +7,10 @@
 //! hint of *which* of its readers to ring (a topic's, a key's, a name's), never into what a read
 //! finds, and never into skipping a read (a ring it drops is one lost, which the poll covers).
 //!
-//! The rule, in [`Quiet`]: after a read that a ring asked for found nothing new, the next ring's
-//! read waits until [`GAP`] has passed since that read ended, so a flood costs a read per gap,
-//! not one each. A read that found something lifts the gap: the next ring reads at once.
+//! The rule, in [`Quiet`]: after a read that a ring asked for found nothing new — the second
+//! such since a read last found something — the next ring's read waits until [`GAP`] has passed
+//! since that read ended, so a flood costs a read per gap (and one more), not one each. A read
+//! that found something lifts the gap: the next ring reads at once.
 //!
 //! Two ways to be rung:
 //! - [`Gate`], for an actor that reads: one read at a time, rings during a read make one more
@@ -30,16 +31,20 @@ const GAP: Duration = Duration::from_millis(50);
 pub(crate) struct Quiet {
     /// The end of the gap after a ring's read that found nothing.
     until: Option<Instant>,
+    /// A ring's read found nothing since the last read that found something.
+    missed: bool,
 }
 
 impl Quiet {
     /// A read ended at `now`: `rung` when a ring asked for it, `found` when it found something
     /// new. Only a ring's read that found nothing opens a gap (a poll's does not: polls are
-    /// bounded by their own rate); any read that found something closes it.
+    /// bounded by their own rate), and not the first since a read found something: a reader's
+    /// own write is often rung for during its next read, and that read's "nothing" must not
+    /// put off the ring that matters a moment later. Any read that found something closes it.
     pub(crate) fn read(&mut self, rung: bool, found: bool, now: Instant) {
         if found {
-            self.until = None;
-        } else if rung {
+            (self.until, self.missed) = (None, false);
+        } else if rung && std::mem::replace(&mut self.missed, true) {
             self.until = Some(now + GAP);
         }
     }
@@ -132,7 +137,7 @@ impl Gate {
     /// The read under way found something and the reader reads on at once, a read of its own
     /// (not a ring's): it covers whatever was rung so far.
     pub(crate) fn read_on(&mut self) {
-        self.quiet.until = None;
+        self.quiet = Quiet::default();
         self.again = false;
         self.reading = Some(false);
     }
@@ -169,7 +174,13 @@ impl Reader {
     /// and not read yet is covered by the read the loop makes instead (or the loop ends).
     pub(crate) async fn rung(&mut self, bell: &Bell) {
         bell.notify.notified().await;
-        tokio::time::sleep_until(self.quiet.opens(Instant::now()).into()).await;
+        // Only while a gap is open: the timer counts whole milliseconds, and a sleep until now
+        // would wait for its next tick.
+        let now = Instant::now();
+        let opens = self.quiet.opens(now);
+        if opens > now {
+            tokio::time::sleep_until(opens.into()).await;
+        }
         self.rung = true;
     }
 
@@ -202,21 +213,43 @@ mod tests {
         assert_eq!(gate.ring(t0 + 2 * MS), Go::Now);
     }
 
-    #[test]
-    fn after_a_rings_read_found_nothing_the_next_ring_waits_out_the_gap() {
-        let (mut gate, t0) = (Gate::default(), Instant::now());
+    /// A gate whose reader's first ring found nothing at `t0`, so the next miss opens the gap.
+    fn missed_once(t0: Instant) -> Gate {
+        let mut gate = Gate::default();
         assert_eq!(gate.ring(t0), Go::Now);
+        assert_eq!(gate.finished(false, t0), Go::Covered);
+        gate
+    }
+
+    #[test]
+    fn after_two_rings_reads_found_nothing_the_next_ring_waits_out_the_gap() {
+        let t0 = Instant::now();
+        let mut gate = missed_once(t0);
+        // The first miss opened no gap: the reader's own write, rung for during its next read,
+        // must not put off the ring that matters.
+        assert_eq!(gate.ring(t0 + MS), Go::Now);
         let ended = t0 + 5 * MS;
         assert_eq!(gate.finished(false, ended), Go::Covered);
         // However slow the flood: any ring within the gap is put off to its end.
         assert_eq!(gate.ring(ended + 10 * MS), Go::At(ended + GAP));
         assert_eq!(gate.ring(ended + 20 * MS), Go::Covered, "put off already");
         assert_eq!(gate.due(ended + GAP), Go::Now);
-        // Past the gap, a ring reads at once.
-        let (mut gate, t0) = (Gate::default(), Instant::now());
-        assert_eq!(gate.ring(t0), Go::Now);
-        assert_eq!(gate.finished(false, t0), Go::Covered);
-        assert_eq!(gate.ring(t0 + GAP), Go::Now);
+        // Past the gap, a ring reads at once; a miss then opens the gap again at once.
+        assert_eq!(gate.finished(false, ended + GAP), Go::Covered);
+        assert_eq!(gate.ring(ended + 2 * GAP), Go::Now);
+        assert_eq!(gate.finished(false, ended + 2 * GAP), Go::Covered);
+        assert_eq!(gate.ring(ended + 2 * GAP + MS), Go::At(ended + 3 * GAP));
+        // A read that found something gives the reader its spare miss back.
+        assert_eq!(gate.ask(), Go::Now);
+        assert_eq!(gate.finished(true, ended + 2 * GAP + MS), Go::Covered);
+        assert_eq!(
+            gate.due(ended + 3 * GAP),
+            Go::Covered,
+            "the poll covered it"
+        );
+        assert_eq!(gate.ring(ended + 3 * GAP), Go::Now);
+        assert_eq!(gate.finished(false, ended + 3 * GAP), Go::Covered);
+        assert_eq!(gate.ring(ended + 3 * GAP + MS), Go::Now);
     }
 
     #[test]
@@ -229,8 +262,13 @@ mod tests {
             let now = t0 + ms * MS;
             if reading_until == Some(now) {
                 reading_until = None;
-                if let Go::At(at) = gate.finished(false, now) {
-                    due = Some(at);
+                match gate.finished(false, now) {
+                    Go::Now => {
+                        reads += 1;
+                        reading_until = Some(now + 2 * MS);
+                    }
+                    Go::At(at) => due = Some(at),
+                    Go::Covered => {}
                 }
             }
             if due.is_some_and(|at| at <= now) {
@@ -249,7 +287,8 @@ mod tests {
                 Go::Covered => {}
             }
         }
-        assert!(reads <= 1000 / 50 + 1, "{reads} reads");
+        // A read per gap, the first ring's and its spare miss's.
+        assert!(reads <= 1000 / 50 + 2, "{reads} reads");
         assert!(
             reads >= 1000 / 52 - 1,
             "{reads} reads: the flood is still heard"
@@ -266,16 +305,23 @@ mod tests {
         // The read found something: the rings during it read again at once.
         assert_eq!(gate.finished(true, t0 + 10 * MS), Go::Now);
         assert_eq!(gate.finished(true, t0 + 11 * MS), Go::Covered, "once");
-        // Found nothing: the read again is put off to the gap's end.
+        // Found nothing, a second time since: the read again is put off to the gap's end.
         assert_eq!(gate.ring(t0 + 12 * MS), Go::Now);
         assert_eq!(gate.ring(t0 + 13 * MS), Go::Covered);
-        let ended = t0 + 14 * MS;
+        assert_eq!(
+            gate.finished(false, t0 + 14 * MS),
+            Go::Now,
+            "the first miss"
+        );
+        assert_eq!(gate.ring(t0 + 15 * MS), Go::Covered);
+        let ended = t0 + 16 * MS;
         assert_eq!(gate.finished(false, ended), Go::At(ended + GAP));
     }
 
     #[test]
     fn a_read_of_another_cause_is_one_at_a_time_and_covers_a_put_off_read() {
-        let (mut gate, t0) = (Gate::default(), Instant::now());
+        let t0 = Instant::now();
+        let mut gate = missed_once(t0);
         assert_eq!(gate.ring(t0), Go::Now);
         assert_eq!(gate.finished(false, t0), Go::Covered);
         assert_eq!(gate.ring(t0 + MS), Go::At(t0 + GAP));
@@ -297,7 +343,8 @@ mod tests {
 
     #[test]
     fn a_timer_left_from_a_covered_read_does_not_read_early() {
-        let (mut gate, t0) = (Gate::default(), Instant::now());
+        let t0 = Instant::now();
+        let mut gate = missed_once(t0);
         assert_eq!(gate.ring(t0), Go::Now);
         assert_eq!(gate.finished(false, t0), Go::Covered);
         assert_eq!(gate.ring(t0 + MS), Go::At(t0 + GAP));
@@ -316,7 +363,8 @@ mod tests {
 
     #[test]
     fn reading_on_covers_the_rings_so_far_and_lifts_the_gap() {
-        let (mut gate, t0) = (Gate::default(), Instant::now());
+        let t0 = Instant::now();
+        let mut gate = missed_once(t0);
         assert_eq!(gate.ring(t0), Go::Now);
         assert_eq!(gate.ring(t0 + MS), Go::Covered);
         gate.read_on();
@@ -326,14 +374,20 @@ mod tests {
     }
 
     #[test]
-    fn quiet_opens_a_gap_only_after_a_rings_read_that_found_nothing() {
+    fn quiet_opens_a_gap_only_after_a_second_rings_read_that_found_nothing() {
         let (mut quiet, t0) = (Quiet::default(), Instant::now());
         quiet.read(false, false, t0);
-        assert_eq!(quiet.opens(t0), t0);
+        quiet.read(false, false, t0);
+        assert_eq!(quiet.opens(t0), t0, "a poll's reads open no gap");
+        quiet.read(true, false, t0);
+        assert_eq!(quiet.opens(t0), t0, "the first miss opens none");
         quiet.read(true, false, t0);
         assert_eq!(quiet.opens(t0 + MS), t0 + GAP);
         assert_eq!(quiet.opens(t0 + 2 * GAP), t0 + 2 * GAP);
         quiet.read(false, true, t0 + MS);
+        assert_eq!(quiet.opens(t0 + 2 * MS), t0 + 2 * MS);
+        // Found: the next miss is a first one again.
+        quiet.read(true, false, t0 + 2 * MS);
         assert_eq!(quiet.opens(t0 + 2 * MS), t0 + 2 * MS);
     }
 
