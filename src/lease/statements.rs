@@ -30,19 +30,30 @@ impl LeaseTable {
         // no server log with ERROR lines, and a caller's own transaction stays usable. The CTEs
         // are read by the INSERT's SELECT, so they run first. A missing row is inserted; a
         // concurrent insert of the same name is one short statement to wait for.
+        //
+        // The grant lock is asked for only by an attempt that may be granted: its row not busy,
+        // and nobody else first in line (`may`, read once). Otherwise `taken` is NULL: not
+        // busy, and no grant. An attempt that can only be refused (the releaser asking again
+        // while the waiter announced first comes for it) would otherwise take the lock from
+        // under that waiter's attempt, which would then find it busy and ask again a tick later.
         let grant_one = format!(
             "locked AS (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE SKIP LOCKED),
              row_busy AS MATERIALIZED (
                  SELECT NOT EXISTS (SELECT 1 FROM locked)
                         AND EXISTS (SELECT 1 FROM {t} WHERE name = $1) AS busy
              ),
-             grant_lock AS MATERIALIZED (SELECT {grant_lock} AS taken),
+             may AS MATERIALIZED (SELECT {may_go} AS go),
+             grant_lock AS MATERIALIZED (
+                 SELECT CASE WHEN row_busy.busy OR NOT may.go THEN NULL ELSE {grant_lock} END
+                        AS taken
+                 FROM row_busy, may
+             ),
              granted AS (
                  INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                  SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
                         now() + $4 * interval '1 millisecond'
                  FROM row_busy, grant_lock
-                 WHERE grant_lock.taken AND NOT row_busy.busy AND {may_go}
+                 WHERE grant_lock.taken AND NOT row_busy.busy
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = {data},
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
@@ -101,7 +112,7 @@ impl LeaseTable {
                  SELECT token, data FROM granted
                  UNION ALL
                  SELECT NULL::bigint, NULL::bytea FROM grant_lock, row_busy
-                 WHERE NOT grant_lock.taken OR row_busy.busy"
+                 WHERE grant_lock.taken IS FALSE OR row_busy.busy"
             ),
             // + $7 wait ms, $8 priority. `acquire`, and when it grants nothing, a place in line
             // for $7 with priority $8 in the same statement. Columns: the holder as `holder` reads it (owner, token, ms left),
@@ -127,11 +138,11 @@ impl LeaseTable {
                  UNION ALL
                  SELECT l.owner, l.token, {REMAINING_MS}, NULL::bigint, NULL::bytea, false
                  FROM {t} AS l, grant_lock, row_busy
-                 WHERE l.name = $1 AND grant_lock.taken AND NOT row_busy.busy
+                 WHERE l.name = $1 AND grant_lock.taken IS NOT FALSE AND NOT row_busy.busy
                    AND NOT EXISTS (SELECT 1 FROM granted)
                  UNION ALL
                  SELECT NULL, NULL, NULL, NULL, NULL, true FROM grant_lock, row_busy
-                 WHERE NOT grant_lock.taken OR row_busy.busy",
+                 WHERE grant_lock.taken IS FALSE OR row_busy.busy",
                 line_up = line_up(
                     &q,
                     "$7",

@@ -587,6 +587,49 @@ async fn a_busy_row_answers_busy_without_an_error() {
     locker.commit().await.unwrap();
 }
 
+/// An attempt that can only be refused — another waiter is first in line for the free lease —
+/// takes nothing the first waiter's attempt needs: run in a transaction left open, it leaves
+/// the name's grant lock to that waiter, whose attempt is granted rather than busy. (The
+/// releaser asking again at once, while the waiter it announced comes for the lease, made that
+/// waiter's attempt busy half the time, a tick each.)
+#[tokio::test]
+async fn an_attempt_that_cannot_be_granted_leaves_the_grant_lock_to_the_first_waiter() {
+    use super::{in_line, release};
+    let (config, mut client) = super::setup().await;
+    let table = LeaseTable::new(&config);
+    let other = super::connect(&config).await;
+    let g = grant(&table, &client, "handoff", "releaser", LEASE).await;
+    in_line(&table, &client, "handoff", "first", LEASE).await;
+    release(&table, &client, "handoff", "releaser", g.token, false).await;
+    // The releaser asks again, in its own transaction, kept open.
+    let releaser = table.owner("releaser").unwrap();
+    let request = AcquireRequest::new("handoff");
+    let open = client.transaction().await.unwrap();
+    let answer = releaser.try_acquire_or_queue(&open, &request, LEASE, LEASE);
+    assert_eq!(answer.await.unwrap(), Attempt::Held(None), "another first");
+    let plain = releaser.try_acquire(&open, &request, LEASE).await.unwrap();
+    assert_eq!(plain, Attempt::Held(None));
+    // Meanwhile the first waiter's attempt is granted.
+    let first = table.owner("first").unwrap();
+    let answer = first.try_acquire_or_queue(&other, &request, LEASE, LEASE);
+    assert!(
+        matches!(answer.await.unwrap(), Attempt::Granted(_)),
+        "the first waiter's attempt found the name busy"
+    );
+    open.commit().await.unwrap();
+    let holder = table.holder(&other, "handoff").await.unwrap();
+    assert_eq!(holder.map(|h| h.owner).as_deref(), Some("first"));
+    // An attempt that may be granted still takes the grant lock: granted in a transaction left
+    // open, another attempt of the name meanwhile is busy, and waits for nothing.
+    let open = client.transaction().await.unwrap();
+    let request = AcquireRequest::new("fresh");
+    let answer = releaser.try_acquire(&open, &request, LEASE).await.unwrap();
+    assert!(matches!(answer, Attempt::Granted(_)), "{answer:?}");
+    let answer = first.try_acquire_or_queue(&other, &request, LEASE, LEASE);
+    assert_eq!(answer.await.unwrap(), Attempt::Busy);
+    open.rollback().await.unwrap();
+}
+
 /// A place in line whose waiter stopped asking (its process gone without leaving the line)
 /// lapses, and `reap_lapsed_places` deletes it; a place still in time stays.
 #[tokio::test]
