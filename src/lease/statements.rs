@@ -19,7 +19,7 @@ impl LeaseTable {
         // `acquire_or_queue`.
         //
         // The grant lock comes before the token is drawn: the rows of `grant_lock` and
-        // `row_lock` are read before the INSERT's values are computed (see `sql::grant_lock`).
+        // `row_busy` are read before the INSERT's values are computed (see `sql::grant_lock`).
         //
         // `ON CONFLICT DO UPDATE` locks the existing row before it evaluates its `WHERE`, so on
         // its own it would wait for any transaction holding that row: a holder's fencing guard
@@ -52,8 +52,8 @@ impl LeaseTable {
                  INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                  SELECT $1, $2, {TIMELINE_BASE} + nextval($6::regclass), $3, now(),
                         now() + $4 * interval '1 millisecond'
-                 FROM row_busy, grant_lock
-                 WHERE grant_lock.taken AND NOT row_busy.busy
+                 FROM row_busy, may, grant_lock
+                 WHERE grant_lock.taken AND NOT row_busy.busy AND may.go
                  ON CONFLICT (name) DO UPDATE SET
                      owner = EXCLUDED.owner, token = EXCLUDED.token, data = {data},
                      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
@@ -164,7 +164,11 @@ impl LeaseTable {
                      SELECT l.name FROM args, {t} AS l WHERE {BY_NAME}
                      EXCEPT SELECT name FROM locked
                  ), grant_locks AS MATERIALIZED (
-                     SELECT r.name FROM req AS r WHERE {grant_lock}
+                     -- Only for names that may be granted (see `grant_one`); a CASE, so
+                     -- that the lock is not asked for before the conditions are read.
+                     SELECT r.name FROM req AS r
+                     WHERE CASE WHEN r.name IN (SELECT name FROM busy) OR NOT {may_go}
+                                THEN false ELSE {grant_lock} END
                  ), granted AS (
                      INSERT INTO {t} AS l (name, owner, token, data, acquired_at, expires_at)
                      SELECT r.name, $4, {TIMELINE_BASE} + nextval($6::regclass), r.data, now(),

@@ -588,8 +588,8 @@ async fn a_busy_row_answers_busy_without_an_error() {
 }
 
 /// An attempt that can only be refused — another waiter is first in line for the free lease —
-/// takes nothing the first waiter's attempt needs: run in a transaction left open, it leaves
-/// the name's grant lock to that waiter, whose attempt is granted rather than busy. (The
+/// takes nothing the first waiter's attempt needs: run in a transaction left open (alone, in
+/// line, or in a batch), it leaves the name's grant lock to that waiter, whose attempt is granted rather than busy. (The
 /// releaser asking again at once, while the waiter it announced comes for the lease, made that
 /// waiter's attempt busy half the time, a tick each.)
 #[tokio::test]
@@ -609,6 +609,10 @@ async fn an_attempt_that_cannot_be_granted_leaves_the_grant_lock_to_the_first_wa
     assert_eq!(answer.await.unwrap(), Attempt::Held(None), "another first");
     let plain = releaser.try_acquire(&open, &request, LEASE).await.unwrap();
     assert_eq!(plain, Attempt::Held(None));
+    let requests = [AcquireRequest::new("handoff"), AcquireRequest::new("free")];
+    let batch = releaser.try_acquire_many(&open, &requests, LEASE);
+    let granted = batch.await.unwrap();
+    assert!(granted.contains_key("free") && !granted.contains_key("handoff"));
     // Meanwhile the first waiter's attempt is granted.
     let first = table.owner("first").unwrap();
     let answer = first.try_acquire_or_queue(&other, &request, LEASE, LEASE);
