@@ -131,6 +131,20 @@ impl Attempts for PermitAttempts {
         None
     }
 
+    fn may_ask(&self) -> bool {
+        // Every slot held here: nothing to ask the database for (not even a connection, which
+        // an outage would fail). A limited semaphore's statement also reads its limit, which
+        // may have been raised.
+        let held = &self.context.held;
+        self.limited.is_some()
+            || self
+                .slots
+                .lock()
+                .expect("slots")
+                .iter()
+                .any(|s| !held.contains(s))
+    }
+
     async fn attempt(&self, _: Ask, statements: &Until<'_>) -> Answer<Won> {
         let context = &self.context;
         let sent = Instant::now();
@@ -139,10 +153,10 @@ impl Attempts for PermitAttempts {
             None => {
                 let (owner, free) = (context.statements(), self.take_free());
                 if free.is_empty() {
-                    // Every slot is held here, or a wait or release here is busy with it (a
-                    // release whose announcement came before its answer): no statement could
-                    // be granted anything. Asked again shortly, as a busy row is, so that a
-                    // doorbell's attempt refused here does not wait out the doorbell's gap.
+                    // A wait or release here is busy with every slot not held here (a release
+                    // whose announcement came before its answer; see also `may_ask`): no
+                    // statement could be granted anything. Asked again shortly, as a busy row
+                    // is, so that a doorbell's attempt refused here does not wait out the gap.
                     return Answer::Busy;
                 }
                 pgcoord::__private::retry(|| {

@@ -67,6 +67,12 @@ pub(crate) trait Attempts: Send + Sync + 'static {
     /// Takes the caller out of the line, after a wait in line that ended without a grant.
     fn leave_line(&self, statements: &Bounded<'_>) -> impl Future<Output = Result<()>> + Send;
 
+    /// Whether an attempt could be granted anything, as far as this manager knows without a
+    /// statement. When not, the attempt answers busy without a connection: asked again shortly.
+    fn may_ask(&self) -> bool {
+        true
+    }
+
     /// What the wait is for, for errors and logs.
     fn name(&self) -> &str;
 
@@ -269,6 +275,9 @@ async fn attempt<A: Attempts>(
     deadline: Option<Instant>,
     reply: &mut Option<Reply>,
 ) -> Attempted {
+    if !attempts.may_ask() {
+        return Attempted::Answer(Answer::Busy);
+    }
     // A batch, bounded by the statement timeout, is left at the caller's deadline or departure
     // (the batcher also releases a grant whose wait has gone). Biased: an attempt that is not
     // batched answers None at once, so leaving here means a batch may have sent it.

@@ -208,3 +208,41 @@ async fn a_caller_whose_manager_holds_every_permit_waits_without_statements() {
     );
     permit.release().await.unwrap();
 }
+
+/// A caller whose manager holds every permit needs nothing from the database while it waits:
+/// the database unreachable meanwhile (pooled connections black-holed, new ones refused) does
+/// not fail its wait, and once the database answers again and a permit is given back, it is
+/// served.
+#[actix_rt::test]
+async fn a_caller_whose_manager_holds_every_permit_waits_through_an_outage() {
+    let (setup, _admin) = Setup::new(Duration::from_secs(30), Duration::from_secs(1)).await;
+    let proxy = pgcoord_testkit::Proxy::start(&setup.pg).await.unwrap();
+    let config = setup
+        .builder("alone")
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .statement_timeout(Duration::from_millis(300))
+        .pool_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let manager = actix::Actor::start(LockManager::new(config));
+    let name = pgcoord_testkit::unique_name("outage");
+    let held = manager.call(AcquirePermit::new(&name, 1)).await.unwrap();
+    let wait = {
+        let (manager, name) = (manager.clone(), name.clone());
+        actix_rt::spawn(async move {
+            let request = AcquirePermit::new(&name, 1).timeout(Duration::from_secs(60));
+            manager.call(request).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.refuse(true);
+    proxy.cut();
+    // Long enough for several of the waiter's short naps, each of which used to borrow a
+    // connection, and for the pool to give up on one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!wait.is_finished(), "{:?}", wait.await);
+    proxy.refuse(false);
+    held.release().await.unwrap();
+    let permit = wait.await.unwrap().unwrap();
+    permit.release().await.unwrap();
+}
