@@ -50,6 +50,15 @@ pub async fn child(args: &[String]) -> Res {
             Ok(LockManager::new(config).start())
         })
         .collect::<Res<_>>()?;
+    // Warm, as the floor's clients are: each manager's pool connected and its statements
+    // prepared before the clock starts. Where the server refuses the sessions (a fleet past
+    // `max_connections`), the failures are the row's to count, not the warm-up's.
+    for (m, manager) in managers.iter().enumerate() {
+        let warm = Acquire::new(format!("fleet-warm-{index}-{m}")).timeout(Duration::from_secs(1));
+        if let Ok(Ok(lease)) = manager.send(warm).await {
+            let _ = lease.release().await;
+        }
+    }
     let start = UNIX_EPOCH + Duration::from_millis(start.parse()?);
     let wait = start.duration_since(SystemTime::now()).unwrap_or_default();
     let deadline = Instant::now() + wait + Duration::from_secs(seconds.parse()?);
@@ -238,10 +247,15 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Res {
             ten(10, 1),
         ),
     ] {
-        // The floor: as many raw clients as processes, pgcoord's statements back to back.
+        // The floor: as many raw clients as processes, pgcoord's statements back to back, for
+        // as long as the fleet runs (a short floor would leave out the dead rows that its
+        // deletes pile up, which the fleet pays for): a short run sizes it.
         let raw = floor_clients(&admin_cfg, shape.processes).await?;
         let pairs = (sizes.pairs * 2).max(shape.processes * 32);
         let (n, took) = crate::fleet::floor_rate(&admin_cfg, &raw, pairs, false, 0).await?;
+        let pairs = (n as f64 / took.as_secs_f64() * seconds as f64) as usize;
+        let pairs = pairs.max(shape.processes);
+        let (n, took) = crate::fleet::floor_rate(&admin_cfg, &raw, pairs, false, 1).await?;
         let floor = n as f64 / took.as_secs_f64();
         drop(raw);
         let out = fleet(&server, &admin, shape, seconds).await?;
