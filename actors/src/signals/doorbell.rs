@@ -142,9 +142,13 @@ impl Gate {
         self.reading = Some(false);
     }
 
-    /// Nothing under way, put off or remembered at `now`: the gate can be forgotten.
+    /// Nothing under way, put off or remembered at `now`: the gate can be forgotten. A miss
+    /// is remembered: a gate forgotten with it would give a flood its spare miss again.
     pub(crate) fn at_rest(&self, now: Instant) -> bool {
-        self.reading.is_none() && self.put_off.is_none() && self.quiet.opens(now) <= now
+        self.reading.is_none()
+            && self.put_off.is_none()
+            && self.quiet.opens(now) <= now
+            && !self.quiet.missed
     }
 }
 
@@ -335,7 +339,15 @@ mod tests {
         assert_eq!(gate.due(t0 + GAP), Go::Now);
         assert_eq!(gate.finished(false, t0 + GAP), Go::Covered);
         assert!(!gate.at_rest(t0 + GAP), "its gap is open");
-        assert!(gate.at_rest(t0 + 2 * GAP));
+        assert!(!gate.at_rest(t0 + 2 * GAP), "its miss is remembered");
+        let mut rested = Gate::default();
+        assert!(rested.at_rest(t0));
+        assert_eq!(rested.ask(), Go::Now);
+        assert_eq!(rested.finished(true, t0), Go::Covered);
+        assert!(
+            rested.at_rest(t0),
+            "a read that found something forgets the miss"
+        );
         assert_eq!(gate.ask(), Go::Now);
         assert_eq!(gate.finished(false, t0 + 2 * GAP), Go::Covered);
         assert_eq!(gate.ring(t0 + 2 * GAP + MS), Go::Now, "a poll opens no gap");
