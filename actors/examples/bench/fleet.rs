@@ -20,7 +20,7 @@ use crate::leases::{Res, config, floor_clients};
 use crate::report::Report;
 
 /// One raw acquire and release of `name` by `client`, the release announced when `notify`.
-async fn raw_pair(
+pub(crate) async fn raw_pair(
     table: &LeaseTable,
     client: &CachingClient,
     name: &str,

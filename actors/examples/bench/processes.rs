@@ -1,8 +1,12 @@
 //! A fleet of separate processes on one server with PostgreSQL's default `max_connections`
 //! (100): 8 and 32 processes of one worker each; then 100 workers in 10 processes, first as one
-//! shared manager per process (10 tasks on it), then as 10 managers per process (one each). Connections used (the fleet's sessions, sampled
-//! from `pg_stat_activity`), pairs/s of distinct names, and the handoff of one contended lease
-//! between the processes (release sent → the next holder granted, on the machine's clock).
+//! shared manager per process (10 tasks on it), then as 10 managers per process (one each).
+//! Connections used (the fleet's sessions, sampled from `pg_stat_activity`) and pairs/s of
+//! distinct names. The 8 and 32 rows have two floors: as many raw clients in this process, and
+//! as many raw client processes (what N processes on the machine cost apart from the runtime),
+//! with each side's CPU time and wake-ups per pair; then a run of their own for the handoff of
+//! one contended lease between the processes (release sent → the next holder granted, on the
+//! machine's clock).
 //!
 //! The bench runs itself as the processes (`--fleet-child`): each waits for a start instant the
 //! parent gives, runs for the given seconds and prints what it did.
@@ -27,8 +31,19 @@ fn unix_nanos() -> u128 {
         .as_nanos()
 }
 
+/// This process's CPU time (user + system, µs) and voluntary context switches so far.
+fn usage() -> (i64, i64) {
+    // SAFETY: a rusage is plain integers, for which all zeroes is a value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given, and only that.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let micros = |t: libc::timeval| t.tv_sec * 1_000_000 + t.tv_usec;
+    (micros(u.ru_utime) + micros(u.ru_stime), u.ru_nvcsw)
+}
+
 /// One process of the fleet:
-/// `--fleet-child DSN INDEX MANAGERS WORKERS POOL START_UNIX_MS SECONDS`.
+/// `--fleet-child DSN INDEX MANAGERS WORKERS POOL START_UNIX_MS SECONDS`. No managers: a raw
+/// client of the floor; no workers: a contender for the handoff's one lease.
 pub async fn child(args: &[String]) -> Res {
     let [dsn, index, managers, workers, pool, start, seconds] = args else {
         return Err(format!("--fleet-child: seven arguments, got {args:?}").into());
@@ -36,6 +51,11 @@ pub async fn child(args: &[String]) -> Res {
     let pg: tokio_postgres::Config = dsn.parse()?;
     let (index, managers, pool) = (index.parse::<usize>()?, managers.parse()?, pool.parse()?);
     let workers: usize = workers.parse()?;
+    let start = UNIX_EPOCH + Duration::from_millis(start.parse()?);
+    let seconds = Duration::from_secs(seconds.parse()?);
+    if managers == 0 {
+        return raw_child(&pg, index, start, seconds).await;
+    }
     let managers: Vec<Addr<LockManager>> = (0..managers)
         .map(|m| {
             let config = Config::builder()
@@ -59,10 +79,10 @@ pub async fn child(args: &[String]) -> Res {
             let _ = lease.release().await;
         }
     }
-    let start = UNIX_EPOCH + Duration::from_millis(start.parse()?);
     let wait = start.duration_since(SystemTime::now()).unwrap_or_default();
-    let deadline = Instant::now() + wait + Duration::from_secs(seconds.parse()?);
+    let deadline = Instant::now() + wait + seconds;
     tokio::time::sleep(wait).await;
+    let used = usage();
     let workers: Vec<_> = (0..workers)
         .map(|t| {
             let manager = managers[t % managers.len()].clone();
@@ -84,23 +104,27 @@ pub async fn child(args: &[String]) -> Res {
             })
         })
         .collect();
-    // One more task contends for one lease with every other process.
-    let handoffs = actix_rt::spawn({
-        let manager = managers[0].clone();
-        async move {
-            let mut lines = Vec::new();
-            while Instant::now() < deadline {
-                let acquire = Acquire::new("fleet-handoff").timeout(Duration::from_secs(2));
-                let Ok(Ok(lease)) = manager.send(acquire).await else {
-                    continue;
-                };
-                lines.push(format!("grant {} {}", lease.token(), unix_nanos()));
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                lines.push(format!("release {} {}", lease.token(), unix_nanos()));
-                let _ = lease.release().await;
+    // With no workers, one task contends for one lease with every other process. (Beside the
+    // workers it would load them with what the floor has not: every release of it wakes every
+    // process, whose attempt queues on the worker's one connection.)
+    let handoffs = (workers.is_empty()).then(|| {
+        actix_rt::spawn({
+            let manager = managers[0].clone();
+            async move {
+                let mut lines = Vec::new();
+                while Instant::now() < deadline {
+                    let acquire = Acquire::new("fleet-handoff").timeout(Duration::from_secs(2));
+                    let Ok(Ok(lease)) = manager.send(acquire).await else {
+                        continue;
+                    };
+                    lines.push(format!("grant {} {}", lease.token(), unix_nanos()));
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    lines.push(format!("release {} {}", lease.token(), unix_nanos()));
+                    let _ = lease.release().await;
+                }
+                lines
             }
-            lines
-        }
+        })
     });
     let (mut pairs, mut errors) = (0, 0);
     for worker in workers {
@@ -108,13 +132,55 @@ pub async fn child(args: &[String]) -> Res {
         pairs += p;
         errors += e;
     }
+    let (cpu, switches) = usage();
     println!("pairs {pairs} {errors}");
-    for line in handoffs.await? {
+    println!("usage {} {}", cpu - used.0, switches - used.1);
+    for line in match handoffs {
+        Some(handoffs) => handoffs.await?,
+        None => Vec::new(),
+    } {
         println!("{line}");
     }
     for manager in managers {
         let _ = manager.send(pgcoord_actors::Shutdown).await;
     }
+    Ok(())
+}
+
+/// One process of the floor (`--fleet-child` with no managers): a raw client, pgcoord's acquire
+/// and release statements back to back on one warm connection, no runtime in between.
+async fn raw_child(
+    pg: &tokio_postgres::Config,
+    index: usize,
+    start: SystemTime,
+    seconds: Duration,
+) -> Res {
+    let config = Config::builder()
+        .pg_config(pg)
+        .owner(format!("raw{index}"))
+        .application_name(format!("fleetproc-raw-{index}"))
+        .lock_table(TABLE)
+        .lease(Duration::from_secs(20))
+        .build()?;
+    let (client, connection) = pgcoord::__private::connect(&config).await?;
+    tokio::spawn(connection);
+    let client = pgcoord::__private::CachingClient::new(client, config.session_tls().clone());
+    let table = pgcoord::LeaseTable::new(&config);
+    let warm = format!("fleet-raw-warm-{index}");
+    crate::fleet::raw_pair(&table, &client, &warm, config.lease(), false).await?;
+    let wait = start.duration_since(SystemTime::now()).unwrap_or_default();
+    let deadline = Instant::now() + wait + seconds;
+    tokio::time::sleep(wait).await;
+    let used = usage();
+    let mut pairs = 0usize;
+    while Instant::now() < deadline {
+        let name = format!("fleet-raw-{index}-{pairs}");
+        crate::fleet::raw_pair(&table, &client, &name, config.lease(), false).await?;
+        pairs += 1;
+    }
+    let (cpu, switches) = usage();
+    println!("pairs {pairs} 0");
+    println!("usage {} {}", cpu - used.0, switches - used.1);
     Ok(())
 }
 
@@ -124,6 +190,9 @@ struct Outcome {
     errors: usize,
     peak_connections: i64,
     handoffs: Vec<Duration>,
+    /// The processes' CPU time (µs) and voluntary context switches while the clock ran.
+    cpu_micros: i64,
+    switches: i64,
 }
 
 /// The shape of one fleet: processes, and in each its managers, workers and pool size.
@@ -169,7 +238,7 @@ async fn fleet(
         peak = peak.max(admin.query_one(sql, &[]).await?.get::<_, i64>(0));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (mut pairs, mut errors) = (0, 0);
+    let (mut pairs, mut errors, mut cpu_micros, mut switches) = (0, 0, 0, 0);
     let (mut grants, mut releases) = (Vec::new(), Vec::new());
     for child in children {
         let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
@@ -181,6 +250,10 @@ async fn fleet(
             match words[..] {
                 ["pairs", p, e] => {
                     (pairs, errors) = (pairs + p.parse::<usize>()?, errors + e.parse::<usize>()?)
+                }
+                ["usage", cpu, s] => {
+                    cpu_micros += cpu.parse::<i64>()?;
+                    switches += s.parse::<i64>()?;
                 }
                 ["grant", token, at] => grants.push((token.parse::<i64>()?, at.parse::<u128>()?)),
                 ["release", token, at] => {
@@ -205,6 +278,8 @@ async fn fleet(
         errors,
         peak_connections: peak,
         handoffs,
+        cpu_micros,
+        switches,
     })
 }
 
@@ -261,14 +336,64 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Res {
         let out = fleet(&server, &admin, shape, seconds).await?;
         let label = format!("fleet on max_connections 100, {what}");
         let rate = out.pairs as f64 / seconds as f64;
-        let floor_is = format!("floor: {} raw clients", shape.processes);
+        let floor_is = format!("floor: {} raw clients in one process", shape.processes);
         report.rate(
             &format!("{label}: pairs/s ({floor_is})"),
             rate,
             floor,
             "pairs/s",
         );
+        // The same floor as as many processes, one raw client each: what N processes on the
+        // machine cost apart from what the runtime costs.
+        if shape.workers == 1 {
+            let raw = Shape {
+                managers: 0,
+                ..shape
+            };
+            let floor = fleet(&server, &admin, raw, seconds).await?;
+            let floor_is = format!("floor: {} raw client processes", shape.processes);
+            let floor_rate = floor.pairs as f64 / seconds as f64;
+            report.rate(
+                &format!("{label}: pairs/s ({floor_is})"),
+                rate,
+                floor_rate,
+                "pairs/s",
+            );
+            // Where a process's pair goes: its own CPU, and how often it slept (each sleep a
+            // wake-up the machine's scheduler must give it, behind every other process).
+            let per_pair = |o: &Outcome| {
+                let pairs = o.pairs.max(1) as f64;
+                let (cpu, switches) = (o.cpu_micros as f64, o.switches as f64);
+                format!(
+                    "{:.0} µs CPU, {:.2} wake-ups",
+                    cpu / pairs,
+                    switches / pairs
+                )
+            };
+            report.note(
+                &format!(
+                    "{label}: per pair, in the fleet's processes / in the raw client processes"
+                ),
+                format!("{} / {}", per_pair(&out), per_pair(&floor)),
+            );
+        }
         let managers = shape.processes * shape.managers;
+        let handoffs = match shape.workers {
+            1 => {
+                fleet(
+                    &server,
+                    &admin,
+                    Shape {
+                        workers: 0,
+                        ..shape
+                    },
+                    seconds,
+                )
+                .await?
+                .handoffs
+            }
+            _ => Vec::new(),
+        };
         report.note(
             &format!("{label}: the fleet's sessions at most; acquires that failed"),
             format!(
@@ -278,8 +403,8 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Res {
                 out.errors
             ),
         );
-        if !out.handoffs.is_empty() {
-            let handoffs = Samples::new(out.handoffs);
+        if !handoffs.is_empty() {
+            let handoffs = Samples::new(handoffs);
             report.note(
                 &format!("{label}: one lease contended by every process, release sent → next holder, p50 / p99"),
                 format!(
