@@ -1,7 +1,7 @@
 //! Durable topic workloads: appends (1 and 8 appenders) against a raw INSERT of the same row,
-//! append committed → handler called (a topic's consumer, and a durable worker pool's worker
-//! for its key's mail) against a raw INSERT + NOTIFY → LISTEN + SELECT, and a consumer reading
-//! a backlog against a raw keyset-paged SELECT.
+//! without and with a NOTIFY; append committed → handler called (a topic's consumer, and a
+//! durable worker pool's worker for its key's mail) against a raw INSERT + NOTIFY → LISTEN +
+//! SELECT; and a consumer reading a backlog against a raw keyset-paged SELECT.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,10 +81,33 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             )
             .await?,
         );
+        // The floor with what a doorbell costs whoever rings it: the INSERT and a NOTIFY in one
+        // statement. (A transaction that notifies takes a database-wide lock at commit.)
+        let raw_rung =
+            "WITH appended AS (INSERT INTO bench_raw_events (topic, body) VALUES ($1, $2)
+                        RETURNING position) SELECT pg_notify('bench_raw', $1) FROM appended";
+        let rung = appends(
+            &clients,
+            n,
+            |c, b| async move {
+                c.execute(raw_rung, &[&"bench", &b])
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            },
+            &body,
+        )
+        .await?;
         report.rate(
             &format!("topic append, {appenders} appender(s), a transaction each (floor: the same INSERT without the doorbell's NOTIFY)"),
             ours,
             floor,
+            "events/s",
+        );
+        report.rate(
+            &format!("topic append, {appenders} appender(s), a transaction each (floor: the same INSERT and a NOTIFY, one statement)"),
+            ours,
+            rung,
             "events/s",
         );
         if appenders == 8 {
