@@ -59,9 +59,21 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         for c in &clients {
             let insert = c.prepare("INSERT INTO bench_raw_events (topic, body) VALUES ($1, $2)");
             let rung = c.prepare(raw_rung);
-            prepared.insert(Arc::as_ptr(c) as usize, (insert.await?, rung.await?));
+            prepared.insert(Arc::as_ptr(c) as usize, [insert.await?, rung.await?]);
         }
         let prepared = Arc::new(prepared);
+        // An append by the statement `which` of those prepared on the appender's client.
+        let run_prepared = |which: usize| {
+            let prepared = prepared.clone();
+            move |c: Arc<Client>, b: Vec<u8>| {
+                let statement = prepared[&(Arc::as_ptr(&c) as usize)][which].clone();
+                async move {
+                    (c.execute(&statement, &[&"bench", &b]).await)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }
+            }
+        };
         let (ours, floor) = (
             appends(
                 &clients,
@@ -79,39 +91,11 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
                 &body,
             )
             .await?,
-            appends(
-                &clients,
-                n,
-                |c, b| {
-                    let insert = prepared[&(Arc::as_ptr(&c) as usize)].0.clone();
-                    async move {
-                        c.execute(&insert, &[&"bench", &b])
-                            .await
-                            .map(drop)
-                            .map_err(|e| e.to_string())
-                    }
-                },
-                &body,
-            )
-            .await?,
+            appends(&clients, n, run_prepared(0), &body).await?,
         );
         // The floor with what a doorbell costs whoever rings it: the INSERT and a NOTIFY in one
         // statement. (A transaction that notifies takes a database-wide lock at commit.)
-        let rung = appends(
-            &clients,
-            n,
-            |c, b| {
-                let rung = prepared[&(Arc::as_ptr(&c) as usize)].1.clone();
-                async move {
-                    c.execute(&rung, &[&"bench", &b])
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }
-            },
-            &body,
-        )
-        .await?;
+        let rung = appends(&clients, n, run_prepared(1), &body).await?;
         // And as pgcoord must send it on a caller's connection, where it keeps nothing prepared:
         // unnamed, parsed and planned at every run, one round trip.
         let unnamed = appends(
@@ -371,21 +355,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
 /// `fsync` and `synchronous_commit` on (or `DATABASE_URL`'s server, `synchronous_commit` on for
 /// these sessions), two interleaved rounds.
 async fn durable_appends(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let settings = [
-        ("fsync", "on"),
-        ("synchronous_commit", "on"),
-        ("full_page_writes", "on"),
-    ];
-    let (_server, mut durable) = match std::env::var("DATABASE_URL") {
-        Ok(_) => (None, pg.clone()),
-        Err(_) => {
-            let start = move || pgcoord_testkit::TempPostgres::start_with(&settings);
-            let server = tokio::task::spawn_blocking(start).await??;
-            let pg = server.pg_config();
-            (Some(server), pg)
-        }
-    };
-    durable.options("-c synchronous_commit=on");
+    let (_server, durable) = crate::unlogged::durable_server(pg).await?;
     let config = Config::builder()
         .pg_config(&durable)
         .owner("bench-durable-topics")

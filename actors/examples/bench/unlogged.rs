@@ -16,23 +16,7 @@ use crate::report::Report;
 /// `synchronous_commit=on` — or on `DATABASE_URL`'s server with `synchronous_commit=on` for
 /// these sessions.
 pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let durable_settings = [
-        ("fsync", "on"),
-        ("synchronous_commit", "on"),
-        ("full_page_writes", "on"),
-    ];
-    let (_server, mut durable) = match std::env::var("DATABASE_URL") {
-        Ok(_) => (None, pg.clone()),
-        Err(_) => {
-            let server = tokio::task::spawn_blocking(move || {
-                pgcoord_testkit::TempPostgres::start_with(&durable_settings)
-            })
-            .await??;
-            let pg = server.pg_config();
-            (Some(server), pg)
-        }
-    };
-    durable.options("-c synchronous_commit=on");
+    let (_server, durable) = durable_server(pg).await?;
     let mut floors = Vec::new();
     for (unlogged, table) in [(false, "bench_logged"), (true, "bench_unlogged")] {
         let cfg = Config::builder()
@@ -87,4 +71,31 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         format!("{:.2}×", floors[1] / floors[0]),
     );
     Ok(())
+}
+
+/// A server whose commits wait for the disk: a cluster of its own with `fsync` and
+/// `synchronous_commit` on (kept while the first value lives), or `DATABASE_URL`'s server
+/// with `synchronous_commit` on for the sessions of the settings returned.
+pub async fn durable_server(
+    pg: &tokio_postgres::Config,
+) -> Res<(
+    Option<pgcoord_testkit::TempPostgres>,
+    tokio_postgres::Config,
+)> {
+    let settings = [
+        ("fsync", "on"),
+        ("synchronous_commit", "on"),
+        ("full_page_writes", "on"),
+    ];
+    let (server, mut durable) = match std::env::var("DATABASE_URL") {
+        Ok(_) => (None, pg.clone()),
+        Err(_) => {
+            let start = move || pgcoord_testkit::TempPostgres::start_with(&settings);
+            let server = tokio::task::spawn_blocking(start).await??;
+            let pg = server.pg_config();
+            (Some(server), pg)
+        }
+    };
+    durable.options("-c synchronous_commit=on");
+    Ok((server, durable))
 }
