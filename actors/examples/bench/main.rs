@@ -9,8 +9,10 @@
 //! `CONTENDERS=N` runs the contended handoff with N managers instead of 8.
 
 mod batches;
+mod catch_up;
 mod counting;
 mod cpu;
+mod durable_appends;
 mod election;
 mod faults;
 mod fleet;

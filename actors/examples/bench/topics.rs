@@ -1,15 +1,16 @@
 //! Durable topic workloads: appends (1 and 8 appenders) against a raw INSERT of the same row,
 //! without and with a NOTIFY; append committed → handler called (a topic's consumer, and a
 //! durable worker pool's worker for its key's mail) against a raw INSERT + NOTIFY → LISTEN +
-//! SELECT; and a consumer reading a backlog against a raw keyset-paged SELECT.
+//! SELECT; then a consumer reading a backlog (`catch_up.rs`) and batched appends with durable
+//! commits (`durable_appends.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures_util::future::poll_fn;
-use pgcoord::topic::{Cursor, TopicTable};
-use pgcoord::{Config, ErrorKind};
+use pgcoord::Config;
+use pgcoord::topic::TopicTable;
 use pgcoord_actors::{
     Append, Consume, Coordinator, Delivery, GetStats, Mail, Shutdown, WorkerKey, WorkerPool,
     mail_topic,
@@ -22,20 +23,25 @@ use crate::report::{Report, Samples};
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// The raw floor's table: the topic table's columns, without pgcoord.
-const RAW: &str = "CREATE TABLE IF NOT EXISTS bench_raw_events (
+pub(crate) const RAW: &str = "CREATE TABLE IF NOT EXISTS bench_raw_events (
     topic varchar(255) NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
     position bigint GENERATED ALWAYS AS IDENTITY, appended_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     body bytea NOT NULL, PRIMARY KEY (topic, xid, position));
     TRUNCATE bench_raw_events";
 
-pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let config = Config::builder()
+/// The section's configuration on `pg`: a topic table of its own name, a pool of 16.
+pub(crate) fn topic_config(pg: &tokio_postgres::Config, owner: &str) -> Res<Config> {
+    Ok(Config::builder()
         .pg_config(pg)
-        .owner("bench-topics")
+        .owner(owner)
         .lock_table("bench_topic_locks")
         .topic_table(pgcoord_testkit::unique_name("bench_topics"))
         .pool_size(16)
-        .build()?;
+        .build()?)
+}
+
+pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
+    let config = topic_config(pg, "bench-topics")?;
     let admin = pgcoord::db::connect_spawned(&config).await?;
     pgcoord::schema::migrate(&admin, &config).await?;
     admin.batch_execute(RAW).await?;
@@ -287,180 +293,17 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     consumer.stop().await;
 
-    // Catch-up: a consumer reading a backlog, against a raw keyset-paged SELECT of it.
-    let backlog = sizes.backlog;
-    admin
-        .execute(
-            &format!(
-                "INSERT INTO {} (topic, body) SELECT 'backlog', $1 FROM generate_series(1, $2::int8)",
-                config.topic_table().quoted()
-            ),
-            &[&body, &(backlog as i64)],
-        )
-        .await?;
-    // Statistics for the new rows (or the floor's plan sorts the whole backlog for each page:
-    // seen, 10 ms a page), and a VACUUM now rather than autovacuum's during a round (it starts
-    // on its own after a million inserts and took the CPU of whichever side ran then); then a
-    // pass that sets the rows' hint bits, so neither side pays it.
-    let vacuum = format!("VACUUM ANALYZE {}", config.topic_table().quoted());
-    admin.batch_execute(&vacuum).await?;
-    // The floor's page statement prepared once, as the consumer's is (the pool's connections
-    // keep theirs): unnamed, it would be planned again for every page.
-    let (reader, connection) = pgcoord::__private::connect(&config).await?;
-    tokio::spawn(connection);
-    let reader = pgcoord::__private::CachingClient::new(reader, config.session_tls().clone());
-    keyset(&reader, &config, backlog).await?;
-    // Interleaved rounds, floor then consumer (a consumer name of its own each, so each reads
-    // the whole backlog). Judged on the median of the rounds' ratios: one round's ratio moves
-    // by ±10% on a 2-core machine where the client, the read and the ack share the cores.
-    let rounds = if backlog >= 100_000 { 5 } else { 2 };
-    let (mut floor_total, mut ours_total, mut ratios) =
-        (Duration::ZERO, Duration::ZERO, Vec::new());
-    let mut grown = 0;
-    for round in 0..rounds {
-        let floor = keyset(&reader, &config, backlog).await?;
-        let (took, peak) = catch_up(&coordinator, backlog, &format!("bench{round}")).await?;
-        (floor_total, ours_total) = (floor_total + floor, ours_total + took);
-        ratios.push(floor.as_secs_f64() / took.as_secs_f64());
-        grown = grown.max(peak);
-    }
-    report.note(
-        &format!("topic catch-up: resident memory's peak growth while reading {backlog} events (window 1,000)"),
-        format!("{:.1} MiB", grown as f64 / (1 << 20) as f64),
-    );
-    let events = (backlog * rounds) as f64;
-    report.rate(
-        &format!("topic catch-up: a consumer reading a backlog of {backlog} events, {rounds} rounds (floor: keyset-paged SELECT, 1,000 a page)"),
-        events / ours_total.as_secs_f64(),
-        events / floor_total.as_secs_f64(),
-        "events/s",
-    );
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios[ratios.len() / 2];
-    let spread = format!("{:.3}–{:.3}", ratios[0], ratios[ratios.len() - 1]);
-    report.note(
-        "topic catch-up: each round's rate ÷ the floor's in the same round, lowest–highest",
-        format!("{spread}×"),
-    );
-    report.target(
-        "topic catch-up: at least 0.8× the keyset-paged SELECT's rate (the median round's)",
-        format!("{median:.3}×"),
-        median >= 0.8,
-    );
-    durable_appends(pg, sizes, report).await
-}
-
-/// Batched appends where a commit costs what it costs in production: 8 callers through the
-/// runtime against 8 raw prepared INSERTs (a transaction each), on a cluster of its own with
-/// `fsync` and `synchronous_commit` on (or `DATABASE_URL`'s server, `synchronous_commit` on for
-/// these sessions), two interleaved rounds.
-async fn durable_appends(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report) -> Res {
-    let (_server, durable) = crate::unlogged::durable_server(pg).await?;
-    let config = Config::builder()
-        .pg_config(&durable)
-        .owner("bench-durable-topics")
-        .lock_table("bench_topic_locks")
-        .topic_table(pgcoord_testkit::unique_name("bench_topics"))
-        .pool_size(16)
-        .build()?;
-    let admin = pgcoord::db::connect_spawned(&config).await?;
-    pgcoord::schema::migrate(&admin, &config).await?;
-    admin.batch_execute(RAW).await?;
-    let coordinator = Coordinator::connect(config.clone()).await?;
-    let mut clients = Vec::new();
-    let mut inserts = std::collections::HashMap::new();
-    for _ in 0..8 {
-        let client = Arc::new(pgcoord::db::connect_spawned(&config).await?);
-        let insert = client.prepare("INSERT INTO bench_raw_events (topic, body) VALUES ($1, $2)");
-        inserts.insert(Arc::as_ptr(&client) as usize, insert.await?);
-        clients.push(client);
-    }
-    let (body, n) = (vec![7u8; 100], sizes.pairs);
-    let (mut ours, mut floor) = (0.0, 0.0);
-    for _ in 0..2 {
-        floor += appends(
-            &clients,
-            n,
-            |c, b| {
-                let insert = inserts[&(Arc::as_ptr(&c) as usize)].clone();
-                async move {
-                    c.execute(&insert, &[&"bench", &b])
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }
-            },
-            &body,
-        )
-        .await?;
-        let started = Instant::now();
-        let loops = (0..8).map(|_| {
-            let (coordinator, body) = (coordinator.clone(), body.clone());
-            async move {
-                for _ in 0..n / 8 {
-                    let append = Append::new("bench", body.clone());
-                    coordinator.append(append).await?;
-                }
-                Ok::<(), Box<dyn std::error::Error>>(())
-            }
-        });
-        for result in futures_util::future::join_all(loops).await {
-            result?;
-        }
-        ours += (n / 8 * 8) as f64 / started.elapsed().as_secs_f64();
-    }
-    report.rate(
-        "topic append through the runtime (batched), 8 callers, fsync and synchronous_commit on (floor: 8 raw prepared INSERTs, a transaction each)",
-        ours / 2.0,
-        floor / 2.0,
-        "events/s",
-    );
-    coordinator.shutdown(Duration::from_secs(5)).await?;
-    Ok(())
-}
-
-/// A consumer named `consumer` reading the backlog from the oldest event: how long it took,
-/// and how much resident memory grew at its peak (sampled every 50 ms).
-async fn catch_up(
-    coordinator: &Coordinator,
-    backlog: usize,
-    consumer: &str,
-) -> Res<(Duration, u64)> {
-    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let before = crate::held::resident_bytes();
-    let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
-    let sampler = {
-        let peak = peak.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                peak.fetch_max(
-                    crate::held::resident_bytes(),
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
-        })
-    };
-    let started = Instant::now();
-    let consume = Consume::new("backlog", consumer, move |_: Delivery| {
-        if count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == backlog {
-            let _ = done.send(());
-        }
-        async { Ok(()) }
-    })
-    .window(1_000);
-    let running = coordinator.consume(consume)?;
-    tokio::time::timeout(Duration::from_secs(600), finished.recv()).await?;
-    let took = started.elapsed();
-    sampler.abort();
-    running.stop().await;
-    let grown = peak.load(std::sync::atomic::Ordering::Relaxed);
-    Ok((took, grown.saturating_sub(before)))
+    crate::catch_up::run(&admin, &config, &coordinator, &body, sizes, report).await?;
+    crate::durable_appends::run(pg, sizes, report).await
 }
 
 /// `n` appends spread over `clients`, each a closed loop: the rate.
-async fn appends<F, Fut>(clients: &[Arc<Client>], n: usize, append: F, body: &[u8]) -> Res<f64>
+pub(crate) async fn appends<F, Fut>(
+    clients: &[Arc<Client>],
+    n: usize,
+    append: F,
+    body: &[u8],
+) -> Res<f64>
 where
     F: Fn(Arc<Client>, Vec<u8>) -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
@@ -517,45 +360,6 @@ async fn raw_listener(
     });
     client.batch_execute("LISTEN bench_raw_events").await?;
     Ok((client, arrivals))
-}
-
-/// The floor of catch-up: reading the backlog in pages of 1,000 by keyset.
-async fn keyset(
-    client: &impl pgcoord::Statements,
-    config: &Config,
-    backlog: usize,
-) -> Res<Duration> {
-    let sql = format!(
-        "SELECT e.xid::text::int8, e.position, e.appended_at, e.body FROM {} AS e
-         WHERE e.topic = 'backlog' AND (e.xid, e.position) > ($1::int8::text::xid8, $2)
-         ORDER BY e.xid, e.position LIMIT 1000",
-        config.topic_table().quoted()
-    );
-    let started = Instant::now();
-    let (mut cursor, mut read) = (Cursor::START, 0);
-    while read < backlog {
-        let params: &[pgcoord::__private::Param<'_>] = &[
-            (&cursor.xid, tokio_postgres::types::Type::INT8),
-            (&cursor.position, tokio_postgres::types::Type::INT8),
-        ];
-        let rows = client.run(&sql, params).await?;
-        // Every row read as an event is, as the consumer reads them.
-        let mut last = None;
-        for row in &rows {
-            let cursor: Cursor = Cursor {
-                xid: row.try_get(0)?,
-                position: row.try_get(1)?,
-            };
-            let _: (std::time::SystemTime, Vec<u8>) = (row.try_get(2)?, row.try_get(3)?);
-            last = Some(cursor);
-        }
-        let Some(last) = last else {
-            return Err(pgcoord::Error::new(ErrorKind::Other, "the backlog ended early").into());
-        };
-        cursor = last;
-        read += rows.len();
-    }
-    Ok(started.elapsed())
 }
 
 /// A durable pool's worker that tells when each mail reached it.
