@@ -50,7 +50,11 @@ impl Handler<Claim> for LockManager {
         // On a task of its own, so its statements finish whatever the manager does; grants it
         // cannot hand over (the manager stopped) are released when dropped.
         let lease = context.lease;
-        let claim = tokio::spawn(claim(context, names));
+        let on_release = OnRelease {
+            keep,
+            ..OnRelease::default()
+        };
+        let claim = tokio::spawn(claim(context, names, on_release));
         let claim = async move {
             claim.await.unwrap_or_else(|e| {
                 Err(Error::new(
@@ -71,10 +75,6 @@ impl Handler<Claim> for LockManager {
             let leases = result.map(|granted| {
                 (granted.into_iter())
                     .map(|(grant, won, sent)| {
-                        let on_release = OnRelease {
-                            keep,
-                            ..OnRelease::default()
-                        };
                         act.lease_for(grant.record(), on_release, won, (sent, lease), ctx)
                     })
                     .collect()
@@ -90,10 +90,12 @@ impl Handler<Claim> for LockManager {
 }
 
 /// Takes each of `names` that is free, [`MAX_NAMES_PER_STATEMENT`] per statement; what one
-/// statement granted is held by `Unrecorded` before the next is sent.
+/// statement granted is held by `Unrecorded` before the next is sent, released as `on_release`
+/// says if nobody records it.
 async fn claim(
     context: Arc<WaitContext>,
     names: Vec<String>,
+    on_release: OnRelease,
 ) -> Result<Vec<(Unrecorded, Grant, Instant)>> {
     let mut granted = Vec::new();
     let owner = context.statements();
@@ -109,7 +111,7 @@ async fn claim(
         .await?;
         for (name, grant) in grants {
             let name = name.into();
-            let unrecorded = Unrecorded::new(&context, name, grant.token, OnRelease::default());
+            let unrecorded = Unrecorded::new(&context, name, grant.token, on_release);
             granted.push((unrecorded, grant, sent));
         }
     }

@@ -269,3 +269,64 @@ async fn a_place_in_line_left_by_a_dead_process_is_reaped_within_a_lease() {
     })
     .await;
 }
+
+/// A claim whose grants arrive after the shutdown began frees them as it was asked to release
+/// them: a name claimed `keep_on_release` keeps its row and the row's data, free.
+#[actix_rt::test]
+async fn a_claim_ended_by_a_shutdown_keeps_the_rows_it_was_asked_to_keep() {
+    let (setup, admin) = Setup::new(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let name = unique_name("kept");
+    let seed = Coordinator::connect(setup.builder("seed").build().unwrap())
+        .await
+        .unwrap();
+    let lease = (seed.acquire(Acquire::new(&name).data(b"kept data").keep_on_release()))
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    seed.shutdown(Duration::from_secs(5)).await.unwrap();
+    // The row's version: a grant and its release make new ones.
+    let sql = format!(
+        "SELECT owner, data, xmin::text FROM {} WHERE name = $1",
+        setup.quoted_table()
+    );
+    let row = async || admin.query_opt(&sql, &[&name]).await.unwrap();
+    let seeded: String = row().await.unwrap().get(2);
+
+    // Every round trip of the claiming manager takes 600 ms more: its claim is in flight when
+    // the shutdown (sent after it, so handled after it) begins.
+    let proxy = pgcoord_testkit::Proxy::start(&setup.pg).await.unwrap();
+    let config = (setup.builder("claimer"))
+        .pg_config(&proxy.pg_config(&setup.pg))
+        .build()
+        .unwrap();
+    let manager = LockManager::new(config).start();
+    // Its pool connected first, so that the claim's statement is what is slow.
+    let warm = manager
+        .send(Acquire::new(unique_name("warm")))
+        .await
+        .unwrap();
+    warm.unwrap().release().await.unwrap();
+    proxy.delay(Duration::from_millis(300));
+    let claim = manager.send(Claim::new(vec![name.clone()]).keep_on_release());
+    let shutdown = manager.send(Shutdown);
+    // The claim fails: refused as the manager closes, or never answered as it stops.
+    let claimed = claim.await;
+    assert!(
+        !matches!(claimed, Ok(Ok(_))),
+        "granted during a shutdown: {claimed:?}"
+    );
+    shutdown.await.unwrap();
+
+    // Its grant, recorded by nobody, is freed in the background.
+    pgcoord_testkit::eventually(Duration::from_secs(10), "the grant freed", async || {
+        row().await.is_none_or(|r| {
+            r.get::<_, Option<String>>(0).is_none() && r.get::<_, String>(2) != seeded
+        })
+    })
+    .await;
+    let row = row().await.expect("the kept row is still there");
+    assert_eq!(
+        row.get::<_, Option<Vec<u8>>>(1).as_deref(),
+        Some(&b"kept data"[..])
+    );
+}
