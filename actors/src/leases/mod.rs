@@ -8,7 +8,7 @@
 //! - `held` — the leases held: the book, loss signals, the names held as waits see them.
 //! - `heartbeat` — the book's I/O: one renew statement per tick for all of them, the deadline
 //!   sweep, loss reports.
-//! - `line` — one wait's decisions (pure): which statement next, what an answer means, the nap.
+//! - `one_wait` — one wait's decisions (pure): which statement next, what an answer means, the nap.
 //! - `wait` — one wait's I/O loop, shared by leases (`acquire`) and permits (`permit`).
 //! - `queues` — the local FIFO turn per name, and wake-ups.
 //! - `announced` — what the lease channel says: a doorbell that wakes the waiter in line.

@@ -1,6 +1,6 @@
 //! The one I/O loop of every wait, an `Acquire`'s and an `AcquirePermit`'s: its turn, attempts,
 //! naps, deadline, cancellation, and the clean-up after its answer. What the answers mean is
-//! `line`'s; the statements are [`Attempts`]'.
+//! `one_wait`'s; the statements are [`Attempts`]'.
 //!
 //! The caller's deadline is hard: every await ends by it. What is left then (freeing a grant
 //! nobody received, leaving the line) goes on after the answer, still holding the name's turn.
