@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use pgcoord::Error;
 use tokio::sync::{Semaphore, mpsc};
 
-/// The most items in one statement (fewer for acquires: `pgcoord::lease::MAX_NAMES_PER_STATEMENT`).
+/// The most items in one statement (fewer for acquires and releases:
+/// `pgcoord::lease::MAX_NAMES_PER_STATEMENT`).
 pub(crate) const MAX_BATCH: usize = 1000;
 
 /// How many items must be under way at once before they are batched, for lease requests and

@@ -108,7 +108,9 @@ impl LeaseOwner<'_> {
     /// one statement. Returns the names released. A name missing from the set was not
     /// released: lost, or its row locked by another transaction (a renewal, a fencing guard —
     /// not waited for, so that two multi-row statements cannot deadlock); its caller releases
-    /// it alone, which tells it which.
+    /// it alone, which tells it which. Send at most
+    /// [`MAX_NAMES_PER_STATEMENT`](super::MAX_NAMES_PER_STATEMENT) or so at a time, as the
+    /// runtime does: the statement's work grows with the square of its names.
     #[instrument(skip_all, fields(requests = requests.len()), level = "debug")]
     pub async fn release_many(
         &self,
