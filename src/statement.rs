@@ -56,6 +56,18 @@ pub trait Statements: Sealed + Sync {
     /// Runs `sql` with `params` and returns its rows.
     #[doc(hidden)]
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>>;
+
+    /// Runs `sql` planned for these `params` and the tables as they are now, never with a plan
+    /// kept from earlier runs: for a statement whose best plan depends on its size (a batch of
+    /// many names). Where nothing is kept prepared, the same as `run`.
+    #[doc(hidden)]
+    fn run_planned<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>>> {
+        self.run(sql, params)
+    }
 }
 
 /// What seals [`Statements`]: public only to the workspace's crates, through `__private`.
@@ -122,7 +134,15 @@ impl Sealed for CachingClient {}
 
 impl Statements for CachingClient {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(async move { Ok(self.run_raw(sql, params).await?) })
+        Box::pin(async move { Ok(self.run_raw(sql, params, self.prepare).await?) })
+    }
+
+    fn run_planned<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(async move { Ok(self.run_raw(sql, params, false).await?) })
     }
 }
 
@@ -141,12 +161,18 @@ impl Session for CachingClient {
 }
 
 impl CachingClient {
+    /// Runs `sql`, from its prepared statement when `prepared`, else unnamed (planned for these
+    /// parameters).
     async fn run_raw(
         &self,
         sql: &str,
         params: &[Param<'_>],
+        prepared: bool,
     ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-        let result = self.run_prepared(sql, params).await;
+        let result = match prepared {
+            true => self.run_prepared(sql, params).await,
+            false => self.client.query_typed(sql, params).await,
+        };
         // A server error is an answer too: the connection is alive.
         if result
             .as_ref()
@@ -162,9 +188,6 @@ impl CachingClient {
         sql: &str,
         params: &[Param<'_>],
     ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-        if !self.prepare {
-            return self.client.query_typed(sql, params).await;
-        }
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
         let statement = self.prepared(sql, params).await?;
         match self.client.query(&statement, &values).await {

@@ -51,23 +51,42 @@ impl crate::statement::Sealed for Bounded<'_> {}
 
 impl Statements for Bounded<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(async move {
-            loop {
-                let conn = self.pool.checkout(self.deadline).await?;
-                match run_until(&*conn, sql, params, self.deadline).await {
-                    Err(e)
-                        if self.idempotent
-                            && e.is_connection_failure()
-                            && Instant::now() < self.deadline =>
-                    {
-                        // Safe to run again (the caller said so); this connection is gone.
-                        conn.discard();
-                        debug!(error = %e, "connection failed mid-statement; retrying");
-                    }
-                    result => return result,
+        Box::pin(self.run_bounded(sql, params, false))
+    }
+
+    fn run_planned<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(self.run_bounded(sql, params, true))
+    }
+}
+
+impl Bounded<'_> {
+    /// A statement on a pooled connection by the deadline, retried on another connection when
+    /// idempotent; `planned`: see [`Statements::run_planned`].
+    async fn run_bounded(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+        planned: bool,
+    ) -> Result<Vec<Row>> {
+        loop {
+            let conn = self.pool.checkout(self.deadline).await?;
+            match bounded(&*conn, sql, params, self.deadline, planned).await {
+                Err(e)
+                    if self.idempotent
+                        && e.is_connection_failure()
+                        && Instant::now() < self.deadline =>
+                {
+                    // Safe to run again (the caller said so); this connection is gone.
+                    conn.discard();
+                    debug!(error = %e, "connection failed mid-statement; retrying");
                 }
+                result => return result,
             }
-        })
+        }
     }
 }
 
@@ -79,7 +98,22 @@ pub async fn run_until<S: Session + ?Sized>(
     params: &[Param<'_>],
     deadline: Instant,
 ) -> Result<Vec<Row>> {
-    match tokio::time::timeout_at(deadline.into(), client.run(sql, params)).await {
+    bounded(client, sql, params, deadline, false).await
+}
+
+/// [`run_until`], with the statement planned for its parameters when `planned`.
+async fn bounded<S: Session + ?Sized>(
+    client: &S,
+    sql: &str,
+    params: &[Param<'_>],
+    deadline: Instant,
+    planned: bool,
+) -> Result<Vec<Row>> {
+    let run = match planned {
+        true => client.run_planned(sql, params),
+        false => client.run(sql, params),
+    };
+    match tokio::time::timeout_at(deadline.into(), run).await {
         Ok(Err(e)) if e.is_connection_failure() => {
             client.discard();
             Err(e)
@@ -113,6 +147,14 @@ impl crate::statement::Sealed for Until<'_> {}
 
 impl Statements for Until<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(run_until(self.client, sql, params, self.deadline))
+        Box::pin(bounded(self.client, sql, params, self.deadline, false))
+    }
+
+    fn run_planned<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [Param<'a>],
+    ) -> BoxFuture<'a, Result<Vec<Row>>> {
+        Box::pin(bounded(self.client, sql, params, self.deadline, true))
     }
 }
