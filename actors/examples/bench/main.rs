@@ -162,6 +162,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run("topics") {
         topics::run(&pg, &sizes, &mut report).await?;
+        durable_appends::run(&pg, &sizes, &mut report).await?;
     }
     if run("rates") {
         rates::run(&pg, &sizes, &mut report).await?;

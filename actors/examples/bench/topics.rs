@@ -1,8 +1,8 @@
 //! Durable topic workloads: appends (1 and 8 appenders) against a raw INSERT of the same row,
 //! without and with a NOTIFY; append committed → handler called (a topic's consumer, and a
 //! durable worker pool's worker for its key's mail) against a raw INSERT + NOTIFY → LISTEN +
-//! SELECT; then a consumer reading a backlog (`catch_up.rs`) and batched appends with durable
-//! commits (`durable_appends.rs`).
+//! SELECT; then a consumer reading a backlog (`catch_up.rs`). Batched appends with durable
+//! commits (`durable_appends.rs`) follow, from `main`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -293,8 +293,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
     );
     consumer.stop().await;
 
-    crate::catch_up::run(&admin, &config, &coordinator, &body, sizes, report).await?;
-    crate::durable_appends::run(pg, sizes, report).await
+    crate::catch_up::run(&admin, &config, &coordinator, &body, sizes, report).await
 }
 
 /// `n` appends spread over `clients`, each a closed loop: the rate.
