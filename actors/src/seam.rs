@@ -24,12 +24,4 @@ impl<T: pgcoord::Statements + ?Sized> pgcoord::Statements for Borrowed<'_, T> {
     ) -> pgcoord::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
         self.0.run(sql, params)
     }
-
-    fn run_planned<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [pgcoord::__private::Param<'a>],
-    ) -> pgcoord::BoxFuture<'a, Result<Vec<tokio_postgres::Row>>> {
-        self.0.run_planned(sql, params)
-    }
 }

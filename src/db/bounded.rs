@@ -29,6 +29,8 @@ pub struct Bounded<'p> {
     pool: &'p Pool,
     deadline: Instant,
     idempotent: bool,
+    /// Each statement planned for the tables as they are (see [`Bounded::planned`]).
+    planned: bool,
 }
 
 impl<'p> Bounded<'p> {
@@ -38,6 +40,22 @@ impl<'p> Bounded<'p> {
             pool,
             deadline: deadline.map_or(bound, |d| d.min(bound)),
             idempotent,
+            planned: false,
+        }
+    }
+
+    /// These statements planned for their parameters and the tables as they are, never with a
+    /// plan a connection kept from earlier runs (sent unnamed): for a burst that
+    /// grows a table (a claim of many names). A kept plan was made at the statement's sixth run
+    /// on its connection, perhaps while the table was small, and stays until the table's next
+    /// `ANALYZE`; made for a small table, the batch acquire's reads the table whole, twice per
+    /// batch (10,000 leases claimed on a new table: 2.7–3.0 s on such a plan, 0.6–1.1 s planned
+    /// each time, docs/BENCHMARKS.md). Planning costs about 0.4 ms a batch: under steady load,
+    /// on a table that does not grow, the kept plans are the cheaper.
+    pub fn planned(self) -> Self {
+        Bounded {
+            planned: true,
+            ..self
         }
     }
 
@@ -51,7 +69,7 @@ impl crate::statement::Sealed for Bounded<'_> {}
 
 impl Statements for Bounded<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(self.run_bounded(sql, params, false))
+        Box::pin(self.run_bounded(sql, params, self.planned))
     }
 
     fn run_planned<'a>(
@@ -147,14 +165,6 @@ impl crate::statement::Sealed for Until<'_> {}
 
 impl Statements for Until<'_> {
     fn run<'a>(&'a self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(bounded(self.client, sql, params, self.deadline, false))
-    }
-
-    fn run_planned<'a>(
-        &'a self,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-    ) -> BoxFuture<'a, Result<Vec<Row>>> {
-        Box::pin(bounded(self.client, sql, params, self.deadline, true))
+        Box::pin(run_until(self.client, sql, params, self.deadline))
     }
 }

@@ -61,29 +61,6 @@ impl<'a> AcquireRequest<'a> {
     }
 }
 
-/// From this many names, a batch statement is planned for the lock table as it is now rather
-/// than run with the plan its connection keeps. A kept plan was made at the statement's sixth
-/// run on that connection, perhaps while the table was small (the next `ANALYZE` makes the
-/// next), and a plan made for a small table reads it whole: a burst of large batches on a table
-/// that grows meanwhile (a worker pool claiming its keys on a new table) scanned it again at
-/// every batch (10,000 leases claimed: 2.7–3.0 s on such a plan, 0.6–1.1 s planned each time,
-/// docs/BENCHMARKS.md). Planning costs about 0.4 ms, more than running a batch of a few names,
-/// which keep the kept plan.
-pub(super) const PLANNED_FROM: usize = 16;
-
-/// Runs the batch statement `sql` of `names` names: planned afresh from [`PLANNED_FROM`] names.
-pub(super) async fn run_batch(
-    client: &(impl Statements + ?Sized),
-    sql: &str,
-    params: &[Param<'_>],
-    names: usize,
-) -> Result<Vec<tokio_postgres::Row>> {
-    match names >= PLANNED_FROM {
-        true => client.run_planned(sql, params).await,
-        false => client.run(sql, params).await,
-    }
-}
-
 /// The most names one batch statement may ask for. Each takes its grant lock, a transaction advisory
 /// lock held until the statement commits, in the server's shared lock table, which holds about
 /// `max_locks_per_transaction` (64 by default) locks per connection: 32 leave room for the
@@ -131,7 +108,7 @@ impl LeaseOwner<'_> {
             (&millis(lease)?, Type::INT8),
             (&self.table.sequence, Type::TEXT),
         ];
-        let rows = run_batch(client, &self.table.acquire_many, params, requests.len()).await?;
+        let rows = client.run(&self.table.acquire_many, params).await?;
         rows.iter()
             .map(|row| {
                 Ok((

@@ -136,8 +136,8 @@ impl LeaseOwner<'_> {
             (&self.table.channel, Type::TEXT),
             (&self.owner, Type::TEXT),
         ];
-        let rows = super::batch::run_batch(client, &self.table.release_many, params, names.len());
-        rows.await?.iter().map(|row| Ok(row.try_get(0)?)).collect()
+        let rows = client.run(&self.table.release_many, params).await?;
+        rows.iter().map(|row| Ok(row.try_get(0)?)).collect()
     }
 }
 

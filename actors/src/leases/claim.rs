@@ -102,7 +102,8 @@ async fn claim(
     for chunk in names.chunks(MAX_NAMES_PER_STATEMENT) {
         let requests: Vec<AcquireRequest<'_>> =
             chunk.iter().map(|name| AcquireRequest::new(name)).collect();
-        let statements = context.pool.statements(None);
+        // Planned for the table as it grows: see `Bounded::planned`.
+        let statements = context.pool.statements(None).planned();
         let sent = Instant::now();
         let grants = pgcoord::__private::retry(|| {
             Counters::add(&context.counters.acquire_statements);
