@@ -49,7 +49,7 @@ impl<'p> Bounded<'p> {
     /// grows a table (a claim of many names). A kept plan was made at the statement's sixth run
     /// on its connection, perhaps while the table was small, and stays until the table's next
     /// `ANALYZE`; made for a small table, the batch acquire's reads the table whole, twice per
-    /// batch (10,000 leases claimed on a new table: 2.7–3.0 s on such a plan, 0.6–1.1 s planned
+    /// batch (10,000 leases claimed on a new table: 2.8–3.3 s on such a plan, 1.1–1.4 s planned
     /// each time, docs/BENCHMARKS.md). Planning costs about 0.4 ms a batch: under steady load,
     /// on a table that does not grow, the kept plans are the cheaper.
     pub fn planned(self) -> Self {
