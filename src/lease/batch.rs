@@ -9,7 +9,7 @@ use tracing::instrument;
 
 use super::{Grant, LeaseOwner, check_name, millis};
 use crate::error::{Error, ErrorKind, Result};
-use crate::statement::{Param, Statements};
+use crate::statement::Statements;
 
 /// One acquire attempt, alone or in a batch: the name, the data to store, and whether it
 /// replaces the data a kept row holds.
@@ -100,15 +100,19 @@ impl LeaseOwner<'_> {
             data.push(request.data);
             replace.push(request.replace_data);
         }
-        let params: &[Param<'_>] = &[
-            (&names, Type::TEXT_ARRAY),
-            (&data, Type::BYTEA_ARRAY),
-            (&replace, Type::BOOL_ARRAY),
-            (&self.owner, Type::TEXT),
-            (&millis(lease)?, Type::INT8),
-            (&self.table.sequence, Type::TEXT),
-        ];
-        let rows = client.run(&self.table.acquire_many, params).await?;
+        let rows = client
+            .run(
+                &self.table.acquire_many,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&data, Type::BYTEA_ARRAY),
+                    (&replace, Type::BOOL_ARRAY),
+                    (&self.owner, Type::TEXT),
+                    (&millis(lease)?, Type::INT8),
+                    (&self.table.sequence, Type::TEXT),
+                ],
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 Ok((
