@@ -45,13 +45,14 @@ impl<'p> Bounded<'p> {
     }
 
     /// These statements planned for their parameters and the tables as they are, never with a
-    /// plan a connection kept from earlier runs (sent unnamed): for a burst that
-    /// grows a table (a claim of many names). A kept plan was made at the statement's sixth run
-    /// on its connection, perhaps while the table was small, and stays until the table's next
+    /// plan a connection kept from earlier runs (sent unnamed): for a burst that grows a table
+    /// (a claim of many names). A kept plan was made at the statement's sixth run on its
+    /// connection, perhaps while the table was small, and stays until the table's next
     /// `ANALYZE`; made for a small table, the batch acquire's reads the table whole, twice per
     /// batch (10,000 leases claimed on a new table: 2.8–3.3 s on such a plan, 1.1–1.4 s planned
-    /// each time, docs/BENCHMARKS.md). Planning costs about 0.4 ms a batch: under steady load,
-    /// on a table that does not grow, the kept plans are the cheaper.
+    /// each time, docs/BENCHMARKS.md). Planning costs about 1 ms a batch of 32 names (that claim
+    /// on a table whose kept plan was good: 0.64–0.70 s, against 0.34 s): under steady load, on
+    /// a table that does not grow, the kept plans are the cheaper.
     pub fn planned(self) -> Self {
         Bounded {
             planned: true,
