@@ -131,16 +131,15 @@ pub use run_now::RunNow;
 pub use schedules::{Schedule, ScheduleRunner, ScheduleStats, Tick, TickHandler, TickResult};
 pub use signals::{
     Ask, ConnState, HandlerResult, ListenerActor, ListenerStats, ListeningChannels, Publish,
-    RequestHandler, Serve, Signal, StopServing, Subscribe, SubscribeConnState, Unsubscribe,
+    RequestHandler, Serve, Signal, Subscribe, SubscribeConnState, Unsubscribe,
 };
 pub use stats::GetStats;
 pub use streams::{Heard, Subscription};
 pub use threaded::Runtime;
 pub use topics::{
-    Append, Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicConsumer,
-    TopicRetention,
+    Consume, ConsumeHandler, ConsumeResult, ConsumerStats, Delivery, TopicConsumer, TopicRetention,
 };
 pub use workers::{
-    Assignment, Drain, KeyRouter, Mail, MembersChanged, Routed, SetKeys, SubscribeMembers,
-    TaskPool, WorkerKey, WorkerPool, Workers, mail_topic,
+    Assignment, Drain, KeyRouter, Mail, MembersChanged, Routed, TaskPool, WorkerKey, WorkerPool,
+    Workers, mail_topic,
 };

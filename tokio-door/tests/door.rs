@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use pgcoord::schedule::Timing;
 use pgcoord::{Config, ConfigBuilder, ErrorKind};
 use pgcoord_actors::{
-    Acquire, AcquirePermit, Append, Ask, ConnState, Consume, Coordinator, Delivery, Heard, LockKey,
+    Acquire, AcquirePermit, Ask, ConnState, Consume, Coordinator, Delivery, Heard, LockKey,
     LossReason, Publish, Runtime, Schedule, Serve, TaskPool,
 };
 use pgcoord_testkit::{eventually, test_pg_config, unique_name};
@@ -209,8 +209,7 @@ async fn request_reply_a_topic_consumer_a_schedule_and_a_rate_limit() {
     .poll(Duration::from_millis(200));
     let _consumer = coordinator.consume(consume).unwrap();
     for n in 0..5u32 {
-        let append = Append::value(&topic, &n).unwrap();
-        coordinator.append(append).await.unwrap();
+        coordinator.append_value(&topic, &n).await.unwrap();
     }
     for n in 0..5u32 {
         let handed = tokio::time::timeout(Duration::from_secs(30), handed.recv());
@@ -420,10 +419,7 @@ async fn a_runtime_shut_down_with_a_consumer_running_stops_without_a_panic() {
     })
     .poll(Duration::from_millis(200));
     let _consumer = coordinator.consume(consume).unwrap();
-    coordinator
-        .append(Append::value(&topic, &1u32).unwrap())
-        .await
-        .unwrap();
+    coordinator.append_value(&topic, &1u32).await.unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(30), handed.recv());
     assert!(handed.await.expect("within 30 s").is_some());
     runtime.shutdown(Duration::from_secs(5)).await.unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder};
 use pgcoord::schedule::Timing;
 use pgcoord::{Config, ConfigBuilder};
-use pgcoord_actors::{Acquire, Append, Call, Consume, Delivery, Runtime, Schedule, TaskPool};
+use pgcoord_actors::{Acquire, Call, Consume, Delivery, Runtime, Schedule, TaskPool};
 use pgcoord_testkit::{find_program, require, test_pg_config, unique_name};
 use tokio::sync::Semaphore;
 
@@ -237,8 +237,7 @@ async fn the_page_shows_leases_lag_and_schedules_live_and_no_password() {
     .poll(Duration::from_millis(200));
     let _consumer = coordinator.consume(consume).unwrap();
     for n in 0..10u32 {
-        let append = Append::value(&topic, &n).unwrap();
-        coordinator.append(append).await.unwrap();
+        coordinator.append_value(&topic, &n).await.unwrap();
     }
     let consumer = format!("{topic}/billing");
     let lag_cell = format!("#consumers tr[data-consumer='{consumer}'] td.lag");

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgcoord_actors::{Append, Coordinator};
+use pgcoord_actors::Coordinator;
 
 use crate::Sizes;
 use crate::report::Report;
@@ -53,8 +53,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             let (coordinator, body) = (coordinator.clone(), body.clone());
             async move {
                 for _ in 0..n / 8 {
-                    let append = Append::new("bench", body.clone());
-                    coordinator.append(append).await?;
+                    coordinator.append("bench", body.clone()).await?;
                 }
                 Ok::<(), Box<dyn std::error::Error>>(())
             }

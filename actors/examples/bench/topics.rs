@@ -12,8 +12,7 @@ use futures_util::future::poll_fn;
 use pgcoord::Config;
 use pgcoord::topic::TopicTable;
 use pgcoord_actors::{
-    Append, Consume, Coordinator, Delivery, GetStats, Mail, Shutdown, WorkerKey, WorkerPool,
-    mail_topic,
+    Consume, Coordinator, Delivery, GetStats, Mail, Shutdown, WorkerKey, WorkerPool, mail_topic,
 };
 use tokio_postgres::{AsyncMessage, Client};
 
@@ -164,9 +163,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         let (coordinator, body) = (coordinator.clone(), body.clone());
         async move {
             for _ in 0..per {
-                coordinator
-                    .append(Append::new("bench", body.clone()))
-                    .await?;
+                coordinator.append("bench", body.clone()).await?;
             }
             Ok::<(), Box<dyn std::error::Error>>(())
         }

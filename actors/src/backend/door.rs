@@ -11,6 +11,7 @@ use futures_util::Stream;
 use pgcoord::lease::LimitChange;
 use pgcoord::topic::Cursor;
 use pgcoord::{LeaseInfo, Result};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use pgcoord::{Config, Pool};
@@ -49,7 +50,7 @@ pub(crate) struct Actors {
     /// The payload store: large payloads put and fetched (fetches bounded to half the pool),
     /// expired rows deleted on a timer.
     pub(crate) payloads: Addr<PayloadStoreActor>,
-    /// Appends to durable topics, batched ([`Append`](crate::Append)).
+    /// Appends to durable topics, batched.
     pub(crate) topics: Addr<crate::topics::TopicAppender>,
     /// What the actors were started with.
     pub(crate) config: Config,
@@ -244,10 +245,27 @@ impl Coordinator {
         async move { pgcoord::signal::from_payload(&reply.await?) }
     }
 
-    /// Appends an event to a durable topic ([`Append`]; batched with others under way): its
-    /// cursor.
-    pub fn append(&self, append: Append) -> impl Future<Output = Result<Cursor>> + Send + use<> {
-        self.door.topics().append(append)
+    /// Appends `body` to durable topic `topic`, in a transaction of its own, batched with
+    /// the appends under way (group commit): its cursor. Typed errors for a bad topic name or
+    /// a body over `pgcoord::topic::MAX_BODY_BYTES`. Appending in your own transaction is the
+    /// core's `TopicTable::append`, which takes the same arguments after the client.
+    pub fn append<B: Into<Vec<u8>>>(
+        &self,
+        topic: &str,
+        body: B,
+    ) -> impl Future<Output = Result<Cursor>> + Send + use<B> {
+        self.door.topics().append(Append::new(topic, body))
+    }
+
+    /// [`append`](Self::append)s `value` encoded as MessagePack with named fields (read it with
+    /// `Event::value`), as the core's `TopicTable::append_value`.
+    pub fn append_value<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+    ) -> impl Future<Output = Result<Cursor>> + Send + use<T> {
+        let appended = pgcoord::signal::to_payload(value).map(|body| self.append(topic, body));
+        async move { appended?.await }
     }
 
     /// Starts a consumer of durable topic events in this process as [`Consume`] says: it

@@ -54,8 +54,8 @@ use crate::leases::{
 };
 use crate::losses::{LockLost, SubscribeLockLost};
 use crate::signals::{
-    Ask, ConnState, ListenerActor, Publish, Serve, Signal, StopServing, Subscribe,
-    SubscribeConnState, Unsubscribe,
+    Ask, ConnState, ListenerActor, Publish, Serve, Signal, Subscribe, SubscribeConnState,
+    Unsubscribe,
 };
 use crate::topics::{Append, Consume, ConsumerActor, TopicConsumer};
 use pgcoord::topic::Cursor;
@@ -111,7 +111,7 @@ pub(crate) trait Signalling: Send + Sync {
     fn unsubscribe(&self, channel: &str, recipient: Recipient<Signal>);
     /// Answers requests on a channel ([`Serve`]).
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>>;
-    /// Stops answering requests on `channel` ([`StopServing`]).
+    /// Stops answering requests on `channel` ([`Unsubscribe::serving`]).
     fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>>;
     /// A request and its reply ([`Ask`]).
     fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>>;
@@ -226,7 +226,7 @@ impl Signalling for Addr<ListenerActor> {
     }
 
     fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
-        sent(self, StopServing(channel.to_owned()))
+        sent(self, Unsubscribe::serving(channel))
     }
 
     fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {

@@ -137,17 +137,17 @@ impl Subscribe {
     }
 }
 
-/// End a [`Subscribe`]: `recipient` gets nothing more from `channel`. When nobody subscribes
-/// or serves on the channel any more, it is UNLISTENed. A subscriber that is gone (its
-/// actor stopped) is forgotten the same way at the next message, without this.
+/// Stop hearing a channel: as one of its subscribers ([`new`](Self::new): the recipient given
+/// to [`Subscribe`] gets nothing more from it), or as its server ([`serving`](Self::serving): the
+/// handler given to [`Serve`] is dropped). When nobody subscribes or serves on the channel any
+/// more, it is UNLISTENed. A subscriber that is gone (its actor stopped) is forgotten the same
+/// way at the next message, without this.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-#[non_exhaustive]
 pub struct Unsubscribe {
-    /// The channel.
-    pub channel: String,
-    /// The recipient given to [`Subscribe`].
-    pub recipient: Recipient<Signal>,
+    pub(crate) channel: String,
+    /// `None`: the channel's server.
+    pub(crate) recipient: Option<Recipient<Signal>>,
 }
 
 impl Unsubscribe {
@@ -155,16 +155,18 @@ impl Unsubscribe {
     pub fn new(channel: impl Into<String>, recipient: Recipient<Signal>) -> Unsubscribe {
         Unsubscribe {
             channel: channel.into(),
-            recipient,
+            recipient: Some(recipient),
+        }
+    }
+
+    /// Requests on `channel` are answered here no more.
+    pub fn serving(channel: impl Into<String>) -> Unsubscribe {
+        Unsubscribe {
+            channel: channel.into(),
+            recipient: None,
         }
     }
 }
-
-/// Stop answering requests on a channel (the handler given to [`Serve`] is dropped); UNLISTENs
-/// it when nobody else uses it.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
-pub struct StopServing(pub String);
 
 /// A notification as PostgreSQL delivered it, for channels that do not carry pgcoord envelopes.
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
@@ -329,7 +331,9 @@ pub struct ListenerStats {
 }
 
 /// The channels the listener's current session is listening on, from `pg_listening_channels()`
-/// on that very session.
+/// on that very session. A probe for tests of the listener itself, not part of the API: a
+/// user asks [`ListenerStats::listening`] or `Coordinator::health`.
+#[doc(hidden)]
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<String>>")]
 pub struct ListeningChannels;

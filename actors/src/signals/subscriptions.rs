@@ -1,5 +1,5 @@
 //! What `ListenerActor` is asked to do with channels: `Publish`, `Subscribe`, `Unsubscribe`,
-//! `SubscribeRaw`, `Serve`, `StopServing` — each LISTEN confirmed before it answers.
+//! `SubscribeRaw`, `Serve` — each LISTEN confirmed before it answers.
 
 use actix::prelude::*;
 use pgcoord::ident::Ident;
@@ -112,18 +112,10 @@ impl Handler<Unsubscribe> for ListenerActor {
 
     fn handle(&mut self, Unsubscribe { channel, recipient }: Unsubscribe, ctx: &mut Context<Self>) {
         if let Some(entry) = self.channels.get_mut(&channel) {
-            entry.subscribers.retain(|s| *s != recipient);
-        }
-        self.unlisten_if_unused(&channel, ctx);
-    }
-}
-
-impl Handler<StopServing> for ListenerActor {
-    type Result = ();
-
-    fn handle(&mut self, StopServing(channel): StopServing, ctx: &mut Context<Self>) {
-        if let Some(entry) = self.channels.get_mut(&channel) {
-            entry.handler = None;
+            match recipient {
+                Some(recipient) => entry.subscribers.retain(|s| *s != recipient),
+                None => entry.handler = None,
+            }
         }
         self.unlisten_if_unused(&channel, ctx);
     }

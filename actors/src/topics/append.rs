@@ -13,31 +13,25 @@ use std::sync::Arc;
 use actix::prelude::*;
 use pgcoord::topic::{Cursor, MAX_EVENTS_PER_STATEMENT, TopicTable};
 use pgcoord::{Pool, Result};
-use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::batch::{Batcher, RunBatch, WRITES_BATCH_FROM, shared_error};
 
-/// Append `body` to `topic`; answers the event's cursor.
+/// Append `body` to `topic`; answers the event's cursor (`Coordinator::append`).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Cursor>")]
-pub struct Append {
+pub(crate) struct Append {
     pub(crate) topic: String,
     pub(crate) body: Vec<u8>,
 }
 
 impl Append {
     /// `body`, as it is, to `topic`.
-    pub fn new(topic: impl Into<String>, body: impl Into<Vec<u8>>) -> Append {
+    pub(crate) fn new(topic: impl Into<String>, body: impl Into<Vec<u8>>) -> Append {
         Append {
             topic: topic.into(),
             body: body.into(),
         }
-    }
-
-    /// `value` encoded as MessagePack with named fields (read it with `Event::value`).
-    pub fn value<T: Serialize + ?Sized>(topic: impl Into<String>, value: &T) -> Result<Append> {
-        Ok(Append::new(topic, pgcoord::signal::to_payload(value)?))
     }
 
     /// The topic's name and the body's size checked: typed errors.

@@ -15,7 +15,7 @@
 //! A cursor behind retention stops it with [`pgcoord::ErrorKind::Compacted`].
 //!
 //! Appends that need no transaction of the caller's go through the `TopicAppender`
-//! ([`Append`], `Coordinator::append`), batched; [`TopicRetention`] trims a topic on a timer.
+//! (`Coordinator::append`), batched; [`TopicRetention`] trims a topic on a timer.
 //!
 //! The loop itself is plain async code on a task of its own (`run`), which the actor owns: it
 //! stops with the actor, releasing the lease. The actor hears the doorbell and answers
@@ -46,8 +46,7 @@ pub(crate) mod handover;
 mod retention;
 pub(crate) mod run;
 
-pub use append::Append;
-pub(crate) use append::TopicAppender;
+pub(crate) use append::{Append, TopicAppender};
 pub use consumer::TopicConsumer;
 pub use delivery::Delivery;
 pub(crate) use delivery::DeliveryContext;

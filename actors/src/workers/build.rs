@@ -70,9 +70,9 @@ where
         }
     }
 
-    /// Takes its keys from `keys` instead: each item is the whole set, replacing the last (as
-    /// [`SetKeys`](super::SetKeys) does) — customers added and removed as they come and go. The pool keeps
-    /// running with the last set when the stream ends.
+    /// Takes its keys from `keys` instead: each item is the whole set, replacing the last —
+    /// customers added and removed as they come and go. Workers of keys no longer listed stop
+    /// and their leases go. The pool keeps running with the last set when the stream ends.
     pub fn follow(
         mut self,
         keys: impl futures_util::Stream<Item = Vec<String>> + 'static,
@@ -102,6 +102,15 @@ where
     /// three times the keys. Stored with its member lease, so every member counts it.
     pub fn weight(mut self, weight: u32) -> WorkerPool<W> {
         self.membership.weigh(weight);
+        self
+    }
+
+    /// Tells `watcher` the pool's live members once it has counted them, and again whenever
+    /// they change ([`MembersChanged`](super::MembersChanged); read at each tick, so a join or
+    /// leave is told within about a quarter lease of the table showing it). A task pool's
+    /// handle gives the same as a stream ([`Workers::members`](super::Workers::members)).
+    pub fn members_to(mut self, watcher: Recipient<super::MembersChanged>) -> WorkerPool<W> {
+        self.membership.subscribe(watcher);
         self
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A message to key `k` of pool `p` is an event of the durable topic [`mail_topic`]`(p, k)`,
 //! appended in the sender's own transaction ([`TopicTable::append`]: it exists if and only if
-//! that commits) or through the runtime's batching [`Append`](crate::Append). The member that
+//! that commits) or through the runtime's batching `Coordinator::append`. The member that
 //! holds `k` reads its keys' topics from the pool's cursor in each (the consumer named after the
 //! pool) — one statement for all its idle keys, at every tick and at each append's doorbell —
 //! and hands the events to `k`'s worker one at a time, in order, as [`Mail`]. When the worker

@@ -90,11 +90,12 @@ impl Membership {
     }
 }
 
-/// Tell `0` the pool's live members now, and again whenever they change (read at each tick,
-/// so a join or leave is told within about a quarter lease of the table showing it).
+/// Tell `0` the pool's live members now, and again whenever they change: what
+/// [`Workers::members`](super::Workers::members) sends to a running pool
+/// ([`WorkerPool::members_to`](super::WorkerPool::members_to) before it starts).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct SubscribeMembers(pub Recipient<MembersChanged>);
+pub(crate) struct SubscribeMembers(pub(crate) Recipient<MembersChanged>);
 
 /// The live members of a pool, by owner, sorted, and how they changed since the last time.
 /// The first one a subscriber gets lists every member as joined.

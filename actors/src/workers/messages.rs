@@ -70,10 +70,12 @@ pub struct Assignment {
     pub mail_reads: u64,
 }
 
-/// Replaces the pool's keys: workers of keys no longer listed stop and their leases go.
+/// Replaces the pool's keys: workers of keys no longer listed stop and their leases go. What
+/// [`Workers::set_keys`](super::Workers::set_keys) sends; an actor pool follows a stream of
+/// sets instead ([`WorkerPool::follow`](super::WorkerPool::follow)).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct SetKeys(pub Vec<String>);
+pub(crate) struct SetKeys(pub(crate) Vec<String>);
 
 /// Hand every key over, then stop — for rolling deploys: drain, then exit. The pool leaves the
 /// membership at once (the other members' shares grow to cover its keys), then lets its keys go

@@ -8,7 +8,7 @@
 //! lease's fencing token ([`WorkerKey`]). A process that starts waits one tick before claiming,
 //! so processes starting together share from the start; when one joins or leaves, keys move
 //! within about two ticks, half a lease. [`WorkerPool::max_moves`] bounds the keys claimed and
-//! released per tick; [`SubscribeMembers`] tells of members joining and leaving, and
+//! released per tick; [`WorkerPool::members_to`] tells of members joining and leaving, and
 //! [`KeyRouter::members`] lists them from any process.
 //!
 //! A worker runs only while its key's lease is held: when the lease is lost the pool tells the
@@ -57,9 +57,11 @@ use activate::Activation;
 use deliver::Routing;
 use drain::Draining;
 use mail::Mailing;
+pub use members::MembersChanged;
 use members::Membership;
-pub use members::{MembersChanged, SubscribeMembers};
-pub use messages::{Assignment, Drain, Mail, SetKeys, WorkerKey, mail_topic};
+pub(crate) use members::SubscribeMembers;
+pub(crate) use messages::SetKeys;
+pub use messages::{Assignment, Drain, Mail, WorkerKey, mail_topic};
 use rebalance::Rounds;
 pub use route::{KeyRouter, Routed};
 use running::Crew;

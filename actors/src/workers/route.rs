@@ -209,7 +209,7 @@ impl KeyRouter {
     }
 
     /// The pool's live members now, by owner, sorted: every process whose pool of this name
-    /// holds its member lease (read from the table; [`SubscribeMembers`](super::SubscribeMembers)
+    /// holds its member lease (read from the table; [`WorkerPool::members_to`](super::WorkerPool::members_to)
     /// tells a pool's own process of changes).
     pub async fn members(&self) -> Result<Vec<String>> {
         let prefix = format!("{}/members/", self.pool);

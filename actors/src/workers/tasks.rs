@@ -98,7 +98,7 @@ impl Workers {
             .map_err(stopped)
     }
 
-    /// Replaces the keys ([`SetKeys`]): workers of keys no longer listed stop, their leases go.
+    /// Replaces the keys: workers of keys no longer listed stop, their leases go.
     pub async fn set_keys(&self, keys: Vec<String>) -> Result<()> {
         self.pool.send(SetKeys(keys)).await.map_err(stopped)
     }

@@ -89,34 +89,33 @@ async fn in_memory_a_higher_priority_is_served_first() {
 /// In memory, the fencing guard checks the token (there is no transaction to guard).
 #[actix_rt::test]
 async fn in_memory_the_fencing_guard_checks_the_token() {
-    use pgcoord_actors::backend::memory::NoDatabase;
     let backend = MemoryBackend::new();
     let process = backend.coordinator("a");
     let lease = process.acquire(Acquire::new("fenced")).await.unwrap();
-    lease.fence(&NoDatabase).await.unwrap();
+    lease.fence(&backend).await.unwrap();
     assert!(backend.force_loss("fenced"));
-    let e = lease.fence(&NoDatabase).await.unwrap_err();
+    let e = lease.fence(&backend).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LockLost);
 }
 
-/// In memory, `Delivery::ack` takes [`NoDatabase`]: it checks the lease's token, moves the
+/// In memory, `Delivery::ack` takes the backend itself: it checks the lease's token, moves the
 /// cursor forward once, and is refused for an event acked already or after the lease was lost.
 #[actix_rt::test]
 async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
-    use pgcoord_actors::backend::memory::NoDatabase;
     let backend = MemoryBackend::new();
     let process = backend.coordinator("p");
     let topic = unique_name("topic");
     for i in 0..3u8 {
-        process.append(Append::new(&topic, vec![i])).await.unwrap();
+        process.append(&topic, vec![i]).await.unwrap();
     }
     let (tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let database = backend.clone();
     let consuming = process
         .consume(Consume::new(&topic, "c", move |delivery: Delivery| {
-            let tx = tx.clone();
+            let (tx, database) = (tx.clone(), database.clone());
             async move {
-                let first = delivery.ack(&NoDatabase).await.map_err(|e| e.kind());
-                let second = delivery.ack(&NoDatabase).await.map_err(|e| e.kind());
+                let first = delivery.ack(&database).await.map_err(|e| e.kind());
+                let second = delivery.ack(&database).await.map_err(|e| e.kind());
                 let _ = tx.send((delivery.event().body[0], first, second, delivery));
                 Ok(())
             }
@@ -135,7 +134,7 @@ async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
     assert_eq!((stats.delivered, stats.handler_errors), (3, 0));
     // Once the lease is lost, a late ack of an event handed over under it is refused.
     assert!(backend.force_loss(&format!("{topic}/consumers/c")));
-    let err = kept[2].ack(&NoDatabase).await.unwrap_err();
+    let err = kept[2].ack(&backend).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LockLost);
     consuming.stop().await;
 }

@@ -525,7 +525,14 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
         *given.lock().unwrap() = Some(key);
         Keeper
     };
-    let pool = WorkerPool::new(&config, locks.clone(), "fenced", vec!["k".into()], factory).start();
+    // The keys follow a stream of sets, so that the test can take the key away later.
+    let (keys, sets) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+    let sets = futures_util::stream::unfold(sets, async |mut sets| {
+        sets.recv().await.map(|set| (set, sets))
+    });
+    let _pool = WorkerPool::new(&config, locks.clone(), "fenced", vec!["k".into()], factory)
+        .follow(sets)
+        .start();
     pgcoord_testkit::eventually(Duration::from_secs(4), "a worker", async || {
         slot.lock().unwrap().is_some()
     })
@@ -573,7 +580,7 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
     // The test's copy of the key keeps its lease held after the pool stopped the worker: a
     // key's lease goes only when nobody has its WorkerKey any more.
     slot.lock().unwrap().take();
-    pool.send(SetKeys(Vec::new())).await.unwrap();
+    keys.send(Vec::new()).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let count = async |admin: &tokio_postgres::Client| -> i64 {
         let sql = format!(
@@ -594,9 +601,10 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
 async fn a_pools_members_are_listed_and_their_changes_told() {
     let (setup, _admin) = Setup::new(Duration::from_secs(2), Duration::from_millis(400)).await;
     let (keys, received) = (vec!["k".to_owned()], Received::default());
-    let a = start(&setup, "a", &keys, &received, false);
     let (changes, watcher) = super::Collector::<MembersChanged>::start_new();
-    a.pool.send(SubscribeMembers(watcher)).await.unwrap();
+    let _a = start_with(&setup, "a", &keys, &received, false, |pool| {
+        pool.members_to(watcher)
+    });
     let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
     let first = changes.wait_for(1, Duration::from_secs(4)).await[0].clone();
     assert_eq!(

@@ -117,7 +117,7 @@ async fn a_subscriber_that_is_gone_is_forgotten_and_its_channel_unlistened() {
         .unwrap()
         .unwrap();
     until_listening(&listener, &served, true).await;
-    listener.send(StopServing(served.clone())).await.unwrap();
+    listener.send(Unsubscribe::serving(&served)).await.unwrap();
     until_listening(&listener, &served, false).await;
 }
 

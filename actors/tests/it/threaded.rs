@@ -89,8 +89,11 @@ async fn a_shutdown_answers_within_its_bound_while_a_handler_blocks_the_runtimes
         async { Ok(()) }
     });
     runtime.coordinator().consume(consume).unwrap();
-    let append = Append::new(topic, b"x".to_vec());
-    runtime.coordinator().append(append).await.unwrap();
+    runtime
+        .coordinator()
+        .append(&topic, b"x".to_vec())
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(10), blocking.recv())
         .await
         .expect("the handler runs");

@@ -16,9 +16,9 @@ async fn appends_through_the_runtime_are_batched_and_each_caller_gets_its_own_cu
     let config = setup.builder("one").build().unwrap();
     let one = Coordinator::connect(config.clone()).await.unwrap();
     let sends: Vec<_> = (0..300u32)
-        .map(|i| one.append(Append::new("t", i.to_string())))
+        .map(|i| one.append("t", i.to_string()))
         .collect();
-    let bad = one.append(Append::new("", "x"));
+    let bad = one.append("", "x");
     let cursors: Vec<Cursor> = futures_util::future::join_all(sends)
         .await
         .into_iter()
@@ -64,7 +64,7 @@ async fn a_failed_batch_fails_each_of_its_callers_and_the_appender_goes_on() {
     let (setup, admin) = Setup::new(Duration::from_secs(10), Duration::from_secs(2)).await;
     let config = setup.builder("one").build().unwrap();
     let one = Coordinator::connect(config.clone()).await.unwrap();
-    one.append(Append::new("t", "before")).await.unwrap();
+    one.append("t", "before").await.unwrap();
     // The table is away: every statement on it fails.
     let table = config.topic_table().quoted();
     let away = format!("{}_away", config.topic_table().name().as_str());
@@ -72,14 +72,12 @@ async fn a_failed_batch_fails_each_of_its_callers_and_the_appender_goes_on() {
         .batch_execute(&format!("ALTER TABLE {table} RENAME TO \"{away}\""))
         .await)
         .unwrap();
-    let sends: Vec<_> = (0..50u32)
-        .map(|i| one.append(Append::new("t", i.to_string())))
-        .collect();
+    let sends: Vec<_> = (0..50u32).map(|i| one.append("t", i.to_string())).collect();
     let results = futures_util::future::join_all(sends).await;
     assert!(results.iter().all(|r| r.is_err()), "{results:?}");
     let back = format!("ALTER TABLE \"{away}\" RENAME TO {table}");
     admin.batch_execute(&back).await.unwrap();
-    let cursor = one.append(Append::new("t", "after")).await.unwrap();
+    let cursor = one.append("t", "after").await.unwrap();
     let events = TopicTable::new(&config);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

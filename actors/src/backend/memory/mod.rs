@@ -57,7 +57,10 @@ mod topics;
 mod workers;
 
 /// The in-memory "database" several [`coordinator`](Self::coordinator)s share, as processes
-/// share one PostgreSQL. Cheap to clone; clones are the same backend.
+/// share one PostgreSQL. Cheap to clone; clones are the same backend. It is also what a test
+/// passes where a database client is asked for: [`Lease::fence(&backend)`](crate::Lease::fence)
+/// and [`Delivery::ack(&backend)`](crate::Delivery::ack) check the lease's token (there is no
+/// transaction to guard); any statement run on it fails with [`pgcoord::ErrorKind::Other`].
 #[derive(Clone)]
 pub struct MemoryBackend {
     shared: Arc<Shared>,
@@ -367,7 +370,7 @@ impl Signalling for MemoryCoordinator {
 }
 
 impl Topics for MemoryCoordinator {
-    fn append(&self, append: crate::Append) -> BoxFuture<Result<pgcoord::topic::Cursor>> {
+    fn append(&self, append: crate::topics::Append) -> BoxFuture<Result<pgcoord::topic::Cursor>> {
         let appended = self.shared.lock().topics.append(append);
         self.shared.appended.notify_waiters();
         Box::pin(std::future::ready(appended))
@@ -378,15 +381,10 @@ impl Topics for MemoryCoordinator {
     }
 }
 
-/// A stand-in for a database client where there is none: what a test on the in-memory backend
-/// passes to [`Lease::fence`] (which, in memory, checks the token and guards no transaction).
-/// Every statement run on it fails with [`pgcoord::ErrorKind::Other`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoDatabase;
+// The backend stands in for a database client where there is none (see its docs).
+impl pgcoord::__private::Sealed for MemoryBackend {}
 
-impl pgcoord::__private::Sealed for NoDatabase {}
-
-impl pgcoord::Statements for NoDatabase {
+impl pgcoord::Statements for MemoryBackend {
     fn run<'a>(
         &'a self,
         sql: &'a str,
