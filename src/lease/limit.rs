@@ -33,10 +33,10 @@ use super::semaphore::MAX_PERMITS;
 /// How often [`LeaseTable::set_limit`] asks again when other changes keep coming in between.
 const CHANGE_ATTEMPTS: u32 = 16;
 
-/// The statements of stored limits, rendered once per configured table.
 /// The most stored limits [`LeaseTable::limits`] lists.
 pub const MAX_LIMITS_LISTED: usize = 1_000;
 
+/// The statements of stored limits, rendered once per configured table.
 #[derive(Debug, Clone)]
 pub(super) struct LimitStatements {
     set: String,
@@ -324,8 +324,7 @@ impl LeaseOwner<'_> {
                     (&known, Type::INT4),
                 ],
             )
-            .await;
-        let rows = rows?;
+            .await?;
         let row = rows
             .first()
             .ok_or_else(|| Error::new(ErrorKind::Other, "the limited grant returned no row"))?;

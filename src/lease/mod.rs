@@ -210,7 +210,7 @@ impl LeaseTable {
         check_name(name)?;
         let rows = client.run(&self.get, &[(&name, Type::TEXT)]).await?;
         match rows.first() {
-            Some(row) => info_from(row),
+            Some(row) => info_at(row, 0),
             None => Err(Error::new(
                 ErrorKind::NotFound,
                 format!("lock {name:?} not found"),
@@ -221,7 +221,7 @@ impl LeaseTable {
     /// Every lock in the table, by name.
     pub async fn list(&self, client: &(impl Statements + ?Sized)) -> Result<Vec<LeaseInfo>> {
         let rows = client.run(&self.list, &[]).await?;
-        rows.iter().map(info_from).collect()
+        rows.iter().map(|row| info_at(row, 0)).collect()
     }
 
     /// The live places in the waiters' line, name by name, each name's first to be served first:
@@ -244,7 +244,7 @@ impl LeaseTable {
         let rows = client
             .run(&self.list_prefix, &[(&prefix, Type::TEXT)])
             .await?;
-        rows.iter().map(info_from).collect()
+        rows.iter().map(|row| info_at(row, 0)).collect()
     }
 }
 
@@ -308,10 +308,6 @@ fn holder_from(row: Option<&tokio_postgres::Row>) -> Result<Option<Holder>> {
         }),
         _ => None,
     })
-}
-
-fn info_from(row: &tokio_postgres::Row) -> Result<LeaseInfo> {
-    info_at(row, 0)
 }
 
 /// A lock from `row`'s columns `first..first + 5`: name, owner, token, data, ms left.

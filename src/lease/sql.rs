@@ -37,14 +37,10 @@ pub(super) fn data_on_grant(replace: &str) -> String {
 }
 
 /// The live waiter first in line for the lease `name` (an SQL expression), in waiters' table
-/// `q`: the highest priority, then arrival order, then the waiter's name.
-pub(super) fn first_in_line(q: &str, name: &str) -> String {
-    first_in_line_but(q, name, None)
-}
-
-/// [`first_in_line`], passing over waiter `but` (an SQL expression): one whose place the same
-/// statement removes, which the statement itself still sees.
-fn first_in_line_but(q: &str, name: &str, but: Option<&str>) -> String {
+/// `q`: the highest priority, then arrival order, then the waiter's name. Passing over waiter
+/// `but` (an SQL expression) when given: one whose place the same statement removes, which the
+/// statement itself still sees.
+pub(super) fn first_in_line(q: &str, name: &str, but: Option<&str>) -> String {
     let but = but.map_or(String::new(), |waiter| format!(" AND w.waiter <> {waiter}"));
     format!(
         "SELECT w.waiter FROM {q} AS w WHERE w.name = {name} AND w.until > clock_timestamp(){but}
@@ -54,7 +50,8 @@ fn first_in_line_but(q: &str, name: &str, but: Option<&str>) -> String {
 
 /// Whether `owner` may be granted `name` as far as the line goes: nobody waits, or it is first.
 pub(super) fn may_go(q: &str, name: &str, owner: &str) -> String {
-    format!("coalesce(({}), {owner}) = {owner}", first_in_line(q, name))
+    let first = first_in_line(q, name, None);
+    format!("coalesce(({first}), {owner}) = {owner}")
 }
 
 /// The payload announcing that lease `name` (an SQL expression) is free: its length in bytes, a
@@ -63,7 +60,7 @@ pub(super) fn may_go(q: &str, name: &str, owner: &str) -> String {
 pub(super) fn announce(q: &str, name: &str, leaving: Option<&str>) -> String {
     format!(
         "octet_length({name})::text || ':' || {name} || coalesce(({}), '')",
-        first_in_line_but(q, name, leaving)
+        first_in_line(q, name, leaving)
     )
 }
 

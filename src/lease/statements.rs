@@ -99,7 +99,7 @@ impl LeaseTable {
                                   OR ({first}) IS NOT NULL
                              THEN {notify} END
                  FROM released",
-                first = first_in_line(&q, "released.name"),
+                first = first_in_line(&q, "released.name", None),
                 notify = notify_sql(config, channel, &announce(&q, "released.name", None)),
             )
         };
@@ -246,7 +246,7 @@ impl LeaseTable {
                    AND NOT EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = $1 AND l.owner IS NOT NULL
                                      AND l.expires_at > clock_timestamp())",
                 notify = notify_sql(config, "$3", &announce(&q, "gone.name", Some("$2"))),
-                first = first_in_line(&q, "$1"),
+                first = first_in_line(&q, "$1", None),
             ),
             // $1 names, $2 owner. The tenures of these names the owner holds.
             owned: format!("SELECT name, token FROM {t} WHERE name = ANY($1::text[]) AND owner = $2"),

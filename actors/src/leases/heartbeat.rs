@@ -43,7 +43,7 @@ impl LockManager {
     pub(crate) fn renew_all(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         // Too late for those: the sweep reports them; the rest are renewed.
-        self.sweep_deadlines_at(now);
+        self.sweep_deadlines(now);
         let (timeout, lease) = (self.config.statement_timeout(), self.config.lease());
         let Some(renewal) = self.holdings.plan(now, timeout, lease) else {
             return;
@@ -131,12 +131,8 @@ impl LockManager {
         ctx.run_later(retry, |act, ctx| act.renew_all(ctx));
     }
 
-    /// Reports every lease whose deadline has passed.
-    pub(crate) fn sweep_deadlines(&mut self) {
-        self.sweep_deadlines_at(Instant::now());
-    }
-
-    fn sweep_deadlines_at(&mut self, now: Instant) {
+    /// Reports every lease whose deadline has passed at `now`.
+    pub(crate) fn sweep_deadlines(&mut self, now: Instant) {
         for (name, token, held) in self.holdings.sweep(now) {
             let on_release = held.on_release;
             self.announce_loss(&name, token, held, LossReason::DeadlinePassed);

@@ -28,7 +28,8 @@ pub use super::lease::Release;
 /// `send(..).timeout(..)` expire) cancels the wait; a lease granted after the caller gave up is
 /// released at once, so none is left behind that nobody holds. For the same reason an `Acquire`
 /// sent with `do_send` does nothing: there is nobody to hand the lease to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Lease>")]
 pub struct Acquire {
     pub(crate) name: String,
     /// Shared, not copied, between the wait and a batched first attempt.
@@ -40,10 +41,6 @@ pub struct Acquire {
     pub(crate) priority: i32,
     /// `None`: the manager's lease.
     pub(crate) lease: Option<Duration>,
-}
-
-impl Message for Acquire {
-    type Result = Result<Lease>;
 }
 
 impl Acquire {
@@ -143,7 +140,8 @@ impl Acquire {
 /// lease's. Waits until a permit is free unless given a [`timeout`](AcquirePermit::timeout), as
 /// hard as [`Acquire::timeout`]; dropping the request cancels the wait, and a permit granted
 /// after the caller left is released at once.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Lease>")]
 pub struct AcquirePermit {
     pub(crate) name: String,
     /// `None`: the stored limit.
@@ -219,10 +217,6 @@ impl SetLimit {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Option<u32>>")]
 pub(crate) struct GetLimit(pub(crate) String);
-
-impl Message for AcquirePermit {
-    type Result = Result<Lease>;
-}
 
 /// Take each of `names` that is free now (not held, no other waiter first in line, its row
 /// not locked, no wait for it under way here), in one statement per

@@ -273,7 +273,7 @@ impl Actor for LockManager {
         }
         // Every lease is at least the manager's (see `Acquire::lease`): its margin at least this.
         let sweep = book::sweep_every(self.config.lease());
-        ctx.run_interval(sweep, |act, _| act.sweep_deadlines());
+        ctx.run_interval(sweep, |act, _| act.sweep_deadlines(Instant::now()));
         // Places in line whose waiter is gone, once a lease: reaped within a lease of lapsing.
         ctx.run_interval(self.config.lease(), |act, _| act.reap_lapsed_places());
         // The pool's gauges, once a second.

@@ -62,18 +62,15 @@ impl Drop for Unrecorded {
 }
 
 /// A wait's end, for the manager to record and answer.
+#[derive(Message)]
+#[rtype(result = "()")]
 pub(crate) struct Settled {
     outcome: Outcome,
     grant: Option<Unrecorded>,
-    on_release: OnRelease,
     /// What the grant is for.
     lease: Duration,
     reply: Option<Reply>,
     arrived: Instant,
-}
-
-impl Message for Settled {
-    type Result = ();
 }
 
 impl Handler<Settled> for LockManager {
@@ -83,7 +80,6 @@ impl Handler<Settled> for LockManager {
         let Settled {
             outcome,
             grant,
-            on_release,
             lease,
             reply,
             arrived,
@@ -96,6 +92,7 @@ impl Handler<Settled> for LockManager {
                 crate::reply::refuse(reply, super::under_way::closing_error());
             }
             (Outcome::Granted(won), Some(grant)) => {
+                let on_release = grant.on_release;
                 let timing = (won.sent, lease);
                 let lease = self.lease_for(grant.record(), on_release, won.grant, timing, ctx);
                 // A caller that went away gets nothing: the handle's drop releases the lease.
@@ -152,7 +149,6 @@ pub(crate) fn spawn_wait<A: Attempts>(
         let settled = Settled {
             outcome,
             grant,
-            on_release,
             lease,
             reply,
             arrived,

@@ -19,12 +19,10 @@ use tracing::{debug, warn};
 
 use super::context::WaitContext;
 use super::lease::Lease;
-use super::one_wait::{Ask, Next, OneWait};
+use super::one_wait::{Answer, Ask, Next, OneWait};
 use super::queues::NameQueue;
 use crate::reply::{caller_gone, deadline_passes};
 use crate::signals::doorbell::{Bell, Reader};
-
-pub(crate) use super::one_wait::Answer;
 
 /// A granted attempt: the grant, when its statement was sent (the start of the holder's
 /// deadline), and the slot's name for a permit.
