@@ -16,7 +16,12 @@ use pgcoord::Result;
 impl Coordinator {
     /// The actors, or [`pgcoord::ErrorKind::Unsupported`] in memory, naming `what` needs them.
     pub(crate) fn actors(&self, what: &str) -> Result<&Actors> {
-        self.door.actors(what)
+        self.door.postgres().ok_or_else(|| {
+            pgcoord::Error::new(
+                pgcoord::ErrorKind::Unsupported,
+                format!("{what} needs PostgreSQL: the in-memory backend runs no actors"),
+            )
+        })
     }
 
     /// The lock manager's address, for actix code (`addr.send(Acquire)`, [`SubscribeLockLost`](crate::SubscribeLockLost)).

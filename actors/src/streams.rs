@@ -81,13 +81,6 @@ impl<T> Stream for Feed<T> {
     }
 }
 
-impl<T> Feed<T> {
-    /// The next item; `None` once the forwarder stopped (its thread ended).
-    pub(crate) async fn recv(&mut self) -> Option<T> {
-        self.receiver.recv().await
-    }
-}
-
 /// A forwarder started on `arbiter` (the coordinator's thread), keeping back what `keep`
 /// refuses, and the stream it feeds.
 pub(crate) fn forward<T: Send + 'static>(
@@ -157,7 +150,7 @@ impl Subscription {
 
     /// The next message or gap; `None` once the runtime stopped.
     pub async fn next(&mut self) -> Option<Heard> {
-        self.feed.recv().await
+        self.feed.receiver.recv().await
     }
 }
 

@@ -13,15 +13,12 @@ use super::AdvisoryGuard;
 /// [`pgcoord::ErrorKind::NotAcquired`] at once when it is taken. Re-acquiring a key held here is
 /// refused ([`pgcoord::ErrorKind::AlreadyHeld`]): locks never stack. A caller that gives up
 /// while waiting cancels the wait on the server.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<AdvisoryGuard>")]
 pub struct AdvisoryLock {
     pub(crate) key: i64,
     pub(crate) mode: pgcoord::advisory::Mode,
     pub(crate) timeout: Option<Duration>,
-}
-
-impl Message for AdvisoryLock {
-    type Result = Result<AdvisoryGuard>;
 }
 
 impl AdvisoryLock {

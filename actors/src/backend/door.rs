@@ -99,20 +99,6 @@ impl Door {
         }
     }
 
-    /// The actors; in memory [`pgcoord::ErrorKind::Unsupported`], naming `what` needed them.
-    // `what` is named only in memory's refusal.
-    #[cfg_attr(not(feature = "memory"), allow(unused_variables))]
-    pub(crate) fn actors(&self, what: &str) -> Result<&Actors> {
-        match self {
-            Door::Postgres(actors) => Ok(actors),
-            #[cfg(feature = "memory")]
-            Door::Memory(_) => Err(pgcoord::Error::new(
-                pgcoord::ErrorKind::Unsupported,
-                format!("{what} needs PostgreSQL: the in-memory backend runs no actors"),
-            )),
-        }
-    }
-
     /// The actors, when on PostgreSQL.
     pub(crate) fn postgres(&self) -> Option<&Actors> {
         match self {
@@ -148,21 +134,17 @@ impl Door {
             Door::Memory(process) => process.arbiter(),
         }
     }
-
-    fn owner(&self) -> &str {
-        match self {
-            Door::Postgres(actors) => actors.config.owner(),
-            #[cfg(feature = "memory")]
-            Door::Memory(process) => process.owner(),
-        }
-    }
 }
 
 /// Leases, signals and topics: on either backend.
 impl Coordinator {
     /// The owner identity this process holds its leases as.
     pub fn owner(&self) -> &str {
-        self.door.owner()
+        match &self.door {
+            Door::Postgres(actors) => actors.config.owner(),
+            #[cfg(feature = "memory")]
+            Door::Memory(process) => process.owner(),
+        }
     }
 
     /// Acquires a lease as [`Acquire`] says (wait, timeout, fail-if-locked, data, keep).

@@ -57,6 +57,7 @@ use crate::signals::{
     Ask, ConnState, ListenerActor, Publish, Serve, Signal, Subscribe, SubscribeConnState,
     Unsubscribe,
 };
+use crate::streams::told;
 use crate::topics::{Append, Consume, ConsumerActor, TopicConsumer};
 use pgcoord::topic::Cursor;
 
@@ -129,24 +130,6 @@ pub(crate) trait Topics: Send + Sync {
     fn consume(&self, consume: Consume) -> Result<TopicConsumer>;
 }
 
-/// An actor's answer that is not a `Result`, with the mailbox's error folded in.
-fn sent<A, M>(addr: &Addr<A>, message: M) -> BoxFuture<Result<()>>
-where
-    A: Actor + Handler<M>,
-    A::Context: actix::dev::ToEnvelope<A, M>,
-    M: Message<Result = ()> + Send + 'static,
-{
-    let answer = addr.send(message);
-    Box::pin(async move {
-        answer.await.map_err(|e| {
-            pgcoord::Error::new(
-                pgcoord::ErrorKind::Unavailable,
-                format!("the actor stopped: {e}"),
-            )
-        })
-    })
-}
-
 impl Locking for Addr<LockManager> {
     fn acquire(&self, request: Acquire) -> BoxFuture<Result<Lease>> {
         Box::pin(self.call(request))
@@ -169,7 +152,7 @@ impl Locking for Addr<LockManager> {
     }
 
     fn subscribe_lock_lost(&self, recipient: Recipient<LockLost>) -> BoxFuture<Result<()>> {
-        sent(self, SubscribeLockLost(recipient))
+        Box::pin(told(self.send(SubscribeLockLost(recipient))))
     }
 
     fn claim(&self, claim: Claim) -> BoxFuture<Result<Vec<Lease>>> {
@@ -226,7 +209,7 @@ impl Signalling for Addr<ListenerActor> {
     }
 
     fn stop_serving(&self, channel: &str) -> BoxFuture<Result<()>> {
-        sent(self, Unsubscribe::serving(channel))
+        Box::pin(told(self.send(Unsubscribe::serving(channel))))
     }
 
     fn ask(&self, ask: Ask) -> BoxFuture<Result<Vec<u8>>> {
@@ -234,6 +217,6 @@ impl Signalling for Addr<ListenerActor> {
     }
 
     fn subscribe_conn_state(&self, recipient: Recipient<ConnState>) -> BoxFuture<Result<()>> {
-        sent(self, SubscribeConnState(recipient))
+        Box::pin(told(self.send(SubscribeConnState(recipient))))
     }
 }

@@ -159,13 +159,16 @@ impl Election {
     /// its leader resigns (or loses it), so two leaders' work never overlaps.
     pub async fn request_resign(&self) -> Result<Option<i64>> {
         self.locks
-            .call(RequestResign::new(self.name.as_str()))
+            .call(RequestResign {
+                name: self.name.clone(),
+            })
             .await
     }
 
     /// Who leads now, as far as the database says; `None` between terms.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        leader_of(&self.locks, &self.name).await
+        let term = term_of(&self.locks, &self.name).await?;
+        Ok(term.map(|(leader, _)| leader))
     }
 
     /// Tells `recipient` of each change of leader as read from the table (a term shorter than a
@@ -194,11 +197,6 @@ impl Election {
         self.observe(forwarder.recipient());
         feed
     }
-}
-
-/// The leader of `name` as `Get` reports it.
-pub(crate) async fn leader_of(locks: &Addr<LockManager>, name: &str) -> Result<Option<Leader>> {
-    Ok(term_of(locks, name).await?.map(|(leader, _)| leader))
 }
 
 /// The leader of `name` and the time left on its lease, by the server's clock.

@@ -19,13 +19,6 @@ pub struct RequestResign {
     pub name: String,
 }
 
-impl RequestResign {
-    /// Ask the leader of `name`.
-    pub fn new(name: impl Into<String>) -> RequestResign {
-        RequestResign { name: name.into() }
-    }
-}
-
 impl Handler<RequestResign> for LockManager {
     type Result = ResponseFuture<Result<Option<i64>>>;
 

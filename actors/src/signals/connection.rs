@@ -120,7 +120,8 @@ impl ListenerActor {
                 debug!(error = %e, "cannot send the listener's probe; not judged");
                 return Ok(true);
             }
-            pgcoord::Result::Ok(hear_probe(heard_back, timeout, &heard).await)
+            let back = while_hearing(heard_back, timeout, &heard).await;
+            pgcoord::Result::Ok(back.is_some_and(|back| back.is_ok()))
         };
         let ping = ping.into_actor(self).map(move |result, act, _| {
             // Heard or not, this probe is over.
@@ -194,17 +195,6 @@ impl ListenerActor {
         });
     }
 
-    /// Resolves once every LISTEN of the current connection is confirmed.
-    fn when_ready(&mut self) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        if self.ready {
-            let _ = tx.send(());
-        } else {
-            self.ready_waiters.push(tx);
-        }
-        rx
-    }
-
     /// Makes sure `channel` is listened on: at once on the current connection, or by the next
     /// connection's LISTENs when there is none (the channel is registered already). The
     /// receiver resolves once a LISTEN on `channel` is confirmed; it fails only when the
@@ -255,9 +245,15 @@ impl ListenerActor {
         }
     }
 
-    /// Waits until the reply channel is listened on; requests must not go out before.
+    /// Waits until the reply channel is listened on (every LISTEN of the current connection
+    /// confirmed); requests must not go out before.
     pub(crate) fn replies_ready(&mut self) -> impl Future<Output = ()> + 'static {
-        let ready = self.when_ready();
+        let (tx, ready) = oneshot::channel();
+        if self.ready {
+            let _ = tx.send(());
+        } else {
+            self.ready_waiters.push(tx);
+        }
         async move {
             let _ = ready.await;
         }
@@ -281,43 +277,36 @@ async fn ping_or_hear(
     timeout: Duration,
     heard: &AtomicU64,
 ) -> pgcoord::Result<()> {
-    let ping = client.simple_query("");
-    tokio::pin!(ping);
-    let mut seen = heard.load(Ordering::Relaxed);
-    loop {
-        match tokio::time::timeout(timeout, &mut ping).await {
-            Ok(answer) => return answer.map(drop).map_err(pgcoord::Error::from),
-            Err(_) => {
-                let now = heard.load(Ordering::Relaxed);
-                if now == seen {
-                    return Err(pgcoord::Error::new(
-                        pgcoord::ErrorKind::Timeout,
-                        format!(
-                            "the listening session heard nothing and did not answer a ping within {timeout:?}"
-                        ),
-                    ));
-                }
-                seen = now;
-            }
-        }
+    match while_hearing(client.simple_query(""), timeout, heard).await {
+        Some(answer) => answer.map(drop).map_err(pgcoord::Error::from),
+        None => Err(pgcoord::Error::new(
+            pgcoord::ErrorKind::Timeout,
+            format!(
+                "the listening session heard nothing and did not answer a ping within {timeout:?}"
+            ),
+        )),
     }
 }
 
-/// Whether a probe is heard back (`back` answered) within `timeout` of the last message read: a
-/// connection still reading the notifications queued before it is given the time to.
-async fn hear_probe(mut back: oneshot::Receiver<()>, timeout: Duration, heard: &AtomicU64) -> bool {
+/// `answer`, once it comes within `timeout` of the last message read (a connection still
+/// reading the notifications queued before it is given the time to); `None` after a whole
+/// `timeout` in which nothing was read.
+async fn while_hearing<T>(
+    answer: impl Future<Output = T>,
+    timeout: Duration,
+    heard: &AtomicU64,
+) -> Option<T> {
+    tokio::pin!(answer);
     let mut seen = heard.load(Ordering::Relaxed);
     loop {
-        match tokio::time::timeout(timeout, &mut back).await {
-            Ok(back) => return back.is_ok(),
-            Err(_) => {
-                let now = heard.load(Ordering::Relaxed);
-                if now == seen {
-                    return false;
-                }
-                seen = now;
-            }
+        if let Ok(answer) = tokio::time::timeout(timeout, &mut answer).await {
+            return Some(answer);
         }
+        let now = heard.load(Ordering::Relaxed);
+        if now == seen {
+            return None;
+        }
+        seen = now;
     }
 }
 

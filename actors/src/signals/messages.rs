@@ -259,15 +259,12 @@ impl Serve {
 /// ends with the reply (when the reply arrived after the reconnect) or its deadline, never a
 /// closed mailbox. Without a timeout, a reply lost in the gap is waited for until the caller
 /// gives up.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<u8>>")]
 pub struct Ask {
     pub(crate) channel: String,
     pub(crate) payload: Vec<u8>,
     pub(crate) timeout: Option<Duration>,
-}
-
-impl Message for Ask {
-    type Result = Result<Vec<u8>>;
 }
 
 impl Ask {

@@ -18,7 +18,6 @@ use pgcoord::{Error, ErrorKind, Result};
 use tokio::sync::oneshot;
 
 use super::messages::Ask;
-use super::subscriptions::channel_ident;
 use super::{ListenerActor, Pending};
 
 /// One request on its way: registered in the pending map, not yet sent.
@@ -43,14 +42,12 @@ pub(crate) type SendThrough = Box<dyn FnOnce(String) -> crate::seam::BoxFuture<R
 
 /// An [`Ask`] sent by `send` instead of on a channel of the caller's naming; the reply comes
 /// back to this listener as any reply does. Bounded by `timeout`.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u8>>")]
 pub(crate) struct AskThrough {
     pub(crate) send: SendThrough,
     pub(crate) payload: Vec<u8>,
     pub(crate) timeout: std::time::Duration,
-}
-
-impl Message for AskThrough {
-    type Result = Result<Vec<u8>>;
 }
 
 impl ListenerActor {
@@ -134,12 +131,7 @@ fn spawn<T: Send + 'static>(
                 .map_err(|_| Error::new(ErrorKind::Unavailable, "listener stopped"))??;
             decode(bytes)
         };
-        let deadline_passed = async {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let deadline_passed = crate::reply::deadline_passes(deadline);
         let caller_gone = crate::reply::caller_gone(&mut reply);
         let outcome = tokio::select! {
             outcome = work => Some(outcome),
@@ -163,7 +155,7 @@ impl Handler<Ask> for ListenerActor {
     type Result = RequestResponse;
 
     fn handle(&mut self, request: Ask, _: &mut Context<Self>) -> RequestResponse {
-        RequestResponse(channel_ident(&request.channel).and_then(|channel| {
+        RequestResponse(Ident::channel(&request.channel).and_then(|channel| {
             self.start_round_trip(Via::Channel(channel), request.payload, request.timeout)
         }))
     }
@@ -181,13 +173,7 @@ impl Handler<AskThrough> for ListenerActor {
     }
 }
 
-impl MessageResponse<ListenerActor, AskThrough> for RequestResponse {
-    fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
-        spawn(self.0, reply, Ok);
-    }
-}
-
-impl MessageResponse<ListenerActor, Ask> for RequestResponse {
+impl<M: Message<Result = Result<Vec<u8>>>> MessageResponse<ListenerActor, M> for RequestResponse {
     fn handle(self, _: &mut Context<ListenerActor>, reply: Option<OneshotSender<Result<Vec<u8>>>>) {
         spawn(self.0, reply, Ok);
     }

@@ -10,10 +10,6 @@ use tokio::sync::oneshot;
 use super::messages::*;
 use super::{Channel, ListenerActor};
 
-pub(crate) fn channel_ident(channel: &str) -> Result<Ident> {
-    Ident::channel(channel)
-}
-
 impl Handler<Publish> for ListenerActor {
     type Result = ResponseFuture<Result<()>>;
 
@@ -33,7 +29,7 @@ impl Handler<Publish> for ListenerActor {
             self.config.inline_limit(),
         );
         Box::pin(async move {
-            let channel = channel_ident(&channel)?;
+            let channel = Ident::channel(&channel)?;
             let envelope = Envelope::new(Kind::Event, Vec::new());
             notifier
                 .send(store.as_deref(), channel, envelope, payload, limit)
@@ -48,13 +44,16 @@ impl ListenerActor {
     /// future is not the actor's: it survives a restart of the listener, and resolves once the
     /// channel is listened on, on this connection or the next. An invalid channel registers
     /// nothing.
-    fn register(
+    fn registered(
         &mut self,
         channel: &str,
         register: impl FnOnce(&mut Channel),
         ctx: &mut Context<Self>,
-    ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
-        let channel = channel_ident(channel)?;
+    ) -> ResponseFuture<Result<()>> {
+        let channel = match Ident::channel(channel) {
+            Ok(channel) => channel,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         register(
             self.channels
                 .entry(channel.as_str().to_owned())
@@ -62,22 +61,10 @@ impl ListenerActor {
         );
         // Poll-only: a doorbell (`SubscribeRaw`) that never rings; the others refused first.
         if self.config.poll_only() {
-            return Ok(once_listening(None));
+            return Box::pin(once_listening(None));
         }
         let confirmed = self.confirm(channel, ctx);
-        Ok(once_listening(Some(confirmed)))
-    }
-
-    fn registered(
-        &mut self,
-        channel: &str,
-        register: impl FnOnce(&mut Channel),
-        ctx: &mut Context<Self>,
-    ) -> ResponseFuture<Result<()>> {
-        match self.register(channel, register, ctx) {
-            Ok(confirmed) => Box::pin(confirmed),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        Box::pin(once_listening(Some(confirmed)))
     }
 }
 

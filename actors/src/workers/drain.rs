@@ -41,12 +41,7 @@ where
             ctx.stop();
         }));
     }
-}
 
-impl<W> WorkerPool<W>
-where
-    W: Actor<Context = Context<W>> + Handler<Shutdown>,
-{
     /// Begins handing every key over, unless that is under way: asked by [`Drain`], or from
     /// outside through the database (a resign request on the member lease, found at a round).
     pub(super) fn begin_drain(&mut self, ctx: &mut Context<Self>) {

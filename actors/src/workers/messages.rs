@@ -96,22 +96,11 @@ pub fn mail_topic(pool: &str, key: &str) -> String {
 /// [`durable`](super::WorkerPool::durable)). Answer `Ok` once it is handled (the pool acks it then) or
 /// `Err` to have it handed over again; or ack it in the transaction of its effects with
 /// [`ack`](Self::ack).
+#[derive(Debug, Message)]
+#[rtype(result = "std::result::Result<(), String>")]
 pub struct Mail {
     pub(super) key: String,
     pub(super) delivery: Delivery,
-}
-
-impl Message for Mail {
-    type Result = std::result::Result<(), String>;
-}
-
-impl std::fmt::Debug for Mail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mail")
-            .field("key", &self.key)
-            .field("delivery", &self.delivery)
-            .finish()
-    }
 }
 
 impl Mail {

@@ -88,65 +88,50 @@ impl Holders for Reach {
         record: bool,
         sent: &'a mut bool,
     ) -> pgcoord::BoxFuture<'a, Result<Option<Vec<u8>>>> {
-        Box::pin(self.ask_holder(pool, lease, request, left, record, sent))
-    }
-}
-
-impl Reach {
-    /// One request to `lease`'s holder, found and notified in one statement: its answer, or
-    /// `None` when nobody holds the key (nothing was sent; with `record`, the key is
-    /// recorded and the pool's doorbell rung).
-    async fn ask_holder(
-        &self,
-        pool: &str,
-        lease: &str,
-        request: Vec<u8>,
-        left: Duration,
-        record: bool,
-        sent: &mut bool,
-    ) -> Result<Option<Vec<u8>>> {
-        let reach = (self.reach)
-            .get_or_try_init(|| self.locks.send(GetHolderReach))
-            .await
-            .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
-        let scope = scope(&reach.lock_table, pool);
-        // Who the statement found holding the key: unset if it did not run to the end.
-        let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
-        let send = {
-            let (reach, lease, holder) = (reach.clone(), lease.to_owned(), holder.clone());
-            Box::new(move |text: String| -> crate::seam::BoxFuture<Result<()>> {
-                Box::pin(async move {
-                    let owner = reach.notices.notify(lease, scope, text).await?;
-                    let nobody = owner.is_none();
-                    let _ = holder.set(owner);
-                    if nobody {
-                        return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
-                    }
-                    Ok(())
+        Box::pin(async move {
+            let reach = (self.reach)
+                .get_or_try_init(|| self.locks.send(GetHolderReach))
+                .await
+                .map_err(|_| Error::new(ErrorKind::Unavailable, "the lock manager stopped"))?;
+            let scope = scope(&reach.lock_table, pool);
+            // Who the statement found holding the key: unset if it did not run to the end.
+            let holder = Arc::new(std::sync::OnceLock::<Option<String>>::new());
+            let send = {
+                let (reach, lease, holder) = (reach.clone(), lease.to_owned(), holder.clone());
+                Box::new(move |text: String| -> crate::seam::BoxFuture<Result<()>> {
+                    Box::pin(async move {
+                        let owner = reach.notices.notify(lease, scope, text).await?;
+                        let nobody = owner.is_none();
+                        let _ = holder.set(owner);
+                        if nobody {
+                            return Err(Error::new(ErrorKind::NotFound, "nobody holds the key"));
+                        }
+                        Ok(())
+                    })
                 })
-            })
-        };
-        // From here a worker may have it, unless the statement found no holder.
-        *sent = true;
-        let ask = AskThrough {
-            send,
-            payload: request,
-            timeout: left,
-        };
-        match self.listener.call(ask).await {
-            Err(_) if holder.get() == Some(&None) => {
-                *sent = false;
-                if record {
-                    // Again at each look: the doorbell is not to be trusted to ring.
-                    let doorbell = pool_channel(&reach.lock_table, pool);
-                    if let Err(e) = reach.notices.record_and_ring(lease, &doorbell).await {
-                        debug!(error = %e, "cannot record the key; looking again");
+            };
+            // From here a worker may have it, unless the statement found no holder.
+            *sent = true;
+            let ask = AskThrough {
+                send,
+                payload: request,
+                timeout: left,
+            };
+            match self.listener.call(ask).await {
+                Err(_) if holder.get() == Some(&None) => {
+                    *sent = false;
+                    if record {
+                        // Again at each look: the doorbell is not to be trusted to ring.
+                        let doorbell = pool_channel(&reach.lock_table, pool);
+                        if let Err(e) = reach.notices.record_and_ring(lease, &doorbell).await {
+                            debug!(error = %e, "cannot record the key; looking again");
+                        }
                     }
+                    Ok(None)
                 }
-                Ok(None)
+                Err(e) => Err(e),
+                Ok(answer) => Ok(Some(answer)),
             }
-            Err(e) => Err(e),
-            Ok(answer) => Ok(Some(answer)),
-        }
+        })
     }
 }

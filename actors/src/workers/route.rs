@@ -43,14 +43,11 @@ use super::wire::{Reply, Wait, encode_request};
 /// A message routed to a key's worker by a [`KeyRouter`]: a worker of a routed pool handles
 /// it, and its answer (bytes, or an error the sender gets as [`ErrorKind::Remote`]) goes back
 /// to the sender.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "std::result::Result<Vec<u8>, String>")]
 pub struct Routed {
     pub(super) key: String,
     pub(super) payload: Vec<u8>,
-}
-
-impl Message for Routed {
-    type Result = std::result::Result<Vec<u8>, String>;
 }
 
 impl Routed {

@@ -28,6 +28,7 @@ pub(super) struct LeaseState {
 }
 
 /// A lock's row: a holder while held; kept without one after a keep-on-release.
+#[derive(Default)]
 struct Row {
     tenure: Option<HeldBy>,
     data: Option<Vec<u8>>,
@@ -84,10 +85,7 @@ impl LeaseState {
         self.last_token += 1;
         let token = self.last_token;
         let (lost, lost_rx) = crate::losses::tenure();
-        let row = self.rows.entry(name.clone()).or_insert(Row {
-            tenure: None,
-            data: None,
-        });
+        let row = self.rows.entry(name.clone()).or_default();
         if row.data.is_none() || request.replace_data {
             row.data = request.data.as_ref().map(|d| d.to_vec());
         }
@@ -201,11 +199,7 @@ impl LeaseState {
         if self.rows.contains_key(name) {
             return false;
         }
-        let row = Row {
-            tenure: None,
-            data: None,
-        };
-        self.rows.insert(name.to_owned(), row);
+        self.rows.insert(name.to_owned(), Row::default());
         true
     }
 

@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use actix::prelude::*;
+use pgcoord::ident::Ident;
 use pgcoord::{LeaseInfo, Result};
 
 use super::{BoxFuture, Door, Locking, Signalling, Topics};
@@ -232,11 +233,6 @@ impl MemoryCoordinator {
             )
         })
     }
-
-    /// Records `name` as a free, kept row when it has none (a key that came to life).
-    fn keep_free(&self, name: &str) -> bool {
-        self.shared.lock().leases.keep_free(name)
-    }
 }
 
 impl Locking for MemoryCoordinator {
@@ -334,7 +330,7 @@ impl Signalling for MemoryCoordinator {
     }
 
     fn subscribe(&self, channel: &str, recipient: Recipient<Signal>) -> BoxFuture<Result<()>> {
-        let subscribed = signals::channel(channel).map(|()| {
+        let subscribed = Ident::channel(channel).map(|_| {
             let mut state = self.shared.lock();
             state.signals.subscribe(self.id, channel, recipient)
         });
@@ -346,7 +342,7 @@ impl Signalling for MemoryCoordinator {
     }
 
     fn serve(&self, serve: Serve) -> BoxFuture<Result<()>> {
-        let served = signals::channel(&serve.channel).map(|()| {
+        let served = Ident::channel(&serve.channel).map(|_| {
             let mut state = self.shared.lock();
             state.signals.serve(self.id, &serve.channel, serve.handler)
         });

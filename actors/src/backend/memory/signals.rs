@@ -25,16 +25,11 @@ pub(super) struct SignalState {
     conn_states: Vec<(u64, Recipient<ConnState>)>,
 }
 
-/// A channel name as the listener accepts it (`Ident::channel`).
-pub(super) fn channel(name: &str) -> Result<()> {
-    Ident::channel(name).map(drop)
-}
-
 impl SignalState {
     /// Delivers `publish` to every subscriber of its channel, in every coordinator. A
     /// subscriber whose mailbox is full misses it, as with the listener (warned about).
     pub(super) fn publish(&mut self, publish: Publish) -> Result<()> {
-        channel(&publish.channel)?;
+        Ident::channel(&publish.channel)?;
         self.next_id += 1;
         let signal = Signal {
             channel: Arc::from(publish.channel.as_str()),
@@ -109,7 +104,7 @@ impl SignalState {
 /// panic, [`ErrorKind::Timeout`] past the request's timeout (also when nobody serves the
 /// channel, as a request nobody answers on PostgreSQL).
 pub(super) async fn ask(shared: Arc<Shared>, ask: Ask) -> Result<Vec<u8>> {
-    channel(&ask.channel)?;
+    Ident::channel(&ask.channel)?;
     let handler = shared.lock().signals.handler(&ask.channel);
     let reply = async move {
         let Some(handler) = handler else {

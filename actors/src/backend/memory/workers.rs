@@ -66,7 +66,7 @@ impl Holders for MemoryCoordinator {
             };
             let Some(owner) = owner else {
                 if record {
-                    self.keep_free(lease);
+                    self.shared.lock().leases.keep_free(lease);
                 }
                 return Ok(None);
             };
