@@ -34,18 +34,12 @@ impl Handler<Claim> for LockManager {
         // Under way until its grants are recorded or freed.
         let ticket = context.under_way.enter();
         let mut turns = Vec::with_capacity(names.len());
-        names.retain(|name| {
-            let queue = context.queues.join(name);
-            match queue.turn.clone().try_lock_owned() {
-                Ok(turn) => {
-                    turns.push((queue, turn));
-                    true
-                }
-                Err(_) => {
-                    context.queues.leave(queue);
-                    false
-                }
+        names.retain(|name| match context.queues.try_turn(name) {
+            Some(turn) => {
+                turns.push(turn);
+                true
             }
+            None => false,
         });
         // On a task of its own, so its statements finish whatever the manager does; grants it
         // cannot hand over (the manager stopped) are released when dropped.
@@ -81,8 +75,7 @@ impl Handler<Claim> for LockManager {
             });
             let queues = &act.context().queues;
             for (queue, turn) in turns {
-                drop(turn);
-                queues.leave(queue);
+                queues.give_back(queue, Some(turn));
             }
             leases
         }))

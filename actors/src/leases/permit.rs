@@ -59,13 +59,8 @@ impl PermitAttempts {
         self.give_back(&mut asked);
         let (held, queues) = (&self.context.held, &self.context.queues);
         let slots = self.slots.lock().expect("slots");
-        for slot in slots.iter().filter(|s| !held.contains(s)) {
-            let queue = queues.join(slot);
-            match queue.turn.clone().try_lock_owned() {
-                Ok(turn) => asked.push((queue, turn)),
-                Err(_) => queues.leave(queue),
-            }
-        }
+        let free = slots.iter().filter(|s| !held.contains(s));
+        asked.extend(free.filter_map(|slot| queues.try_turn(slot)));
         asked
             .iter()
             .map(|(queue, _)| queue.key().to_owned())
@@ -109,8 +104,7 @@ impl PermitAttempts {
 
     fn give_back(&self, asked: &mut Vec<(Arc<NameQueue>, OwnedMutexGuard<()>)>) {
         for (queue, turn) in asked.drain(..) {
-            drop(turn);
-            self.context.queues.leave(queue);
+            self.context.queues.give_back(queue, Some(turn));
         }
     }
 }

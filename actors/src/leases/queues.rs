@@ -16,6 +16,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::OwnedMutexGuard;
+
 use crate::signals::doorbell::Bell;
 
 /// The local waiters of one name (a lease's, or a semaphore's queue key).
@@ -65,8 +67,26 @@ impl Queues {
         queue.clone()
     }
 
+    /// The turn of `key` when nobody has it, without waiting; else `None`, the queue left.
+    pub(crate) fn try_turn(&self, key: &str) -> Option<(Arc<NameQueue>, OwnedMutexGuard<()>)> {
+        let queue = self.join(key);
+        let Ok(turn) = queue.turn.clone().try_lock_owned() else {
+            self.leave(queue);
+            return None;
+        };
+        Some((queue, turn))
+    }
+
+    /// Gives `turn` back (when had), then leaves `queue`. In that order: a queue forgotten
+    /// while its turn is still taken would let the next waiter of the name make a new queue
+    /// and take its turn at once, two turns of one name at the same time.
+    pub(crate) fn give_back(&self, queue: Arc<NameQueue>, turn: Option<OwnedMutexGuard<()>>) {
+        drop(turn);
+        self.leave(queue);
+    }
+
     /// Forgets `queue` once nobody else waits in it.
-    pub(crate) fn leave(&self, queue: Arc<NameQueue>) {
+    fn leave(&self, queue: Arc<NameQueue>) {
         let mut names = self.names.lock().expect("queues");
         // One reference in the map, one in `queue`: nobody else.
         if Arc::strong_count(&queue) == 2 {

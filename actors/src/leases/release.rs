@@ -54,8 +54,7 @@ impl Handler<Release> for LockManager {
                 }
                 Ok(()) => held.end(Tenure::Released),
             }
-            drop(turn);
-            context.queues.leave(queue);
+            context.queues.give_back(queue, Some(turn));
             context.queues.wake_released(&shared_name);
             (result, lost)
         });

@@ -233,8 +233,7 @@ impl<A: Attempts> Wait<A> {
     pub(crate) fn finish(self, granted: bool) {
         let leave_line = self.line.in_line() && !granted;
         if !leave_line && self.orphans_until.is_none() {
-            drop(self.turn);
-            self.context.queues.leave(self.queue);
+            self.context.queues.give_back(self.queue, self.turn);
             return;
         }
         tokio::spawn(async move {
@@ -248,8 +247,7 @@ impl<A: Attempts> Wait<A> {
             if leave_line && let Err(e) = self.attempts.leave_line(&pool.idempotent(None)).await {
                 debug!(lease.name = %name, error = %e, "cannot leave the line; our place lapses on its own");
             }
-            drop(self.turn);
-            self.context.queues.leave(self.queue);
+            self.context.queues.give_back(self.queue, self.turn);
         });
     }
 }
