@@ -141,4 +141,23 @@ mod tests {
         assert!(names.is_empty());
         assert!(names.capacity() <= 64, "{} kept", names.capacity());
     }
+
+    #[test]
+    fn a_names_turn_is_one_callers_until_given_back() {
+        let queues = Queues::default();
+        let (queue, turn) = queues.try_turn("n").expect("free");
+        // Refused twice: the refusals' leaving keeps the queue whose turn is taken.
+        assert!(queues.try_turn("n").is_none());
+        assert!(queues.try_turn("n").is_none());
+        let (other, its_turn) = queues
+            .try_turn("other")
+            .expect("another name's turn is its own");
+        queues.give_back(other, Some(its_turn));
+        queues.give_back(queue, Some(turn));
+        assert!(
+            queues.names.lock().unwrap().is_empty(),
+            "forgotten once given back"
+        );
+        assert!(queues.try_turn("n").is_some());
+    }
 }
