@@ -221,7 +221,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
 
     // A topic consumer: one event appended through the runtime, failed once, handed over
     // again, handled and acked, its lag recorded.
-    me.append("t", b"e".to_vec()).await.unwrap();
+    me.append("t", b"e").await.unwrap();
     let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let consume = Consume::new("t", "c", move |_| {
         let fail = !failed_once.swap(true, Ordering::SeqCst);
@@ -409,9 +409,7 @@ async fn every_documented_metric_is_recorded_with_its_labels() {
         now.gauge(told, "pool=metered") == 0.0
     })
     .await;
-    me.append(&mail_topic("metered", "k"), b"m".to_vec())
-        .await
-        .unwrap();
+    me.append(&mail_topic("metered", "k"), b"m").await.unwrap();
     let mail = |result: &str| {
         seen.counter(
             "pgcoord_worker_mail_total",

@@ -311,10 +311,13 @@ async fn closure_workers_share_keys_across_runtimes_and_move_when_one_stops() {
         shares(2, 2, 2)
     })
     .await;
-    eventually(Duration::from_secs(10), "three members seen", async || {
-        next(&mut members).await.members == ["a", "b", "c"]
-    })
-    .await;
+    // A stream's first report lists every member it tells of as joined.
+    let mut seen = next(&mut members).await;
+    assert!(!seen.members.is_empty());
+    assert_eq!((&seen.joined, &seen.left), (&seen.members, &vec![]));
+    while seen.members != ["a", "b", "c"] {
+        seen = next(&mut members).await;
+    }
     assert_eq!(in_a.assignment().await.unwrap().keys.len(), 2);
 
     // c's handle dropped: its pool stops there, its keys go to a and b.
@@ -336,6 +339,16 @@ async fn closure_workers_share_keys_across_runtimes_and_move_when_one_stops() {
     })
     .await;
     assert_eq!(in_b.assignment().await.unwrap().keys.len(), 6);
+
+    // Keys taken away: their futures dropped, their leases released.
+    let kept: Vec<String> = (0..3).map(|k| format!("k{k}")).collect();
+    in_b.set_keys(kept.clone()).await.unwrap();
+    eventually(Duration::from_secs(10), "three keys in b", async || {
+        shares(0, 3, 0)
+    })
+    .await;
+    let held = in_b.assignment().await.unwrap().keys;
+    assert_eq!(held.into_keys().collect::<Vec<_>>(), kept);
 
     // A drain hands every key over and drops every future.
     in_b.drain(Duration::from_secs(5)).await.unwrap();

@@ -53,7 +53,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
             let (coordinator, body) = (coordinator.clone(), body.clone());
             async move {
                 for _ in 0..n / 8 {
-                    coordinator.append("bench", body.clone()).await?;
+                    coordinator.append("bench", &body).await?;
                 }
                 Ok::<(), Box<dyn std::error::Error>>(())
             }

@@ -163,7 +163,7 @@ pub async fn run(pg: &tokio_postgres::Config, sizes: &Sizes, report: &mut Report
         let (coordinator, body) = (coordinator.clone(), body.clone());
         async move {
             for _ in 0..per {
-                coordinator.append("bench", body.clone()).await?;
+                coordinator.append("bench", &body).await?;
             }
             Ok::<(), Box<dyn std::error::Error>>(())
         }

@@ -227,27 +227,36 @@ impl Coordinator {
         async move { pgcoord::signal::from_payload(&reply.await?) }
     }
 
-    /// Appends `body` to durable topic `topic`, in a transaction of its own, batched with
-    /// the appends under way (group commit): its cursor. Typed errors for a bad topic name or
-    /// a body over `pgcoord::topic::MAX_BODY_BYTES`. Appending in your own transaction is the
-    /// core's `TopicTable::append`, which takes the same arguments after the client.
-    pub fn append<B: Into<Vec<u8>>>(
+    /// Appends `body` to durable topic `topic`: its cursor. On PostgreSQL in a transaction of
+    /// its own, batched with the appends under way (group commit); in memory, at once. The
+    /// body is copied when the call is made. Typed errors for a bad topic name
+    /// ([`pgcoord::ErrorKind::InvalidName`]) or a body over `pgcoord::topic::MAX_BODY_BYTES`
+    /// ([`pgcoord::ErrorKind::PayloadTooLarge`]), nothing appended. Appending in your own
+    /// transaction is the core's [`TopicTable::append`](pgcoord::topic::TopicTable::append),
+    /// which takes the same arguments after the client.
+    pub fn append(
         &self,
         topic: &str,
-        body: B,
-    ) -> impl Future<Output = Result<Cursor>> + Send + use<B> {
+        body: &[u8],
+    ) -> impl Future<Output = Result<Cursor>> + Send + use<> {
         self.door.topics().append(Append::new(topic, body))
     }
 
     /// [`append`](Self::append)s `value` encoded as MessagePack with named fields (read it with
-    /// `Event::value`), as the core's `TopicTable::append_value`.
+    /// `Event::value`), as the core's
+    /// [`TopicTable::append_value`](pgcoord::topic::TopicTable::append_value). A value that
+    /// does not encode is an error of kind [`pgcoord::ErrorKind::Other`] that says so, and
+    /// nothing is sent.
     pub fn append_value<T: Serialize + ?Sized>(
         &self,
         topic: &str,
         value: &T,
-    ) -> impl Future<Output = Result<Cursor>> + Send + use<T> {
-        let appended = pgcoord::signal::to_payload(value).map(|body| self.append(topic, body));
-        async move { appended?.await }
+    ) -> pgcoord::BoxFuture<'static, Result<Cursor>> {
+        // Encoded now, so the future borrows nothing of `value`'s.
+        match pgcoord::signal::to_payload(value) {
+            Ok(body) => Box::pin(self.append(topic, &body)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
     /// Starts a consumer of durable topic events in this process as [`Consume`] says: it

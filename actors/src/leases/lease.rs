@@ -128,8 +128,8 @@ impl Lease {
     /// it commits. Keep such transactions short. Other drivers and languages call the same
     /// guard in SQL (docs/OPERATIONS.md, "Coordination in SQL").
     ///
-    /// On the in-memory backend there is no transaction to guard: `client` is not used, and the
-    /// guard only checks that the lease is still held with this token.
+    /// On the in-memory backend there is no transaction to guard: pass the `MemoryBackend` as
+    /// `client`; the guard only checks that the lease is still held with this token.
     pub async fn fence(&self, client: &(impl Statements + ?Sized)) -> Result<()> {
         (self.holder)
             .fence(&Borrowed(client), &self.name, self.token)

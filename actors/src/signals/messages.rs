@@ -198,8 +198,9 @@ pub type HandlerResult = std::result::Result<Vec<u8>, String>;
 pub type RequestHandler =
     Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = HandlerResult> + Send>> + Send + Sync>;
 
-/// Answer requests on `channel` with `handler` (replacing an earlier one). Resolves once the
-/// channel is being listened on (as [`Subscribe`] does, also across reconnects).
+/// Answer requests on `channel` with `handler` (replacing an earlier one), until
+/// [`Unsubscribe::serving`]. Resolves once the channel is being listened on (as [`Subscribe`]
+/// does, also across reconnects).
 #[derive(Message)]
 #[rtype(result = "Result<()>")]
 pub struct Serve {
@@ -328,8 +329,8 @@ pub struct ListenerStats {
 }
 
 /// The channels the listener's current session is listening on, from `pg_listening_channels()`
-/// on that very session. A probe for tests of the listener itself, not part of the API: a
-/// user asks [`ListenerStats::listening`] or `Coordinator::health`.
+/// on that very session. A probe for tests of the listener itself, not part of the API: whether
+/// the listener listens is [`ListenerStats::listening`] (or `Coordinator::health`).
 #[doc(hidden)]
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Vec<String>>")]

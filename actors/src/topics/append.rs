@@ -91,7 +91,7 @@ impl RunBatch<AppendItem> for AppendRunner {
     }
 }
 
-/// Appends to durable topics in batches; [`Coordinator::topics`](crate::Coordinator::topics).
+/// Appends to durable topics in batches; what [`Coordinator::append`](crate::Coordinator::append) sends to.
 pub(crate) struct TopicAppender {
     runner: Arc<AppendRunner>,
     batcher: Option<Batcher<AppendItem>>,

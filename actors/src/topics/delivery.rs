@@ -81,7 +81,8 @@ impl Delivery {
     /// cursor commit together or not at all: each event's effects are applied once. Fenced by
     /// the consumer's lease: [`ErrorKind::LockLost`] once another instance took over, and
     /// [`ErrorKind::AlreadyAcknowledged`] when the cursor is already past the event. On either,
-    /// the transaction must not commit (`?` drops it, which rolls it back).
+    /// the transaction must not commit (`?` drops it, which rolls it back). On the in-memory
+    /// backend, pass the `MemoryBackend` as `tx`: the ack checks the lease and moves the cursor.
     pub async fn ack(&self, tx: &(impl Statements + ?Sized)) -> Result<()> {
         let DeliveryContext {
             topic,

@@ -89,6 +89,7 @@ where
 }
 
 impl<W: Actor> Mailing<W> {
+    /// Read statements so far.
     pub(super) fn reads(&self) -> u64 {
         self.reads
     }

@@ -179,7 +179,7 @@ on_both_backends!(
 async fn a_stopped_consumer_has_finished_its_event_and_let_its_lease_go(h: impl Harness) {
     let (a, _) = h.processes();
     let topic = unique_name("stopping");
-    let cursor = a.append(&topic, vec![1]).await.unwrap();
+    let cursor = a.append(&topic, &[1]).await.unwrap();
     let (started, mut handling) = tokio::sync::mpsc::unbounded_channel();
     let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = finished.clone();
@@ -379,7 +379,7 @@ async fn a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next(h: im
     let second = b.consume(recording(&topic, &seen_b, None)).unwrap();
     let mut last = Cursor::START;
     for i in 0..10u8 {
-        let cursor = a.append(&topic, vec![i]).await.unwrap();
+        let cursor = a.append(&topic, &[i]).await.unwrap();
         assert!(cursor > last);
         last = cursor;
     }
@@ -406,7 +406,7 @@ async fn a_topic_goes_in_order_to_one_consumer_instance_and_on_to_the_next(h: im
     }
     until_active(&second).await;
     for i in 10..20u8 {
-        b.append(&topic, vec![i]).await.unwrap();
+        b.append(&topic, &[i]).await.unwrap();
     }
     until("10 more delivered", || seen_b.lock().unwrap().len() == 10).await;
     assert_eq!(*seen_b.lock().unwrap(), (10..20).collect::<Vec<u8>>());
@@ -421,7 +421,7 @@ async fn a_handler_error_hands_the_same_event_over_and_bad_input_is_refused(h: i
     let (a, _) = h.processes();
     let topic = unique_name("topic");
     for i in 0..10u8 {
-        a.append(&topic, vec![i]).await.unwrap();
+        a.append(&topic, &[i]).await.unwrap();
     }
     let seen = Seen::default();
     let consuming = a.consume(recording(&topic, &seen, Some(5))).unwrap();
@@ -440,7 +440,7 @@ async fn a_handler_error_hands_the_same_event_over_and_bad_input_is_refused(h: i
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     let err = a.consume(recording("", &seen, None)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
-    let err = a.append("", vec![1]).await.unwrap_err();
+    let err = a.append("", &[1]).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidName);
 }
 

@@ -106,7 +106,7 @@ async fn in_memory_a_delivery_ack_is_fenced_and_forward_only() {
     let process = backend.coordinator("p");
     let topic = unique_name("topic");
     for i in 0..3u8 {
-        process.append(&topic, vec![i]).await.unwrap();
+        process.append(&topic, &[i]).await.unwrap();
     }
     let (tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
     let database = backend.clone();

@@ -92,7 +92,7 @@ async fn leases_permits_elections_and_topics_go_on_by_polling_and_nothing_notifi
         .unwrap()
     };
     for i in 0..5u8 {
-        a.append("orders", vec![i]).await.unwrap();
+        a.append("orders", &[i]).await.unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen.lock().unwrap().len() < 5 && Instant::now() < deadline {

@@ -530,7 +530,7 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
     let sets = futures_util::stream::unfold(sets, async |mut sets| {
         sets.recv().await.map(|set| (set, sets))
     });
-    let _pool = WorkerPool::new(&config, locks.clone(), "fenced", vec!["k".into()], factory)
+    let pool = WorkerPool::new(&config, locks.clone(), "fenced", vec!["k".into()], factory)
         .follow(sets)
         .start();
     pgcoord_testkit::eventually(Duration::from_secs(4), "a worker", async || {
@@ -581,6 +581,11 @@ async fn a_worker_fences_its_writes_with_its_keys_lease() {
     // key's lease goes only when nobody has its WorkerKey any more.
     slot.lock().unwrap().take();
     keys.send(Vec::new()).unwrap();
+    pgcoord_testkit::eventually(Duration::from_secs(2), "the key let go", async || {
+        let assignment: Assignment = pool.send(GetStats::new()).await.unwrap();
+        assignment.keys.is_empty()
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let count = async |admin: &tokio_postgres::Client| -> i64 {
         let sql = format!(

@@ -89,11 +89,7 @@ async fn a_shutdown_answers_within_its_bound_while_a_handler_blocks_the_runtimes
         async { Ok(()) }
     });
     runtime.coordinator().consume(consume).unwrap();
-    runtime
-        .coordinator()
-        .append(&topic, b"x".to_vec())
-        .await
-        .unwrap();
+    runtime.coordinator().append(&topic, b"x").await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), blocking.recv())
         .await
         .expect("the handler runs");
