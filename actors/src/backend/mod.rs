@@ -64,6 +64,7 @@ use pgcoord::topic::Cursor;
 pub(crate) mod door;
 #[cfg(feature = "memory")]
 pub mod memory;
+mod pools;
 
 pub(crate) use crate::seam::BoxFuture;
 pub(crate) use door::{Actors, Coordinator, Door};
