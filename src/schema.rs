@@ -58,11 +58,11 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0011_limits.sql",
         include_str!("../migrations/0011_limits.sql"),
     ),
-    (
-        "0012_functions.sql",
-        include_str!("../migrations/0012_functions.sql"),
-    ),
+    ("0012_functions.sql", FUNCTIONS_MIGRATION),
 ];
+
+/// The migration that creates pgcoord's SQL functions.
+const FUNCTIONS_MIGRATION: &str = include_str!("../migrations/0012_functions.sql");
 
 /// An arbitrary, fixed advisory lock key that serializes concurrent migrations: `CREATE ... IF NOT
 /// EXISTS` is not safe against itself running in two sessions at once.
@@ -97,6 +97,21 @@ pub fn sql(config: &Config) -> String {
         }
     }
     out
+}
+
+/// The body of the migrations' SQL function `name` (a `LANGUAGE sql` one, between its `$fn$`
+/// quotes), rendered for `config`: a statement with the function's parameters as `$1`, `$2`, …,
+/// for pgcoord to send as it is where the function would cost more (see `topic::log::read_sql`).
+/// One text, so the function and pgcoord's own statement cannot drift apart.
+pub(crate) fn function_body(config: &Config, name: &str) -> String {
+    let functions = render(FUNCTIONS_MIGRATION, config);
+    let create = format!("CREATE FUNCTION {}(", config.sql_function(name).quoted());
+    let body = (functions.split_once(&create))
+        .and_then(|(_, after)| after.split_once("$fn$"))
+        .and_then(|(_, body)| body.split_once("$fn$"))
+        .map(|(body, _)| body.trim());
+    body.expect("the migration defines the function with a $fn$ body")
+        .to_owned()
 }
 
 /// The lock table's migration with the table created `UNLOGGED` (the sequence stays logged, so

@@ -1,6 +1,7 @@
 //! Coordination in SQL (migrations/0012_functions.sql): what any driver or language calls inside
 //! its own transaction, here through plain `tokio_postgres` SQL as another driver would send it.
-//! The Rust core calls the same functions; these tests check what a caller outside it sees.
+//! The Rust core calls the same functions (a topic read sends the read function's body, one text
+//! for both); these tests check what a caller outside it sees.
 
 use std::time::{Duration, SystemTime};
 
@@ -231,6 +232,28 @@ async fn events_appended_in_sql_are_read_in_order_and_acked_under_a_fence() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
+}
+
+/// The core's topic read is the read function's body, sent as a statement of its own (planning a
+/// call inlines the function afresh at every page): the text in the database is the same one.
+#[tokio::test]
+async fn the_cores_topic_read_is_the_read_functions_body() {
+    let (config, client) = super::setup().await;
+    let read = function(config.topic_table(), "_read");
+    let signature = format!("{read}(text, bigint, bigint, bigint)");
+    let row = (client.query_one(
+        "SELECT prosrc FROM pg_proc WHERE oid = $1::text::regprocedure",
+        &[&signature],
+    ))
+    .await
+    .unwrap();
+    let body: String = row.get(0);
+    let sent = TopicTable::new(&config)
+        .sql_text("read")
+        .unwrap()
+        .to_owned();
+    assert_eq!(sent, body.trim());
+    assert!(sent.contains("pg_snapshot_xmin") && sent.contains("LIMIT $4"));
 }
 
 #[tokio::test]
