@@ -38,6 +38,7 @@ use crate::signals::doorbell::Bell;
 use crate::signals::{ConnState, ListenerActor, RawNotification, SubscribeConnState, SubscribeRaw};
 
 mod append;
+mod behind;
 pub(crate) mod consumer;
 pub(crate) mod delivery;
 // The in-memory backend's consumer hands over (`handover::handle`) and backs off
